@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Every domain x method, then the report:   bash run_all.sh
+# Preset: `paper` when a CUDA GPU is visible, else `cpu`; PRESET=... overrides; SMOKE=1 means `smoke`.
+# DOMAINS="searchqa math" narrows the domains. Finished runs are skipped, killed ones resume.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+if [ "${SMOKE:-0}" = "1" ]; then
+  PRESET=smoke
+elif [ -z "${PRESET:-}" ]; then
+  if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    PRESET=paper
+  else
+    PRESET=cpu
+  fi
+fi
+DOMAINS=${DOMAINS:-"searchqa math chess"}
+METHODS="harness-only weight-only stagewise fast-slow whale"
+case $PRESET in
+  smoke) per_run="~15 s" ;;
+  cpu)   per_run="~4 min" ;;
+  paper) per_run="several hours (see README's memory and time plan)" ;;
+  *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu or paper" >&2; exit 2 ;;
+esac
+n=0; for d in $DOMAINS; do for m in $METHODS; do n=$((n + 1)); done; done
+echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS] + adaptive WHALE"
+echo "run_all.sh: $n runs (+ adaptive), about $per_run each; results in results/$PRESET/"
+
+run() {  # run DOMAIN METHOD_DIR ARGS...
+  local domain=$1 dir=$2; shift 2
+  if [ -f "results/$PRESET/$domain/$dir/summary.json" ]; then
+    echo "== $domain / $dir: done, skipped"
+    return
+  fi
+  echo "== $domain / $dir"
+  python whale.py --preset "$PRESET" --domain "$domain" "$@"
+}
+
+for domain in $DOMAINS; do
+  for method in $METHODS; do
+    run "$domain" "$method" --method "$method"
+  done
+  run "$domain" whale-adaptive --method whale --schedule adaptive
+done
+python report.py --preset "$PRESET"

@@ -1,0 +1,272 @@
+"""
+WHALE: Weight-Harness Alternating LEarning, and the four baselines it is compared with.
+
+    python whale.py --domain math --method whale --preset smoke
+    python whale.py --domain searchqa --method whale --schedule adaptive --preset cpu
+    python whale.py --domain chess --method weight-only --preset paper
+
+The agent is weights (a LoRA adapter on the base model) plus a harness (a Python file). A run is a
+sequence of phases, each followed by a mean@k evaluation on the test split:
+
+    weight phase   online RSFT (rft.py) under the current harness, for E epochs of the train split
+                   (fixed schedule) or until the windowed training reward stops improving (adaptive)
+    harness phase  Meta-Harness search (meta_harness.py) under the current weights, for I iterations
+                   (fixed) or until the archive best stops improving (adaptive); the winner goes on
+
+Methods, all with the same weight budget (--epochs) and harness budget (iterations per phase x phases):
+    whale         weight, harness, weight, harness, ...
+    weight-only   RSFT for the whole budget under h0
+    harness-only  Meta-Harness for the whole budget under the base weights
+    stagewise     all weight phases, then all harness phases
+    fast-slow     the WHALE alternation, but the proposer may change only h0's prompt strings (FST)
+
+Everything lands in results/<preset>/<domain>/<method>/: config.json, metrics.jsonl (one row per
+event, with cumulative rollouts = training + harness scoring; test evaluation is not counted),
+weights/ (adapter checkpoints), harness_<i>/ (each harness phase's archive), evals/, summary.json.
+Rerunning the same command resumes: finished phases and evaluations are never redone.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import time
+
+import domains
+import meta_harness
+import rft
+import rollout
+
+METHODS = ("whale", "weight-only", "harness-only", "stagewise", "fast-slow")
+
+# Named bundles of defaults; any flag given on the command line wins. cpu is sized from measured
+# SmolLM2-135M speed on 2 cores (see README); paper follows DESIGN.md section 2.
+PRESETS = {
+    "smoke": dict(model="smoke", epochs=1.0, phase_epochs=0.5, harness_iterations=1, train_limit=16,
+                  test_limit=6, k=2, batch=4, group=2, minibatch=8, candidates=2, harness_tasks=4,
+                  max_new_tokens=16, deadline=60.0),
+    "cpu": dict(model="cpu", epochs=1.0, phase_epochs=0.5, harness_iterations=2, train_limit=64,
+                test_limit=24, k=4, batch=16, group=4, minibatch=16, candidates=2, harness_tasks=16,
+                max_new_tokens=48, deadline=120.0),
+    "paper": dict(model=None, epochs=1.8, phase_epochs=0.6, harness_iterations=6, train_limit=None,
+                  test_limit=None, k=8, batch=256, group=8, minibatch=64, candidates=3, harness_tasks=256,
+                  max_new_tokens=1024, deadline=600.0),
+}
+PAPER_MODELS = {"searchqa": "Qwen/Qwen3.5-2B", "math": "Qwen/Qwen3.5-2B", "chess": "Qwen/Qwen3.5-4B"}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # what to run
+    p.add_argument("--domain", required=True, choices=sorted(domains.DOMAINS))
+    p.add_argument("--method", default="whale", choices=METHODS)
+    p.add_argument("--schedule", default="fixed", choices=("fixed", "adaptive"))
+    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+    p.add_argument("--out", default=None, help="run folder (default results/<preset>/<domain>/<method>)")
+    p.add_argument("--model", default=None, help="smoke | cpu | hub id | local path (default: the preset's)")
+    p.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py)")
+    # budgets
+    p.add_argument("--epochs", type=float, default=None, help="total weight-training budget in train epochs")
+    p.add_argument("--phase-epochs", type=float, default=None, help="E: epochs per weight phase (fixed schedule)")
+    p.add_argument("--harness-iterations", type=int, default=None, help="I: harness iterations per harness phase")
+    p.add_argument("--train-limit", type=int, default=None, help="use only the first N train tasks (small presets)")
+    # adaptive schedule (paper: window = min length = patience = 0.2 epoch; P_h = 2, at least 6 iterations)
+    p.add_argument("--adaptive-epochs", type=float, default=0.2, help="weight phase window, minimum length and patience")
+    p.add_argument("--harness-patience", type=int, default=2)
+    p.add_argument("--harness-min-iterations", type=int, default=6)
+    p.add_argument("--harness-max-iterations", type=int, default=12)
+    # evaluation
+    p.add_argument("--k", type=int, default=None, help="samples per test task for mean@k")
+    p.add_argument("--test-limit", type=int, default=None, help="evaluate on the first N test tasks")
+    rft.add_args(p)
+    meta_harness.add_args(p)
+    # two passes: the first learns the preset and domain, the second lets any given flag override it
+    first = p.parse_args(argv)
+    preset = dict(PRESETS[first.preset])
+    if first.preset == "paper":
+        preset["model"] = PAPER_MODELS[first.domain]
+    p.set_defaults(**preset)
+    args = p.parse_args(argv)
+    args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")
+    args.out = args.out or os.path.join("results", args.preset, args.domain, method_name(args))
+    check_args(args, p)
+    return args
+
+
+def check_args(args, parser):
+    if not os.path.isfile(args.harness):
+        parser.error(f"harness file {args.harness} not found: pass --harness PATH or run from the repo root")
+    if args.epochs <= 0 or args.phase_epochs <= 0:
+        parser.error("--epochs and --phase-epochs must be > 0")
+    if args.harness_iterations < 1:
+        parser.error("--harness-iterations must be >= 1")
+
+
+def method_name(args):
+    return "whale-adaptive" if args.method == "whale" and args.schedule == "adaptive" else args.method
+
+
+def plan_phases(method, n_alternations):
+    """The phase kinds in order, e.g. whale with 2 alternations -> weight, harness, weight, harness."""
+    if method in ("whale", "fast-slow"):
+        return ["weight", "harness"] * n_alternations
+    if method == "stagewise":
+        return ["weight"] * n_alternations + ["harness"] * n_alternations
+    if method == "weight-only":
+        return ["weight"] * n_alternations
+    return ["harness"] * n_alternations
+
+
+# -----------------------------------------------------------------------------
+# run state: a small JSON file so a killed run picks up where it stopped
+
+def load_state(out):
+    path = os.path.join(out, "state.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    return {"phase": 0, "harness": None, "harness_rollouts": 0, "phase_start_step": None}
+
+
+def save_state(out, state):
+    tmp = os.path.join(out, "state.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=1)
+    os.replace(tmp, os.path.join(out, "state.json"))
+
+
+def log_row(out, row):
+    with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def read_rows(out):
+    path = os.path.join(out, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# -----------------------------------------------------------------------------
+# phases
+
+def steps_for(epochs, n_train, batch):
+    return max(1, round(epochs * n_train / batch))
+
+
+def run_weight_phase(args, trainer, harness, state, n_train):
+    """RSFT steps under `harness` until the phase budget is spent or the adaptive rule fires."""
+    if state["phase_start_step"] is None:
+        state["phase_start_step"] = trainer.step_count
+        save_state(args.out, state)
+    start = state["phase_start_step"]
+    budget_left = steps_for(args.epochs, n_train, args.batch) - start
+    if args.schedule == "fixed":
+        max_steps = min(steps_for(args.phase_epochs, n_train, args.batch), budget_left)
+    else:
+        max_steps = budget_left  # adaptive: the rule below ends the phase, the total budget caps it
+    window = steps_for(args.adaptive_epochs, n_train, args.batch)
+    rewards = [r["reward"] for r in trainer.history if r["step"] > start]
+    while trainer.step_count - start < max_steps:
+        row = trainer.step(harness)
+        rewards.append(row["reward"])
+        if args.schedule == "adaptive" and rft.should_stop_weight_phase(rewards, window, window, window):
+            break
+
+
+def run_harness_phase(args, backend, domain, harness, phase_dir):
+    """Meta-Harness from `harness` under the current weights; returns search()'s result."""
+    if args.schedule == "fixed":
+        return meta_harness.search(backend, domain, harness, phase_dir, args, iterations=args.harness_iterations)
+    stop = lambda series: meta_harness.should_stop_harness_phase(series, args.harness_patience, args.harness_min_iterations)
+    return meta_harness.search(backend, domain, harness, phase_dir, args, iterations=args.harness_max_iterations, stop=stop)
+
+
+def evaluate_test(args, backend, domain, harness, tag):
+    """mean@k on the test split, cached in evals/<tag>.json so a resumed run never redoes it."""
+    path = os.path.join(args.out, "evals", f"{tag}.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tasks = domain.load("test")[: args.test_limit]
+    stats = rollout.evaluate(domain, harness, tasks, backend, k=args.k, temperature=args.temperature,
+                             top_k=args.top_k, max_new_tokens=args.max_new_tokens, deadline_s=args.deadline,
+                             seed=args.seed, traces_path=os.path.join(args.out, "evals", f"{tag}.traces.jsonl"),
+                             desc=f"test mean@{args.k} ({tag})")
+    stats["tasks"] = len(stats.pop("per_task"))
+    with open(path + ".tmp", "w") as f:
+        json.dump(stats, f)
+    os.replace(path + ".tmp", path)
+    return stats
+
+
+# -----------------------------------------------------------------------------
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(vars(args), f, indent=1)
+    print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
+    print(json.dumps(vars(args), indent=None))
+
+    domain = domains.get(args.domain)
+    train = domain.load("train")[: args.train_limit]
+    n_alternations = max(1, math.ceil(args.epochs / args.phase_epochs - 1e-9))
+    phases = plan_phases(args.method, n_alternations)
+    model, tok = rollout.load_model(args.model)
+    backend = rollout.HFBackend(model, tok)
+    trainer = rft.RSFT(args, backend, domain, os.path.join(args.out, "weights"), train=train) \
+        if "weight" in phases else None
+    state = load_state(args.out)
+    harness = state["harness"] or os.path.abspath(args.harness)
+    args.prompt_only = args.method == "fast-slow"
+
+    def rollouts():
+        return (trainer.rollouts if trainer else 0) + state["harness_rollouts"]
+
+    if state["phase"] == 0 and not os.path.exists(os.path.join(args.out, "evals", "phase_0.json")):
+        log_row(args.out, {"event": "start", "phases": phases, "time": time.time()})
+    stats = evaluate_test(args, backend, domain, harness, "phase_0")
+    if not any(r.get("event") == "eval" and r["phase"] == 0 for r in read_rows(args.out)):
+        log_row(args.out, {"event": "eval", "phase": 0, "kind": "start", "rollouts": 0, **stats})
+
+    while state["phase"] < len(phases):
+        i, kind = state["phase"] + 1, phases[state["phase"]]
+        t0 = time.time()
+        if kind == "weight":
+            run_weight_phase(args, trainer, harness, state, len(train))
+            detail = {"steps": trainer.step_count - state["phase_start_step"], "epoch": trainer.epoch_progress}
+        else:
+            result = run_harness_phase(args, backend, domain, harness, os.path.join(args.out, f"harness_{i}"))
+            harness = result["winner"]
+            state["harness_rollouts"] += result["rollouts"]
+            detail = {"iterations": result["iterations"], "harness_score": result["score"], "winner": harness}
+        state.update(phase=i, harness=harness, phase_start_step=None)
+        stats = evaluate_test(args, backend, domain, harness, f"phase_{i}")
+        log_row(args.out, {"event": "eval", "phase": i, "kind": kind, "rollouts": rollouts(),
+                           "seconds": time.time() - t0, **detail, **stats})
+        save_state(args.out, state)
+        print(f"phase {i}/{len(phases)} {kind}: test mean@{args.k} = {stats['mean_at_k']:.4f}, rollouts {rollouts()}")
+
+    write_summary(args, read_rows(args.out), harness)
+
+
+def write_summary(args, rows, harness):
+    evals = [r for r in rows if r.get("event") == "eval"]
+    best = max(evals, key=lambda r: (r["mean_at_k"], -r["rollouts"]))
+    summary = {"domain": args.domain, "method": method_name(args), "preset": args.preset, "model": args.model,
+               "k": args.k, "best_mean_at_k": best["mean_at_k"], "rollouts_to_best": best["rollouts"],
+               "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
+               "total_rollouts": evals[-1]["rollouts"], "phases": len(evals) - 1, "final_harness": harness,
+               "test_tasks": evals[-1].get("tasks")}
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"best mean@{args.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} rollouts; "
+          f"final {summary['final_mean_at_k']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
