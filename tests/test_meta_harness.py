@@ -1,0 +1,298 @@
+"""Meta-Harness search: acceptance, stopping, validation, the four proposers, the archive and resume.
+Most tests score candidates with a fake rollout module (fast, deterministic); one runs the real runner
+on the smoke model end to end."""
+import argparse
+import http.server
+import json
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+import meta_harness as mh
+
+SEED = textwrap.dedent('''\
+    """Fake harness for tests: one model call."""
+    PROMPT = "Answer briefly: "
+    MAX_TURNS = 1
+    STYLE = "plain"
+    SEARCH_SPACE = {"MAX_TURNS": [1, 2, 3], "STYLE": ["plain", "tagged"]}
+
+
+    def run(task, llm, tools):
+        reply = llm([{"role": "user", "content": PROMPT + task["question"]}])
+        return {"answer": reply}
+    ''')
+
+
+class FakeDomain:
+    name, TOOL_METHODS = "fake", ("search",)
+
+    def load(self, split):
+        assert split == "harness", "the search must only ever read the harness split"
+        return [{"id": f"t{i}", "question": f"q{i}", "answers": [f"gold{i}"]} for i in range(4)]
+
+    def public(self, task):
+        return {"question": task["question"]}
+
+
+class FakeRollout:
+    """Runs the harness in-process with a canned llm; score = 0.1 * MAX_TURNS (+0.05 when STYLE is tagged)."""
+
+    def __init__(self):
+        self.evaluated, self.smoked = [], []
+
+    def run_episodes(self, domain, harness_path, tasks, backend, *, samples=1, desc="", **kw):
+        self.smoked.append(harness_path)
+        ns = {}
+        try:
+            exec(Path(harness_path).read_text(), ns)
+            ns["run"](domain.public(tasks[0]), lambda messages, max_tokens=None: "ok", None)
+            error = None
+        except Exception as e:
+            error = repr(e)
+        return [{"task_id": tasks[0]["id"], "sample": 0, "reward": 0.0, "error": error, "turns": 1}]
+
+    def evaluate(self, domain, harness_path, tasks, backend, k=1, traces_path=None, desc="", **kw):
+        self.evaluated.append(Path(harness_path).parent.name)
+        ns = {}
+        exec(Path(harness_path).read_text(), ns)
+        score = 0.1 * ns["MAX_TURNS"] + (0.05 if ns.get("STYLE") == "tagged" else 0.0)
+        with open(traces_path, "a") as f:
+            for t in tasks:
+                f.write(json.dumps({"task_id": t["id"], "reward": float(score > 0.15), "turns": 1, "error": None,
+                                    "answer": "ok", "calls": [{"messages": [{"role": "user", "content": t["question"]}],
+                                                               "completion": "ok"}], "tool_calls": []}) + "\n")
+        return {"mean_at_k": score, "k": k, "per_task": {}, "mean_turns": float(ns["MAX_TURNS"]), "tokens": 10 * len(tasks),
+                "rollouts": len(tasks) * k, "errors": 0, "seconds": 0.01}
+
+
+def make_args(**over):
+    p = argparse.ArgumentParser()
+    mh.add_args(p)
+    args = p.parse_args([])
+    args.iterations, args.temperature, args.top_k, args.max_new_tokens, args.deadline, args.seed = 2, 1.0, 20, 16, 30.0, 0
+    vars(args).update(over)
+    return args
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    fr = FakeRollout()
+    monkeypatch.setattr(mh, "rollout", fr)
+    seed = tmp_path / "seed.py"
+    seed.write_text(SEED)
+    return fr, seed, tmp_path / "run"
+
+
+def rows_of(run_dir):
+    return {r["name"]: r for r in map(json.loads, open(run_dir / "summary.jsonl"))}
+
+
+# -----------------------------------------------------------------------------
+# pure functions
+
+def test_pick_best_prefers_score_then_fewer_turns():
+    rows = [{"name": "a", "score": 0.5, "mean_turns": 3.0}, {"name": "b", "score": 0.7, "mean_turns": 4.0},
+            {"name": "c", "score": 0.7, "mean_turns": 2.0}, {"name": "d", "score": None, "mean_turns": None},
+            {"name": "e", "score": 0.7, "mean_turns": 2.0}]
+    assert mh.pick_best(rows)["name"] == "c"  # tie on score -> fewer turns; full tie -> the earlier
+    assert mh.pick_best(rows[:2])["name"] == "b"
+    with pytest.raises(ValueError):
+        mh.pick_best([{"name": "x", "score": None}])
+
+
+def test_stop_rule_patience_and_minimum():
+    stop = mh.should_stop_harness_phase
+    assert not stop([0.1, 0.2, 0.2, 0.2], patience=2, min_iters=6)     # only 3 iterations ran
+    assert stop([0.1] + [0.2] * 6, patience=2, min_iters=6)            # 6 ran, flat for 2
+    assert not stop([0.1, 0.1, 0.1, 0.1, 0.1, 0.2, 0.3], 2, 6)         # still improving
+    assert not stop([0.1, 0.1, 0.1, 0.1, 0.1, 0.2, 0.2], 2, 6)         # flat for only 1
+    assert stop([0.1, 0.1, 0.1, 0.1, 0.1, 0.2, 0.2, 0.2], 2, 6)
+    assert stop([0.0, 0.0, 0.0], patience=2, min_iters=0)
+
+
+def test_static_check_reasons():
+    check = mh.static_check
+    assert check(SEED) is None
+    assert check("").startswith("no code")
+    assert check("def run(task, llm, tools)\n    pass").startswith("syntax error: line 1")
+    assert check("def go(task, llm, tools):\n    return {}").startswith("no run")
+    assert check("def run(task, llm):\n    return {}").startswith("no run")
+    assert check("import os\n" + SEED).startswith("forbidden import: os")
+    assert check("from subprocess import run as r\n" + SEED).startswith("forbidden import: subprocess")
+    assert check("import collections.abc\n" + SEED) is None
+    assert check(SEED + "\nx = open('/etc/passwd')\n").startswith("forbidden name: open")
+    assert check(SEED + "\nx = ().__class__.__bases__\n").startswith("forbidden attribute: .__")
+    assert check(SEED.replace("Answer briefly", "Think, then answer"), SEED, prompt_only=True) is None
+    assert check(SEED.replace("MAX_TURNS = 1", "MAX_TURNS = 2"), SEED, prompt_only=True).startswith("prompt-only")
+
+
+def test_set_knob_rewrites_only_that_assignment():
+    src = mh.set_knob(SEED, "STYLE", "tagged")
+    assert 'STYLE = \'tagged\'' in src and src.replace("STYLE = 'tagged'", 'STYLE = "plain"') == SEED
+    assert sorted(mh.knob_options(SEED)) == [("MAX_TURNS", 1, 2), ("MAX_TURNS", 1, 3), ("STYLE", "plain", "tagged")]
+
+
+# -----------------------------------------------------------------------------
+# the search with a fake scorer
+
+def test_mutate_archive_and_resume_never_rescore(fake):
+    fr, seed, run_dir = fake
+    res = mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=2), iterations=2)
+    assert fr.evaluated == ["h0", "h1_1", "h1_2", "h2_1", "h2_2"]
+    assert res["iterations"] == 2 and len(res["best_series"]) == 3
+    assert res["best_series"] == sorted(res["best_series"]) and res["score"] == max(res["best_series"])
+    assert res["rollouts"] == 5 * 4 + 4  # 5 scorings of 4 tasks + one smoke episode per proposal
+    rows = rows_of(run_dir)
+    sources = [(run_dir / "candidates" / n / "harness.py").read_text() for n in rows]
+    assert len(set(sources)) == len(sources), "mutate proposed a duplicate"
+    frontier = json.loads((run_dir / "frontier.json").read_text())
+    assert frontier["lineage"][0] == "h0" and frontier["lineage"][-1] == frontier["best"]
+    assert Path(res["winner"]).read_text() == (run_dir / "candidates" / frontier["best"] / "harness.py").read_text()
+    for n, r in rows.items():
+        if n != "h0":
+            assert r["hypothesis"] and r["changed"] and r["parent"] in rows and r["valid"]
+
+    # rerun with one more iteration: nothing already scored is scored again
+    fr.evaluated.clear()
+    res2 = mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=2), iterations=3)
+    assert fr.evaluated and all(n.startswith("h3_") for n in fr.evaluated) and res2["iterations"] == 3
+    assert res2["best_series"][:3] == res["best_series"]
+
+
+def test_patience_stop_ends_search_early(fake):
+    fr, seed, run_dir = fake
+    seed.write_text(SEED.replace('"MAX_TURNS": [1, 2, 3], ', ""))  # one knob, one other value: no gain after it
+    stop = lambda s: mh.should_stop_harness_phase(s, patience=2, min_iters=3)
+    res = mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=1), iterations=10, stop=stop)
+    assert res["iterations"] == 3 and res["best_series"] == pytest.approx([0.1, 0.15, 0.15, 0.15])
+
+
+STAND_IN = textwrap.dedent('''\
+    """Stands in for a coding-agent CLI: edits every fresh candidate in place, one defect each."""
+    import json, pathlib, sys
+    work = pathlib.Path(sys.argv[1])
+    assert "Candidates to write" in (work / "INSTRUCTIONS.md").read_text()
+    edits = [
+        lambda s: s.replace("Answer briefly", "Think step by step, then answer"),   # valid prompt change
+        lambda s: "",                                                              # no code
+        lambda s: s.replace("def run(task, llm, tools):", "def run(task, llm, tools)"),  # syntax error
+        lambda s: s.replace("def run(", "def go("),                                # no run
+        lambda s: "import os\\n" + s,                                              # forbidden import
+        lambda s: s.replace("MAX_TURNS = 1", "MAX_TURNS = 3"),                     # not prompt-only
+        lambda s: s.replace('task["question"]', 'task["no_such_key"]'),          # fails the smoke episode
+    ]
+    fresh = sorted(p.parent for p in work.glob("candidates/*/meta.json") if not json.loads(p.read_text())["proposed"])
+    for d, edit in zip(fresh, edits):
+        (d / "harness.py").write_text(edit((d / "harness.py").read_text()))
+        meta = json.loads((d / "meta.json").read_text())
+        meta.update(hypothesis="a stand-in edit", changed=f"edit {d.name}")
+        (d / "meta.json").write_text(json.dumps(meta))
+    with open(work / "notes.md", "a") as f:
+        f.write("## iteration\\nstand-in\\n")
+    ''')
+
+
+def test_command_proposer_and_every_rejection_reason(fake, tmp_path):
+    fr, seed, run_dir = fake
+    agent = tmp_path / "agent.py"
+    agent.write_text(STAND_IN)
+    args = make_args(candidates=7, proposer="command", prompt_only=True,
+                     proposer_cmd=f"{sys.executable} {agent} {{workdir}}")
+    res = mh.search(None, FakeDomain(), str(seed), run_dir, args, iterations=2)
+    assert res["iterations"] == 2  # the run goes on past rejections
+    rows = rows_of(run_dir)
+    reasons = [rows[f"h1_{j}"]["reason"] or "" for j in range(1, 8)]
+    expected = ["", "no code", "syntax error", "no run", "forbidden import", "prompt-only violation", "smoke episode failed"]
+    assert [r.split(":")[0] for r in reasons] == expected
+    assert rows["h1_1"]["valid"] and rows["h1_1"]["score"] is not None and rows["h1_1"]["hypothesis"] == "a stand-in edit"
+    assert "Think step by step" in (run_dir / "candidates" / "h1_1" / "harness.py").read_text()
+    assert fr.evaluated.count("h1_1") == 1 and not any(n.startswith("h1_") and n != "h1_1" for n in fr.evaluated)
+    assert all(rows[f"h1_{j}"]["rollouts"] == 0 for j in range(2, 7))  # rejected before any rollout
+    assert rows["h1_7"]["rollouts"] == 1  # only its smoke episode
+    assert rows["h2_1"]["reason"].startswith("duplicate of h1_1")  # same edit again: not rescored
+    costs = [json.loads(l) for l in open(run_dir / "costs.jsonl")]
+    assert [c["rc"] for c in costs] == [0, 0] and all(c["seconds"] >= 0 for c in costs)
+    assert (run_dir / "notes.md").exists()
+
+
+class ChatServer(http.server.BaseHTTPRequestHandler):
+    """Loopback chat-completions endpoint: a code reply, then a reply without code."""
+    replies, requests = [], []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ChatServer.requests.append((self.path, self.headers.get("Authorization"), body))
+        content = ChatServer.replies[(len(ChatServer.requests) - 1) % len(ChatServer.replies)]
+        out = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}],
+                          "usage": {"prompt_tokens": 1000, "completion_tokens": 50}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_openai_proposer_against_loopback_server(fake, monkeypatch):
+    fr, seed, run_dir = fake
+    code = SEED.replace("MAX_TURNS = 1", "MAX_TURNS = 2")
+    ChatServer.replies = [f"Parent: h0\nHypothesis: two turns help\nChanged: MAX_TURNS 2\n```python\n{code}```",
+                          "I would change the prompt, but here is no code."]
+    ChatServer.requests = []
+    server = http.server.HTTPServer(("127.0.0.1", 0), ChatServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("TEST_KEY", "sk-test")
+    args = make_args(candidates=2, proposer="openai", proposer_url=f"http://127.0.0.1:{server.server_port}/v1",
+                     proposer_model="m", proposer_key_env="TEST_KEY", proposer_prompt_tokens=3000)
+    try:
+        res = mh.search(None, FakeDomain(), str(seed), run_dir, args, iterations=1)
+    finally:
+        server.shutdown()
+    path, auth, body = ChatServer.requests[0]
+    assert path == "/v1/chat/completions" and auth == "Bearer sk-test" and body["model"] == "m"
+    prompt = body["messages"][0]["content"]
+    assert "summary.jsonl" in prompt and "def run(task, llm, tools)" in prompt and "## trace" in prompt
+    assert len(prompt) <= 3000 * 4 and "gold0" not in prompt  # within budget; no gold answers
+    rows = rows_of(run_dir)
+    assert rows["h1_1"]["valid"] and rows["h1_1"]["hypothesis"] == "two turns help" and rows["h1_1"]["score"] == 0.2
+    assert (run_dir / "candidates" / "h1_1" / "harness.py").read_text() == code
+    assert rows["h1_2"]["reason"].startswith("no code") and res["score"] == 0.2
+    frontier = json.loads((run_dir / "frontier.json").read_text())
+    assert frontier["proposer"]["calls"] == 2 and frontier["proposer"]["prompt_tokens"] == 2000
+    assert frontier["proposer"]["completion_tokens"] == 100
+
+
+# -----------------------------------------------------------------------------
+# end to end on the smoke model with the real runner
+
+def test_end_to_end_smoke_mutate(tmp_path, capsys):
+    out = tmp_path / "mh"
+    mh.main(["--domain", "searchqa", "--harness", "harnesses/searchqa.py", "--model", "smoke", "--iterations", "2",
+             "--candidates", "3", "--proposer", "mutate", "--harness-tasks", "8", "--max-new-tokens", "8",
+             "--out", str(out)])
+    assert "budget: 2 iterations x 3 = 6 proposals" in capsys.readouterr().out
+    rows = rows_of(out)
+    assert list(rows) == ["h0", "h1_1", "h1_2", "h1_3", "h2_1", "h2_2", "h2_3"]
+    for name, r in rows.items():
+        d = out / "candidates" / name
+        meta = json.loads((d / "meta.json").read_text())
+        assert {"parent", "hypothesis", "changed", "proposer", "iteration", "valid", "reason"} <= set(meta)
+        if r["valid"]:
+            scores = json.loads((d / "scores.json").read_text())
+            assert 0.0 <= scores["score"] <= 1.0 and scores["rollouts"] == 8 and scores["mean_turns"] >= 1
+            traces = [json.loads(l) for l in open(d / "traces.jsonl")]
+            assert len(traces) == 8 and not any({"answers", "solution"} & set(t) for t in traces)
+    frontier = json.loads((out / "frontier.json").read_text())
+    assert frontier["best"] in rows and len(frontier["best_series"]) == 3 and frontier["lineage"][0] == "h0"
+    assert json.loads((out / "config.json").read_text())["proposer"] == "mutate"
+    mtimes = {n: (out / "candidates" / n / "scores.json").stat().st_mtime for n in rows if rows[n]["valid"]}
+    mh.main(["--domain", "searchqa", "--harness", "harnesses/searchqa.py", "--model", "smoke", "--iterations", "2",
+             "--candidates", "3", "--proposer", "mutate", "--harness-tasks", "8", "--max-new-tokens", "8",
+             "--out", str(out)])
+    assert mtimes == {n: (out / "candidates" / n / "scores.json").stat().st_mtime for n in mtimes}
