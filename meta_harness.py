@@ -61,12 +61,14 @@ CLAUDE_TOOLS = "Read,Write,Edit,Glob,Grep"
 def add_args(p):
     # harness search (shared with whale.py)
     p.add_argument("--candidates", type=int, default=3, help="M: candidates proposed per iteration")
-    p.add_argument("--harness-tasks", type=int, default=None, help="score on the first N harness-set tasks (default all)")
+    p.add_argument("--harness-tasks", type=int, default=None,
+                   help="score on the first N harness-set tasks (default all)")
     p.add_argument("--harness-samples", type=int, default=1, help="rollouts per harness-set task when scoring")
     p.add_argument("--prompt-only", action="store_true", help="candidates may change only string constants (FST)")
     # proposer
     p.add_argument("--proposer", default="mutate", choices=PROPOSERS)
-    p.add_argument("--proposer-cmd", default=None, help="command template for --proposer command: {workdir}, {instructions}")
+    p.add_argument("--proposer-cmd", default=None,
+                   help="command template for --proposer command: {workdir}, {instructions}")
     p.add_argument("--proposer-url", default="http://localhost:8000/v1", help="OpenAI-compatible base URL")
     p.add_argument("--proposer-model", default=None, help="model name for openai / claude proposers")
     p.add_argument("--proposer-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
@@ -139,7 +141,8 @@ def lineage(rows, name):
 
 
 def proposer_costs(run_dir):
-    rows = [json.loads(l) for l in open(Path(run_dir) / "costs.jsonl")] if (Path(run_dir) / "costs.jsonl").exists() else []
+    path = Path(run_dir) / "costs.jsonl"
+    rows = [json.loads(l) for l in open(path)] if path.exists() else []
     keys = ("seconds", "prompt_tokens", "completion_tokens", "cost_usd")
     return {"calls": len(rows), **{k: round(sum(r.get(k) or 0 for r in rows), 4) for k in keys}}
 
@@ -185,7 +188,8 @@ def static_check(source, parent_source=None, prompt_only=False):
         if isinstance(node, ast.Import):
             bad = [a.name for a in node.names if a.name.split(".")[0] not in ALLOWED_IMPORTS]
         elif isinstance(node, ast.ImportFrom):
-            bad = [] if node.level == 0 and (node.module or "").split(".")[0] in ALLOWED_IMPORTS else ["." * node.level + (node.module or "")]
+            module = "." * node.level + (node.module or "")
+            bad = [] if module.split(".")[0] in ALLOWED_IMPORTS else [module]
         else:
             bad = []
         if bad:
@@ -233,10 +237,14 @@ def validate(cand_dir, rows, backend, domain, tasks, args, policy_kw):
                 and normalized((cand_dir.parent / r["name"] / "harness.py").read_text()) == normalized(source)]
         reason = f"duplicate of {same[0]}: no change to score" if same else None
     if reason is None:
-        ep = rollout.run_episodes(domain, str(path), tasks[:1], backend, samples=1, desc=f"smoke {cand_dir.name}",
-                                  **policy_kw)[0]
-        meta["smoke_rollouts"] = 1
-        reason = f"smoke episode failed: {str(ep['error'])[:300]}" if ep.get("error") else None
+        try:
+            ep = rollout.run_episodes(domain, str(path), tasks[:1], backend, samples=1,
+                                      desc=f"smoke {cand_dir.name}", **policy_kw)[0]
+            meta["smoke_rollouts"] = 1
+            error = ep.get("error")
+        except ValueError as e:  # the runner's own harness checks
+            error = str(e)
+        reason = f"smoke episode failed: {str(error)[:300]}" if error else None
     meta.update(valid=reason is None, reason=reason)
     write_json(cand_dir / "meta.json", meta)
     return meta
@@ -297,7 +305,7 @@ split (1 rollout per task); the best score wins, ties go to fewer mean turns.
    `changed` (what you changed); keep the other fields.
 4. General changes only: never mention, special-case or guess dataset items or gold answers; never
    change the model, the data, the reward or what a tool does. Touch no file other than the ones
-   named here and `notes.md`.
+   named here and `notes.md`, and read nothing outside this folder.
 
 ## This iteration ({iteration})
 Candidates to write: {targets}
@@ -401,13 +409,15 @@ def propose_mutate(run_dir, names, rows, iteration, args):
         options = []
         for r in ranked:
             source = (cand_root / r["name"] / "harness.py").read_text()
-            opts = knob_options(source)
+            # with --prompt-only only string knobs may change (a harness without any has nothing to offer)
+            opts = [o for o in knob_options(source) if isinstance(o[2], str) or not args.prompt_only]
             rng.shuffle(opts)
             options += [(r["name"], source, knob, old, new) for knob, old, new in opts]
         fresh = [o for o in options if normalized(set_knob(o[1], o[2], o[4])) not in seen]
         prepare(run_dir, [name], ranked[0]["name"], iteration, "mutate")
         if not (fresh or options):
-            finish(run_dir, name, hypothesis="", changed="nothing: the parent has no SEARCH_SPACE to mutate")
+            finish(run_dir, name, hypothesis="", changed="nothing: no SEARCH_SPACE knob (string knob with "
+                                                          "--prompt-only) left to mutate")
             (cand_root / name / "harness.py").unlink()
             continue
         parent, source, knob, old, new = (fresh or options)[0]
@@ -530,7 +540,8 @@ def sample_traces(path, seed, n_fail=3, n_ok=2, cut=600):
             lines.append("PROMPT (last message): " + str(c.get("messages", [{}])[-1].get("content", ""))[:cut])
             lines.append("COMPLETION: " + str(c.get("completion", ""))[:cut])
         for t in e.get("tool_calls", []):
-            lines.append(f"TOOL {t.get('name')}({json.dumps(t.get('args'))[:200]}) -> {json.dumps(t.get('result'))[:cut]}")
+            args, result = json.dumps(t.get("args"))[:200], json.dumps(t.get("result"))[:cut]
+            lines.append(f"TOOL {t.get('name')}({args}) -> {result}")
         lines.append(f"ANSWER: {json.dumps(e.get('answer'))[:200]}")
         out.append("\n".join(lines))
     return out
@@ -557,7 +568,8 @@ def add_seed(run_dir, seed_harness, seed_name):
         raise FileNotFoundError(f"seed harness {seed_harness} not found: pass the path of a harness file")
     d.mkdir(parents=True, exist_ok=True)
     shutil.copy(seed_harness, d / "harness.py")
-    write_json(d / "meta.json", {"parent": None, "hypothesis": "the seed harness", "changed": f"copied from {seed_harness}",
+    write_json(d / "meta.json", {"parent": None, "hypothesis": "the seed harness",
+                                 "changed": f"copied from {seed_harness}",
                                  "proposer": "seed", "iteration": 0, "proposed": True, "valid": True, "reason": None})
 
 
@@ -622,7 +634,8 @@ def main(argv=None):
     p.add_argument("--out", required=True, help="run folder: the archive (rerun to resume)")
     # stopping
     p.add_argument("--iterations", type=int, default=6, help="at most this many iterations")
-    p.add_argument("--patience", type=int, default=0, help="stop when the best has not improved for P iterations (0: off)")
+    p.add_argument("--patience", type=int, default=0,
+                   help="stop when the best has not improved for P iterations (0: off)")
     p.add_argument("--min-iterations", type=int, default=6, help="with --patience: run at least N iterations")
     # policy sampling
     p.add_argument("--temperature", type=float, default=1.0)
@@ -635,7 +648,7 @@ def main(argv=None):
     if args.proposer == "command" and not args.proposer_cmd:
         raise SystemExit("--proposer command needs --proposer-cmd 'CLI ... {workdir}' (a command template)")
     if not os.path.isfile(args.harness):
-        raise SystemExit(f"harness file {args.harness} not found: pass --harness PATH (e.g. harnesses/{args.domain}.py)")
+        raise SystemExit(f"harness file {args.harness} not found: pass --harness PATH, e.g. harnesses/{args.domain}.py")
     try:
         domain = domains.get(args.domain)
     except ValueError as e:
