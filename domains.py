@@ -25,11 +25,11 @@ import json
 import os
 import random
 import re
-import resource
 import signal
 import string
 import subprocess
 import sys
+import tempfile
 from functools import lru_cache
 
 import chess
@@ -116,7 +116,7 @@ class SearchTools:
     def search(self, query, k=1):
         """Top-k passages "Title: text" for a query, each cut to MAX_PASSAGE_CHARS; k capped at MAX_SEARCH_K."""
         import bm25s
-        k = max(1, min(int(k), MAX_SEARCH_K))
+        k = max(1, min(k, MAX_SEARCH_K)) if isinstance(k, int) else 1
         tokens = bm25s.tokenize([str(query)[:2000]], stopwords="en", return_ids=False, show_progress=False)
         if not tokens[0]:
             return []
@@ -154,29 +154,25 @@ PYTHON_TIMEOUT_S = 30.0
 PYTHON_MEMORY_BYTES = 1 << 30
 PYTHON_MAX_PROCS = 64
 MAX_OUTPUT_CHARS = 2000
-# Runs in the child before the model's code: an audit hook (which cannot be removed) forbids
-# creating or signalling processes, since RLIMIT_NPROC does not bind root; then the code read
-# from stdin runs as __main__.
+# Runs in the child before the model's code: it sets its own limits (no preexec_fn, which is not
+# safe in a threaded parent), installs an audit hook (which cannot be removed) that forbids creating
+# or signalling processes, since RLIMIT_NPROC does not bind root, then runs the code from stdin.
 SANDBOX_PRELUDE = r"""
-import sys
+import resource, sys
+cpu, memory, nproc = map(int, sys.argv[1:4])
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 BLOCKED = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
            "os.kill", "os.killpg"}
 def guard(event, args):
     if event in BLOCKED:
         raise PermissionError(f"{event} is not allowed in this sandbox")
 sys.addaudithook(guard)
+sys.argv = ["<code>"]
 exec(compile(sys.stdin.read(), "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
 """
-
-
-def limit_child(timeout_s, memory_bytes):
-    def apply():
-        cpu = int(timeout_s) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-        resource.setrlimit(resource.RLIMIT_NPROC, (PYTHON_MAX_PROCS, PYTHON_MAX_PROCS))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    return apply
 
 
 def kill_group(proc):
@@ -192,14 +188,16 @@ def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTE
         return "error: code must be a string"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}
-    proc = subprocess.Popen([sys.executable, "-I", "-c", SANDBOX_PRELUDE], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd="/tmp",
-                            start_new_session=True, preexec_fn=limit_child(timeout_s, memory_bytes))
+    cpu_s = int(timeout_s) + 1
+    limits = [str(cpu_s), str(memory_bytes), str(PYTHON_MAX_PROCS)]
+    proc = subprocess.Popen([sys.executable, "-I", "-c", SANDBOX_PRELUDE, *limits], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir(),
+                            start_new_session=True)
     try:
         out, _ = proc.communicate(code.encode("utf-8", "replace"), timeout=timeout_s)
         text = out.decode("utf-8", "replace")
         if proc.returncode < 0:
-            text += f"\nerror: killed by signal {-proc.returncode} (CPU limit {int(timeout_s) + 1} s, memory limit {memory_bytes >> 20} MB)"
+            text += f"\nerror: killed by signal {-proc.returncode} (limits: {cpu_s} s CPU, {memory_bytes >> 20} MB memory)"
     except subprocess.TimeoutExpired:
         kill_group(proc)
         proc.communicate()

@@ -20,6 +20,7 @@ import glob
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -137,7 +138,15 @@ def math_step(rng, v, name, item):
 
 
 def generate_math_problem(rng, steps):
-    """A word problem of `steps` arithmetic steps after the start; its answer is a positive integer."""
+    """A word problem of `steps` arithmetic steps after the start; its answer, a positive integer,
+    is not among the question's numbers (so copying a number never scores)."""
+    while True:
+        question, answer, solution = draft_math_problem(rng, steps)
+        if answer not in re.findall(r"\d+", question):
+            return question, answer, solution
+
+
+def draft_math_problem(rng, steps):
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     v = rng.randint(3, 40)
     sentences, lines = [f"{name} has {v} {item}."], []
