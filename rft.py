@@ -1,0 +1,412 @@
+"""
+Online rejection-sampling fine-tuning (RSFT) with LoRA: the weight phase of WHALE, also the weight-only baseline.
+
+    python rft.py --domain math --harness harnesses/math.py --model smoke --steps 4 --batch 8 --group 8 --out out/rft
+    python rft.py --domain searchqa --harness harnesses/searchqa.py --model cpu --steps 6 --batch 4 --group 4 --out out/rft-cpu
+    python rft.py --bench --model smoke
+
+Algorithm (the paper's protocol). Each rollout step takes the next --batch prompts of the train split from a
+seeded epoch sampler (a fresh shuffle per epoch, so "0.6 epoch" is exactly 0.6 * len(train) prompts) and runs
+G = --group episodes per prompt under the current harness with the current weights. Every episode with reward
+> 0.5 is accepted (all correct ones, not best-of-n), and every llm() call of an accepted episode becomes one
+example (prompt ids, sampled completion ids). The loss is the summed NLL of the completion tokens only (the
+prompt, which holds the system and user turns and the tool outputs, is masked), divided by the number of
+completion tokens over the whole accepted set of the step. That is one SFT pass per rollout step: the examples
+go through the model in length-sorted minibatches of --minibatch with gradient accumulation, then ONE optimizer
+step (AdamW on the LoRA weights, linear warmup, gradient clipping). No replay buffer. A step with nothing
+accepted makes no update, but its rollouts still count. After every step the trainer checkpoints (adapter,
+optimizer, scheduler, sampler, RNG, counters) atomically to OUT/ckpt, rewrites OUT/metrics.jsonl and tells the
+backend about the new adapter; rerunning the same command resumes after the last finished step.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+import rollout
+
+
+def add_args(parser):
+    """The RSFT, LoRA and sampling flags (whale.py reuses them). The caller adds --model and --seed."""
+    # rollout step (paper: 256 prompts x G = 8, temperature 1.0, top-k 20)
+    parser.add_argument("--batch", type=int, default=256, help="training prompts per rollout step")
+    parser.add_argument("--group", type=int, default=8, help="G: rollouts per prompt")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="cap per llm() call")
+    parser.add_argument("--deadline", type=float, default=120.0, help="seconds per episode")
+    parser.add_argument("--workers", type=int, default=None, help="harness worker processes (default: runner's)")
+    # SFT update: one pass over the accepted set, one optimizer step
+    parser.add_argument("--minibatch", type=int, default=8, help="examples per forward/backward (gradient accumulation)")
+    parser.add_argument("--lr", type=float, default=1e-4, help="AdamW lr on the LoRA weights")
+    parser.add_argument("--warmup", type=int, default=2, help="optimizer steps of linear lr warmup")
+    parser.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm (0 = off)")
+    # LoRA
+    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--lora-alpha", type=int, default=32)
+    parser.add_argument("--lora-dropout", type=float, default=0.0)
+    parser.add_argument("--lora-targets", default="all-linear", help="'all-linear' or comma-separated module names")
+    # GPU
+    parser.add_argument("--bf16", action="store_true", help="load the base model in bf16 (LoRA weights stay fp32)")
+    parser.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
+
+
+# -----------------------------------------------------------------------------
+# pieces: sampler, LoRA, loss, update, stop rule
+
+class EpochSampler:
+    """Prompt indices in a seeded shuffle, reshuffled every epoch; its state is two integers, so it resumes exactly."""
+
+    def __init__(self, n, seed, epoch=0, pos=0):
+        self.n, self.seed, self.epoch, self.pos = n, seed, epoch, pos
+
+    def take(self, k):
+        out = []
+        while len(out) < k:
+            order = random.Random(f"{self.seed}/{self.epoch}").sample(range(self.n), self.n)
+            end = min(self.n, self.pos + k - len(out))
+            out += order[self.pos:end]
+            self.epoch, self.pos = (self.epoch + 1, 0) if end == self.n else (self.epoch, end)
+        return out
+
+    @property
+    def epochs(self):
+        return self.epoch + self.pos / self.n
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "pos": self.pos}
+
+
+def add_lora(model, args):
+    """Wrap `model` with a fresh, trainable LoRA adapter from the flags."""
+    from peft import LoraConfig, get_peft_model
+    targets = args.lora_targets if args.lora_targets == "all-linear" else [t.strip() for t in args.lora_targets.split(",")]
+    config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                        target_modules=targets, task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, config)
+    except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+        raise ValueError(f"--lora-targets {args.lora_targets!r} does not fit the model ({e}): "
+                         "use 'all-linear' or names of its Linear layers such as q_proj,v_proj") from None
+
+
+def load_lora(model, folder):
+    """The checkpointed adapter on `model`; a clear error when it was trained on another model."""
+    from peft import PeftModel
+    from safetensors import safe_open
+    unfit = lambda why: ValueError(f"the adapter in {folder} does not fit this model ({why}): "
+                                   "use the --model it was trained with, or a new --out")
+    with safe_open(Path(folder) / "adapter_model.safetensors", "pt") as f:
+        saved = sum("lora_" in k for k in f.keys())
+    try:
+        model = PeftModel.from_pretrained(model, folder, is_trainable=True)
+    except (ValueError, RuntimeError, KeyError) as e:  # shape mismatch
+        raise unfit(str(e).splitlines()[0][:200]) from None
+    here = sum("lora_" in k for k, _ in model.named_parameters())
+    if here != saved:  # peft only warns about missing keys (another depth)
+        raise unfit(f"{saved} LoRA tensors saved, {here} in the model")
+    return model
+
+
+def completion_nll(model, examples):
+    """Summed NLL of the completion tokens of `examples` [(prompt_ids, completion_ids)], in one right-padded batch.
+
+    The head runs only on the positions that predict a completion token, so prompt positions (system and user
+    turns, tool outputs) neither add to the loss nor cost a vocabulary-sized projection."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    device = next(model.parameters()).device
+    width = max(len(p) + len(c) for p, c in examples)
+    ids = torch.zeros((len(examples), width), dtype=torch.long)  # pad id is irrelevant: right padding + causal attention
+    targets = torch.full((len(examples), width), -100, dtype=torch.long)
+    for i, (p, c) in enumerate(examples):
+        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+        targets[i, len(p) - 1:len(p) + len(c) - 1] = torch.tensor(c)  # position t predicts token t + 1
+    ids, targets = ids.to(device), targets.to(device)
+    hidden = base.get_decoder()(input_ids=ids).last_hidden_state
+    keep = targets != -100
+    logits = base.get_output_embeddings()(hidden[keep]).float()
+    return F.cross_entropy(logits, targets[keep], reduction="sum")
+
+
+def length_batches(examples, size):
+    """Minibatches of similar length (longest first, so an out-of-memory error shows at once)."""
+    order = sorted(examples, key=lambda e: len(e[0]) + len(e[1]), reverse=True)
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def sft_update(model, optimizer, scheduler, examples, minibatch, grad_clip):
+    """One SFT pass + one optimizer step; the loss is normalised by the completion tokens of ALL examples,
+    so accumulating the minibatch gradients gives exactly the gradient of the accepted set's token-mean NLL.
+    Returns that loss."""
+    n_tokens = sum(len(c) for _, c in examples)
+    model.train()
+    loss = 0.0
+    for batch in length_batches(examples, minibatch):
+        part = completion_nll(model, batch) / n_tokens
+        part.backward()
+        loss += part.item()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    return loss
+
+
+def should_stop_weight_phase(rewards, window, min_len, patience):
+    """The paper's adaptive rule: stop once the trailing `window`-step mean of the phase's training rewards has
+    set no new phase-best (strictly higher) for `patience` steps, and the phase has run at least `min_len` steps.
+    The first window-1 means are over the steps so far."""
+    if len(rewards) < max(min_len, 1):
+        return False
+    means = [sum(rewards[max(0, t - window + 1):t + 1]) / (t + 1 - max(0, t - window + 1)) for t in range(len(rewards))]
+    best_at = max(range(len(means)), key=lambda t: (means[t], -t))  # the first step that reached the best
+    return len(means) - 1 - best_at >= patience
+
+
+# -----------------------------------------------------------------------------
+# the trainer: state that lives across steps (model, optimizer, sampler, counters) and its checkpoint
+
+class RSFT:
+    """trainer = RSFT(args, backend, domain, out_dir); row = trainer.step(harness_path). Resumes from out_dir/ckpt."""
+
+    def __init__(self, args, backend, domain, out_dir, train=None):
+        from peft import PeftModel
+        self.args, self.backend, self.domain, self.out_dir = args, backend, domain, Path(out_dir)
+        self.train = train if train is not None else domain.load("train")
+        if args.group < 1:
+            raise ValueError(f"--group {args.group}: G must be >= 1 rollout per prompt")
+        if not 1 <= args.batch <= len(self.train):
+            raise ValueError(f"--batch {args.batch} does not fit the train split of {domain.name} "
+                             f"({len(self.train)} prompts): use 1 <= --batch <= {len(self.train)}")
+        if isinstance(backend.model, PeftModel):
+            raise ValueError("backend.model already has an adapter: give RSFT the base model")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        ckpt = self.out_dir / "ckpt"
+        if ckpt.exists():
+            state = json.loads((ckpt / "state.json").read_text())
+            if state["model"] != args.model:
+                raise ValueError(f"{ckpt} was trained on model {state['model']!r}, not {args.model!r}: "
+                                 "use the same --model or a new --out")
+            model = load_lora(backend.model, ckpt / "adapter")
+        else:
+            state = {"step": 0, "rollouts": 0, "sampler": {}, "history": []}
+            torch.manual_seed(args.seed)  # the LoRA init
+            model = add_lora(backend.model, args)
+        if args.grad_checkpointing:
+            model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.eval()  # sampling mode; sft_update switches to train mode and back
+        backend.model = model
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / (args.warmup + 1)))
+        self.sampler = EpochSampler(len(self.train), args.seed, **state["sampler"])
+        self.step_count, self.rollouts, self.history = state["step"], state["rollouts"], state["history"]
+        if ckpt.exists():
+            opt = torch.load(ckpt / "optimizer.pt", weights_only=False)
+            self.optimizer.load_state_dict(opt["optimizer"])
+            self.scheduler.load_state_dict(opt["scheduler"])
+            set_rng_state(opt["rng"])
+
+    @property
+    def epoch_progress(self):
+        return self.sampler.epochs
+
+    def step(self, harness_path):
+        """One rollout step (batch prompts x G episodes) and one SFT pass on the accepted ones; returns the metrics row."""
+        args = self.args
+        tasks = [self.train[i] for i in self.sampler.take(args.batch)]
+        t0 = time.time()
+        episodes = rollout.run_episodes(
+            self.domain, str(harness_path), tasks, self.backend, samples=args.group, temperature=args.temperature,
+            top_k=args.top_k, max_new_tokens=args.max_new_tokens, deadline_s=args.deadline, workers=args.workers,
+            seed=args.seed * 1_000_003 + self.step_count, desc=f"rft step {self.step_count + 1} rollouts")
+        t1 = time.time()
+        accepted = [e for e in episodes if e["reward"] > 0.5]
+        examples = [(c["prompt_ids"], c["completion_ids"]) for e in accepted for c in e["calls"] if c["completion_ids"]]
+        loss = None
+        if examples:
+            loss = sft_update(self.backend.model, self.optimizer, self.scheduler, examples, args.minibatch, args.grad_clip)
+        t2 = time.time()
+        self.step_count += 1
+        self.rollouts += len(episodes)
+        row = {
+            "step": self.step_count,
+            "reward": sum(e["reward"] for e in episodes) / len(episodes),
+            "accept_rate": len(accepted) / len(episodes),
+            "prompts_accepted": len({e["task_id"] for e in accepted}),
+            "examples": len(examples),
+            "accepted_tokens": sum(len(c) for _, c in examples),
+            "loss": loss,
+            "skipped": not examples,
+            "blank": sum(not c["completion"].strip() for e in episodes for c in e["calls"]),
+            "errors": sum(e["error"] is not None for e in episodes),
+            "rollouts": self.rollouts,
+            "epoch": self.epoch_progress,
+            "lr": self.scheduler.get_last_lr()[0],
+            "sample_s": round(t1 - t0, 2),
+            "train_s": round(t2 - t1, 2),
+            "harness": str(harness_path),
+        }
+        self.history.append(row)
+        self.save()
+        self.backend.sync_adapter(str(self.out_dir / "ckpt" / "adapter"))
+        return row
+
+    def save(self):
+        """Write the checkpoint into a fresh folder, then swap the `ckpt` symlink to it in one atomic rename, so a
+        kill at any moment leaves the previous or the new checkpoint, never a broken one."""
+        folder = self.out_dir / f"ckpt-{self.step_count:06d}"
+        shutil.rmtree(folder, ignore_errors=True)
+        self.backend.model.save_pretrained(folder / "adapter")
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "rng": get_rng_state()}, folder / "optimizer.pt")
+        state = {"model": self.args.model, "step": self.step_count, "rollouts": self.rollouts,
+                 "sampler": self.sampler.state_dict(), "history": self.history}
+        (folder / "state.json").write_text(json.dumps(state))
+        link = self.out_dir / "ckpt.new"
+        link.unlink(missing_ok=True)
+        link.symlink_to(folder.name)
+        os.replace(link, self.out_dir / "ckpt")
+        for old in self.out_dir.glob("ckpt-*"):
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+        # metrics.jsonl is rewritten from the checkpoint, so a kill between the two writes never loses or repeats a row
+        tmp = self.out_dir / "metrics.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+        os.replace(tmp, self.out_dir / "metrics.jsonl")
+
+
+def get_rng_state():
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -----------------------------------------------------------------------------
+# bench: the real update against a bare forward/backward loop on the same batch and adapter
+
+def bench(args, repeats=5):
+    torch.manual_seed(args.seed)
+    model, _ = rollout.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
+    model = add_lora(model, args)
+    if args.grad_checkpointing:
+        model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    vocab = model.config.vocab_size
+    rng = random.Random(args.seed)
+    examples = [([rng.randrange(vocab) for _ in range(rng.randint(64, 384))],
+                 [rng.randrange(vocab) for _ in range(rng.randint(16, 128))]) for _ in range(4 * args.minibatch)]
+    n_tokens = sum(len(p) + len(c) for p, c in examples)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    device = next(model.parameters()).device
+    padded = []  # the bare loop gets the same minibatches, already padded, with HF's own labels loss
+    for batch in length_batches(examples, args.minibatch):
+        width = max(len(p) + len(c) for p, c in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        labels = torch.full_like(ids, -100)
+        for i, (p, c) in enumerate(batch):
+            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+            labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
+        padded.append((ids.to(device), labels.to(device)))
+
+    def rsft():
+        sft_update(model, optimizer, scheduler, examples, args.minibatch, args.grad_clip)
+
+    def bare():
+        model.train()
+        for ids, labels in padded:
+            model(input_ids=ids, labels=labels).loss.backward()
+        optimizer.zero_grad(set_to_none=True)
+
+    def timed(fn):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    rsft(), bare()  # warm up
+    times = {"rsft": [], "bare": []}
+    for _ in tqdm(range(repeats), desc="bench"):  # interleaved, best of N: robust to a busy machine
+        times["rsft"].append(timed(rsft))
+        times["bare"].append(timed(bare))
+    speed = {k: n_tokens / min(v) for k, v in times.items()}
+    print(f"model {args.model}, LoRA rank {args.lora_rank}, {len(examples)} examples, {n_tokens} tokens, "
+          f"minibatch {args.minibatch}, device {device.type}, best of {repeats}")
+    print(f"rsft update (sft_update):        {speed['rsft']:10.0f} tokens/s")
+    print(f"bare forward/backward (HF loss): {speed['bare']:10.0f} tokens/s")
+    print(f"ratio = {speed['rsft'] / speed['bare']:.2f}")
+
+
+# -----------------------------------------------------------------------------
+
+def main(argv=None):
+    import domains
+    p = argparse.ArgumentParser(description="Online RSFT with LoRA (the weight phase of WHALE).")
+    # run
+    p.add_argument("--domain", choices=("searchqa", "math", "chess"))
+    p.add_argument("--harness", help="the harness file the rollouts run under")
+    p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
+    p.add_argument("--out", help="run folder: config.json, metrics.jsonl, ckpt/, summary.json")
+    p.add_argument("--steps", type=int, default=10, help="rollout steps in all (a rerun resumes)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bench", action="store_true", help="time the update against a bare forward/backward loop")
+    # adaptive stop (paper: window = minimum phase length = patience = 0.2 epoch)
+    p.add_argument("--stop-patience", type=int, default=0,
+                   help="stop early when the N-step mean reward set no new best for N steps, after N steps (0 = off)")
+    add_args(p)
+    args = p.parse_args(argv)
+    if args.bench:
+        return bench(args)
+    if not (args.domain and args.harness and args.out):
+        p.error("--domain, --harness and --out are required (or --bench)")
+    if not os.path.isfile(args.harness):
+        raise SystemExit(f"harness file {args.harness} not found: pass --harness PATH, e.g. harnesses/{args.domain}.py")
+    try:
+        model, tok = rollout.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
+        domain = domains.get(args.domain)
+        trainer = RSFT(args, rollout.HFBackend(model, tok), domain, args.out)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(str(e))
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(vars(args), f, indent=1)
+
+    rewards = [r["reward"] for r in trainer.history]
+    stop = lambda: args.stop_patience and should_stop_weight_phase(rewards, *[args.stop_patience] * 3)
+    bar = tqdm(total=args.steps, initial=trainer.step_count, desc="rft steps")
+    while trainer.step_count < args.steps and not stop():
+        row = trainer.step(args.harness)
+        rewards.append(row["reward"])
+        bar.update(1)
+        bar.set_postfix(reward=f"{row['reward']:.3f}", accept=f"{row['accept_rate']:.2f}",
+                        loss="skip" if row["skipped"] else f"{row['loss']:.3f}", rollouts=row["rollouts"])
+    bar.close()
+    summary = {"steps": trainer.step_count, "rollouts": trainer.rollouts, "epochs": trainer.epoch_progress,
+               "rewards": rewards, "first_reward": rewards[0] if rewards else None,
+               "last_reward": rewards[-1] if rewards else None, "stopped_early": trainer.step_count < args.steps,
+               "seconds": sum(r["sample_s"] + r["train_s"] for r in trainer.history),
+               "adapter": os.path.join(args.out, "ckpt", "adapter")}
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(json.dumps({k: v for k, v in summary.items() if k != "rewards"}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""rft.py: sampler, stop rule, completion-only loss, bad input, and (with rollout) accounting, learning, resume."""
+import argparse
+import types
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+import rft
+import rollout
+
+
+def tiny_model(vocab=64, layers=2, mlp=64, seed=0):
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=mlp, num_hidden_layers=layers,
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                        max_position_embeddings=512))
+
+
+def rft_args(**kw):
+    p = argparse.ArgumentParser()
+    rft.add_args(p)
+    args = p.parse_args([])
+    args.model, args.seed = "smoke", 0
+    for k, v in kw.items():
+        setattr(args, k, v)
+    return args
+
+
+def grads(model, examples, minibatch=8):
+    """The gradient sft_update would apply (normalised over all examples' completion tokens), per parameter."""
+    model.zero_grad()
+    n = sum(len(c) for _, c in examples)
+    for batch in rft.length_batches(examples, minibatch):
+        (rft.completion_nll(model, batch) / n).backward()
+    return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-7) for k in a)
+
+
+# -----------------------------------------------------------------------------
+# pure pieces
+
+def test_sampler_takes_exact_epoch_fractions_and_resumes():
+    s = rft.EpochSampler(10, seed=3)
+    first = s.take(6)
+    assert s.epochs == pytest.approx(0.6)
+    second = s.take(6)
+    assert s.epochs == pytest.approx(1.2)
+    assert sorted(first + second[:4]) == list(range(10))  # epoch 0 is a permutation
+    resumed = rft.EpochSampler(10, 3, **s.state_dict())
+    assert resumed.take(9) == s.take(9)
+    assert rft.EpochSampler(10, 4).take(10) != rft.EpochSampler(10, 3).take(10)  # the seed matters
+
+
+def test_stop_rule_on_fixed_series():
+    stop = rft.should_stop_weight_phase
+    rising = [0.1 * i for i in range(10)]
+    assert not any(stop(rising[:n], 2, 2, 2) for n in range(11))
+    plateau = [0.1, 0.5, 0.5, 0.5, 0.5]  # window 1: best set at step 2, equal values are no new best
+    assert [stop(plateau[:n], 1, 1, 3) for n in range(1, 6)] == [False, False, False, False, True]
+    falling = [0.9, 0.5, 0.2, 0.1]
+    assert not stop(falling[:2], 2, 3, 1)  # shorter than min_len
+    assert stop(falling[:3], 2, 3, 1)
+    noisy = [0.2, 0.6, 0.2, 0.6, 0.2, 0.6]  # window 2 smooths the noise: mean stays 0.4 after the first step
+    assert stop(noisy, 2, 2, 4) and not stop(noisy, 2, 2, 5)
+
+
+def test_loss_masks_the_prompt_and_is_normalised_over_all_completion_tokens():
+    model = tiny_model(layers=0)  # no attention: a position's output depends on its own token only
+    ex = [([5, 6, 7, 8, 9], [10, 11, 12]), ([1, 2, 9], [3])]
+    changed_prompt = [([40, 41, 42, 43, 9], [10, 11, 12]), ([33, 9], [3])]  # the last prompt token predicts the first completion token
+    assert same(grads(model, ex), grads(model, changed_prompt))
+    assert not same(grads(model, ex), grads(model, [([5, 6, 7, 8, 9], [10, 11, 13]), ([1, 2, 9], [3])]))
+    # normalisation: summed NLL / all completion tokens (4), not a mean of per-example means; minibatching is invisible
+    deep = tiny_model(layers=2)
+    nll = [-torch.log_softmax(deep(input_ids=torch.tensor([p + c])).logits[0], -1)[len(p) - 1 + j, t]
+           for p, c in ex for j, t in enumerate(c)]
+    with torch.no_grad():
+        assert rft.completion_nll(deep, ex).item() / 4 == pytest.approx(sum(nll).item() / 4, rel=1e-5)
+    assert same(grads(deep, ex, minibatch=1), grads(deep, ex, minibatch=2))
+
+
+def test_tool_output_in_the_prompt_leaves_the_gradient_unchanged():
+    _, tok = rollout.load_model("smoke")
+    model = tiny_model(vocab=len(tok), layers=0)
+    completion = tok("The answer is \\boxed{47}<|im_end|>", add_special_tokens=False)["input_ids"]
+
+    def example(tool_output):
+        messages = [{"role": "user", "content": "What is 12 + 35?"},
+                    {"role": "assistant", "content": "```python\nprint(12 + 35)\n```"},
+                    {"role": "user", "content": f"Output: {tool_output}"}]
+        return [(rollout.chat_ids(tok, messages), completion)]
+
+    assert same(grads(model, example("47")), grads(model, example("Traceback: NameError, a much longer tool text")))
+
+
+def test_update_makes_one_optimizer_step_on_the_lora_weights_only():
+    model = rft.add_lora(tiny_model(), rft_args(lora_rank=4))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    loss = rft.sft_update(model, opt, sched, [([1, 2, 3], [4, 5]), ([6, 7], [8, 9, 10])], 1, 1.0)
+    assert loss > 0 and opt.state_dict()["state"][0]["step"] == 1
+    changed = {k for k, p in model.named_parameters() if not torch.equal(p, before[k])}
+    assert changed and all("lora_" in k for k in changed)
+
+
+# -----------------------------------------------------------------------------
+# bad input
+
+class FakeDomain:
+    """Reward 1 when the reply starts with `target`; tasks are all the same prompt."""
+    name = "fake"
+    TOOL_METHODS = ()
+
+    def __init__(self, n=8, target="x"):
+        self.n, self.target = n, target
+
+    def load(self, split):
+        return [{"id": f"t{i}", "question": "Say something."} for i in range(self.n)]
+
+    def public(self, task):
+        return {"question": task["question"]}
+
+    def tools(self, task):
+        return types.SimpleNamespace()
+
+    def reward(self, task, answer, tools):
+        return float(isinstance(answer, str) and answer.startswith(self.target))
+
+
+def test_bad_input_gives_clear_errors(tmp_path):
+    backend = lambda **kw: types.SimpleNamespace(model=tiny_model(**kw))
+    with pytest.raises(ValueError, match="--group 0"):
+        rft.RSFT(rft_args(group=0), backend(), FakeDomain(), tmp_path / "a")
+    with pytest.raises(ValueError, match=r"--batch 9 does not fit .*\(8 prompts\)"):
+        rft.RSFT(rft_args(batch=9), backend(), FakeDomain(8), tmp_path / "b")
+    with pytest.raises(ValueError, match="--lora-targets 'wq,wv' does not fit the model"):
+        rft.RSFT(rft_args(batch=4, lora_targets="wq,wv"), backend(), FakeDomain(), tmp_path / "c")
+    # an adapter trained on another model (other MLP width, fewer layers) does not load
+    rft.RSFT(rft_args(batch=4), backend(), FakeDomain(), tmp_path / "d").save()
+    for other in (backend(mlp=96), backend(layers=1)):
+        with pytest.raises(ValueError, match="does not fit this model"):
+            rft.RSFT(rft_args(batch=4), other, FakeDomain(), tmp_path / "d")
