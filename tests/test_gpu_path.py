@@ -1,0 +1,191 @@
+"""The GPU path's CPU-testable parts: the adapter canary (vllm and openai backends with engine stand-ins),
+the paper data loaders' row parsing, the Search-R1 retrieval client and the bm25 wiki fallback."""
+import copy
+import http.server
+import json
+import sys
+import threading
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+import _stage_backends as backends
+
+# -----------------------------------------------------------------------------
+# a tiny model, a byte tokenizer and a trained-looking adapter
+
+
+class ByteTok:
+    eos_token_id = 1
+
+    def __call__(self, text):
+        return {"input_ids": [2 + b % 60 for b in text.encode()]}
+
+
+@pytest.fixture(scope="module")
+def base():
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def adapter(base, tmp_path_factory):
+    """(the trainer's peft model, the folder its adapter was saved to); the adapter changes greedy output."""
+    torch.manual_seed(1)
+    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=2.0)
+    path = tmp_path_factory.mktemp("adapter") / "step_1"
+    model.save_pretrained(str(path))
+    return model, str(path)
+
+
+@torch.no_grad()
+def greedy(model, prompt, n):
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def engine_model(base, path, applies):
+    """What a stand-in engine samples from after loading `path`: the adapted model, or the base if it ignores it."""
+    return PeftModel.from_pretrained(copy.deepcopy(base), path).eval() if applies else base
+
+# -----------------------------------------------------------------------------
+# vllm backend with a stand-in `vllm` module
+
+
+def fake_vllm(base, applies):
+    class LLM:
+        def __init__(self, model, **kw):
+            self.kw, self.sleeps, self.wakes = kw, 0, 0
+
+        def generate(self, prompts, params, lora_request=None, use_tqdm=True):
+            model = engine_model(base, lora_request.lora_path, applies) if lora_request else base
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=greedy(model, p["prompt_token_ids"], sp.max_tokens),
+                                                             finish_reason="length", stop_reason=None)])
+                    for p, sp in zip(prompts, params)]
+
+        def sleep(self, level=1):
+            self.sleeps += 1
+
+        def wake_up(self):
+            self.wakes += 1
+
+    vllm = types.ModuleType("vllm")
+    vllm.LLM, vllm.SamplingParams = LLM, lambda **kw: SimpleNamespace(**kw)
+    lora, request = types.ModuleType("vllm.lora"), types.ModuleType("vllm.lora.request")
+    request.LoRARequest = lambda name, int_id, path: SimpleNamespace(lora_name=name, lora_int_id=int_id, lora_path=path)
+    return {"vllm": vllm, "vllm.lora": lora, "vllm.lora.request": request}
+
+
+@pytest.mark.parametrize("applies", [True, False])
+def test_vllm_backend_canary(monkeypatch, base, adapter, applies):
+    for name, module in fake_vllm(base, applies).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    trained, path = adapter
+    trained.train()  # as the trainer leaves it: the canary scores in eval mode, then restores train mode
+    backend = backends.VLLMBackend("some/model", ByteTok(), trained, gpu_memory=0.3, sleep=True)
+    assert backend.llm.kw["enable_lora"] and backend.llm.kw["enable_sleep_mode"] and backend.llm.kw["gpu_memory_utilization"] == 0.3
+    if applies:
+        backend.sync_adapter(path)
+        assert backend.lora.lora_path.endswith("step_1")
+    else:
+        with pytest.raises(RuntimeError, match=r"adapter canary failed: vllm .*step_1"):
+            backend.sync_adapter(path)
+    assert trained.training
+    backend.sleep()
+    backend.sleep()  # idempotent
+    assert backend.llm.sleeps == 1 and backend.sleeping
+    out = backend.generate([ByteTok()("hi")["input_ids"]], temperature=1.0, top_k=20, max_new_tokens=3, seeds=[5])
+    assert backend.llm.wakes == 1 and not backend.sleeping and len(out[0]) == 3
+
+
+def test_canary_passes_for_the_base_model_without_adapter(base):
+    engine = SimpleNamespace(generate=lambda prompts, **kw: [greedy(base, p, kw["max_new_tokens"]) for p in prompts])
+    backends.check_canary(engine, base, ByteTok(), "none", "stand-in")
+
+# -----------------------------------------------------------------------------
+# openai backend against a loopback server speaking vLLM's OpenAI API
+
+
+def serve(handler_cls):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_cls)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def fake_openai_server(base, applies, log):
+    adapters = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def reply(self, obj, code=200):
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            log.append((self.path, req))
+            if self.path == "/v1/load_lora_adapter":
+                adapters[req["lora_name"]] = engine_model(base, req["lora_path"], applies)
+                return self.reply(f"Success: LoRA adapter '{req['lora_name']}' added successfully.")
+            if self.path == "/v1/unload_lora_adapter":
+                adapters.pop(req["lora_name"])
+                return self.reply("ok")
+            if self.path == "/v1/completions":
+                model = adapters.get(req["model"], base)
+                ids = greedy(model, req["prompt"], req["max_tokens"])
+                return self.reply({"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": "length"}]})
+            self.reply({"error": "not found"}, 404)
+    return Handler
+
+
+@pytest.mark.parametrize("applies", [True, False])
+def test_openai_backend_canary(base, adapter, applies):
+    log = []
+    server = serve(fake_openai_server(base, applies, log))
+    try:
+        trained, path = adapter
+        url = f"http://127.0.0.1:{server.server_port}/v1"
+        backend = backends.OpenAIBackend(url, "base-model", ByteTok(), trained, workers=4)
+        out = backend.generate([[5, 6, 7], [8, 9]], temperature=1.0, top_k=20, max_new_tokens=4, seeds=[0, 1])
+        assert [len(o) for o in out] == [4, 4]
+        assert log[0][1]["model"] == "base-model" and log[0][1]["return_token_ids"] is True
+        if applies:
+            backend.sync_adapter(path)
+            backend.sync_adapter(path)  # the second load replaces (and unloads) the first
+            assert [p for p, _ in log].count("/v1/unload_lora_adapter") == 1
+            assert log[-1][0] == "/v1/unload_lora_adapter" and backend.adapter_name == "rsft-2"
+        else:
+            with pytest.raises(RuntimeError, match=r"adapter canary failed: openai server http://127.0.0.1:\d+/v1 with adapter .*step_1"):
+                backend.sync_adapter(path)
+    finally:
+        server.shutdown()
+
+
+def test_openai_backend_unreachable_server():
+    backend = backends.OpenAIBackend("http://127.0.0.1:9/v1", "m", ByteTok(), None, workers=1, timeout=5)
+    with pytest.raises(RuntimeError, match="cannot reach .* --openai-url"):
+        backend.generate([[1, 2]], max_new_tokens=2)
+
+
+def test_with_eos_keeps_the_stop_token():
+    assert backends.with_eos([5, 6], "stop", None, 1) == [5, 6, 1]
+    assert backends.with_eos([5, 6, 1], "stop", None, 1) == [5, 6, 1]
+    assert backends.with_eos([5, 6], "stop", 9, 1) == [5, 6, 9]
+    assert backends.with_eos([5, 6], "length", None, 1) == [5, 6]
