@@ -41,7 +41,8 @@ HARNESS_SET_SEED = 0
 REBUILD_HINT = "rebuild it with `python data/build.py` (or restore it with `git checkout data/`)"
 
 
-def read_jsonl(name):
+def read_jsonl(name, required=()):
+    """Rows of data/<name>, each a dict holding the `required` keys; one-line errors otherwise."""
     path = os.path.join(DATA_DIR, name)
     if not os.path.exists(path):
         raise FileNotFoundError(f"missing data file {path}: {REBUILD_HINT}")
@@ -49,9 +50,13 @@ def read_jsonl(name):
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
-                raise ValueError(f"corrupt data file {path} (line {lineno} is not JSON): {REBUILD_HINT}") from None
+                row = None
+            if not isinstance(row, dict) or any(k not in row for k in required):
+                raise ValueError(f"corrupt data file {path} (line {lineno} is not a JSON object with keys "
+                                 f"{', '.join(required)}): {REBUILD_HINT}")
+            rows.append(row)
     if not rows:
         raise ValueError(f"corrupt data file {path} (empty): {REBUILD_HINT}")
     return rows
@@ -71,12 +76,7 @@ class Domain:
             if len(train) <= HARNESS_SET_SIZE:
                 return train
             return random.Random(HARNESS_SET_SEED).sample(train, HARNESS_SET_SIZE)
-        rows = read_jsonl(f"{self.name}_{split}.jsonl")
-        for row in rows:
-            missing = [k for k in self.REQUIRED if k not in row]
-            if missing:
-                raise ValueError(f"corrupt data file data/{self.name}_{split}.jsonl (a row lacks {missing}): {REBUILD_HINT}")
-        return rows
+        return read_jsonl(f"{self.name}_{split}.jsonl", self.REQUIRED)
 
     def gold(self, task):
         """The gold answer in words, for `show` and for people reading traces."""
@@ -101,8 +101,8 @@ def normalize_answer(text):
 @lru_cache(maxsize=1)
 def searchqa_index():
     """(passages, bm25 retriever) over the bundled corpus, built once per process (< 1 s)."""
-    import bm25s
-    docs = read_jsonl("searchqa_corpus.jsonl")
+    import bm25s  # here, not at the top: its import takes ~1 s that math and chess need not pay
+    docs = read_jsonl("searchqa_corpus.jsonl", ("title", "text"))
     passages = [f"{d['title']}: {d['text']}" for d in docs]
     retriever = bm25s.BM25()
     retriever.index(bm25s.tokenize(passages, stopwords="en", show_progress=False), show_progress=False)
@@ -115,7 +115,7 @@ class SearchTools:
 
     def search(self, query, k=1):
         """Top-k passages "Title: text" for a query, each cut to MAX_PASSAGE_CHARS; k capped at MAX_SEARCH_K."""
-        import bm25s
+        import bm25s  # already loaded by searchqa_index
         k = max(1, min(k, MAX_SEARCH_K)) if isinstance(k, int) else 1
         tokens = bm25s.tokenize([str(query)[:2000]], stopwords="en", return_ids=False, show_progress=False)
         if not tokens[0]:
@@ -153,16 +153,18 @@ class SearchQA(Domain):
 PYTHON_TIMEOUT_S = 30.0
 PYTHON_MEMORY_BYTES = 1 << 30
 PYTHON_MAX_PROCS = 64
+PYTHON_MAX_OUTPUT_BYTES = 1 << 20
 MAX_OUTPUT_CHARS = 2000
 # Runs in the child before the model's code: it sets its own limits (no preexec_fn, which is not
 # safe in a threaded parent), installs an audit hook (which cannot be removed) that forbids creating
 # or signalling processes, since RLIMIT_NPROC does not bind root, then runs the code from stdin.
 SANDBOX_PRELUDE = r"""
 import resource, sys
-cpu, memory, nproc = map(int, sys.argv[1:4])
+cpu, memory, nproc, fsize = map(int, sys.argv[1:5])
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 BLOCKED = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
            "os.kill", "os.killpg"}
@@ -183,30 +185,35 @@ def kill_group(proc):
 
 
 def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTES, max_chars=MAX_OUTPUT_CHARS):
-    """Run code in a fresh isolated interpreter with CPU, memory and wall limits; return stdout+stderr, cut."""
+    """Run code in a fresh isolated interpreter with CPU, memory, output and wall limits; return stdout+stderr, cut."""
     if not isinstance(code, str):
         return "error: code must be a string"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}
     cpu_s = int(timeout_s) + 1
-    limits = [str(cpu_s), str(memory_bytes), str(PYTHON_MAX_PROCS)]
-    proc = subprocess.Popen([sys.executable, "-I", "-c", SANDBOX_PRELUDE, *limits], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir(),
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(code.encode("utf-8", "replace"), timeout=timeout_s)
-        text = out.decode("utf-8", "replace")
-        if proc.returncode < 0:
-            text += f"\nerror: killed by signal {-proc.returncode} (limits: {cpu_s} s CPU, {memory_bytes >> 20} MB memory)"
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        proc.communicate()
-        text = f"error: timed out after {timeout_s:g} s"
-    finally:
-        kill_group(proc)
+    limits = [str(cpu_s), str(memory_bytes), str(PYTHON_MAX_PROCS), str(PYTHON_MAX_OUTPUT_BYTES)]
+    # output goes to a file whose size the child may not push past the limit, never into our memory
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen([sys.executable, "-I", "-c", SANDBOX_PRELUDE, *limits], stdin=subprocess.PIPE,
+                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir(),
+                                start_new_session=True)
+        error = ""
+        try:
+            proc.communicate(code.encode("utf-8", "replace"), timeout=timeout_s)
+            if proc.returncode < 0:
+                error = f"\nerror: killed by signal {-proc.returncode} (limits: {cpu_s} s CPU, " \
+                        f"{memory_bytes >> 20} MB memory, {PYTHON_MAX_OUTPUT_BYTES >> 20} MB output)"
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            proc.wait()
+            error = f"\nerror: timed out after {timeout_s:g} s"
+        finally:
+            kill_group(proc)  # also reaps anything the code left running in its session
+        out.seek(0)
+        text = out.read(4 * max_chars).decode("utf-8", "replace")
     if len(text) > max_chars:
         text = text[:max_chars] + f"\n... [output cut at {max_chars} chars]"
-    return text
+    return (text + error).lstrip("\n") if error else text
 
 
 class PythonTools:

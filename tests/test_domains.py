@@ -60,9 +60,12 @@ def test_missing_and_corrupt_files(tmp_path, monkeypatch):
     (tmp_path / "chess_test.jsonl").write_text('{"id": "a", "fen": "x", "moves": []}\n{oops\n')
     with pytest.raises(ValueError, match=r"corrupt data file .*chess_test.jsonl \(line 2"):
         domains.get("chess").load("test")
-    (tmp_path / "math_test.jsonl").write_text('{"id": "a"}\n')
-    with pytest.raises(ValueError, match=r"corrupt data file .*math_test.jsonl .*lacks \['question', 'answer'\]"):
+    (tmp_path / "math_test.jsonl").write_text('{"id": "a", "question": "q", "answer": "1"}\n{"id": "b"}\n')
+    with pytest.raises(ValueError, match=r"corrupt data file .*math_test.jsonl \(line 2 .*keys id, question, answer"):
         domains.get("math").load("test")
+    (tmp_path / "searchqa_test.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"corrupt data file .*searchqa_test.jsonl \(empty\)"):
+        domains.get("searchqa").load("test")
 
 
 def run_cli(*args, cwd=ROOT):
@@ -171,7 +174,7 @@ def test_search_tool_limits():
     assert len(tools.search("city founded river", 50)) == domains.MAX_SEARCH_K
     assert tools.search("the of a") == [] and tools.search("") == [] and tools.search("qqqzzz") == []
     assert all(len(p) <= domains.MAX_PASSAGE_CHARS for p in tools.search("city", 10))
-    assert len(tools.search(None, "3")) == 0 or isinstance(tools.search(None, "3"), list)
+    assert len(tools.search("Veipouthrous capital", "3")) == 1  # a k that is not an int means 1
 
 
 def test_search_index_loads_fast():
@@ -233,6 +236,7 @@ def no_stray_children():
     ("import os\nwhile True:\n    os.fork()", "not allowed"),
     ("import multiprocessing\nwhile True:\n    multiprocessing.Process(target=print).start()", "not allowed"),
     ("import subprocess\nsubprocess.run(['sleep', '100'])", "not allowed"),
+    ("while True:\n    print('x' * 100000)", r"output cut at \d+ chars"),  # the file size limit stops it
 ])
 def test_python_tool_contains_bad_code(code, expected):
     start = time.time()
@@ -250,6 +254,9 @@ def test_python_tool_output():
     assert tools.python(12) == "error: code must be a string"
     assert len(tools.python("print('x' * 100000)")) < domains.MAX_OUTPUT_CHARS + 100
     assert "killed" in domains.run_python("import os\nos.abort()", timeout_s=3)
+    d = domains.get("math")
+    d.python_timeout_s = 3  # how tests and smoke runs shorten the 30 s limit
+    assert d.tools({}).timeout_s == 3
 
 # -----------------------------------------------------------------------------
 # Chess
