@@ -14,6 +14,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import _stage_backends as backends
+import _stage_paper_data as paper
 
 # -----------------------------------------------------------------------------
 # a tiny model, a byte tokenizer and a trained-looking adapter
@@ -189,3 +190,116 @@ def test_with_eos_keeps_the_stop_token():
     assert backends.with_eos([5, 6, 1], "stop", None, 1) == [5, 6, 1]
     assert backends.with_eos([5, 6], "stop", 9, 1) == [5, 6, 9]
     assert backends.with_eos([5, 6], "length", None, 1) == [5, 6]
+
+# -----------------------------------------------------------------------------
+# the paper's data: row parsing on rows written here
+
+def test_searchqa_rows():
+    flashrag = {"id": "test_7", "question": "who wrote the iliad", "golden_answers": ["Homer"]}
+    assert paper.searchqa_task(flashrag, "nq", 0) == {"id": "nq-test_7", "question": "who wrote the iliad?",
+                                                       "answers": ["Homer"], "source": "nq"}
+    verl = {"data_source": "hotpotqa", "question": "Which river is longer?", "golden_answers": None,
+            "reward_model": {"ground_truth": {"target": ["the Nile", "Nile"]}, "style": "rule"}}
+    task = paper.searchqa_task(verl, "train", 12)
+    assert task["answers"] == ["the Nile", "Nile"] and task["id"] == "hotpotqa-12" and task["source"] == "hotpotqa"
+    assert paper.searchqa_task({"question": "no answers?", "golden_answers": []}, "nq", 1) is None
+
+
+def test_searchqa_test_is_seeded_per_set(monkeypatch):
+    def rows(name, config=None, split="train", streaming=False):
+        assert name == paper.SEARCHQA_TEST and split == dict(s.split(":") for s in paper.SEARCHQA_TEST_SETS)[config]
+        return [{"id": f"{split}_{i}", "question": f"{config} question {i}", "golden_answers": [str(i)]} for i in range(130)]
+    monkeypatch.setattr(paper, "read_rows", rows)
+    tasks = paper.load_paper("searchqa", "test")
+    assert len(tasks) == 700 and len({t["id"] for t in tasks}) == 700
+    assert {t["source"] for t in tasks} == {s.split(":")[0] for s in paper.SEARCHQA_TEST_SETS}
+    assert tasks == paper.load_paper("searchqa", "test")
+    assert len(paper.load_paper("searchqa", "test", test_sets=("bamboogle:test",), per_set=5)) == 5
+
+
+def test_math_rows(tmp_path):
+    problem = "Find the sum of all integers $n$ such that $n^2 < 10$."
+    dapo = {"data_source": "math_dapo", "prompt": [{"role": "user", "content": paper.DAPO_PREFIX + problem + paper.DAPO_SUFFIX}],
+            "ability": "MATH", "reward_model": {"ground_truth": "0", "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079"}}
+    path = tmp_path / "dapo.jsonl"
+    path.write_text("\n".join(json.dumps(dapo) for _ in range(3)) + "\n")  # the release repeats problems
+    tasks = paper.load_math("train", train_name=str(path))
+    assert tasks == [{"id": "dapo-9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079", "question": problem, "answer": "0",
+                      "source": "dapo-math-17k"}]
+    h4 = {"id": 60, "problem": "Every morning Aya goes for a walk ...", "solution": "...", "answer": "204", "url": "", "year": "2024"}
+    arena = {"problem_idx": 3, "problem": "Find the number of ordered pairs ...", "answer": 117}
+    (tmp_path / "aime_2024.jsonl").write_text(json.dumps(h4) + "\n")
+    (tmp_path / "aime_2025.jsonl").write_text(json.dumps(arena) + "\n")
+    tasks = paper.load_math("test", test_names=(str(tmp_path / "aime_2024.jsonl"), str(tmp_path / "aime_2025.jsonl")))
+    assert [(t["id"], t["answer"]) for t in tasks] == [("aime_2024-jsonl-60", "204"), ("aime_2025-jsonl-3", "117")]
+    assert "answer" not in tasks[0]["question"]
+
+
+def test_chess_rows_filters_and_splits(tmp_path):
+    header = "PuzzleId,FEN,Moves,Rating,RatingDeviation,Popularity,NbPlays,Themes,GameUrl,OpeningTags\n"
+    fen = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
+    lines = [f"p{i:03d},{fen},{' '.join(['e1e2'] * n)},{rating},75,90,100,short mateIn1,https://lichess.org/x,\n"
+             for i, (n, rating) in enumerate([(2, 900), (4, 1200), (6, 1000), (2, 2100), (2, 1400)] * 4)]
+    path = tmp_path / "lichess_db_puzzle.csv"
+    path.write_text(header + "".join(lines))
+    kw = dict(name=str(path), max_rating=1500, max_solver_moves=2, test_size=3, train_size=100)
+    test, train = paper.load_chess("test", **kw), paper.load_chess("train", **kw)
+    assert len(test) == 3 and len(train) == 9 and not {t["id"] for t in test} & {t["id"] for t in train}
+    assert all(t["rating"] <= 1500 and len(t["moves"]) in (2, 4) for t in test + train)
+    assert test[0]["fen"] == fen and test[0]["themes"] == ["short", "mateIn1"]
+    with pytest.raises(ValueError, match="unknown domain"):
+        paper.load_paper("go", "train")
+
+# -----------------------------------------------------------------------------
+# retrieval: the Search-R1 server API on loopback, and bm25s over a wiki-18 style file
+
+WIKI = [{"id": "0", "contents": '"Zarnoth River"\nThe Zarnoth River flows through Kelmar and ends in the Sea of Vost.'},
+        {"id": "1", "contents": '"Kelmar"\nKelmar is a city founded in 1342 by the weaver Oda Prell.'},
+        {"id": "2", "contents": '"Oda Prell"\nOda Prell was a weaver born in Tasmir.'}]
+
+
+def retriever_handler(log):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            log.append((self.path, req))
+            hits = [[{"document": WIKI[i % 3], "score": 1.0 / (i + 1)} for i in range(req["topk"])] for _ in req["queries"]]
+            if not req["return_scores"]:
+                hits = [[h["document"] for h in q] for q in hits]
+            body = json.dumps({"result": hits}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    return Handler
+
+
+def test_retriever_client_speaks_search_r1_api():
+    log = []
+    server = serve(retriever_handler(log))
+    try:
+        client = paper.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
+        assert client.search("where does the Zarnoth flow", k=2) == [
+            "Zarnoth River: The Zarnoth River flows through Kelmar and ends in the Sea of Vost.",
+            "Kelmar: Kelmar is a city founded in 1342 by the weaver Oda Prell."]
+        assert log[-1] == ("/retrieve", {"queries": ["where does the Zarnoth flow"], "topk": 2, "return_scores": True})
+        assert [len(r) for r in client.search_batch(["a", "b", "c"], k=1)] == [1, 1, 1]
+    finally:
+        server.shutdown()
+    with pytest.raises(RuntimeError, match="retrieval server .* --wiki"):
+        paper.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5).search("x")
+
+
+def test_wiki_bm25_fallback(tmp_path):
+    path = tmp_path / "wiki-18.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in WIKI))
+    wiki = paper.WikiBM25(str(path))
+    assert wiki.search("who founded Kelmar", k=1) == ["Kelmar: Kelmar is a city founded in 1342 by the weaver Oda Prell."]
+    again = paper.WikiBM25(str(path))  # loads the saved index
+    assert again.search("Oda Prell birthplace", k=3)[0].startswith("Oda Prell:")
+    with pytest.raises(FileNotFoundError, match="wiki corpus .* --retriever-url"):
+        paper.WikiBM25(str(tmp_path / "missing.jsonl"))
