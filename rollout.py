@@ -706,3 +706,139 @@ def run_episodes(domain, harness_path, tasks, backend, *, samples=1, temperature
                 calls = [{k: v for k, v in c.items() if not k.endswith("_ids")} for c in r["calls"]]
                 f.write(json.dumps({**r, "calls": calls}) + "\n")
     return records
+
+
+def evaluate(domain, harness_path, tasks, backend, k=8, **kw):
+    """mean@k: each task's success rate over k samples, averaged over tasks (not pass@k)."""
+    start = time.time()
+    eps = run_episodes(domain, harness_path, tasks, backend, samples=k, **{"desc": f"mean@{k}", **kw})
+    per_task = {}
+    for e in eps:
+        per_task.setdefault(e["task_id"], []).append(e["reward"])
+    per_task = {t: sum(r) / len(r) for t, r in per_task.items()}
+    n = max(len(eps), 1)
+    return {"mean_at_k": sum(per_task.values()) / max(len(per_task), 1), "k": k, "per_task": per_task,
+            "mean_turns": sum(e["turns"] for e in eps) / n, "tokens": sum(e["tokens"] for e in eps),
+            "rollouts": len(eps), "errors": sum(e["error"] is not None for e in eps),
+            "seconds": round(time.time() - start, 2)}
+
+
+# -----------------------------------------------------------------------------
+# bench: the runner's overhead over raw batched generation
+
+BENCH_HARNESS = '''"""Bench: a few llm() calls with a fixed budget, nothing else."""
+CALLS = 4
+def run(task, llm, tools):
+    for i in range(CALLS):
+        llm([{"role": "user", "content": task["question"] + " call " + str(i)}])
+    return {"answer": None}
+'''
+
+
+class BenchDomain:
+    name, TOOL_METHODS = "bench", ()
+
+    def public(self, task):
+        return {"question": task["question"]}
+
+    def tools(self, task):
+        return None
+
+    def reward(self, task, answer, tools):
+        return 0.0
+
+
+def bench(backend, episodes=64, calls=4, max_new_tokens=64):
+    """Same prompts, same lengths (EOS ignored): (a) backend.generate in full batches, (b) through the runner."""
+    backend.ignore_eos = True
+    tasks = [{"id": f"b{i}", "question": f"Question number {i} about the city founded in {1800 + i}?"}
+             for i in range(episodes)]
+    prompts = [[chat_ids(backend.tokenizer, [{"role": "user", "content": f"{t['question']} call {c}"}])
+                for t in tasks] for c in range(calls)]
+    backend.generate(prompts[0][:4], max_new_tokens=4)  # warm up
+    start = time.time()
+    direct = [backend.generate(p, max_new_tokens=max_new_tokens, seeds=list(range(len(p)))) for p in prompts]
+    direct_s = time.time() - start
+    direct_tokens = sum(len(o) for batch in direct for o in batch)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "bench_harness.py")
+        path.write_text(BENCH_HARNESS.replace("CALLS = 4", f"CALLS = {calls}"))
+        start = time.time()
+        eps = run_episodes(BenchDomain(), path, tasks, backend, max_new_tokens=max_new_tokens, workers=episodes,
+                           desc="bench")
+        runner_s = time.time() - start
+    backend.ignore_eos = False
+    runner_tokens = sum(e["tokens"] for e in eps)
+    errors = [e["error"] for e in eps if e["error"]]
+    if errors:
+        raise RuntimeError(f"bench episode failed: {errors[0]}")
+    a, b = direct_tokens / direct_s, runner_tokens / runner_s
+    print(f"sequences: {episodes * calls} x {max_new_tokens} tokens ({episodes} episodes x {calls} llm calls)")
+    print(f"direct generate: {direct_tokens} tokens in {direct_s:.2f} s = {a:.0f} tokens/s")
+    print(f"runner: {runner_tokens} tokens in {runner_s:.2f} s = {b:.0f} tokens/s "
+          f"({run_episodes.last_counts['generate_calls']} generate calls for "
+          f"{run_episodes.last_counts['llm_calls']} llm calls)")
+    print(f"ratio = {b / a:.3f}")
+    return b / a
+
+
+# -----------------------------------------------------------------------------
+# CLI
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # what to evaluate
+    p.add_argument("--domain", choices=["searchqa", "math", "chess"])
+    p.add_argument("--harness", help="harness file, e.g. harnesses/chess.py")
+    p.add_argument("--split", default="test", choices=["train", "harness", "test"])
+    p.add_argument("--limit", type=int, default=None, help="first N tasks of the split")
+    p.add_argument("--k", type=int, default=8, help="samples per task (mean@k)")
+    p.add_argument("--out", default=None, help="folder for traces.jsonl and results.json")
+    # model and sampling
+    p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
+    p.add_argument("--adapter", default=None, help="LoRA adapter folder")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=20)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="per llm() call")
+    # runner
+    p.add_argument("--deadline", type=float, default=120.0, help="seconds of harness time per episode")
+    p.add_argument("--workers", type=int, default=None, help="concurrent episodes (default min(64, episodes))")
+    p.add_argument("--seed", type=int, default=0)
+    # bench
+    p.add_argument("--bench", action="store_true", help="raw batched generate vs the runner, same work")
+    p.add_argument("--bench-episodes", type=int, default=64)
+    args = p.parse_args()
+
+    if args.bench:
+        model, tok = load_model(args.model, adapter=args.adapter)
+        bench(HFBackend(model, tok), episodes=args.bench_episodes)
+        return
+    if not args.domain or not args.harness:
+        raise SystemExit("rollout.py: pass --domain and --harness (or --bench)")
+    try:
+        check_harness(args.harness)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(str(e))
+    import domains
+    domain = domains.get(args.domain)
+    tasks = domain.load(args.split)[:args.limit]
+    model, tok = load_model(args.model, adapter=args.adapter)
+    out = Path(args.out) if args.out else None
+    traces = None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(vars(args), indent=1))
+        traces = out / "traces.jsonl"
+        traces.unlink(missing_ok=True)
+    stats = evaluate(domain, args.harness, tasks, HFBackend(model, tok), k=args.k, temperature=args.temperature,
+                     top_k=args.top_k, max_new_tokens=args.max_new_tokens, deadline_s=args.deadline,
+                     workers=args.workers, seed=args.seed, traces_path=traces)
+    if out:
+        (out / "results.json").write_text(json.dumps(stats, indent=1))
+    print(f"tasks {len(tasks)}  rollouts {stats['rollouts']}  errors {stats['errors']}  mean turns "
+          f"{stats['mean_turns']:.2f}  tokens {stats['tokens']}  seconds {stats['seconds']}")
+    print(f"mean@{args.k} = {stats['mean_at_k']:.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Tests for rollout.py: hostile harnesses, batching, token records, seeds, bad input, real h0 smoke runs.
+
+    python -m pytest -q tests/test_rollout.py
+"""
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import rollout  # noqa: E402
+
+SECRET = "zebra-secret-4821"
+
+
+class FakeTools:
+    """Hidden state lives here, in the runner process: the secret and a call counter."""
+
+    def __init__(self, task):
+        self._secret, self.lookups = task["answer"], 0
+
+    def lookup(self, query):
+        self.lookups += 1
+        return f"passage about {query}"
+
+
+class FakeDomain:
+    name = "fake"
+    TOOL_METHODS = ("lookup",)
+
+    def load(self, split, n=8):
+        return [{"id": f"t{i}", "question": f"q{i}", "answer": f"passage about q{i}"} for i in range(n)]
+
+    def public(self, task):
+        return {"question": task["question"]}
+
+    def tools(self, task):
+        return FakeTools(task)
+
+    def reward(self, task, answer, tools):
+        return float(answer == task["answer"] and tools.lookups >= 1)
+
+
+class CountingBackend(rollout.HFBackend):
+    def generate(self, prompts, **kw):
+        self.generate_calls = getattr(self, "generate_calls", 0) + 1
+        return super().generate(prompts, **kw)
+
+
+@pytest.fixture(scope="module")
+def backend():
+    model, tok = rollout.load_model("smoke")
+    return CountingBackend(model, tok)
+
+
+def write(tmp_path, name, source):
+    path = tmp_path / name
+    path.write_text(source)
+    return path
+
+
+GOOD = '''"""Two llm calls, one tool call; returns the texts it got so the test can compare them with the record."""
+import re
+def run(task, llm, tools):
+    texts = [llm([{"role": "user", "content": task["question"] + " turn " + str(i)}], max_tokens=6) for i in range(2)]
+    return {"answer": tools.lookup(task["question"]), "texts": texts}
+'''
+
+HOSTILE = '''"""One misbehaviour per task, chosen by the question; other tasks behave."""
+import random
+def hunt(task, tools):
+    sys = random._os.sys                      # escape the import list through a module global
+    needle = "zeb" + "ra-sec"                 # not spelled out, so the harness's own source is no match
+    found, log = [], []
+    for name, mod in list(sys.modules.items()):
+        for key, value in list(vars(mod).items()):
+            if isinstance(value, str) and needle in value:
+                found.append(value)
+    frame = sys._getframe()
+    while frame is not None:
+        found += [v for v in frame.f_locals.values() if isinstance(v, str) and needle in v]
+        frame = frame.f_back
+    inspect = sys.modules["inspect"]
+    found += [str(v) for f in inspect.stack() for v in f.frame.f_globals.values() if needle in str(v)[:100000]]
+    try:
+        found += [o for o in __import__("gc").get_objects() if isinstance(o, str) and needle in o]
+    except Exception as e:
+        log.append(repr(e))
+    for path in ["data/chess_test.jsonl", "/proc/%d/environ" % random._os.getppid(), "/proc/%d/mem" % random._os.getppid()]:
+        try:
+            found.append(vars(random._os)["open"](path, 0))
+        except Exception as e:
+            log.append(repr(e))
+    try:
+        found.append(random._os.listdir("/"))
+    except Exception as e:
+        log.append(repr(e))
+    try:
+        found.append(tools._secret)
+    except Exception as e:
+        log.append(repr(e))
+    found = [f for f in found if f != needle]
+    return {"answer": found[0] if found else None, "log": log}
+
+def run(task, llm, tools):
+    q = task["question"]
+    if q == "raise":
+        raise RuntimeError("boom")
+    if q == "loop":
+        while True:
+            pass
+    if q == "sleep":
+        random._os.sys.modules["time"].sleep(1000)
+    if q == "garbage":
+        return ["not", "a", "dict"]
+    if q == "unserialisable":
+        return {"answer": {1, 2}}
+    if q == "print":
+        print("x" * 50_000_000)
+        for _ in range(200):
+            print("y" * 100_000)
+        random._os.write(1, b"z" * 1_000_000)
+        return {"answer": "printed"}
+    if q == "hunt":
+        return hunt(task, tools)
+    llm([{"role": "user", "content": q}], max_tokens=4)
+    return {"answer": tools.lookup(q)}
+'''
+
+
+def test_hostile_harnesses_cost_only_their_episodes(backend, tmp_path):
+    bad = ["raise", "loop", "sleep", "garbage", "unserialisable", "print", "hunt"]
+    tasks = [{"id": b, "question": b, "answer": SECRET} for b in bad] + FakeDomain().load("test", n=4)
+    path = write(tmp_path, "hostile.py", HOSTILE)
+    deadline = 3.0
+    start = time.time()
+    eps = rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=4, deadline_s=deadline, workers=6)
+    elapsed = time.time() - start
+    by = {e["task_id"]: e for e in eps}
+    assert elapsed < deadline + 12, elapsed  # loop and sleep run concurrently; slack for starting workers
+    assert "boom" in by["raise"]["error"]
+    assert "deadline" in by["loop"]["error"] and "deadline" in by["sleep"]["error"]
+    assert "expected a dict" in by["garbage"]["error"]
+    assert "not JSON serializable" in by["unserialisable"]["error"]
+    assert by["print"]["error"] is None and by["print"]["answer"] == "printed"
+    assert len(by["print"]["stdout"]) < 11_000
+    assert by["hunt"]["error"] is None and by["hunt"]["answer"] is None
+    assert SECRET not in json.dumps(by["hunt"])
+    assert all(by[b]["reward"] == 0.0 for b in bad)
+    # the tasks after the hostile ones ran on replaced or reused workers and still work
+    assert [by[f"t{i}"]["reward"] for i in range(4)] == [1.0] * 4
+    assert all(by[f"t{i}"]["error"] is None and by[f"t{i}"]["turns"] == 1 for i in range(4))
+
+
+def test_concurrent_llm_calls_are_batched(backend, tmp_path):
+    path = write(tmp_path, "good.py", GOOD)
+    backend.generate_calls = 0
+    eps = rollout.run_episodes(FakeDomain(), path, FakeDomain().load("train", n=16), backend, max_new_tokens=6,
+                               workers=16)
+    llm_calls = sum(e["turns"] for e in eps)
+    assert llm_calls == 32 and all(e["reward"] == 1.0 for e in eps)
+    assert backend.generate_calls <= 4, (backend.generate_calls, llm_calls)
+
+
+def test_recorded_tokens_are_what_was_sampled(backend, tmp_path):
+    path = write(tmp_path, "good.py", GOOD)
+    traces = tmp_path / "traces.jsonl"
+    eps = rollout.run_episodes(FakeDomain(), path, FakeDomain().load("train", n=2), backend, samples=2,
+                               max_new_tokens=6, traces_path=traces)
+    tok = backend.tokenizer
+    for e in eps:
+        for call in e["calls"]:
+            assert call["prompt_ids"] == rollout.chat_ids(tok, call["messages"])
+            assert tok.decode(call["completion_ids"], skip_special_tokens=True) == call["completion"]
+            assert 1 <= len(call["completion_ids"]) <= 6
+        assert e["tokens"] == sum(len(c["completion_ids"]) for c in e["calls"])
+    rows = [json.loads(line) for line in traces.read_text().splitlines()]
+    assert [r["task_id"] for r in rows] == ["t0", "t0", "t1", "t1"]
+    assert rows[0]["calls"][0]["completion"] == eps[0]["calls"][0]["completion"]
+
+
+def test_harness_gets_exactly_the_recorded_completions(backend, tmp_path):
+    path = write(tmp_path, "echo.py", GOOD.replace('"answer": tools.lookup(task["question"])', '"answer": texts'))
+    eps = rollout.run_episodes(FakeDomain(), path, FakeDomain().load("train", n=3), backend, max_new_tokens=6)
+    for e in eps:
+        assert e["answer"] == [c["completion"] for c in e["calls"]]
+
+
+def test_same_seed_same_results(backend, tmp_path):
+    path = write(tmp_path, "good.py", GOOD)
+    tasks = FakeDomain().load("train", n=3)
+    runs = [rollout.run_episodes(FakeDomain(), path, tasks, backend, samples=2, max_new_tokens=6, seed=s, workers=w)
+            for s, w in ((1, 6), (1, 2), (2, 6))]
+    ids = [[c["completion_ids"] for e in r for c in e["calls"]] for r in runs]
+    assert ids[0] == ids[1]  # batch composition differs (2 vs 6 workers), samples do not
+    assert ids[0] != ids[2]
+
+
+def test_generate_rows_do_not_depend_on_the_batch(backend):
+    p = rollout.chat_ids(backend.tokenizer, [{"role": "user", "content": "hello"}])
+    q = rollout.chat_ids(backend.tokenizer, [{"role": "user", "content": "a longer prompt than the other one"}])
+    alone = backend.generate([p], max_new_tokens=8, seeds=[5])[0]
+    mixed = backend.generate([q, p, q], max_new_tokens=[3, 8, 8], seeds=[1, 5, 2])
+    assert mixed[1] == alone and len(mixed[0]) == 3
+    greedy = backend.generate([p, p], temperature=0, max_new_tokens=8, seeds=[1, 2])
+    assert greedy[0] == greedy[1]
+
+
+def test_bad_harness_input_names_file_line_and_fix(backend, tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.py: no such harness file"):
+        rollout.run_episodes(FakeDomain(), tmp_path / "missing.py", FakeDomain().load("t", 1), backend)
+    with pytest.raises(ValueError, match=r"norun.py:1: no top-level function run; define run\(task, llm, tools\)"):
+        rollout.check_harness(write(tmp_path, "norun.py", "X = 1\n"))
+    with pytest.raises(ValueError, match=r"syntax.py:3: syntax error: .*fix the harness"):
+        rollout.check_harness(write(tmp_path, "syntax.py", "X = 1\n\ndef run(task, llm, tools)\n    pass\n"))
+    with pytest.raises(ValueError, match=r"imports.py:2: imports 'os'; a harness may import only re, json"):
+        rollout.check_harness(write(tmp_path, "imports.py", "import re\nimport os\ndef run(t, l, x): pass\n"))
+
+
+def test_mean_at_k_is_per_task_success_rate_averaged(backend, tmp_path):
+    path = write(tmp_path, "half.py", '''"""Right on even tasks only."""
+def run(task, llm, tools):
+    tools.lookup("x")
+    return {"answer": "passage about " + task["question"] if task["question"] in ("q0", "q2") else "no"}
+''')
+    stats = rollout.evaluate(FakeDomain(), path, FakeDomain().load("test", n=4), backend, k=3)
+    assert stats["mean_at_k"] == 0.5 and stats["k"] == 3 and stats["rollouts"] == 12
+    assert stats["per_task"] == {"t0": 1.0, "t1": 0.0, "t2": 1.0, "t3": 0.0}
+    assert stats["mean_turns"] == 0 and stats["errors"] == 0
+
+
+@pytest.mark.parametrize("name", ["searchqa", "math", "chess"])
+def test_real_h0_harness_runs_on_smoke(backend, name):
+    domains = pytest.importorskip("domains")
+    domain = domains.get(name)
+    path = Path(__file__).resolve().parents[1] / "harnesses" / f"{name}.py"
+    eps = rollout.run_episodes(domain, path, domain.load("test")[:2], backend, max_new_tokens=8, deadline_s=60)
+    assert len(eps) == 2
+    for e in eps:
+        assert e["error"] is None, e["error"]
+        assert e["turns"] >= 1 and e["reward"] in (0.0, 1.0)
