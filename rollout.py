@@ -412,7 +412,7 @@ class Worker:
         os.close(p2w_r)
         os.close(w2p_w)
         os.set_blocking(self.wfd, False)
-        self.inbuf, self.outbuf, self.ready, self.episode = b"", b"", False, None
+        self.inbuf, self.ready, self.episode = b"", False, None
         self.outbuf = (json.dumps({"source": source, "path": str(path), "methods": list(methods)}) + "\n").encode()
 
     def startup_error(self):
@@ -466,11 +466,16 @@ class Runner:
         self.flush(w)
 
     def retire(self, w):
-        self.sel.unregister(w.rfd)
+        self.unwatch(w)
         self.workers.remove(w)
         w.kill()
         if self.todo and len(self.workers) < self.n_workers:
             self.spawn()
+
+    def unwatch(self, w):
+        for fd in (w.rfd, w.wfd):
+            if fd in self.sel.get_map():
+                self.sel.unregister(fd)
 
     def send(self, w, msg):
         w.outbuf += (json.dumps(msg) + "\n").encode()
@@ -485,10 +490,10 @@ class Runner:
             pass
         except OSError:
             w.outbuf = b""  # the worker is gone; its EOF is handled on the read side
-        self.sel.modify(w.rfd, selectors.EVENT_READ, w)
-        if w.outbuf:
-            self.sel.register(w.wfd, selectors.EVENT_WRITE, w) if w.wfd not in self.sel.get_map() else None
-        elif w.wfd in self.sel.get_map():
+        watched = w.wfd in self.sel.get_map()
+        if w.outbuf and not watched:
+            self.sel.register(w.wfd, selectors.EVENT_WRITE, w)
+        elif watched and not w.outbuf:
             self.sel.unregister(w.wfd)
 
     # -- episodes
@@ -615,7 +620,7 @@ class Runner:
             self.loop()
         finally:
             for w in list(self.workers):
-                self.sel.unregister(w.rfd)
+                self.unwatch(w)
                 w.kill()
             self.sel.close()
             os.close(self.wake_r)
@@ -648,11 +653,13 @@ class Runner:
 
     def timeout(self, now):
         t = [1.0]
+        pending = any(e.state == "llm" for e in self.running)
         for e in self.running:
             if e.state != "llm":
                 t.append(e.start + e.waited + self.deadline_s - now)
-                t.append(e.since + BATCH_WAIT_S - now)
-        return max(min(t), 0.005)
+                if pending and e.since + BATCH_WAIT_S > now:  # wake up when it stops holding back the batch
+                    t.append(e.since + BATCH_WAIT_S - now)
+        return max(min(t), 0.001)
 
     def on_event(self, key, events):
         w = key.data
@@ -748,7 +755,7 @@ class BenchDomain:
         return 0.0
 
 
-def bench(backend, episodes=64, calls=4, max_new_tokens=64):
+def bench(backend, episodes=64, calls=4, max_new_tokens=128):
     """Same prompts, same lengths (EOS ignored): (a) backend.generate in full batches, (b) through the runner."""
     backend.ignore_eos = True
     tasks = [{"id": f"b{i}", "question": f"Question number {i} about the city founded in {1800 + i}?"}
@@ -807,11 +814,14 @@ def main():
     # bench
     p.add_argument("--bench", action="store_true", help="raw batched generate vs the runner, same work")
     p.add_argument("--bench-episodes", type=int, default=64)
+    p.add_argument("--bench-calls", type=int, default=4, help="llm() calls per bench episode")
+    p.add_argument("--bench-tokens", type=int, default=128, help="tokens per llm() call")
     args = p.parse_args()
 
     if args.bench:
         model, tok = load_model(args.model, adapter=args.adapter)
-        bench(HFBackend(model, tok), episodes=args.bench_episodes)
+        bench(HFBackend(model, tok), episodes=args.bench_episodes, calls=args.bench_calls,
+              max_new_tokens=args.bench_tokens)
         return
     if not args.domain or not args.harness:
         raise SystemExit("rollout.py: pass --domain and --harness (or --bench)")
