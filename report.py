@@ -75,7 +75,7 @@ def make_table(runs, preset):
 
 
 def tasks_of(runs, domain):
-    sizes = {r["evals"][0].get("tasks") for (d, _), r in runs.items() if d == domain and r["evals"]}
+    sizes = {r["evals"][0].get("test_tasks") for (d, _), r in runs.items() if d == domain and r["evals"]}
     return "/".join(str(s) for s in sorted(x for x in sizes if x is not None)) or "-"
 
 

@@ -78,6 +78,7 @@ def parse_args(argv=None):
     # evaluation
     p.add_argument("--k", type=int, default=None, help="samples per test task for mean@k")
     p.add_argument("--test-limit", type=int, default=None, help="evaluate on the first N test tasks")
+    p.add_argument("--seed", type=int, default=0)
     rft.add_args(p)
     meta_harness.add_args(p)
     # two passes: the first learns the preset and domain, the second lets any given flag override it
@@ -89,6 +90,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")
     args.out = args.out or os.path.join("results", args.preset, args.domain, method_name(args))
+    args.prompt_only = args.prompt_only or args.method == "fast-slow"  # FST: prompt strings only
     check_args(args, p)
     return args
 
@@ -125,7 +127,7 @@ def load_state(out):
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
-    return {"phase": 0, "harness": None, "harness_rollouts": 0, "phase_start_step": None}
+    return {"phase": 0, "harness": None, "harness_rollouts": {}, "phase_start_step": None}
 
 
 def save_state(out, state):
@@ -138,6 +140,12 @@ def save_state(out, state):
 def log_row(out, row):
     with open(os.path.join(out, "metrics.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def log_eval_once(out, row):
+    """A run killed between logging and saving its state logs the same evaluation again on resume: skip it."""
+    if not any(r.get("event") == "eval" and r["phase"] == row["phase"] for r in read_rows(out)):
+        log_row(out, row)
 
 
 def read_rows(out):
@@ -155,30 +163,42 @@ def steps_for(epochs, n_train, batch):
     return max(1, round(epochs * n_train / batch))
 
 
+def weight_phase_over(rewards, schedule, max_steps, window):
+    """Whether the running weight phase ends after these training rewards (one per RSFT step). Fixed:
+    after max_steps. Adaptive: when the windowed mean reward has set no new phase-best for `window`
+    steps, after at least `window` steps (paper: window = minimum length = patience = 0.2 epoch)."""
+    if len(rewards) >= max_steps:
+        return True
+    return schedule == "adaptive" and rft.should_stop_weight_phase(rewards, window, window, window)
+
+
 def run_weight_phase(args, trainer, harness, state, n_train):
-    """RSFT steps under `harness` until the phase budget is spent or the adaptive rule fires."""
+    """RSFT steps under `harness` until weight_phase_over; resumes mid-phase from the trainer's history."""
     if state["phase_start_step"] is None:
         state["phase_start_step"] = trainer.step_count
         save_state(args.out, state)
     start = state["phase_start_step"]
     budget_left = steps_for(args.epochs, n_train, args.batch) - start
-    if args.schedule == "fixed":
-        max_steps = min(steps_for(args.phase_epochs, n_train, args.batch), budget_left)
-    else:
-        max_steps = budget_left  # adaptive: the rule below ends the phase, the total budget caps it
+    phase_steps = steps_for(args.phase_epochs, n_train, args.batch) if args.schedule == "fixed" else budget_left
     window = steps_for(args.adaptive_epochs, n_train, args.batch)
-    rewards = [r["reward"] for r in trainer.history if r["step"] > start]
-    while trainer.step_count - start < max_steps:
-        row = trainer.step(harness)
-        rewards.append(row["reward"])
-        if args.schedule == "adaptive" and rft.should_stop_weight_phase(rewards, window, window, window):
-            break
+    rewards = [row["reward"] for row in trainer.history if row["step"] > start]
+    while not weight_phase_over(rewards, args.schedule, min(phase_steps, budget_left), window):
+        rewards.append(trainer.step(harness)["reward"])
 
 
-def run_harness_phase(args, backend, domain, harness, phase_dir):
-    """Meta-Harness from `harness` under the current weights; returns search()'s result."""
+def harness_archive(phases, index, iterations_per_phase):
+    """(folder, total iterations) of harness phase `index`: harness phases with no weight phase between
+    them share one archive (the weights did not change), which grows by I iterations per phase."""
+    before = phases[:index]
+    last_weight = max((j for j, kind in enumerate(before) if kind == "weight"), default=-1)
+    return f"harness_w{before.count('weight')}", iterations_per_phase * (index - last_weight)
+
+
+def run_harness_phase(args, backend, domain, harness, phase_dir, iterations):
+    """Meta-Harness from `harness` under the current weights; returns search()'s result. Harness phases
+    with no weight phase between them share one archive and go on where the previous one stopped."""
     if args.schedule == "fixed":
-        return meta_harness.search(backend, domain, harness, phase_dir, args, iterations=args.harness_iterations)
+        return meta_harness.search(backend, domain, harness, phase_dir, args, iterations=iterations)
     stop = lambda series: meta_harness.should_stop_harness_phase(series, args.harness_patience, args.harness_min_iterations)
     return meta_harness.search(backend, domain, harness, phase_dir, args, iterations=args.harness_max_iterations, stop=stop)
 
@@ -195,7 +215,9 @@ def evaluate_test(args, backend, domain, harness, tag):
                              top_k=args.top_k, max_new_tokens=args.max_new_tokens, deadline_s=args.deadline,
                              seed=args.seed, traces_path=os.path.join(args.out, "evals", f"{tag}.traces.jsonl"),
                              desc=f"test mean@{args.k} ({tag})")
-    stats["tasks"] = len(stats.pop("per_task"))
+    # prefixed so they never clash with the run's own counters (test rollouts are not part of the cost)
+    stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(stats["per_task"]),
+             **{f"test_{key}": stats[key] for key in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
     with open(path + ".tmp", "w") as f:
         json.dump(stats, f)
     os.replace(path + ".tmp", path)
@@ -214,7 +236,10 @@ def main(argv=None):
 
     domain = domains.get(args.domain)
     train = domain.load("train")[: args.train_limit]
-    n_alternations = max(1, math.ceil(args.epochs / args.phase_epochs - 1e-9))
+    # adaptive phases end early, so plan as many alternations as the shortest weight phase allows;
+    # the run stops at the first weight phase that finds the weight budget spent
+    shortest = args.phase_epochs if args.schedule == "fixed" else args.adaptive_epochs
+    n_alternations = max(1, math.ceil(args.epochs / shortest - 1e-9))
     phases = plan_phases(args.method, n_alternations)
     model, tok = rollout.load_model(args.model)
     backend = rollout.HFBackend(model, tok)
@@ -222,31 +247,32 @@ def main(argv=None):
         if "weight" in phases else None
     state = load_state(args.out)
     harness = state["harness"] or os.path.abspath(args.harness)
-    args.prompt_only = args.method == "fast-slow"
 
     def rollouts():
-        return (trainer.rollouts if trainer else 0) + state["harness_rollouts"]
+        return (trainer.rollouts if trainer else 0) + sum(state["harness_rollouts"].values())
 
     if state["phase"] == 0 and not os.path.exists(os.path.join(args.out, "evals", "phase_0.json")):
         log_row(args.out, {"event": "start", "phases": phases, "time": time.time()})
     stats = evaluate_test(args, backend, domain, harness, "phase_0")
-    if not any(r.get("event") == "eval" and r["phase"] == 0 for r in read_rows(args.out)):
-        log_row(args.out, {"event": "eval", "phase": 0, "kind": "start", "rollouts": 0, **stats})
+    log_eval_once(args.out, {"event": "eval", "phase": 0, "kind": "start", "rollouts": 0, **stats})
 
     while state["phase"] < len(phases):
         i, kind = state["phase"] + 1, phases[state["phase"]]
         t0 = time.time()
+        if kind == "weight" and trainer.step_count >= steps_for(args.epochs, len(train), args.batch):
+            break  # adaptive schedule: the weight budget is spent
         if kind == "weight":
             run_weight_phase(args, trainer, harness, state, len(train))
             detail = {"steps": trainer.step_count - state["phase_start_step"], "epoch": trainer.epoch_progress}
         else:
-            result = run_harness_phase(args, backend, domain, harness, os.path.join(args.out, f"harness_{i}"))
+            folder, iterations = harness_archive(phases, i - 1, args.harness_iterations)
+            result = run_harness_phase(args, backend, domain, harness, os.path.join(args.out, folder), iterations)
             harness = result["winner"]
-            state["harness_rollouts"] += result["rollouts"]
+            state["harness_rollouts"][folder] = result["rollouts"]
             detail = {"iterations": result["iterations"], "harness_score": result["score"], "winner": harness}
         state.update(phase=i, harness=harness, phase_start_step=None)
         stats = evaluate_test(args, backend, domain, harness, f"phase_{i}")
-        log_row(args.out, {"event": "eval", "phase": i, "kind": kind, "rollouts": rollouts(),
+        log_eval_once(args.out, {"event": "eval", "phase": i, "kind": kind, "rollouts": rollouts(),
                            "seconds": time.time() - t0, **detail, **stats})
         save_state(args.out, state)
         print(f"phase {i}/{len(phases)} {kind}: test mean@{args.k} = {stats['mean_at_k']:.4f}, rollouts {rollouts()}")
@@ -261,7 +287,7 @@ def write_summary(args, rows, harness):
                "k": args.k, "best_mean_at_k": best["mean_at_k"], "rollouts_to_best": best["rollouts"],
                "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
                "total_rollouts": evals[-1]["rollouts"], "phases": len(evals) - 1, "final_harness": harness,
-               "test_tasks": evals[-1].get("tasks")}
+               "test_tasks": evals[-1]["test_tasks"]}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(f"best mean@{args.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} rollouts; "
