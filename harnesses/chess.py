@@ -9,21 +9,28 @@ import re
 
 SYSTEM_PROMPT = ("You solve chess puzzles. Find the best move for the side to play. "
                  "Reply with exactly one move in UCI notation inside move tags, e.g. <move>e2e4</move>.")
-POSITION_TEMPLATE = ("You play {side}. FEN: {fen}\n{board}\n"
-                     "Legal moves (UCI): {legal_uci}\nLegal moves (SAN): {legal_san}\n"
-                     "Moves so far: {history}\nYour move?")
 UNPARSEABLE_FEEDBACK = "I could not read one move from that ({why}). Reply with exactly one UCI move, e.g. <move>e2e4</move>."
 ILLEGAL_FEEDBACK = "{move} is illegal here. Choose one of the legal moves listed."
 MAX_TURNS = 9
 MAX_UNPARSEABLE_RETRIES = 1
 MAX_ILLEGAL_RETRIES = 1
 MAX_TOKENS = 96
+SHOW_BOARD = True
+SHOW_SAN = True
 
-SEARCH_SPACE = {
+SEARCH_SPACE = {  # literal values only: the offline proposer reads this with ast.literal_eval
+    "SYSTEM_PROMPT": [
+        "You solve chess puzzles. Find the best move for the side to play. "
+        "Reply with exactly one move in UCI notation inside move tags, e.g. <move>e2e4</move>.",
+        "You solve chess puzzles. Look for checks, captures and threats first. "
+        "Reply with one move from the legal UCI list inside move tags, e.g. <move>e2e4</move>.",
+    ],
     "MAX_TURNS": [6, 9, 12, 18],
     "MAX_UNPARSEABLE_RETRIES": [0, 1, 2, 4],
     "MAX_ILLEGAL_RETRIES": [0, 1, 2, 4],
     "MAX_TOKENS": [32, 64, 96, 192],
+    "SHOW_BOARD": [True, False],
+    "SHOW_SAN": [True, False],
 }
 
 UCI = r"[a-h][1-8][a-h][1-8][qrbn]?"
@@ -41,9 +48,14 @@ def parse_move(text):
 
 
 def position_prompt(view, side, history):
-    return POSITION_TEMPLATE.format(side=side, fen=view["fen"], board=view["board"],
-                                    legal_uci=" ".join(view["legal_uci"]), legal_san=" ".join(view["legal_san"]),
-                                    history=" ".join(history) or "none")
+    lines = [f"You play {side}. FEN: {view['fen']}"]
+    if SHOW_BOARD:
+        lines.append(view["board"])
+    lines.append("Legal moves (UCI): " + " ".join(view["legal_uci"]))
+    if SHOW_SAN:
+        lines.append("Legal moves (SAN): " + " ".join(view["legal_san"]))
+    lines += ["Moves so far: " + " ".join(history), "Your move?"]
+    return "\n".join(lines)
 
 
 def run(task, llm, tools):

@@ -14,7 +14,14 @@ MAX_TURNS = 2
 MAX_TOKENS = 384
 MAX_OUTPUT_CHARS = 1000
 
-SEARCH_SPACE = {
+SEARCH_SPACE = {  # literal values only: the offline proposer reads this with ast.literal_eval
+    "SYSTEM_PROMPT": ["", "Solve the math problem. Put the final answer in \\boxed{}."],
+    "USER_TEMPLATE": [
+        "{question}\n\nYou may write Python code in a ```python block; it will be run and its output "
+        "shown to you. Put the final answer in \\boxed{{}}.",
+        "{question}\n\nWrite a short ```python block that prints the result. After you see its output, "
+        "give the final answer in \\boxed{{}}.",
+    ],
     "MAX_TURNS": [1, 2, 3, 4],
     "MAX_TOKENS": [256, 384, 512, 1024],
     "MAX_OUTPUT_CHARS": [300, 1000, 2000],

@@ -15,7 +15,15 @@ TOP_K = 1
 PASSAGE_WORDS = 150  # about 200 tokens
 MAX_TOKENS = 128
 
-SEARCH_SPACE = {
+SEARCH_SPACE = {  # literal values only: the offline proposer reads this with ast.literal_eval
+    "SYSTEM_PROMPT": [
+        "Answer the question. You may search an encyclopedia by writing <search>query</search>. "
+        "Give the final answer, a few words only, as <answer>answer</answer>.",
+        "Search first: write <search>name</search> with the name the question asks about. "
+        "Then reply with only <answer>answer</answer>, the answer being a few words copied from the passage.",
+    ],
+    "INFO_TEMPLATE": ["<information>{passages}</information>",
+                      "<information>{passages}</information>\nSearch again or give <answer>answer</answer>."],
     "MAX_TURNS": [2, 3, 4, 6],
     "TOP_K": [1, 2, 3, 5],
     "PASSAGE_WORDS": [60, 150, 300],

@@ -335,6 +335,7 @@ def test_harness_contract(name):
              and isinstance(n.targets[0], ast.Name) and n.targets[0].id.isupper()}
     h = load_harness(name)
     assert callable(h.run) and h.SEARCH_SPACE
+    assert ast.literal_eval(knobs["SEARCH_SPACE"].value) == h.SEARCH_SPACE  # the offline proposer reads it so
     for knob, values in h.SEARCH_SPACE.items():
         assert knob in knobs and isinstance(knobs[knob].value, ast.Constant)  # NAME = literal, for mutate
         assert getattr(h, knob) in values and len(values) >= 2
