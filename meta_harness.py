@@ -26,6 +26,7 @@ material only (never test tasks, gold answers or test scores):
     candidates/<name>/traces.jsonl   the harness-set episodes (messages, completions, tool calls, reward)
     summary.jsonl                    one row per candidate
     frontier.json                    the best so far, its lineage, the best-score series, the costs
+    setup.json                       the harness-set task ids and sampling settings every score used
     costs.jsonl                      one row per proposer call: seconds, tokens, dollars where reported
     notes.md                         what agent proposers learned, iteration by iteration
 Rerunning the same command resumes: a candidate with a scores.json is never scored again.
@@ -113,9 +114,13 @@ def write_json(path, obj):
 def candidate_rows(run_dir):
     """One row per proposed candidate, in the order they were made."""
     rows = []
-    for d in (Path(run_dir) / "candidates").iterdir() if (Path(run_dir) / "candidates").exists() else []:
-        meta = read_json(d / "meta.json")
-        if not meta or not meta.get("proposed"):
+    for d in sorted((Path(run_dir) / "candidates").glob("*/meta.json")):
+        d = d.parent
+        try:
+            meta = read_json(d / "meta.json")
+        except ValueError:  # a stray folder an agent wrote; ours are always valid JSON
+            continue
+        if not isinstance(meta, dict) or not meta.get("proposed") or "iteration" not in meta:
             continue
         scores = read_json(d / "scores.json", {})
         rows.append({"name": d.name, "iteration": meta["iteration"], "parent": meta.get("parent"),
@@ -557,7 +562,7 @@ def harness_tasks(domain, args):
 
 def policy_kwargs(args):
     return dict(temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
-                deadline_s=args.deadline, seed=args.seed)
+                deadline_s=args.deadline, workers=args.workers, seed=args.seed)
 
 
 def add_seed(run_dir, seed_harness, seed_name):
@@ -573,6 +578,18 @@ def add_seed(run_dir, seed_harness, seed_name):
                                  "proposer": "seed", "iteration": 0, "proposed": True, "valid": True, "reason": None})
 
 
+def check_setup(run_dir, domain, tasks, args, policy_kw):
+    """Scores are only comparable under one harness set and one sampling setup: a resumed run must match."""
+    setup = {"domain": domain.name, "tasks": [t["id"] for t in tasks], "samples": args.harness_samples,
+             "prompt_only": args.prompt_only, **{k: v for k, v in policy_kw.items() if k != "workers"}}
+    old = read_json(run_dir / "setup.json")
+    if old is not None and old != setup:
+        diff = ", ".join(k for k in setup if old.get(k) != setup[k])
+        raise ValueError(f"{run_dir} was scored under another setup ({diff} differ): rerun with the same "
+                         f"flags or use a fresh run folder")
+    write_json(run_dir / "setup.json", setup)
+
+
 def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=None, seed_name="h0"):
     """Meta-Harness under fixed weights. stop(best_series) -> bool ends the search early (see
     should_stop_harness_phase); `iterations` caps it (default args.iterations)."""
@@ -586,6 +603,7 @@ def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=N
           f"{args.proposer}; budget: {iterations} iterations x {M} = {iterations * M} proposals, at most "
           f"{(iterations * M + 1) * len(tasks) * args.harness_samples + iterations * M} rollouts "
           f"(scoring plus one smoke episode per candidate) -> {run_dir}")
+    check_setup(run_dir, domain, tasks, args, kw)
     add_seed(run_dir, seed_harness, seed_name)
     if not (run_dir / "candidates" / seed_name / "scores.json").exists():
         score(run_dir / "candidates" / seed_name, backend, domain, tasks, args, kw)
@@ -642,6 +660,7 @@ def main(argv=None):
     p.add_argument("--top-k", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=256, help="cap per llm() call")
     p.add_argument("--deadline", type=float, default=120.0, help="seconds per episode")
+    p.add_argument("--workers", type=int, default=None, help="harness worker processes (default: runner's)")
     p.add_argument("--seed", type=int, default=0)
     add_args(p)
     args = p.parse_args(argv)

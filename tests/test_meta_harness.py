@@ -73,7 +73,7 @@ def make_args(**over):
     p = argparse.ArgumentParser()
     mh.add_args(p)
     args = p.parse_args([])
-    args.iterations, args.temperature, args.top_k, args.max_new_tokens, args.deadline, args.seed = 2, 1.0, 20, 16, 30.0, 0
+    vars(args).update(iterations=2, temperature=1.0, top_k=20, max_new_tokens=16, deadline=30.0, workers=None, seed=0)
     vars(args).update(over)
     return args
 
@@ -161,6 +161,8 @@ def test_mutate_archive_and_resume_never_rescore(fake):
     res2 = mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=2), iterations=3)
     assert fr.evaluated and all(n.startswith("h3_") for n in fr.evaluated) and res2["iterations"] == 3
     assert res2["best_series"][:3] == res["best_series"]
+    with pytest.raises(ValueError, match="another setup"):  # scores from another harness set would not compare
+        mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=2, harness_tasks=2), iterations=3)
 
 
 def test_patience_stop_ends_search_early(fake):
