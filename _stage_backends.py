@@ -56,6 +56,12 @@ def load_backend(args, model, tok):
     return OpenAIBackend(args.openai_url, args.openai_model or path, tok, model, workers=args.openai_workers)
 
 
+def per_row(max_new_tokens, seeds, n):
+    """(token cap, seed) per prompt: max_new_tokens may be one cap or a list, as for the hf backend."""
+    caps = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * n
+    return caps, seeds if seeds is not None else [None] * n
+
+
 def with_eos(ids, finish_reason, stop_token, eos_id):
     """Completion ids with the stop token kept: engines report a stop on EOS but may drop its id."""
     ids = list(ids)
@@ -120,9 +126,9 @@ class VLLMBackend:
     def generate(self, prompts, *, temperature=1.0, top_k=20, max_new_tokens=256, seeds=None):
         from vllm import SamplingParams
         self.wake()
-        seeds = seeds if seeds is not None else [None] * len(prompts)
-        params = [SamplingParams(temperature=temperature, top_k=top_k or 0, max_tokens=max_new_tokens,
-                                 seed=s) for s in seeds]
+        caps, seeds = per_row(max_new_tokens, seeds, len(prompts))
+        params = [SamplingParams(temperature=temperature, top_k=top_k or 0, max_tokens=cap, seed=s)
+                  for cap, s in zip(caps, seeds)]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
                                  lora_request=self.lora, use_tqdm=False)
         return [with_eos(o.outputs[0].token_ids, o.outputs[0].finish_reason, o.outputs[0].stop_reason,
@@ -133,7 +139,7 @@ class VLLMBackend:
         from vllm.lora.request import LoRARequest
         self.wake()
         self.lora_count += 1  # a new id per update: vLLM caches adapters by id
-        self.lora = LoRARequest(f"rsft-{self.lora_count}", self.lora_count, os.path.abspath(path))
+        self.lora = LoRARequest(f"rsft-{self.lora_count}", self.lora_count, os.path.realpath(path))
         check_canary(self, self.model, self.tokenizer, path, "vllm (offline engine)")
 
     def sleep(self):
@@ -184,15 +190,15 @@ class OpenAIBackend:
                         self.tokenizer.eos_token_id)
 
     def generate(self, prompts, *, temperature=1.0, top_k=20, max_new_tokens=256, seeds=None):
-        seeds = seeds if seeds is not None else [None] * len(prompts)
-        jobs = [self.pool.submit(self.complete, p, s, temperature, top_k, max_new_tokens) for p, s in zip(prompts, seeds)]
+        caps, seeds = per_row(max_new_tokens, seeds, len(prompts))
+        jobs = [self.pool.submit(self.complete, p, s, temperature, top_k, cap) for p, s, cap in zip(prompts, seeds, caps)]
         return [j.result() for j in jobs]
 
     def sync_adapter(self, path):
         """Load the adapter through the runtime LoRA endpoint, serve it, check the canary, drop the old one."""
         self.lora_count += 1
         name, old = f"rsft-{self.lora_count}", self.adapter_name
-        post_json(f"{self.base_url}/load_lora_adapter", {"lora_name": name, "lora_path": os.path.abspath(path)},
+        post_json(f"{self.base_url}/load_lora_adapter", {"lora_name": name, "lora_path": os.path.realpath(path)},
                   self.timeout)
         self.adapter_name = name
         check_canary(self, self.model, self.tokenizer, path, f"openai server {self.base_url}")
