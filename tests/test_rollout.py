@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import rollout  # noqa: E402
@@ -51,8 +52,12 @@ class CountingBackend(rollout.HFBackend):
 
 @pytest.fixture(scope="module")
 def backend():
+    # one torch thread: on 2 shared cores, two spinning OpenMP threads make tiny forwards 100x slower
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     model, tok = rollout.load_model("smoke")
-    return CountingBackend(model, tok)
+    yield CountingBackend(model, tok)
+    torch.set_num_threads(threads)
 
 
 def write(tmp_path, name, source):
@@ -143,7 +148,9 @@ def test_hostile_harnesses_cost_only_their_episodes(backend, tmp_path):
     eps = rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=4, deadline_s=deadline, workers=6)
     elapsed = time.time() - start
     by = {e["task_id"]: e for e in eps}
-    assert elapsed < deadline + 12, elapsed  # loop and sleep run concurrently; slack for starting workers
+    # loop and sleep run concurrently and are killed on time; the slack is for starting 6 workers on a busy box
+    assert by["loop"]["seconds"] < deadline + 1.5 and by["sleep"]["seconds"] < deadline + 1.5
+    assert elapsed < deadline + 15, elapsed
     assert "boom" in by["raise"]["error"]
     assert "deadline" in by["loop"]["error"] and "deadline" in by["sleep"]["error"]
     assert "expected a dict" in by["garbage"]["error"]
@@ -170,12 +177,13 @@ def test_concurrent_llm_calls_are_batched(backend, tmp_path):
 
 
 def test_recorded_tokens_are_what_was_sampled(backend, tmp_path):
-    path = write(tmp_path, "good.py", GOOD)
+    path = write(tmp_path, "echo.py", GOOD.replace('"answer": tools.lookup(task["question"])', '"answer": texts'))
     traces = tmp_path / "traces.jsonl"
     eps = rollout.run_episodes(FakeDomain(), path, FakeDomain().load("train", n=2), backend, samples=2,
                                max_new_tokens=6, traces_path=traces)
     tok = backend.tokenizer
     for e in eps:
+        assert e["answer"] == [c["completion"] for c in e["calls"]]  # the harness got exactly the recorded text
         for call in e["calls"]:
             assert call["prompt_ids"] == rollout.chat_ids(tok, call["messages"])
             assert tok.decode(call["completion_ids"], skip_special_tokens=True) == call["completion"]
@@ -184,22 +192,16 @@ def test_recorded_tokens_are_what_was_sampled(backend, tmp_path):
     rows = [json.loads(line) for line in traces.read_text().splitlines()]
     assert [r["task_id"] for r in rows] == ["t0", "t0", "t1", "t1"]
     assert rows[0]["calls"][0]["completion"] == eps[0]["calls"][0]["completion"]
-
-
-def test_harness_gets_exactly_the_recorded_completions(backend, tmp_path):
-    path = write(tmp_path, "echo.py", GOOD.replace('"answer": tools.lookup(task["question"])', '"answer": texts'))
-    eps = rollout.run_episodes(FakeDomain(), path, FakeDomain().load("train", n=3), backend, max_new_tokens=6)
-    for e in eps:
-        assert e["answer"] == [c["completion"] for c in e["calls"]]
+    assert rows[0]["calls"][0]["messages"][0]["content"] == "q0 turn 0"
 
 
 def test_same_seed_same_results(backend, tmp_path):
     path = write(tmp_path, "good.py", GOOD)
-    tasks = FakeDomain().load("train", n=3)
+    tasks = FakeDomain().load("train", n=2)
     runs = [rollout.run_episodes(FakeDomain(), path, tasks, backend, samples=2, max_new_tokens=6, seed=s, workers=w)
-            for s, w in ((1, 6), (1, 2), (2, 6))]
+            for s, w in ((1, 4), (1, 1), (2, 4))]
     ids = [[c["completion_ids"] for e in r for c in e["calls"]] for r in runs]
-    assert ids[0] == ids[1]  # batch composition differs (2 vs 6 workers), samples do not
+    assert ids[0] == ids[1]  # batch composition differs (4 workers vs 1), samples do not
     assert ids[0] != ids[2]
 
 
@@ -241,8 +243,8 @@ def test_real_h0_harness_runs_on_smoke(backend, name):
     domains = pytest.importorskip("domains")
     domain = domains.get(name)
     path = Path(__file__).resolve().parents[1] / "harnesses" / f"{name}.py"
-    eps = rollout.run_episodes(domain, path, domain.load("test")[:2], backend, max_new_tokens=8, deadline_s=60)
-    assert len(eps) == 2
+    eps = rollout.run_episodes(domain, path, domain.load("test")[:1], backend, max_new_tokens=8, deadline_s=60)
+    assert len(eps) == 1
     for e in eps:
         assert e["error"] is None, e["error"]
         assert e["turns"] >= 1 and e["reward"] in (0.0, 1.0)
