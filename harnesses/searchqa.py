@@ -21,6 +21,9 @@ SEARCH_SPACE = {  # literal values only: the offline proposer reads this with as
         "Give the final answer, a few words only, as <answer>answer</answer>.",
         "Search first: write <search>name</search> with the name the question asks about. "
         "Then reply with only <answer>answer</answer>, the answer being a few words copied from the passage.",
+        "Answer questions with the encyclopedia. Example:\nQuestion: Where was Ann Vo born?\n"
+        "You: <search>Ann Vo</search>\n<information>Ann Vo: Ann Vo was a poet born in Tarsk.</information>\n"
+        "You: <answer>Tarsk</answer>",
     ],
     "INFO_TEMPLATE": ["<information>{passages}</information>",
                       "<information>{passages}</information>\nSearch again or give <answer>answer</answer>."],
