@@ -223,9 +223,17 @@ def test_math_gold_answers_match_their_own_box():
         assert d.reward(t, f"\\boxed{{{t['answer']}}}", None) == 1.0
 
 
-def no_stray_children():
-    out = subprocess.run(["ps", "-eo", "ppid=,pid=,args="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "sys.addaudithook" in line or "RLIMIT_NPROC" in line]
+def child_pids():
+    """Processes whose parent is this test process (read from /proc: no helper process of our own)."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+            pids.append(int(entry))
+    return pids
 
 
 @pytest.mark.parametrize("code,expected", [
@@ -243,7 +251,7 @@ def test_python_tool_contains_bad_code(code, expected):
     out = domains.run_python(code, timeout_s=3)
     assert re.search(expected, out) and time.time() - start < 6
     assert domains.run_python("print(6 * 7)", timeout_s=3) == "42\n"  # the caller is unharmed
-    assert not no_stray_children()
+    assert child_pids() == []  # nothing left running, not even a zombie
 
 
 def test_python_tool_output():
