@@ -1,5 +1,6 @@
 """rft.py: sampler, stop rule, completion-only loss, bad input, and (with rollout) accounting, learning, resume."""
 import argparse
+import json
 import types
 
 import pytest
@@ -8,6 +9,15 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import rft
 import rollout
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """On 2 shared, busy cores two intra-op threads spin against each other (10-50x slower): use one."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def tiny_model(vocab=64, layers=2, mlp=64, seed=0):
@@ -145,3 +155,60 @@ def test_bad_input_gives_clear_errors(tmp_path):
     for other in (backend(mlp=96), backend(layers=1)):
         with pytest.raises(ValueError, match="does not fit this model"):
             rft.RSFT(rft_args(batch=4), other, FakeDomain(), tmp_path / "d")
+
+
+# -----------------------------------------------------------------------------
+# with the runner: accounting, learning, resume
+
+HARNESS = '''"""Ask once for one token; the reply is the answer."""
+def run(task, llm, tools):
+    return {"answer": llm([{"role": "user", "content": task["question"]}], max_tokens=1)}
+'''
+
+
+def smoke_trainer(tmp_path, out, target, **kw):
+    (tmp_path / "h.py").write_text(HARNESS)
+    model, tok = rollout.load_model("smoke")
+    kw = {"batch": 4, "group": 4, "lr": 1e-2, "warmup": 0, "workers": 8, **kw}
+    return rft.RSFT(rft_args(**kw), rollout.HFBackend(model, tok), FakeDomain(8, target), tmp_path / out)
+
+
+def lora_weights(trainer):
+    return {k: p.detach().clone() for k, p in trainer.backend.model.named_parameters() if "lora_" in k}
+
+
+def test_rollout_accounting_when_nothing_is_accepted(tmp_path):
+    trainer = smoke_trainer(tmp_path, "out", "never a reply")
+    before = lora_weights(trainer)
+    rows = [trainer.step(tmp_path / "h.py") for _ in range(2)]
+    assert trainer.rollouts == 32 and [r["rollouts"] for r in rows] == [16, 32]
+    assert [(r["skipped"], r["loss"], r["accept_rate"]) for r in rows] == [(True, None, 0.0)] * 2
+    assert trainer.epoch_progress == 1.0
+    assert same(before, lora_weights(trainer))
+
+
+def test_learning_raises_the_training_reward(tmp_path):
+    """Reward 1 when the one-token reply starts with "E" (a few % of the random smoke model's replies)."""
+    gains = []
+    for seed in range(3):
+        trainer = smoke_trainer(tmp_path, f"seed{seed}", "E", group=8, seed=seed)
+        rewards = [trainer.step(tmp_path / "h.py")["reward"] for _ in range(4)]
+        assert rewards[-1] > rewards[0] + 0.3, rewards
+        gains.append(rewards[-1] - rewards[0])
+    assert sum(gains) / len(gains) > 0.5, gains
+
+
+def test_resume_matches_an_uninterrupted_run_and_counts_accepted_rollouts(tmp_path):
+    whole = smoke_trainer(tmp_path, "whole", "")  # every reply starts with "": all accepted, every step trains
+    rows = [whole.step(tmp_path / "h.py") for _ in range(2)]
+    assert whole.rollouts == 32 and [r["rollouts"] for r in rows] == [16, 32]
+    assert rows[0]["accept_rate"] == 1.0 and rows[0]["prompts_accepted"] == 4 and rows[0]["examples"] == 16
+    assert rows[0]["accepted_tokens"] == 16 and rows[0]["loss"] > 0 and not rows[0]["skipped"]
+    smoke_trainer(tmp_path, "split", "").step(tmp_path / "h.py")
+    resumed = smoke_trainer(tmp_path, "split", "")  # what a rerun of the same command sees: only the folder
+    assert resumed.step_count == 1 and resumed.rollouts == 16
+    resumed.step(tmp_path / "h.py")
+    assert same(lora_weights(whole), lora_weights(resumed))
+    assert resumed.optimizer.state_dict()["state"][0]["step"] == 2
+    metrics = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["loss"] for r in metrics] == [r["loss"] for r in rows]
