@@ -252,7 +252,7 @@ class Math(Domain):
     name = "math"
     TOOL_METHODS = ("python",)
     REQUIRED = ("id", "question", "answer")
-    python_timeout_s = PYTHON_TIMEOUT_S  # tests lower it
+    python_timeout_s = PYTHON_TIMEOUT_S  # tests and quick runs may lower it on the instance
 
     def public(self, task):
         return {"question": task["question"]}
