@@ -1,5 +1,6 @@
 """The GPU path's CPU-testable parts: the adapter canary (vllm and openai backends with engine stand-ins),
 the paper data loaders' row parsing, the Search-R1 retrieval client and the bm25 wiki fallback."""
+import argparse
 import copy
 import http.server
 import json
@@ -14,7 +15,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import _stage_backends as backends
-import _stage_paper_data as paper
+import domains
 
 # -----------------------------------------------------------------------------
 # a tiny model, a byte tokenizer and a trained-looking adapter
@@ -196,42 +197,42 @@ def test_with_eos_keeps_the_stop_token():
 
 def test_searchqa_rows():
     flashrag = {"id": "test_7", "question": "who wrote the iliad", "golden_answers": ["Homer"]}
-    assert paper.searchqa_task(flashrag, "nq", 0) == {"id": "nq-test_7", "question": "who wrote the iliad?",
+    assert domains.searchqa_task(flashrag, "nq", 0) == {"id": "nq-test_7", "question": "who wrote the iliad?",
                                                        "answers": ["Homer"], "source": "nq"}
     verl = {"data_source": "hotpotqa", "question": "Which river is longer?", "golden_answers": None,
             "reward_model": {"ground_truth": {"target": ["the Nile", "Nile"]}, "style": "rule"}}
-    task = paper.searchqa_task(verl, "train", 12)
+    task = domains.searchqa_task(verl, "train", 12)
     assert task["answers"] == ["the Nile", "Nile"] and task["id"] == "hotpotqa-12" and task["source"] == "hotpotqa"
-    assert paper.searchqa_task({"question": "no answers?", "golden_answers": []}, "nq", 1) is None
+    assert domains.searchqa_task({"question": "no answers?", "golden_answers": []}, "nq", 1) is None
 
 
 def test_searchqa_test_is_seeded_per_set(monkeypatch):
     def rows(name, config=None, split="train", streaming=False):
-        assert name == paper.SEARCHQA_TEST and split == dict(s.split(":") for s in paper.SEARCHQA_TEST_SETS)[config]
+        assert name == domains.SEARCHQA_TEST and split == dict(s.split(":") for s in domains.SEARCHQA_TEST_SETS)[config]
         return [{"id": f"{split}_{i}", "question": f"{config} question {i}", "golden_answers": [str(i)]} for i in range(130)]
-    monkeypatch.setattr(paper, "read_rows", rows)
-    tasks = paper.load_paper("searchqa", "test")
+    monkeypatch.setattr(domains, "read_rows", rows)
+    tasks = domains.load_searchqa("test")
     assert len(tasks) == 700 and len({t["id"] for t in tasks}) == 700
-    assert {t["source"] for t in tasks} == {s.split(":")[0] for s in paper.SEARCHQA_TEST_SETS}
-    assert tasks == paper.load_paper("searchqa", "test")
-    assert len(paper.load_paper("searchqa", "test", test_sets=("bamboogle:test",), per_set=5)) == 5
+    assert {t["source"] for t in tasks} == {s.split(":")[0] for s in domains.SEARCHQA_TEST_SETS}
+    assert tasks == domains.load_searchqa("test")
+    assert len(domains.load_searchqa("test", test_sets=("bamboogle:test",), per_set=5)) == 5
 
 
 def test_math_rows(tmp_path):
     problem = "Find the sum of all integers $n$ such that $n^2 < 10$."
-    dapo = {"data_source": "math_dapo", "prompt": [{"role": "user", "content": paper.DAPO_PREFIX + problem + paper.DAPO_SUFFIX}],
+    dapo = {"data_source": "math_dapo", "prompt": [{"role": "user", "content": domains.DAPO_PREFIX + problem + domains.DAPO_SUFFIX}],
             "ability": "MATH", "reward_model": {"ground_truth": "0", "style": "rule-lighteval/MATH_v2"},
             "extra_info": {"index": "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079"}}
     path = tmp_path / "dapo.jsonl"
     path.write_text("\n".join(json.dumps(dapo) for _ in range(3)) + "\n")  # the release repeats problems
-    tasks = paper.load_math("train", train_name=str(path))
+    tasks = domains.load_math("train", train_name=str(path))
     assert tasks == [{"id": "dapo-9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079", "question": problem, "answer": "0",
                       "source": "dapo-math-17k"}]
     h4 = {"id": 60, "problem": "Every morning Aya goes for a walk ...", "solution": "...", "answer": "204", "url": "", "year": "2024"}
     arena = {"problem_idx": 3, "problem": "Find the number of ordered pairs ...", "answer": 117}
     (tmp_path / "aime_2024.jsonl").write_text(json.dumps(h4) + "\n")
     (tmp_path / "aime_2025.jsonl").write_text(json.dumps(arena) + "\n")
-    tasks = paper.load_math("test", test_names=(str(tmp_path / "aime_2024.jsonl"), str(tmp_path / "aime_2025.jsonl")))
+    tasks = domains.load_math("test", test_names=(str(tmp_path / "aime_2024.jsonl"), str(tmp_path / "aime_2025.jsonl")))
     assert [(t["id"], t["answer"]) for t in tasks] == [("aime_2024-jsonl-60", "204"), ("aime_2025-jsonl-3", "117")]
     assert "answer" not in tasks[0]["question"]
 
@@ -244,12 +245,36 @@ def test_chess_rows_filters_and_splits(tmp_path):
     path = tmp_path / "lichess_db_puzzle.csv"
     path.write_text(header + "".join(lines))
     kw = dict(name=str(path), max_rating=1500, max_solver_moves=2, test_size=3, train_size=100)
-    test, train = paper.load_chess("test", **kw), paper.load_chess("train", **kw)
+    test, train = domains.load_chess("test", **kw), domains.load_chess("train", **kw)
     assert len(test) == 3 and len(train) == 9 and not {t["id"] for t in test} & {t["id"] for t in train}
     assert all(t["rating"] <= 1500 and len(t["moves"]) in (2, 4) for t in test + train)
     assert test[0]["fen"] == fen and test[0]["themes"] == ["short", "mateIn1"]
-    with pytest.raises(ValueError, match="unknown domain"):
-        paper.load_paper("go", "train")
+    args = paper_args("--chess-puzzles", str(path), "--chess-rating", "1000-1300", "--chess-test-size", "1")
+    assert [t["rating"] for t in domains.get("chess", args).load("train")] == [1200] * 3  # 1000 has 3 solver moves
+    with pytest.raises(ValueError, match="--chess-rating 'easy' is not a band"):
+        domains.get("chess", paper_args("--chess-rating", "easy")).load("test")
+
+
+def paper_args(*argv):
+    p = argparse.ArgumentParser()
+    domains.add_args(p)
+    return p.parse_args(["--data", "paper", *argv])
+
+
+def test_data_switch(tmp_path):
+    assert domains.get("math", argparse.Namespace(data="bundled")).load("test")[0]["id"].startswith("gsm8k")
+    rows = [{"prompt": [{"role": "user", "content": domains.DAPO_PREFIX + f"What is {i} + {i}?" + domains.DAPO_SUFFIX}],
+             "reward_model": {"ground_truth": str(2 * i)}, "extra_info": {"index": i}} for i in range(300)]
+    (tmp_path / "dapo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "aime.jsonl").write_text(json.dumps({"id": 1, "problem": "Find x.", "answer": "7"}) + "\n")
+    math = domains.get("math", paper_args("--math-train", str(tmp_path / "dapo.jsonl"), "--math-test", str(tmp_path / "aime.jsonl")))
+    assert len(math.load("train")) == 300 and len(math.load("harness")) == 256 and math.load("test")[0]["answer"] == "7"
+    assert math.reward(math.load("test")[0], "so \\boxed{7}", None) == 1.0
+    (tmp_path / "wiki.jsonl").write_text("".join(json.dumps(d) + "\n" for d in WIKI))
+    search = domains.get("searchqa", paper_args("--wiki", str(tmp_path / "wiki.jsonl")))
+    assert search.tools({}).search("Kelmar founded", k=50)[0].startswith("Kelmar: Kelmar is a city")
+    with pytest.raises(ValueError, match="--retriever-url URL .* or --wiki PATH"):
+        domains.get("searchqa", paper_args()).tools({})
 
 # -----------------------------------------------------------------------------
 # retrieval: the Search-R1 server API on loopback, and bm25s over a wiki-18 style file
@@ -282,7 +307,7 @@ def test_retriever_client_speaks_search_r1_api():
     log = []
     server = serve(retriever_handler(log))
     try:
-        client = paper.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
+        client = domains.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
         assert client.search("where does the Zarnoth flow", k=2) == [
             "Zarnoth River: The Zarnoth River flows through Kelmar and ends in the Sea of Vost.",
             "Kelmar: Kelmar is a city founded in 1342 by the weaver Oda Prell."]
@@ -291,15 +316,15 @@ def test_retriever_client_speaks_search_r1_api():
     finally:
         server.shutdown()
     with pytest.raises(RuntimeError, match="retrieval server .* --wiki"):
-        paper.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5).search("x")
+        domains.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5).search("x")
 
 
 def test_wiki_bm25_fallback(tmp_path):
     path = tmp_path / "wiki-18.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in WIKI))
-    wiki = paper.WikiBM25(str(path))
+    wiki = domains.WikiBM25(str(path))
     assert wiki.search("who founded Kelmar", k=1) == ["Kelmar: Kelmar is a city founded in 1342 by the weaver Oda Prell."]
-    again = paper.WikiBM25(str(path))  # loads the saved index
+    again = domains.WikiBM25(str(path))  # loads the saved index
     assert again.search("Oda Prell birthplace", k=3)[0].startswith("Oda Prell:")
     with pytest.raises(FileNotFoundError, match="wiki corpus .* --retriever-url"):
-        paper.WikiBM25(str(tmp_path / "missing.jsonl"))
+        domains.WikiBM25(str(tmp_path / "missing.jsonl"))
