@@ -276,7 +276,7 @@ def test_openai_proposer_against_loopback_server(fake, monkeypatch):
 def test_end_to_end_smoke_mutate(tmp_path, capsys):
     out = tmp_path / "mh"
     mh.main(["--domain", "searchqa", "--harness", "harnesses/searchqa.py", "--model", "smoke", "--iterations", "2",
-             "--candidates", "3", "--proposer", "mutate", "--harness-tasks", "8", "--max-new-tokens", "8",
+             "--candidates", "3", "--proposer", "mutate", "--harness-tasks", "4", "--max-new-tokens", "8",
              "--out", str(out)])
     assert "budget: 2 iterations x 3 = 6 proposals" in capsys.readouterr().out
     rows = rows_of(out)
@@ -287,9 +287,9 @@ def test_end_to_end_smoke_mutate(tmp_path, capsys):
         assert {"parent", "hypothesis", "changed", "proposer", "iteration", "valid", "reason"} <= set(meta)
         if r["valid"]:
             scores = json.loads((d / "scores.json").read_text())
-            assert 0.0 <= scores["score"] <= 1.0 and scores["rollouts"] == 8 and scores["mean_turns"] >= 1
+            assert 0.0 <= scores["score"] <= 1.0 and scores["rollouts"] == 4 and scores["mean_turns"] >= 1
             traces = [json.loads(l) for l in open(d / "traces.jsonl")]
-            assert len(traces) == 8 and not any({"answers", "solution"} & set(t) for t in traces)
+            assert len(traces) == 4 and not any({"answers", "solution"} & set(t) for t in traces)
     frontier = json.loads((out / "frontier.json").read_text())
     assert frontier["best"] in rows and len(frontier["best_series"]) == 3 and frontier["lineage"][0] == "h0"
     assert json.loads((out / "config.json").read_text())["proposer"] == "mutate"
