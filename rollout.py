@@ -384,7 +384,7 @@ MAX_CHARS = 32_000        # per message content, tool result, error text
 MAX_LINE = 4_000_000      # one JSON message from a worker
 STDOUT_KEEP = 10_000      # printed characters kept in the trace
 MAX_PROMPT_TOKENS = 8192
-BATCH_WAIT_S = 0.1        # how long a busy episode may hold back a batch
+BATCH_WAIT_S = 0.1        # least time a busy episode may hold back a batch (see Runner.hold_s)
 
 
 def call_seed(*parts):
@@ -457,6 +457,7 @@ class Runner:
         self.gen_kw = dict(temperature=temperature, top_k=top_k)
         self.max_new_tokens, self.deadline_s, self.n_workers = max_new_tokens, deadline_s, workers
         self.generate_calls = self.llm_calls = 0
+        self.last_generate_s = 10.0  # before the first call: let freshly started episodes hold a batch for 1 s
 
     # -- workers
     def spawn(self):
@@ -585,19 +586,26 @@ class Runner:
         ep.state, ep.since, ep.future = "busy", now, None
         self.send(ep.worker, reply)
 
+    def hold_s(self):
+        """How long a busy episode may hold back a batch: a tenth of a generate call, so waiting for a straggler
+        costs little, while missing it would cost it a whole extra call (on a loaded box that is seconds)."""
+        return min(max(BATCH_WAIT_S, 0.1 * self.last_generate_s), 5.0)
+
     def should_generate(self, now):
         """Batch: sample once every live episode waits on the model, or the others have been busy a while."""
         pending = [e for e in self.running if e.state == "llm"]
-        return pending and all(e.state == "llm" or now - e.since > BATCH_WAIT_S for e in self.running)
+        return pending and all(e.state == "llm" or now - e.since > self.hold_s() for e in self.running)
 
     def generate(self):
         pending = sorted((e for e in self.running if e.state == "llm"), key=lambda e: e.index)
         prompts = [e.request[1] for e in pending]
         seeds = [call_seed(self.seed, e.task["id"], e.sample, len(e.calls)) for e in pending]
+        start = time.time()
         outs = self.backend.generate(prompts, max_new_tokens=[e.request[2] for e in pending], seeds=seeds,
                                      **self.gen_kw)
         self.generate_calls += 1
         now = time.time()
+        self.last_generate_s = now - start
         for e, ids in zip(pending, outs):
             text = self.backend.tokenizer.decode(ids, skip_special_tokens=True)
             e.calls.append({"messages": e.request[0], "prompt_ids": e.request[1], "completion_ids": ids,
@@ -657,8 +665,8 @@ class Runner:
         for e in self.running:
             if e.state != "llm":
                 t.append(e.start + e.waited + self.deadline_s - now)
-                if pending and e.since + BATCH_WAIT_S > now:  # wake up when it stops holding back the batch
-                    t.append(e.since + BATCH_WAIT_S - now)
+                if pending and e.since + self.hold_s() > now:  # wake up when it stops holding back the batch
+                    t.append(e.since + self.hold_s() - now)
         return max(min(t), 0.001)
 
     def on_event(self, key, events):
@@ -755,36 +763,41 @@ class BenchDomain:
         return 0.0
 
 
-def bench(backend, episodes=64, calls=4, max_new_tokens=128):
-    """Same prompts, same lengths (EOS ignored): (a) backend.generate in full batches, (b) through the runner."""
+def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
+    """Same prompts, same lengths (EOS ignored): (a) backend.generate in full batches, (b) through the runner.
+    (a) and (b) alternate for `rounds` rounds, so a shared machine's changing load hits both alike."""
     backend.ignore_eos = True
     tasks = [{"id": f"b{i}", "question": f"Question number {i} about the city founded in {1800 + i}?"}
              for i in range(episodes)]
     prompts = [[chat_ids(backend.tokenizer, [{"role": "user", "content": f"{t['question']} call {c}"}])
                 for t in tasks] for c in range(calls)]
     backend.generate(prompts[0][:4], max_new_tokens=4)  # warm up
-    start = time.time()
-    direct = [backend.generate(p, max_new_tokens=max_new_tokens, seeds=list(range(len(p)))) for p in prompts]
-    direct_s = time.time() - start
-    direct_tokens = sum(len(o) for batch in direct for o in batch)
+    seconds, tokens, counts = {"a": 0.0, "b": 0.0}, {"a": 0, "b": 0}, {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "bench_harness.py")
         path.write_text(BENCH_HARNESS.replace("CALLS = 4", f"CALLS = {calls}"))
-        start = time.time()
-        eps = run_episodes(BenchDomain(), path, tasks, backend, max_new_tokens=max_new_tokens, workers=episodes,
-                           desc="bench")
-        runner_s = time.time() - start
+        for r in range(rounds):
+            start = time.time()
+            outs = [backend.generate(p, max_new_tokens=max_new_tokens, seeds=list(range(len(p)))) for p in prompts]
+            seconds["a"] += time.time() - start
+            tokens["a"] += sum(len(o) for batch in outs for o in batch)
+            start = time.time()
+            eps = run_episodes(BenchDomain(), path, tasks, backend, max_new_tokens=max_new_tokens, workers=episodes,
+                               seed=r, desc="bench")
+            seconds["b"] += time.time() - start
+            tokens["b"] += sum(e["tokens"] for e in eps)
+            errors = [e["error"] for e in eps if e["error"]]
+            if errors:
+                raise RuntimeError(f"bench episode failed: {errors[0]}")
+            for key, n in run_episodes.last_counts.items():
+                counts[key] = counts.get(key, 0) + n
     backend.ignore_eos = False
-    runner_tokens = sum(e["tokens"] for e in eps)
-    errors = [e["error"] for e in eps if e["error"]]
-    if errors:
-        raise RuntimeError(f"bench episode failed: {errors[0]}")
-    a, b = direct_tokens / direct_s, runner_tokens / runner_s
-    print(f"sequences: {episodes * calls} x {max_new_tokens} tokens ({episodes} episodes x {calls} llm calls)")
-    print(f"direct generate: {direct_tokens} tokens in {direct_s:.2f} s = {a:.0f} tokens/s")
-    print(f"runner: {runner_tokens} tokens in {runner_s:.2f} s = {b:.0f} tokens/s "
-          f"({run_episodes.last_counts['generate_calls']} generate calls for "
-          f"{run_episodes.last_counts['llm_calls']} llm calls)")
+    a, b = tokens["a"] / seconds["a"], tokens["b"] / seconds["b"]
+    print(f"sequences: {episodes * calls} x {max_new_tokens} tokens ({episodes} episodes x {calls} llm calls), "
+          f"{rounds} rounds")
+    print(f"direct generate: {tokens['a']} tokens in {seconds['a']:.2f} s = {a:.0f} tokens/s")
+    print(f"runner: {tokens['b']} tokens in {seconds['b']:.2f} s = {b:.0f} tokens/s "
+          f"({counts['generate_calls']} generate calls for {counts['llm_calls']} llm calls)")
     print(f"ratio = {b / a:.3f}")
     return b / a
 
@@ -815,13 +828,14 @@ def main():
     p.add_argument("--bench", action="store_true", help="raw batched generate vs the runner, same work")
     p.add_argument("--bench-episodes", type=int, default=64)
     p.add_argument("--bench-calls", type=int, default=4, help="llm() calls per bench episode")
-    p.add_argument("--bench-tokens", type=int, default=128, help="tokens per llm() call")
+    p.add_argument("--bench-tokens", type=int, default=64, help="tokens per llm() call")
+    p.add_argument("--bench-rounds", type=int, default=2, help="alternating rounds of (a) and (b)")
     args = p.parse_args()
 
     if args.bench:
         model, tok = load_model(args.model, adapter=args.adapter)
         bench(HFBackend(model, tok), episodes=args.bench_episodes, calls=args.bench_calls,
-              max_new_tokens=args.bench_tokens)
+              max_new_tokens=args.bench_tokens, rounds=args.bench_rounds)
         return
     if not args.domain or not args.harness:
         raise SystemExit("rollout.py: pass --domain and --harness (or --bench)")
