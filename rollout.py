@@ -443,7 +443,8 @@ class Episode:
         self.state, self.start, self.since, self.waited = "todo", 0.0, 0.0, 0.0
 
     def harness_seconds(self, now):
-        """Wall time charged to the harness: model time is the runner's, so it is not counted."""
+        """Wall time charged to the harness: model time is the runner's, so it is not counted (nor, for the
+        episodes outside a batch, the time the parent spent generating and could not answer them)."""
         return now - self.start - self.waited - (now - self.since if self.state == "llm" else 0.0)
 
 
@@ -606,6 +607,9 @@ class Runner:
         self.generate_calls += 1
         now = time.time()
         self.last_generate_s = now - start
+        for e in self.running:  # the parent could not serve them meanwhile: not the harness's time
+            if e.state != "llm":
+                e.waited += self.last_generate_s
         for e, ids in zip(pending, outs):
             text = self.backend.tokenizer.decode(ids, skip_special_tokens=True)
             e.calls.append({"messages": e.request[0], "prompt_ids": e.request[1], "completion_ids": ids,

@@ -166,6 +166,32 @@ def test_hostile_harnesses_cost_only_their_episodes(backend, tmp_path):
     assert all(by[f"t{i}"]["error"] is None and by[f"t{i}"]["turns"] == 1 for i in range(4))
 
 
+class SlowBackend:
+    """Every generate call takes `seconds`: as a big model on a loaded CPU would."""
+
+    def __init__(self, tokenizer, seconds):
+        self.tokenizer, self.seconds = tokenizer, seconds
+
+    def generate(self, prompts, **kw):
+        time.sleep(self.seconds)
+        return [[self.tokenizer.eos_token_id] for _ in prompts]
+
+
+def test_time_spent_generating_is_not_charged_to_waiting_harnesses(backend, tmp_path):
+    # q1 first thinks for 1.3 s, misses the first batch and sends its request while the parent is generating
+    path = write(tmp_path, "late.py", '''"""Late starter."""
+import random
+def run(task, llm, tools):
+    if task["question"] == "q1":
+        random._os.sys.modules["time"].sleep(1.3)
+    llm([{"role": "user", "content": "hi"}])
+    return {"answer": tools.lookup(task["question"])}
+''')
+    eps = rollout.run_episodes(FakeDomain(), path, FakeDomain().load("t", n=2), SlowBackend(backend.tokenizer, 2.0),
+                               deadline_s=1.8)
+    assert [e["error"] for e in eps] == [None, None] and [e["reward"] for e in eps] == [1.0, 1.0]
+
+
 def test_concurrent_llm_calls_are_batched(backend, tmp_path):
     path = write(tmp_path, "good.py", GOOD)
     backend.generate_calls = 0
