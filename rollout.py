@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -436,8 +437,8 @@ class Worker:
 
 
 class Episode:
-    def __init__(self, index, task, sample, public, seed):
-        self.index, self.task, self.sample, self.public, self.seed = index, task, sample, public, seed
+    def __init__(self, index, task, sample, public):
+        self.index, self.task, self.sample, self.public = index, task, sample, public
         self.calls, self.tool_calls, self.record = [], [], None
         self.tools = self.request = self.future = None
         self.state, self.start, self.since, self.waited = "todo", 0.0, 0.0, 0.0
@@ -509,11 +510,11 @@ class Runner:
                 self.running.add(ep)
                 self.send(w, {"task": ep.public, "seed": call_seed(self.seed, ep.task["id"], ep.sample, "random")})
 
-    def finish(self, ep, answer=None, error=None, stdout="", result=None):
+    def finish(self, ep, error=None, stdout="", result=None):
         if ep.state == "done":
             return
         now = time.time()
-        reward = 0.0
+        reward, answer = 0.0, None
         if error is None and not (isinstance(result, dict) and "answer" in result):
             error = f"run() returned {json.dumps(result)[:200]}, expected a dict with an 'answer' key"
         if error is None:
@@ -571,7 +572,7 @@ class Runner:
             ep.tool_calls.append({"name": name, "args": args, "kwargs": kwargs, "result": None})
             ep.state, ep.since = "tool", now
             ep.future = self.pool.submit(getattr(ep.tools, name), *args, **kwargs)
-            ep.future.add_done_callback(lambda f: os.write(self.wake_w, b"."))
+            ep.future.add_done_callback(self.wake)
         else:
             self.fail(ep, f"protocol violation: unknown message {str(msg)[:200]}", w)
 
@@ -586,6 +587,12 @@ class Runner:
         ep.tool_calls[-1]["result"] = reply.get("value", reply.get("message"))
         ep.state, ep.since, ep.future = "busy", now, None
         self.send(ep.worker, reply)
+
+    def wake(self, future):
+        """Tool threads wake the selector; the lock keeps a late tool from writing to a closed (reused) fd."""
+        with self.wake_lock:
+            if self.wake_w is not None:
+                os.write(self.wake_w, b".")
 
     def hold_s(self):
         """How long a busy episode may hold back a batch: a tenth of a generate call, so waiting for a straggler
@@ -622,6 +629,7 @@ class Runner:
         self.todo, self.running, self.workers = deque(episodes), set(), []
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
+        self.wake_lock = threading.Lock()
         os.set_blocking(self.wake_r, False)
         self.sel.register(self.wake_r, selectors.EVENT_READ, None)
         self.pool = ThreadPoolExecutor(max_workers=8)
@@ -635,8 +643,10 @@ class Runner:
                 self.unwatch(w)
                 w.kill()
             self.sel.close()
-            os.close(self.wake_r)
-            os.close(self.wake_w)
+            with self.wake_lock:
+                os.close(self.wake_r)
+                os.close(self.wake_w)
+                self.wake_w = None
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.bar.close()
         return [ep.record for ep in episodes]
@@ -699,11 +709,12 @@ class Runner:
             line, w.inbuf = w.inbuf.split(b"\n", 1)
             try:
                 msg = json.loads(line)
-                assert isinstance(msg, dict)
-            except (ValueError, AssertionError):
-                return self.fail(w.episode, "protocol violation: unreadable message", w) if w.episode \
+                if not isinstance(msg, dict):
+                    raise ValueError("not an object")
+                self.on_message(w, msg, time.time())
+            except Exception as e:  # a harness can write to its pipe directly: forged messages cost its episode
+                return self.fail(w.episode, f"protocol violation: {type(e).__name__}: {e}"[:500], w) if w.episode \
                     else self.retire(w)
-            self.on_message(w, msg, time.time())
         if w in self.workers and len(w.inbuf) > MAX_LINE:
             self.fail(w.episode, f"a message over {MAX_LINE} bytes", w) if w.episode else self.retire(w)
 
@@ -711,7 +722,7 @@ class Runner:
 def run_episodes(domain, harness_path, tasks, backend, *, samples=1, temperature=1.0, top_k=20, max_new_tokens=256,
                  deadline_s=120.0, workers=None, seed=0, traces_path=None, desc="episodes"):
     """Run the harness on every (task, sample); -> episode dicts, task-major (see INTERFACES.md)."""
-    episodes = [Episode(i * samples + s, t, s, domain.public(t), seed) for i, t in enumerate(tasks)
+    episodes = [Episode(i * samples + s, t, s, domain.public(t)) for i, t in enumerate(tasks)
                 for s in range(samples)]
     runner = Runner(domain, harness_path, backend, temperature=temperature, top_k=top_k,
                     max_new_tokens=max_new_tokens, deadline_s=deadline_s, workers=workers or min(64, len(episodes)),

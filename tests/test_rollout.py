@@ -134,13 +134,17 @@ def run(task, llm, tools):
         return {"answer": "printed"}
     if q == "hunt":
         return hunt(task, tools)
+    if q == "forge":  # write a malformed request straight to the RPC pipe
+        sys = random._os.sys
+        random._os.write(int(sys.argv[2]), b'{"tool": "lookup", "args": 5}' + bytes([10]))
+        llm([{"role": "user", "content": q}])
     llm([{"role": "user", "content": q}], max_tokens=4)
     return {"answer": tools.lookup(q)}
 '''
 
 
 def test_hostile_harnesses_cost_only_their_episodes(backend, tmp_path):
-    bad = ["raise", "loop", "sleep", "garbage", "unserialisable", "print", "hunt"]
+    bad = ["raise", "loop", "sleep", "garbage", "unserialisable", "print", "hunt", "forge"]
     tasks = [{"id": b, "question": b, "answer": SECRET} for b in bad] + FakeDomain().load("test", n=4)
     path = write(tmp_path, "hostile.py", HOSTILE)
     deadline = 3.0
@@ -154,6 +158,7 @@ def test_hostile_harnesses_cost_only_their_episodes(backend, tmp_path):
     assert "boom" in by["raise"]["error"]
     assert "deadline" in by["loop"]["error"] and "deadline" in by["sleep"]["error"]
     assert "expected a dict" in by["garbage"]["error"]
+    assert "protocol violation" in by["forge"]["error"]
     assert "not JSON serializable" in by["unserialisable"]["error"]
     assert by["print"]["error"] is None and by["print"]["answer"] == "printed"
     assert len(by["print"]["stdout"]) < 11_000
