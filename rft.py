@@ -13,7 +13,9 @@ example (prompt ids, sampled completion ids). The loss is the summed NLL of the 
 prompt, which holds the system and user turns and the tool outputs, is masked), divided by the number of
 completion tokens over the whole accepted set of the step. That is one SFT pass per rollout step: the examples
 go through the model in length-sorted minibatches of --minibatch with gradient accumulation, then ONE optimizer
-step (AdamW on the LoRA weights, linear warmup, gradient clipping). No replay buffer. A step with nothing
+step (AdamW on the LoRA weights, linear warmup, gradient clipping). (The paper's "SFT minibatch 64" is read as the
+forward/backward unit: accumulating into one step keeps the normalisation over the accepted set exact, and the
+update is the gradient of the accepted set's token-mean NLL.) No replay buffer. A step with nothing
 accepted makes no update, but its rollouts still count. After every step the trainer checkpoints (adapter,
 optimizer, scheduler, sampler, RNG, counters) atomically to OUT/ckpt, rewrites OUT/metrics.jsonl and tells the
 backend about the new adapter; rerunning the same command resumes after the last finished step.
@@ -165,9 +167,12 @@ def should_stop_weight_phase(rewards, window, min_len, patience):
     """The paper's adaptive rule: stop once the trailing `window`-step mean of the phase's training rewards has
     set no new phase-best (strictly higher) for `patience` steps, and the phase has run at least `min_len` steps.
     The first window-1 means are over the steps so far."""
-    if len(rewards) < max(min_len, 1):
+    if not rewards or len(rewards) < min_len:
         return False
-    means = [sum(rewards[max(0, t - window + 1):t + 1]) / (t + 1 - max(0, t - window + 1)) for t in range(len(rewards))]
+    means = []
+    for t in range(len(rewards)):
+        recent = rewards[max(0, t - window + 1):t + 1]
+        means.append(sum(recent) / len(recent))
     best_at = max(range(len(means)), key=lambda t: (means[t], -t))  # the first step that reached the best
     return len(means) - 1 - best_at >= patience
 
@@ -232,7 +237,7 @@ class RSFT:
         t1 = time.time()
         accepted = [e for e in episodes if e["reward"] > 0.5]
         examples = [(c["prompt_ids"], c["completion_ids"]) for e in accepted for c in e["calls"] if c["completion_ids"]]
-        loss = None
+        loss, lr = None, self.scheduler.get_last_lr()[0]
         if examples:
             loss = sft_update(self.backend.model, self.optimizer, self.scheduler, examples, args.minibatch, args.grad_clip)
         t2 = time.time()
@@ -251,7 +256,7 @@ class RSFT:
             "errors": sum(e["error"] is not None for e in episodes),
             "rollouts": self.rollouts,
             "epoch": self.epoch_progress,
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": lr,
             "sample_s": round(t1 - t0, 2),
             "train_s": round(t2 - t1, 2),
             "harness": str(harness_path),
@@ -342,7 +347,8 @@ def bench(args, repeats=5):
             torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    rsft(), bare()  # warm up
+    rsft()  # warm up both
+    bare()
     times = {"rsft": [], "bare": []}
     for _ in tqdm(range(repeats), desc="bench"):  # interleaved, best of N: robust to a busy machine
         times["rsft"].append(timed(rsft))
@@ -389,9 +395,9 @@ def main(argv=None):
         json.dump(vars(args), f, indent=1)
 
     rewards = [r["reward"] for r in trainer.history]
-    stop = lambda: args.stop_patience and should_stop_weight_phase(rewards, *[args.stop_patience] * 3)
+    n = args.stop_patience
     bar = tqdm(total=args.steps, initial=trainer.step_count, desc="rft steps")
-    while trainer.step_count < args.steps and not stop():
+    while trainer.step_count < args.steps and not (n and should_stop_weight_phase(rewards, n, n, n)):
         row = trainer.step(args.harness)
         rewards.append(row["reward"])
         bar.update(1)
