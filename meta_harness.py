@@ -43,6 +43,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import domains
@@ -405,8 +406,10 @@ def claude_usage(stdout):
 
 
 def propose_mutate(run_dir, names, rows, iteration, args):
-    """Offline: the archive best with one SEARCH_SPACE knob set to another value (no duplicates if avoidable)."""
+    """Offline: the archive best with one SEARCH_SPACE knob set to another value. Least-tried knobs go first
+    (a knob that never mattered should not crowd out one never tried); no duplicates if avoidable."""
     cand_root = Path(run_dir) / "candidates"
+    tried = Counter(r["changed"].split(":")[0] for r in rows if r["proposer"] == "mutate")  # "KNOB: a -> b"
     seen = {normalized((cand_root / r["name"] / "harness.py").read_text()) for r in rows if r["valid"]}
     ranked = sorted((r for r in rows if r["score"] is not None), key=lambda r: (-r["score"], r["mean_turns"]))
     for name in names:
@@ -417,6 +420,7 @@ def propose_mutate(run_dir, names, rows, iteration, args):
             # with --prompt-only only string knobs may change (a harness without any has nothing to offer)
             opts = [o for o in knob_options(source) if isinstance(o[2], str) or not args.prompt_only]
             rng.shuffle(opts)
+            opts.sort(key=lambda o: tried[o[0]])  # stable: random order among equally tried knobs
             options += [(r["name"], source, knob, old, new) for knob, old, new in opts]
         fresh = [o for o in options if normalized(set_knob(o[1], o[2], o[4])) not in seen]
         prepare(run_dir, [name], ranked[0]["name"], iteration, "mutate")
@@ -428,6 +432,7 @@ def propose_mutate(run_dir, names, rows, iteration, args):
         parent, source, knob, old, new = (fresh or options)[0]
         new_source = set_knob(source, knob, new)
         seen.add(normalized(new_source))
+        tried[knob] += 1
         (cand_root / name / "harness.py").write_text(new_source)
         finish(run_dir, name, parent=parent, changed=f"{knob}: {old!r} -> {new!r}",
                hypothesis=f"{knob} = {new!r} instead of {old!r} raises the harness-set score of {parent}")
