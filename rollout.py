@@ -2,7 +2,8 @@
 Policy backends and the batched, sandboxed episode runner; mean@k evaluation.
 
     python rollout.py --domain chess --harness harnesses/chess.py --model smoke --split test --k 8 --limit 4 --out out/eval
-    python rollout.py --bench --model smoke
+    python rollout.py --domain searchqa --harness harnesses/searchqa.py --model cpu --k 2 --limit 4 --out out/sq
+    python rollout.py --bench --model smoke      # raw batched generate vs the runner: prints `ratio = X`
 
 Algorithm. A harness is untrusted Python: `run(task, llm, tools)`. Each episode runs it in a worker
 subprocess that holds no answers and no hidden tool state. The worker talks JSON lines over its own pipes:
@@ -11,6 +12,9 @@ the tools and the model; it answers tool calls from a thread pool and collects t
 episodes, and when every live episode is waiting (or the rest are busy for a while) it samples them all in
 ONE batched `backend.generate` call. It records the exact prompt and completion token ids of every call,
 kills a worker at its episode's deadline (reward 0, error in the trace) and starts a replacement.
+The worker's sandbox: a fresh temp cwd, a clean environment, 2 GB of memory, no file writes, an audit hook
+that refuses open(), processes, sockets, ctypes and imports beyond the harness allowlist, and a capped
+stdout; a worker runs one episode at a time, each in a fresh namespace.
 The parent computes the reward from the returned answer. mean@k = per-task success rate over k samples,
 averaged over tasks.
 """
