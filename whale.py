@@ -48,7 +48,7 @@ PRESETS = {
     "cpu": dict(model="cpu", epochs=1.0, phase_epochs=0.5, harness_iterations=2, train_limit=64,
                 test_limit=24, k=4, batch=16, group=4, minibatch=16, candidates=2, harness_tasks=16,
                 max_new_tokens=48, deadline=120.0),
-    "paper": dict(model=None, epochs=1.8, phase_epochs=0.6, harness_iterations=6, train_limit=None,
+    "paper": dict(model=None, data="paper", epochs=1.8, phase_epochs=0.6, harness_iterations=6, train_limit=None,
                   test_limit=None, k=8, batch=256, group=8, minibatch=64, candidates=3, harness_tasks=256,
                   max_new_tokens=1024, deadline=600.0),
 }
@@ -79,6 +79,7 @@ def parse_args(argv=None):
     p.add_argument("--k", type=int, default=None, help="samples per test task for mean@k")
     p.add_argument("--test-limit", type=int, default=None, help="evaluate on the first N test tasks")
     p.add_argument("--seed", type=int, default=0)
+    domains.add_args(p)
     rft.add_args(p)
     meta_harness.add_args(p)
     # two passes: the first learns the preset and domain, the second lets any given flag override it
@@ -234,7 +235,7 @@ def main(argv=None):
     print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
     print(json.dumps(vars(args), indent=None))
 
-    domain = domains.get(args.domain)
+    domain = domains.get(args.domain, args)
     train = domain.load("train")[: args.train_limit]
     # adaptive phases end early, so plan as many alternations as the shortest weight phase allows;
     # the run stops at the first weight phase that finds the weight budget spent

@@ -13,6 +13,7 @@ OUTPUT_TEMPLATE = "Output:\n{output}"
 MAX_TURNS = 2
 MAX_TOKENS = 384
 MAX_OUTPUT_CHARS = 1000
+BOX_LAST_NUMBER = False  # h0 leaves the reply as it is; True: a reply without \\boxed{} answers with its last number
 
 SEARCH_SPACE = {  # literal values only: the offline proposer reads this with ast.literal_eval
     "SYSTEM_PROMPT": ["", "Solve the math problem. Put the final answer in \\boxed{}."],
@@ -25,6 +26,7 @@ SEARCH_SPACE = {  # literal values only: the offline proposer reads this with as
     "MAX_TURNS": [1, 2, 3, 4],
     "MAX_TOKENS": [256, 384, 512, 1024],
     "MAX_OUTPUT_CHARS": [300, 1000, 2000],
+    "BOX_LAST_NUMBER": [False, True],
 }
 
 
@@ -45,4 +47,7 @@ def run(task, llm, tools):
         output = tools.python(code)[:MAX_OUTPUT_CHARS]
         messages.append({"role": "assistant", "content": reply})
         messages.append({"role": "user", "content": OUTPUT_TEMPLATE.format(output=output)})
+    numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?", reply)
+    if BOX_LAST_NUMBER and "\\boxed{" not in reply and numbers:
+        return {"answer": f"\\boxed{{{numbers[-1].rstrip('.,')}}}", "note": "no box: the last number"}
     return {"answer": reply}

@@ -14,6 +14,7 @@ MAX_TURNS = 2
 TOP_K = 1
 PASSAGE_WORDS = 150  # about 200 tokens
 MAX_TOKENS = 128
+ANSWER_FROM_LAST_LINE = False  # h0 reads answers from tags only; True: a reply without tags answers with its last line
 
 SEARCH_SPACE = {  # literal values only: the offline proposer reads this with ast.literal_eval
     "SYSTEM_PROMPT": [
@@ -31,6 +32,7 @@ SEARCH_SPACE = {  # literal values only: the offline proposer reads this with as
     "TOP_K": [1, 2, 3, 5],
     "PASSAGE_WORDS": [60, 150, 300],
     "MAX_TOKENS": [64, 128, 256],
+    "ANSWER_FROM_LAST_LINE": [False, True],
 }
 
 
@@ -54,6 +56,9 @@ def run(task, llm, tools):
             return {"answer": answer}
         query = first_tag(reply, "search")
         if query is None:
+            lines = [line.strip() for line in reply.splitlines() if line.strip()]
+            if ANSWER_FROM_LAST_LINE and lines:
+                return {"answer": lines[-1], "note": "no tags: the last line"}
             return {"answer": None, "note": "no search and no answer"}
         passages = tools.search(query, TOP_K)
         text = "\n".join(cut_words(p, PASSAGE_WORDS) for p in passages) or "no results"
