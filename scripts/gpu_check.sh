@@ -82,11 +82,10 @@ import os
 import torch
 from peft import LoraConfig, get_peft_model
 import rollout
-import _stage_backends as backends
 
 model, tok = rollout.load_model("smoke")
 hf = rollout.HFBackend(model, tok)
-engine = backends.VLLMBackend(model.name_or_path, tok, model, gpu_memory=0.3, sleep=True, max_model_len=2048)
+engine = rollout.VLLMBackend(model.name_or_path, tok, model, gpu_memory=0.3, sleep=True, max_model_len=2048)
 questions = ("What is 2 + 3?", "Name a river.", "Which move wins?", "Write a haiku.")
 prompts = [rollout.chat_ids(tok, [{"role": "user", "content": q}]) for q in questions]
 
@@ -94,9 +93,9 @@ want = hf.generate(prompts, temperature=0.0, max_new_tokens=16)
 got = engine.generate(prompts, temperature=0.0, max_new_tokens=16, seeds=[0] * len(prompts))
 same = sum(a == b for a, b in zip(want, got))
 try:
-    backends.check_canary(engine, model, tok, "none (base model)", "vllm")
+    rollout.check_canary(engine, model, tok, "none (base model)", "vllm")
     print(f"ok vllm-greedy {same}/{len(prompts)} prompts token-identical to hf, every token hf's argmax "
-          f"within {backends.CANARY_TOL} nats")
+          f"within {rollout.CANARY_TOL} nats")
 except RuntimeError as e:
     print(f"FAIL vllm-greedy {same}/{len(prompts)} identical; {e}")
 
