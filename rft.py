@@ -243,6 +243,8 @@ class RSFT:
         examples = [(c["prompt_ids"], c["completion_ids"]) for e in accepted for c in e["calls"] if c["completion_ids"]]
         loss, lr = None, self.scheduler.get_last_lr()[0]
         if examples:
+            if hasattr(self.backend, "sleep"):
+                self.backend.sleep()  # vllm --vllm-sleep: free the engine's memory while the trainer runs
             loss = sft_update(self.backend.model, self.optimizer, self.scheduler, examples, args.minibatch, args.grad_clip)
         t2 = time.time()
         self.step_count += 1

@@ -32,6 +32,8 @@ import os
 import shutil
 import time
 
+import torch
+
 import domains
 import meta_harness
 import rft
@@ -39,18 +41,25 @@ import rollout
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "fast-slow")
 
-# Named bundles of defaults; any flag given on the command line wins. cpu is sized from measured
-# SmolLM2-135M speed on 2 cores (see README); paper follows DESIGN.md section 2.
+# Named bundles of defaults; any flag given on the command line wins. smoke only checks the wiring
+# (all 18 runs in minutes); cpu is sized from measured SmolLM2-135M speed on 2 cores (README); paper
+# follows DESIGN.md section 2 (E = 0.6 epoch, I = 6, G = 8, 256 prompts, M = 3 on 256 harness tasks).
 PRESETS = {
-    "smoke": dict(model="smoke", epochs=1.0, phase_epochs=0.5, harness_iterations=1, train_limit=16,
-                  test_limit=6, k=2, batch=4, group=2, minibatch=8, candidates=2, harness_tasks=4,
-                  max_new_tokens=16, deadline=60.0),
-    "cpu": dict(model="cpu", epochs=1.0, phase_epochs=0.5, harness_iterations=2, train_limit=64,
+    "smoke": dict(model="smoke", threads=1, epochs=1.0, phase_epochs=0.5, harness_iterations=1, train_limit=8,
+                  test_limit=4, k=1, batch=2, group=2, minibatch=8, candidates=2, harness_tasks=2,
+                  max_new_tokens=8, deadline=60.0, adaptive_epochs=0.5, harness_patience=1,
+                  harness_min_iterations=1, harness_max_iterations=2),
+    "cpu": dict(model="cpu", threads=1, epochs=1.0, phase_epochs=0.5, harness_iterations=2, train_limit=64,
                 test_limit=24, k=4, batch=16, group=4, minibatch=16, candidates=2, harness_tasks=16,
-                max_new_tokens=48, deadline=120.0),
-    "paper": dict(model=None, data="paper", epochs=1.8, phase_epochs=0.6, harness_iterations=6, train_limit=None,
-                  test_limit=None, k=8, batch=256, group=8, minibatch=64, candidates=3, harness_tasks=256,
-                  max_new_tokens=1024, deadline=600.0),
+                max_new_tokens=48, deadline=120.0, adaptive_epochs=0.25, harness_patience=1,
+                harness_min_iterations=2, harness_max_iterations=3),
+    # paper: --minibatch is the micro-batch of one forward/backward (the optimizer step still covers the
+    # whole accepted set); 2 fits a 24 GB card with a 248k vocabulary (scripts/memory_plan.py)
+    "paper": dict(model=None, threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True,
+                  grad_checkpointing=True, epochs=1.8, phase_epochs=0.6, harness_iterations=6,
+                  train_limit=None, test_limit=None, k=8, batch=256, group=8, minibatch=2, candidates=3,
+                  harness_tasks=256, max_new_tokens=1024, deadline=600.0, adaptive_epochs=0.2,
+                  harness_patience=2, harness_min_iterations=6, harness_max_iterations=12),
 }
 PAPER_MODELS = {"searchqa": "Qwen/Qwen3.5-2B", "math": "Qwen/Qwen3.5-2B", "chess": "Qwen/Qwen3.5-4B"}
 
@@ -65,6 +74,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="run folder (default results/<preset>/<domain>/<method>)")
     p.add_argument("--model", default=None, help="smoke | cpu | hub id | local path (default: the preset's)")
     p.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads; 1 on 2-core machines, where the harness workers need the other core")
     # budgets
     p.add_argument("--epochs", type=float, default=None, help="total weight-training budget in train epochs")
     p.add_argument("--phase-epochs", type=float, default=None, help="E: epochs per weight phase (fixed schedule)")
@@ -80,6 +91,7 @@ def parse_args(argv=None):
     p.add_argument("--test-limit", type=int, default=None, help="evaluate on the first N test tasks")
     p.add_argument("--seed", type=int, default=0)
     domains.add_args(p)
+    rollout.add_backend_args(p)
     rft.add_args(p)
     meta_harness.add_args(p)
     # two passes: the first learns the preset and domain, the second lets any given flag override it
@@ -242,8 +254,10 @@ def main(argv=None):
     shortest = args.phase_epochs if args.schedule == "fixed" else args.adaptive_epochs
     n_alternations = max(1, math.ceil(args.epochs / shortest - 1e-9))
     phases = plan_phases(args.method, n_alternations)
-    model, tok = rollout.load_model(args.model)
-    backend = rollout.HFBackend(model, tok)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok = rollout.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
+    backend = rollout.load_backend(args, model, tok)
     trainer = rft.RSFT(args, backend, domain, os.path.join(args.out, "weights"), train=train) \
         if "weight" in phases else None
     state = load_state(args.out)
