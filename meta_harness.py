@@ -660,21 +660,18 @@ def main(argv=None):
     p.add_argument("--patience", type=int, default=0,
                    help="stop when the best has not improved for P iterations (0: off)")
     p.add_argument("--min-iterations", type=int, default=6, help="with --patience: run at least N iterations")
-    # policy sampling
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=20)
-    p.add_argument("--max-new-tokens", type=int, default=256, help="cap per llm() call")
-    p.add_argument("--deadline", type=float, default=120.0, help="seconds per episode")
-    p.add_argument("--workers", type=int, default=None, help="harness worker processes (default: runner's)")
+    rollout.add_sampling_args(p)
     p.add_argument("--seed", type=int, default=0)
     add_args(p)
+    rollout.add_backend_args(p)
+    domains.add_args(p)
     args = p.parse_args(argv)
     if args.proposer == "command" and not args.proposer_cmd:
         raise SystemExit("--proposer command needs --proposer-cmd 'CLI ... {workdir}' (a command template)")
     if not os.path.isfile(args.harness):
         raise SystemExit(f"harness file {args.harness} not found: pass --harness PATH, e.g. harnesses/{args.domain}.py")
     try:
-        domain = domains.get(args.domain)
+        domain = domains.get(args.domain, args)
     except ValueError as e:
         raise SystemExit(str(e))
     os.makedirs(args.out, exist_ok=True)
@@ -682,7 +679,7 @@ def main(argv=None):
     stop = (lambda s: should_stop_harness_phase(s, args.patience, args.min_iterations)) if args.patience else None
     t0 = time.time()
     model, tok = rollout.load_model(args.model)
-    result = search(rollout.HFBackend(model, tok), domain, args.harness, args.out, args, stop=stop)
+    result = search(rollout.load_backend(args, model, tok), domain, args.harness, args.out, args, stop=stop)
     print(json.dumps(result))
     print(f"h0 score {read_json(Path(args.out) / 'candidates' / 'h0' / 'scores.json')['score']:.4f}, "
           f"winner {Path(result['winner']).parent.name} score {result['score']:.4f}, {result['rollouts']} rollouts, "

@@ -41,14 +41,10 @@ import rollout
 
 def add_args(parser):
     """The RSFT, LoRA and sampling flags (whale.py reuses them). The caller adds --model and --seed."""
-    # rollout step (paper: 256 prompts x G = 8, temperature 1.0, top-k 20)
+    # rollout step (paper: 256 prompts x G = 8)
     parser.add_argument("--batch", type=int, default=256, help="training prompts per rollout step")
     parser.add_argument("--group", type=int, default=8, help="G: rollouts per prompt")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=20)
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="cap per llm() call")
-    parser.add_argument("--deadline", type=float, default=120.0, help="seconds per episode")
-    parser.add_argument("--workers", type=int, default=None, help="harness worker processes (default: runner's)")
+    rollout.add_sampling_args(parser)
     # SFT update: one pass over the accepted set, one optimizer step
     parser.add_argument("--minibatch", type=int, default=8, help="examples per forward/backward (gradient accumulation)")
     parser.add_argument("--lr", type=float, default=1e-4, help="AdamW lr on the LoRA weights")
@@ -384,6 +380,8 @@ def main(argv=None):
     p.add_argument("--stop-patience", type=int, default=0,
                    help="stop early when the N-step mean reward set no new best for N steps, after N steps (0 = off)")
     add_args(p)
+    rollout.add_backend_args(p)
+    domains.add_args(p)
     args = p.parse_args(argv)
     if args.bench:
         return bench(args)
@@ -393,8 +391,8 @@ def main(argv=None):
         raise SystemExit(f"harness file {args.harness} not found: pass --harness PATH, e.g. harnesses/{args.domain}.py")
     try:
         model, tok = rollout.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
-        domain = domains.get(args.domain)
-        trainer = RSFT(args, rollout.HFBackend(model, tok), domain, args.out)
+        domain = domains.get(args.domain, args)
+        trainer = RSFT(args, rollout.load_backend(args, model, tok), domain, args.out)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(str(e))
     with open(os.path.join(args.out, "config.json"), "w") as f:

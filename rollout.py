@@ -247,6 +247,16 @@ CANARY_TOKENS = 8
 CANARY_TOL = 0.1  # nats; a flipped near-tie passes, an adapter that was not applied does not
 
 
+def add_sampling_args(p):
+    """Sampling and runner flags, shared by every script that runs episodes."""
+    # sampling (paper: temperature 1.0, top-k 20) and the runner
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=20)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="cap per llm() call")
+    p.add_argument("--deadline", type=float, default=120.0, help="seconds of harness time per episode")
+    p.add_argument("--workers", type=int, default=None, help="concurrent episodes (default min(64, episodes))")
+
+
 def add_backend_args(p):
     # policy backend
     p.add_argument("--backend", default="hf", choices=("hf", "vllm", "openai"),
@@ -1029,13 +1039,8 @@ def main():
     # model and sampling
     p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=20)
-    p.add_argument("--max-new-tokens", type=int, default=256, help="per llm() call")
+    add_sampling_args(p)
     add_backend_args(p)
-    # runner
-    p.add_argument("--deadline", type=float, default=120.0, help="seconds of harness time per episode")
-    p.add_argument("--workers", type=int, default=None, help="concurrent episodes (default min(64, episodes))")
     p.add_argument("--seed", type=int, default=0)
     # bench
     p.add_argument("--bench", action="store_true", help="raw batched generate vs the runner, same work")

@@ -58,7 +58,7 @@ PRESETS = {
     "paper": dict(model=None, threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True,
                   grad_checkpointing=True, epochs=1.8, phase_epochs=0.6, harness_iterations=6,
                   train_limit=None, test_limit=None, k=8, batch=256, group=8, minibatch=2, candidates=3,
-                  harness_tasks=256, max_new_tokens=1024, deadline=600.0, adaptive_epochs=0.2,
+                  harness_tasks=256, proposer="claude", max_new_tokens=1024, deadline=600.0, adaptive_epochs=0.2,
                   harness_patience=2, harness_min_iterations=6, harness_max_iterations=12),
 }
 PAPER_MODELS = {"searchqa": "Qwen/Qwen3.5-2B", "math": "Qwen/Qwen3.5-2B", "chess": "Qwen/Qwen3.5-4B"}
