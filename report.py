@@ -89,6 +89,7 @@ def plot_curves(runs, path):
                 ys = [100 * r["mean_at_k"] for r in run["evals"]]
                 ax.plot(xs, ys, marker="o", label=method)
         ax.set_title(domain)
+        ax.set_ylim(0, max(1.0, 1.1 * ax.get_ylim()[1]))  # mean@k is a percentage: no negative axis
         ax.set_xlabel("cumulative rollouts (training + harness scoring)")
         ax.set_ylabel("test mean@k (%)")
         ax.grid(alpha=0.3)
@@ -108,6 +109,7 @@ def plot_timeline(runs, path):
         for prev, row in zip(evals, evals[1:]):
             ax.axvspan(prev["rollouts"], max(row["rollouts"], prev["rollouts"] + 1), color=colors[row["kind"]], alpha=0.25)
         ax.plot([r["rollouts"] for r in evals], [100 * r["mean_at_k"] for r in evals], "k-o")
+        ax.set_ylim(0, max(1.0, 1.1 * ax.get_ylim()[1]))
         ax.set_title(f"{key[0]} / {key[1]}: weight phases blue, harness phases orange")
         ax.set_xlabel("cumulative rollouts")
         ax.set_ylabel("test mean@k (%)")
