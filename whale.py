@@ -22,14 +22,14 @@ Methods, all with the same weight budget (--epochs) and harness budget (iteratio
 
 Everything lands in results/<preset>/<domain>/<method>/: config.json, metrics.jsonl (one row per
 event, with cumulative rollouts = training + harness scoring; test evaluation is not counted),
-weights/ (adapter checkpoints), harness_<i>/ (each harness phase's archive), evals/, summary.json.
+weights/ (adapter checkpoints), harness_w<n>/ (the harness archive after n weight phases), evals/
+(test traces, never shown to the proposer), state.json, summary.json.
 Rerunning the same command resumes: finished phases and evaluations are never redone.
 """
 import argparse
 import json
 import math
 import os
-import shutil
 import time
 
 import torch
