@@ -18,12 +18,12 @@ fi
 if [ "$PRESET" = cpu ]; then DOMAINS=${DOMAINS:-"searchqa math"}; else DOMAINS=${DOMAINS:-"searchqa math chess"}; fi
 METHODS="harness-only weight-only stagewise fast-slow whale"
 case $PRESET in
-  smoke) per_run="~15 s" ;;
-  cpu)   per_run="~4 min" ;;
+  smoke) per_run="~25 s" ;;   # measured 2026-11-29, 2 cores: 18 runs in 7.5 min
+  cpu)   per_run="~4.5 min" ;;  # measured: the 6 searchqa runs in 27 min; math costs more
   paper) per_run="several hours (see README's memory and time plan)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu or paper" >&2; exit 2 ;;
 esac
-n=0; for d in $DOMAINS; do for m in $METHODS; do n=$((n + 1)); done; done
+n=$(( $(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") ))
 echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS] + adaptive WHALE"
 echo "run_all.sh: $n runs (+ adaptive), about $per_run each; results in results/$PRESET/"
 

@@ -208,12 +208,13 @@ def harness_archive(phases, index, iterations_per_phase):
 
 
 def run_harness_phase(args, backend, domain, harness, phase_dir, iterations):
-    """Meta-Harness from `harness` under the current weights; returns search()'s result. Harness phases
-    with no weight phase between them share one archive and go on where the previous one stopped."""
-    if args.schedule == "fixed":
-        return meta_harness.search(backend, domain, harness, phase_dir, args, iterations=iterations)
-    stop = lambda series: meta_harness.should_stop_harness_phase(series, args.harness_patience, args.harness_min_iterations)
-    return meta_harness.search(backend, domain, harness, phase_dir, args, iterations=args.harness_max_iterations, stop=stop)
+    """Meta-Harness from `harness` under the current weights; returns search()'s result. Fixed: `iterations`
+    iterations. Adaptive: until the archive best stalls (patience, minimum), at most --harness-max-iterations."""
+    stop = None
+    if args.schedule == "adaptive":
+        iterations = args.harness_max_iterations
+        stop = lambda series: meta_harness.should_stop_harness_phase(series, args.harness_patience, args.harness_min_iterations)
+    return meta_harness.search(backend, domain, harness, phase_dir, args, iterations=iterations, stop=stop)
 
 
 def evaluate_test(args, backend, domain, harness, tag):
