@@ -83,7 +83,7 @@ def build_smoke(folder):
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                   chat_template=CHATML)
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
                          tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     model = Qwen3ForCausalLM(config)
@@ -136,7 +136,7 @@ def load_model(name, dtype=None, adapter=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
     logging.disable_progress_bar()
-    path = {"smoke": lambda: cached("smoke", build_smoke), "cpu": lambda: cached("smollm2-135m", build_cpu)}.get(
+    path = {"smoke": lambda: cached("smoke-v2", build_smoke), "cpu": lambda: cached("smollm2-135m", build_cpu)}.get(
         name, lambda: name)()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
@@ -204,8 +204,9 @@ class HFBackend:
                 keep = torch.tensor(live, device=device)
                 ids, mask, pos = ids[keep], mask[keep], pos[keep]
                 while live:
+                    # logits_to_keep=1: the prefill never builds a (rows x prompt x vocab) logits tensor
                     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                                   use_cache=True).logits[:, -1].float().cpu()
+                                   use_cache=True, logits_to_keep=1).logits[:, -1].float().cpu()
                     nxt = [self.sample(logits[j], gens[i], temperature, top_k) for j, i in enumerate(live)]
                     stay = []
                     for j, (i, t) in enumerate(zip(live, nxt)):

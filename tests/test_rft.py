@@ -188,10 +188,10 @@ def test_rollout_accounting_when_nothing_is_accepted(tmp_path):
 
 
 def test_learning_raises_the_training_reward(tmp_path):
-    """Reward 1 when the one-token reply starts with "E" (a few % of the random smoke model's replies)."""
+    """Reward 1 when the one-token reply starts with "S" (about 6 % of the random smoke model's replies)."""
     gains = []
     for seed in range(3):
-        trainer = smoke_trainer(tmp_path, f"seed{seed}", "E", group=8, seed=seed)
+        trainer = smoke_trainer(tmp_path, f"seed{seed}", "S", group=8, seed=seed)
         rewards = [trainer.step(tmp_path / "h.py")["reward"] for _ in range(4)]
         assert rewards[-1] > rewards[0] + 0.3, rewards
         gains.append(rewards[-1] - rewards[0])
