@@ -79,6 +79,12 @@ def tasks_of(runs, domain):
     return "/".join(str(s) for s in sorted(x for x in sizes if x is not None)) or "-"
 
 
+def percent_axis(ax):
+    """mean@k in %: from 0 (never negative), at least 0-10 so an all-zero line lies visibly on the floor."""
+    ax.set_ylim(0, max(10.0, 1.1 * ax.get_ylim()[1]))
+    ax.set_ylabel("test mean@k (%)")
+
+
 def plot_curves(runs, path):
     fig, axes = plt.subplots(1, len(DOMAINS), figsize=(5 * len(DOMAINS), 4), squeeze=False)
     for ax, domain in zip(axes[0], DOMAINS):
@@ -89,9 +95,8 @@ def plot_curves(runs, path):
                 ys = [100 * r["mean_at_k"] for r in run["evals"]]
                 ax.plot(xs, ys, marker="o", label=method)
         ax.set_title(domain)
-        ax.set_ylim(0, max(1.0, 1.1 * ax.get_ylim()[1]))  # mean@k is a percentage: no negative axis
+        percent_axis(ax)
         ax.set_xlabel("cumulative rollouts (training + harness scoring)")
-        ax.set_ylabel("test mean@k (%)")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
@@ -109,10 +114,9 @@ def plot_timeline(runs, path):
         for prev, row in zip(evals, evals[1:]):
             ax.axvspan(prev["rollouts"], max(row["rollouts"], prev["rollouts"] + 1), color=colors[row["kind"]], alpha=0.25)
         ax.plot([r["rollouts"] for r in evals], [100 * r["mean_at_k"] for r in evals], "k-o")
-        ax.set_ylim(0, max(1.0, 1.1 * ax.get_ylim()[1]))
+        percent_axis(ax)
         ax.set_title(f"{key[0]} / {key[1]}: weight phases blue, harness phases orange")
         ax.set_xlabel("cumulative rollouts")
-        ax.set_ylabel("test mean@k (%)")
     if not whale_runs:
         axes[0, 0].text(0.5, 0.5, "no WHALE run yet", ha="center")
     fig.tight_layout()

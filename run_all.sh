@@ -27,20 +27,27 @@ n=$(( $(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") ))
 echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS] + adaptive WHALE"
 echo "run_all.sh: $n runs (+ adaptive), about $per_run each; results in results/$PRESET/"
 
-run() {  # run DOMAIN METHOD_DIR ARGS...
-  local domain=$1 dir=$2; shift 2
-  if [ -f "results/$PRESET/$domain/$dir/summary.json" ]; then
-    echo "== $domain / $dir: done, skipped"
-    return
+needs_run() {  # needs_run DOMAIN RUN_DIR: false (and says so) when the run is finished
+  if [ -f "results/$PRESET/$1/$2/summary.json" ]; then
+    echo "== $1 / $2: done, skipped" >&2
+    return 1
   fi
-  echo "== $domain / $dir"
-  python whale.py --preset "$PRESET" --domain "$domain" "$@"
 }
 
 for domain in $DOMAINS; do
+  todo=""
   for method in $METHODS; do
-    run "$domain" "$method" --method "$method"
+    if needs_run "$domain" "$method"; then todo="$todo $method"; fi
   done
-  run "$domain" whale-adaptive --method whale --schedule adaptive
+  # the methods of a domain share one process (start-up and h0's test evaluation paid once); a vllm
+  # engine holds the GPU until its process ends, so the paper preset runs one method per process
+  if [ -n "$todo" ] && [ "$PRESET" = paper ]; then
+    for method in $todo; do python whale.py --preset "$PRESET" --domain "$domain" --method "$method"; done
+  elif [ -n "$todo" ]; then
+    python whale.py --preset "$PRESET" --domain "$domain" --method $todo
+  fi
+  if needs_run "$domain" whale-adaptive; then
+    python whale.py --preset "$PRESET" --domain "$domain" --method whale --schedule adaptive
+  fi
 done
 python report.py --preset "$PRESET"

@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import time
 
 import torch
@@ -68,7 +69,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # what to run
     p.add_argument("--domain", required=True, choices=sorted(domains.DOMAINS))
-    p.add_argument("--method", default="whale", choices=METHODS)
+    p.add_argument("--method", nargs="+", default=["whale"], choices=METHODS,
+                   help="one or more methods, run one after another in this process (imports and h0's test "
+                        "evaluation are paid once)")
     p.add_argument("--schedule", default="fixed", choices=("fixed", "adaptive"))
     p.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
     p.add_argument("--out", default=None, help="run folder (default results/<preset>/<domain>/<method>)")
@@ -102,13 +105,24 @@ def parse_args(argv=None):
     p.set_defaults(**preset)
     args = p.parse_args(argv)
     args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")
-    args.out = args.out or os.path.join("results", args.preset, args.domain, method_name(args))
-    args.prompt_only = args.prompt_only or args.method == "fast-slow"  # FST: prompt strings only
     check_args(args, p)
-    return args
+    return [run_args(args, method) for method in args.method]
+
+
+def run_args(args, method):
+    """The flags of one method's run: the shared ones plus its method, folder and FST switch."""
+    run = argparse.Namespace(**vars(args))
+    run.method = method
+    run.out = args.out or os.path.join("results", args.preset, args.domain, method_name(run))
+    run.prompt_only = args.prompt_only or method == "fast-slow"  # FST: prompt strings only
+    return run
 
 
 def check_args(args, parser):
+    if args.out and len(args.method) > 1:
+        parser.error("--out names one run folder: give a single --method, or drop --out")
+    if args.backend == "vllm" and len(args.method) > 1:  # a vllm engine keeps its GPU memory until the process ends
+        parser.error("--backend vllm runs one method per command: give a single --method")
     if not os.path.isfile(args.harness):
         parser.error(f"harness file {args.harness} not found: pass --harness PATH or run from the repo root")
     if args.epochs <= 0 or args.phase_epochs <= 0:
@@ -241,7 +255,23 @@ def evaluate_test(args, backend, domain, harness, tag):
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
-    args = parse_args(argv)
+    runs = parse_args(argv)
+    for args in runs:
+        share_start_eval(runs[0].out, args.out)
+        run(args)
+
+
+def share_start_eval(src, dst):
+    """Phase 0 is h0 under the base weights, the same for every method of one command: evaluate it once."""
+    done = os.path.join(src, "evals", "phase_0.json")
+    if src == dst or not os.path.exists(done) or os.path.exists(os.path.join(dst, "evals", "phase_0.json")):
+        return
+    os.makedirs(os.path.join(dst, "evals"), exist_ok=True)
+    shutil.copy(os.path.join(src, "evals", "phase_0.traces.jsonl"), os.path.join(dst, "evals"))
+    shutil.copy(done, os.path.join(dst, "evals"))  # last: its presence marks the evaluation done
+
+
+def run(args):
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(vars(args), f, indent=1)
@@ -267,7 +297,7 @@ def main(argv=None):
     def rollouts():
         return (trainer.rollouts if trainer else 0) + sum(state["harness_rollouts"].values())
 
-    if state["phase"] == 0 and not os.path.exists(os.path.join(args.out, "evals", "phase_0.json")):
+    if not any(r.get("event") == "start" for r in read_rows(args.out)):
         log_row(args.out, {"event": "start", "phases": phases, "time": time.time()})
     stats = evaluate_test(args, backend, domain, harness, "phase_0")
     log_eval_once(args.out, {"event": "eval", "phase": 0, "kind": "start", "rollouts": 0, **stats})

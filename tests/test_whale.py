@@ -64,13 +64,29 @@ def test_adaptive_harness_phase_needs_min_iterations_then_patience():
 
 
 def test_preset_defaults_and_overrides():
-    args = whale.parse_args(["--domain", "math", "--preset", "smoke", "--batch", "2"])
+    [args] = whale.parse_args(["--domain", "math", "--preset", "smoke", "--batch", "2"])
     assert args.model == "smoke" and args.batch == 2 and args.group == whale.PRESETS["smoke"]["group"]
     assert args.out == os.path.join("results", "smoke", "math", "whale")
-    fst = whale.parse_args(["--domain", "chess", "--preset", "paper", "--method", "fast-slow"])
+    [fst] = whale.parse_args(["--domain", "chess", "--preset", "paper", "--method", "fast-slow"])
     assert fst.prompt_only and fst.model == "Qwen/Qwen3.5-4B" and fst.group == 8 and fst.batch == 256
-    adaptive = whale.parse_args(["--domain", "math", "--preset", "smoke", "--schedule", "adaptive"])
+    [adaptive] = whale.parse_args(["--domain", "math", "--preset", "smoke", "--schedule", "adaptive"])
     assert adaptive.out.endswith("whale-adaptive")
+
+
+def test_several_methods_in_one_command_get_their_own_runs(tmp_path):
+    runs = whale.parse_args(["--domain", "math", "--preset", "smoke", "--method", "whale", "fast-slow", "--k", "3"])
+    assert [(r.method, os.path.basename(r.out), r.prompt_only, r.k) for r in runs] == \
+        [("whale", "whale", False, 3), ("fast-slow", "fast-slow", True, 3)]
+    # h0's test evaluation is copied from the first run, never over a run's own
+    first, second = tmp_path / "a", tmp_path / "b"
+    (first / "evals").mkdir(parents=True)
+    (first / "evals" / "phase_0.json").write_text('{"mean_at_k": 0.5}')
+    (first / "evals" / "phase_0.traces.jsonl").write_text("{}\n")
+    whale.share_start_eval(str(first), str(second))
+    assert json.loads((second / "evals" / "phase_0.json").read_text()) == {"mean_at_k": 0.5}
+    (first / "evals" / "phase_0.json").write_text('{"mean_at_k": 0.9}')
+    whale.share_start_eval(str(first), str(second))
+    assert json.loads((second / "evals" / "phase_0.json").read_text()) == {"mean_at_k": 0.5}
 
 
 def test_bad_flags_name_the_fix(capsys):
@@ -80,6 +96,12 @@ def test_bad_flags_name_the_fix(capsys):
     with pytest.raises(SystemExit):
         whale.parse_args(["--domain", "maths"])
     assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        whale.parse_args(["--domain", "math", "--method", "whale", "stagewise", "--out", "x"])
+    assert "--out names one run folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        whale.parse_args(["--domain", "math", "--method", "whale", "stagewise", "--backend", "vllm"])
+    assert "one method per command" in capsys.readouterr().err
 
 
 def rows(path):
