@@ -50,9 +50,9 @@ PRESETS = {
                   test_limit=4, k=1, batch=2, group=2, minibatch=8, candidates=2, harness_tasks=2,
                   max_new_tokens=8, deadline=60.0, adaptive_epochs=0.5, harness_patience=1,
                   harness_min_iterations=1, harness_max_iterations=2),
-    "cpu": dict(model="cpu", threads=2, epochs=1.0, phase_epochs=0.5, harness_iterations=1, train_limit=32,
-                test_limit=8, k=2, batch=8, group=2, minibatch=8, candidates=2, harness_tasks=8,
-                max_new_tokens=40, deadline=300.0, adaptive_epochs=0.5, harness_patience=1,
+    "cpu": dict(model="cpu", threads=2, epochs=1.0, phase_epochs=0.5, harness_iterations=1, train_limit=24,
+                test_limit=8, k=2, batch=6, group=2, minibatch=8, candidates=2, harness_tasks=6,
+                max_new_tokens=32, deadline=300.0, adaptive_epochs=0.5, harness_patience=1,
                 harness_min_iterations=1, harness_max_iterations=2),
     # paper: --minibatch is the micro-batch of one forward/backward (the optimizer step still covers the
     # whole accepted set); 2 fits a 24 GB card with a 248k vocabulary (scripts/memory_plan.py)
