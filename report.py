@@ -100,6 +100,8 @@ def plot_curves(runs, path):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "not run", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

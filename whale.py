@@ -4,6 +4,7 @@ WHALE: Weight-Harness Alternating LEarning, and the four baselines it is compare
     python whale.py --domain math --method whale --preset smoke
     python whale.py --domain searchqa --method whale --schedule adaptive --preset cpu
     python whale.py --domain chess --method weight-only --preset paper
+    python whale.py --domain math --method harness-only weight-only stagewise fast-slow whale --preset cpu
 
 The agent is weights (a LoRA adapter on the base model) plus a harness (a Python file). A run is a
 sequence of phases, each followed by a mean@k evaluation on the test split:
@@ -19,6 +20,8 @@ Methods, all with the same weight budget (--epochs) and harness budget (iteratio
     harness-only  Meta-Harness for the whole budget under the base weights
     stagewise     all weight phases, then all harness phases
     fast-slow     the WHALE alternation, but the proposer may change only h0's prompt strings (FST)
+Several methods in one command run one after another in one process, each in its own folder, and share
+the phase-0 evaluation (h0 under the base weights), which is the same for all of them.
 
 Everything lands in results/<preset>/<domain>/<method>/: config.json, metrics.jsonl (one row per
 event, with cumulative rollouts = training + harness scoring; test evaluation is not counted),
