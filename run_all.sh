@@ -14,18 +14,18 @@ elif [ -z "${PRESET:-}" ]; then
     PRESET=cpu
   fi
 fi
-# cpu: chess is left out by default (SmolLM2-135M solves none and its long prompts cost ~3x the others)
+# cpu: chess is left out by default (SmolLM2-135M solves none; its long multi-turn prompts cost ~8x a searchqa episode)
 if [ "$PRESET" = cpu ]; then DOMAINS=${DOMAINS:-"searchqa math"}; else DOMAINS=${DOMAINS:-"searchqa math chess"}; fi
 METHODS="harness-only weight-only stagewise fast-slow whale"
-case $PRESET in
-  smoke) per_run="~25 s" ;;   # measured 2026-11-29, 2 cores: 18 runs in 7.5 min
-  cpu)   per_run="~4.5 min" ;;  # measured: the 6 searchqa runs in 27 min; math costs more
-  paper) per_run="several hours (see README's memory and time plan)" ;;
+case $PRESET in  # measured 2026-11-29 on the 2-core machine with the default DOMAINS
+  smoke) eta="about 3.5 min" ;;  # fresh clone: 3 min 28 s
+  cpu)   eta="about 37 min" ;;   # 36 min 57 s: searchqa 14, math 22
+  paper) eta="days: hours per run (README: the paper preset on one GPU)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu or paper" >&2; exit 2 ;;
 esac
-n=$(( $(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") ))
+n=$(( $(wc -w <<< "$DOMAINS") * ($(wc -w <<< "$METHODS") + 1) ))
 echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS] + adaptive WHALE"
-echo "run_all.sh: $n runs (+ adaptive), about $per_run each; results in results/$PRESET/"
+echo "run_all.sh: $n runs, $eta in all; results in results/$PRESET/"
 
 needs_run() {  # needs_run DOMAIN RUN_DIR: false (and says so) when the run is finished
   if [ -f "results/$PRESET/$1/$2/summary.json" ]; then
