@@ -138,3 +138,20 @@ def test_killed_run_resumes_without_redoing_work(tmp_path):
     assert [r["rollouts"] for r in evals] == sorted(r["rollouts"] for r in evals)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["phases"] == 4 and summary["total_rollouts"] == evals[-1]["rollouts"]
+
+
+def test_one_command_runs_each_method_in_its_folder_and_evaluates_h0_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the runs land in tmp_path/results/smoke/math/<method>
+    tags = []
+    evaluate = whale.rollout.evaluate
+    monkeypatch.setattr(whale.rollout, "evaluate", lambda *a, **kw: tags.append(kw["desc"]) or evaluate(*a, **kw))
+    whale.main(["--domain", "math", "--preset", "smoke", "--method", "weight-only", "harness-only",
+                "--harness", os.path.join(ROOT, "harnesses", "math.py"), "--test-limit", "1", "--epochs", "0.5"])
+    tests = [t for t in tags if t.startswith("test")]  # (harness scoring evaluates too)
+    assert tests == ["test mean@1 (phase_0)", "test mean@1 (phase_1)", "test mean@1 (phase_1)"]  # h0 once
+    for method, kind in (("weight-only", "weight"), ("harness-only", "harness")):
+        out = tmp_path / "results" / "smoke" / "math" / method
+        evals = [r for r in rows(out / "metrics.jsonl") if r["event"] == "eval"]
+        assert [(r["phase"], r["kind"]) for r in evals] == [(0, "start"), (1, kind)]
+        assert json.loads((out / "config.json").read_text())["method"] == method
+        assert (out / "summary.json").exists()
