@@ -413,7 +413,8 @@ def propose_mutate(run_dir, names, rows, iteration, args):
     seen = {normalized((cand_root / r["name"] / "harness.py").read_text()) for r in rows if r["valid"]}
     ranked = sorted((r for r in rows if r["score"] is not None), key=lambda r: (-r["score"], r["mean_turns"]))
     for name in names:
-        rng = random.Random(f"{args.seed}-{name}")  # seeded per name: a resumed run proposes the same thing
+        # seeded per archive and name: a resumed run proposes the same thing, the next phase's archive not
+        rng = random.Random(f"{args.seed}-{Path(run_dir).name}-{name}")
         options = []
         for r in ranked:
             source = (cand_root / r["name"] / "harness.py").read_text()
