@@ -25,7 +25,7 @@ case $PRESET in  # measured 2026-11-29 on the 2-core machine with the default DO
 esac
 n=$(( $(wc -w <<< "$DOMAINS") * ($(wc -w <<< "$METHODS") + 1) ))
 echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS] + adaptive WHALE"
-echo "run_all.sh: $n runs, $eta in all; results in results/$PRESET/"
+echo "run_all.sh: $n runs; with the default domains and none done yet, $eta in all; results in results/$PRESET/"
 
 needs_run() {  # needs_run DOMAIN RUN_DIR: false (and says so) when the run is finished
   if [ -f "results/$PRESET/$1/$2/summary.json" ]; then
@@ -35,16 +35,16 @@ needs_run() {  # needs_run DOMAIN RUN_DIR: false (and says so) when the run is f
 }
 
 for domain in $DOMAINS; do
-  todo=""
+  todo=()
   for method in $METHODS; do
-    if needs_run "$domain" "$method"; then todo="$todo $method"; fi
+    if needs_run "$domain" "$method"; then todo+=("$method"); fi
   done
-  # the methods of a domain share one process (start-up and h0's test evaluation paid once); a vllm
-  # engine holds the GPU until its process ends, so the paper preset runs one method per process
-  if [ -n "$todo" ] && [ "$PRESET" = paper ]; then
-    for method in $todo; do python whale.py --preset "$PRESET" --domain "$domain" --method "$method"; done
-  elif [ -n "$todo" ]; then
-    python whale.py --preset "$PRESET" --domain "$domain" --method $todo
+  # the methods of a domain share one process (the imports and h0's test evaluation are paid once); a
+  # vllm engine holds the GPU until its process ends, so the paper preset runs one method per process
+  if [ ${#todo[@]} -gt 0 ] && [ "$PRESET" = paper ]; then
+    for method in "${todo[@]}"; do python whale.py --preset "$PRESET" --domain "$domain" --method "$method"; done
+  elif [ ${#todo[@]} -gt 0 ]; then
+    python whale.py --preset "$PRESET" --domain "$domain" --method "${todo[@]}"
   fi
   if needs_run "$domain" whale-adaptive; then
     python whale.py --preset "$PRESET" --domain "$domain" --method whale --schedule adaptive

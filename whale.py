@@ -30,6 +30,7 @@ weights/ (adapter checkpoints), harness_w<n>/ (the harness archive after n weigh
 Rerunning the same command resumes: finished phases and evaluations are never redone.
 """
 import argparse
+import gc
 import json
 import math
 import os
@@ -73,8 +74,8 @@ def parse_args(argv=None):
     # what to run
     p.add_argument("--domain", required=True, choices=sorted(domains.DOMAINS))
     p.add_argument("--method", nargs="+", default=["whale"], choices=METHODS,
-                   help="one or more methods, run one after another in this process (imports and h0's test "
-                        "evaluation are paid once)")
+                   help="one or more methods, run one after another in this process (the imports and h0's "
+                        "test evaluation are paid once)")
     p.add_argument("--schedule", default="fixed", choices=("fixed", "adaptive"))
     p.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
     p.add_argument("--out", default=None, help="run folder (default results/<preset>/<domain>/<method>)")
@@ -109,16 +110,16 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")
     check_args(args, p)
-    return [run_args(args, method) for method in args.method]
+    return [run_args(args, method) for method in dict.fromkeys(args.method)]  # each method once, in order
 
 
 def run_args(args, method):
     """The flags of one method's run: the shared ones plus its method, folder and FST switch."""
-    run = argparse.Namespace(**vars(args))
-    run.method = method
-    run.out = args.out or os.path.join("results", args.preset, args.domain, method_name(run))
-    run.prompt_only = args.prompt_only or method == "fast-slow"  # FST: prompt strings only
-    return run
+    one = argparse.Namespace(**vars(args))
+    one.method = method
+    one.out = args.out or os.path.join("results", args.preset, args.domain, method_name(one))
+    one.prompt_only = args.prompt_only or method == "fast-slow"  # FST: prompt strings only
+    return one
 
 
 def check_args(args, parser):
@@ -135,7 +136,7 @@ def check_args(args, parser):
 
 
 def method_name(args):
-    return "whale-adaptive" if args.method == "whale" and args.schedule == "adaptive" else args.method
+    return f"{args.method}-adaptive" if args.schedule == "adaptive" else args.method
 
 
 def plan_phases(method, n_alternations):
@@ -239,7 +240,7 @@ def evaluate_test(args, backend, domain, harness, tag):
     path = os.path.join(args.out, "evals", f"{tag}.json")
     if os.path.exists(path):
         with open(path) as f:
-            return json.load(f)
+            return json.load(f)["stats"]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tasks = domain.load("test")[: args.test_limit]
     stats = rollout.evaluate(domain, harness, tasks, backend, k=args.k, temperature=args.temperature,
@@ -250,9 +251,15 @@ def evaluate_test(args, backend, domain, harness, tag):
     stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(stats["per_task"]),
              **{f"test_{key}": stats[key] for key in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
     with open(path + ".tmp", "w") as f:
-        json.dump(stats, f)
+        json.dump({"settings": eval_settings(args, harness), "stats": stats}, f)
     os.replace(path + ".tmp", path)
     return stats
+
+
+def eval_settings(args, harness):
+    """Everything a test evaluation depends on besides the weights: a shared evaluation must match it all."""
+    keys = ("model", "data", "test_limit", "k", "temperature", "top_k", "max_new_tokens", "deadline", "seed")
+    return {"harness": os.path.abspath(harness), **{key: getattr(args, key) for key in keys}}
 
 
 # -----------------------------------------------------------------------------
@@ -260,18 +267,25 @@ def evaluate_test(args, backend, domain, harness, tag):
 def main(argv=None):
     runs = parse_args(argv)
     for args in runs:
-        share_start_eval(runs[0].out, args.out)
+        share_start_eval(runs[0].out, args)
         run(args)
+        gc.collect()  # the finished run's model and optimizer go before the next run loads its own
 
 
-def share_start_eval(src, dst):
-    """Phase 0 is h0 under the base weights, the same for every method of one command: evaluate it once."""
-    done = os.path.join(src, "evals", "phase_0.json")
-    if src == dst or not os.path.exists(done) or os.path.exists(os.path.join(dst, "evals", "phase_0.json")):
+def share_start_eval(src, args):
+    """Phase 0 is h0 under the base weights, the same for every method of one command: evaluate it once and
+    copy it to the other runs (only if it was made with their settings)."""
+    src_json, dst = os.path.join(src, "evals", "phase_0.json"), os.path.join(args.out, "evals")
+    if src == args.out or not os.path.exists(src_json) or os.path.exists(os.path.join(dst, "phase_0.json")):
         return
-    os.makedirs(os.path.join(dst, "evals"), exist_ok=True)
-    shutil.copy(os.path.join(src, "evals", "phase_0.traces.jsonl"), os.path.join(dst, "evals"))
-    shutil.copy(done, os.path.join(dst, "evals"))  # last: its presence marks the evaluation done
+    with open(src_json) as f:
+        if json.load(f)["settings"] != eval_settings(args, args.harness):
+            return
+    os.makedirs(dst, exist_ok=True)
+    for name in ("phase_0.traces.jsonl", "phase_0.json"):  # the .json last: its presence marks the evaluation done
+        if os.path.exists(os.path.join(src, "evals", name)):
+            shutil.copy(os.path.join(src, "evals", name), os.path.join(dst, name + ".tmp"))
+            os.replace(os.path.join(dst, name + ".tmp"), os.path.join(dst, name))
 
 
 def run(args):

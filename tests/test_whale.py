@@ -71,22 +71,32 @@ def test_preset_defaults_and_overrides():
     assert fst.prompt_only and fst.model == "Qwen/Qwen3.5-4B" and fst.group == 8 and fst.batch == 256
     [adaptive] = whale.parse_args(["--domain", "math", "--preset", "smoke", "--schedule", "adaptive"])
     assert adaptive.out.endswith("whale-adaptive")
+    runs = whale.parse_args(["--domain", "math", "--method", "harness-only", "whale", "harness-only", "--schedule", "adaptive"])
+    assert [os.path.basename(r.out) for r in runs] == ["harness-only-adaptive", "whale-adaptive"]  # each once
 
 
 def test_several_methods_in_one_command_get_their_own_runs(tmp_path):
     runs = whale.parse_args(["--domain", "math", "--preset", "smoke", "--method", "whale", "fast-slow", "--k", "3"])
     assert [(r.method, os.path.basename(r.out), r.prompt_only, r.k) for r in runs] == \
         [("whale", "whale", False, 3), ("fast-slow", "fast-slow", True, 3)]
-    # h0's test evaluation is copied from the first run, never over a run's own
-    first, second = tmp_path / "a", tmp_path / "b"
-    (first / "evals").mkdir(parents=True)
-    (first / "evals" / "phase_0.json").write_text('{"mean_at_k": 0.5}')
-    (first / "evals" / "phase_0.traces.jsonl").write_text("{}\n")
-    whale.share_start_eval(str(first), str(second))
-    assert json.loads((second / "evals" / "phase_0.json").read_text()) == {"mean_at_k": 0.5}
-    (first / "evals" / "phase_0.json").write_text('{"mean_at_k": 0.9}')
-    whale.share_start_eval(str(first), str(second))
-    assert json.loads((second / "evals" / "phase_0.json").read_text()) == {"mean_at_k": 0.5}
+    # h0's test evaluation is copied from the first run when it was made with the same settings, and never
+    # over a run's own
+    runs[0].out, runs[1].out = str(tmp_path / "a"), str(tmp_path / "b")
+    first = runs[0].out
+    (tmp_path / "a" / "evals").mkdir(parents=True)
+    saved = lambda args, score: json.dumps({"settings": whale.eval_settings(args, args.harness), "stats": {"mean_at_k": score}})
+    (tmp_path / "a" / "evals" / "phase_0.traces.jsonl").write_text("{}\n")
+    other = whale.parse_args(["--domain", "math", "--preset", "smoke", "--k", "4"])[0]
+    (tmp_path / "a" / "evals" / "phase_0.json").write_text(saved(other, 0.2))  # made with k = 4, not 3
+    whale.share_start_eval(first, runs[1])
+    assert not (tmp_path / "b" / "evals" / "phase_0.json").exists()
+    (tmp_path / "a" / "evals" / "phase_0.json").write_text(saved(runs[0], 0.5))
+    whale.share_start_eval(first, runs[1])
+    assert json.loads((tmp_path / "b" / "evals" / "phase_0.json").read_text())["stats"] == {"mean_at_k": 0.5}
+    assert (tmp_path / "b" / "evals" / "phase_0.traces.jsonl").read_text() == "{}\n"
+    (tmp_path / "a" / "evals" / "phase_0.json").write_text(saved(runs[0], 0.9))
+    whale.share_start_eval(first, runs[1])
+    assert json.loads((tmp_path / "b" / "evals" / "phase_0.json").read_text())["stats"] == {"mean_at_k": 0.5}
 
 
 def test_bad_flags_name_the_fix(capsys):
