@@ -24,9 +24,9 @@ Several methods in one command run one after another in one process, each in its
 the phase-0 evaluation (h0 under the base weights), which is the same for all of them.
 
 Everything lands in results/<preset>/<domain>/<method>/: config.json, metrics.jsonl (one row per
-event, with cumulative rollouts = training + harness scoring; test evaluation is not counted),
-weights/ (adapter checkpoints), harness_w<n>/ (the harness archive after n weight phases), evals/
-(test traces, never shown to the proposer), state.json, summary.json.
+event, with the cumulative RSFT step and rollouts = training + harness scoring; test evaluation is not
+counted), weights/ (adapter checkpoints), harness_w<n>/ (the harness archive after n weight phases),
+evals/ (test traces, never shown to the proposer), state.json, summary.json.
 Rerunning the same command resumes: finished phases and evaluations are never redone.
 """
 import argparse
@@ -317,7 +317,7 @@ def run(args):
     if not any(r.get("event") == "start" for r in read_rows(args.out)):
         log_row(args.out, {"event": "start", "phases": phases, "time": time.time()})
     stats = evaluate_test(args, backend, domain, harness, "phase_0")
-    log_eval_once(args.out, {"event": "eval", "phase": 0, "kind": "start", "rollouts": 0, **stats})
+    log_eval_once(args.out, {"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats})
 
     while state["phase"] < len(phases):
         i, kind = state["phase"] + 1, phases[state["phase"]]
@@ -335,8 +335,8 @@ def run(args):
             detail = {"iterations": result["iterations"], "harness_score": result["score"], "winner": harness}
         state.update(phase=i, harness=harness, phase_start_step=None)
         stats = evaluate_test(args, backend, domain, harness, f"phase_{i}")
-        log_eval_once(args.out, {"event": "eval", "phase": i, "kind": kind, "rollouts": rollouts(),
-                           "seconds": time.time() - t0, **detail, **stats})
+        log_eval_once(args.out, {"event": "eval", "phase": i, "kind": kind, "step": trainer.step_count if trainer else 0,
+                                 "rollouts": rollouts(), "seconds": time.time() - t0, **detail, **stats})
         save_state(args.out, state)
         print(f"phase {i}/{len(phases)} {kind}: test mean@{args.k} = {stats['mean_at_k']:.4f}, rollouts {rollouts()}")
 

@@ -146,6 +146,7 @@ def test_killed_run_resumes_without_redoing_work(tmp_path):
     evals = [r for r in rows(out / "metrics.jsonl") if r["event"] == "eval"]
     assert [r["phase"] for r in evals] == [0, 1, 2, 3, 4]
     assert [r["rollouts"] for r in evals] == sorted(r["rollouts"] for r in evals)
+    assert [r["step"] for r in evals] == [0, 2, 2, 4, 4]  # cumulative RSFT steps: 2 per weight phase
     summary = json.loads((out / "summary.json").read_text())
     assert summary["phases"] == 4 and summary["total_rollouts"] == evals[-1]["rollouts"]
 
