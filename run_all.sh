@@ -18,8 +18,8 @@ fi
 if [ "$PRESET" = cpu ]; then DOMAINS=${DOMAINS:-"searchqa math"}; else DOMAINS=${DOMAINS:-"searchqa math chess"}; fi
 METHODS="harness-only weight-only stagewise fast-slow whale"
 case $PRESET in  # measured 2026-11-29 on the 2-core machine with the default DOMAINS
-  smoke) eta="about 3.5 min" ;;  # fresh clone: 3 min 28 s
-  cpu)   eta="about 37 min" ;;   # 36 min 57 s: searchqa 14, math 22
+  smoke) eta="about 3.5 min" ;;  # fresh clone: 3 min 16 s
+  cpu)   eta="about 37 min" ;;   # 36 min 57 s: searchqa 14, math 23
   paper) eta="days: hours per run (README: the paper preset on one GPU)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu or paper" >&2; exit 2 ;;
 esac
