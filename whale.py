@@ -154,18 +154,12 @@ def plan_phases(method, n_alternations):
 # run state: a small JSON file so a killed run picks up where it stopped
 
 def load_state(out):
-    path = os.path.join(out, "state.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
-    return {"phase": 0, "harness": None, "harness_rollouts": {}, "phase_start_step": None}
+    fresh = {"phase": 0, "harness": None, "harness_rollouts": {}, "phase_start_step": None}
+    return meta_harness.read_json(os.path.join(out, "state.json"), fresh)
 
 
 def save_state(out, state):
-    tmp = os.path.join(out, "state.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(state, f, indent=1)
-    os.replace(tmp, os.path.join(out, "state.json"))
+    meta_harness.write_json(os.path.join(out, "state.json"), state)
 
 
 def log_row(out, row):
@@ -239,8 +233,7 @@ def evaluate_test(args, backend, domain, harness, tag):
     """mean@k on the test split, cached in evals/<tag>.json so a resumed run never redoes it."""
     path = os.path.join(args.out, "evals", f"{tag}.json")
     if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)["stats"]
+        return meta_harness.read_json(path)["stats"]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tasks = domain.load("test")[: args.test_limit]
     stats = rollout.evaluate(domain, harness, tasks, backend, k=args.k, temperature=args.temperature,
@@ -250,9 +243,7 @@ def evaluate_test(args, backend, domain, harness, tag):
     # prefixed so they never clash with the run's own counters (test rollouts are not part of the cost)
     stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(stats["per_task"]),
              **{f"test_{key}": stats[key] for key in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
-    with open(path + ".tmp", "w") as f:
-        json.dump({"settings": eval_settings(args, harness), "stats": stats}, f)
-    os.replace(path + ".tmp", path)
+    meta_harness.write_json(path, {"settings": eval_settings(args, harness), "stats": stats})
     return stats
 
 
@@ -278,9 +269,8 @@ def share_start_eval(src, args):
     src_json, dst = os.path.join(src, "evals", "phase_0.json"), os.path.join(args.out, "evals")
     if src == args.out or not os.path.exists(src_json) or os.path.exists(os.path.join(dst, "phase_0.json")):
         return
-    with open(src_json) as f:
-        if json.load(f)["settings"] != eval_settings(args, args.harness):
-            return
+    if meta_harness.read_json(src_json)["settings"] != eval_settings(args, args.harness):
+        return
     os.makedirs(dst, exist_ok=True)
     for name in ("phase_0.traces.jsonl", "phase_0.json"):  # the .json last: its presence marks the evaluation done
         if os.path.exists(os.path.join(src, "evals", name)):
@@ -290,8 +280,7 @@ def share_start_eval(src, args):
 
 def run(args):
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "config.json"), "w") as f:
-        json.dump(vars(args), f, indent=1)
+    meta_harness.write_json(os.path.join(args.out, "config.json"), vars(args))
     print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
     print(json.dumps(vars(args), indent=None))
 
@@ -351,8 +340,7 @@ def write_summary(args, rows, harness):
                "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
                "total_rollouts": evals[-1]["rollouts"], "phases": len(evals) - 1, "final_harness": harness,
                "test_tasks": evals[-1]["test_tasks"]}
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    meta_harness.write_json(os.path.join(args.out, "summary.json"), summary)
     print(f"best mean@{args.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} rollouts; "
           f"final {summary['final_mean_at_k']:.4f}")
 
