@@ -47,6 +47,7 @@ from collections import Counter
 from pathlib import Path
 
 import domains
+import engines
 import rollout
 
 ALLOWED_IMPORTS = ("re", "json", "math", "random", "string", "collections", "itertools", "functools",
@@ -664,7 +665,7 @@ def main(argv=None):
     rollout.add_sampling_args(p)
     p.add_argument("--seed", type=int, default=0)
     add_args(p)
-    rollout.add_backend_args(p)
+    engines.add_backend_args(p)
     domains.add_args(p)
     args = p.parse_args(argv)
     if args.proposer == "command" and not args.proposer_cmd:
@@ -679,8 +680,8 @@ def main(argv=None):
     write_json(Path(args.out) / "config.json", vars(args))
     stop = (lambda s: should_stop_harness_phase(s, args.patience, args.min_iterations)) if args.patience else None
     t0 = time.time()
-    model, tok = rollout.load_model(args.model)
-    result = search(rollout.load_backend(args, model, tok), domain, args.harness, args.out, args, stop=stop)
+    model, tok = engines.load_model(args.model)
+    result = search(engines.load_backend(args, model, tok), domain, args.harness, args.out, args, stop=stop)
     print(json.dumps(result))
     print(f"h0 score {read_json(Path(args.out) / 'candidates' / 'h0' / 'scores.json')['score']:.4f}, "
           f"winner {Path(result['winner']).parent.name} score {result['score']:.4f}, {result['rollouts']} rollouts, "

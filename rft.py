@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import engines
 import rollout
 
 
@@ -309,7 +310,7 @@ def set_rng_state(state):
 
 def bench(args, repeats=5):
     torch.manual_seed(args.seed)
-    model, _ = rollout.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
+    model, _ = engines.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
     model = add_lora(model, args)
     if args.grad_checkpointing:
         model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -380,7 +381,7 @@ def main(argv=None):
     p.add_argument("--stop-patience", type=int, default=0,
                    help="stop early when the N-step mean reward set no new best for N steps, after N steps (0 = off)")
     add_args(p)
-    rollout.add_backend_args(p)
+    engines.add_backend_args(p)
     domains.add_args(p)
     args = p.parse_args(argv)
     if args.bench:
@@ -390,9 +391,9 @@ def main(argv=None):
     if not os.path.isfile(args.harness):
         raise SystemExit(f"harness file {args.harness} not found: pass --harness PATH, e.g. harnesses/{args.domain}.py")
     try:
-        model, tok = rollout.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
+        model, tok = engines.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
         domain = domains.get(args.domain, args)
-        trainer = RSFT(args, rollout.load_backend(args, model, tok), domain, args.out)
+        trainer = RSFT(args, engines.load_backend(args, model, tok), domain, args.out)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(str(e))
     with open(os.path.join(args.out, "config.json"), "w") as f:

@@ -42,6 +42,7 @@ import torch
 import domains
 import meta_harness
 import rft
+import engines
 import rollout
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "fast-slow")
@@ -98,7 +99,7 @@ def parse_args(argv=None):
     p.add_argument("--test-limit", type=int, default=None, help="evaluate on the first N test tasks")
     p.add_argument("--seed", type=int, default=0)
     domains.add_args(p)
-    rollout.add_backend_args(p)
+    engines.add_backend_args(p)
     rft.add_args(p)
     meta_harness.add_args(p)
     # two passes: the first learns the preset and domain, the second lets any given flag override it
@@ -293,8 +294,8 @@ def run(args):
     phases = plan_phases(args.method, n_alternations)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tok = rollout.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
-    backend = rollout.load_backend(args, model, tok)
+    model, tok = engines.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
+    backend = engines.load_backend(args, model, tok)
     trainer = rft.RSFT(args, backend, domain, os.path.join(args.out, "weights"), train=train) \
         if "weight" in phases else None
     state = load_state(args.out)

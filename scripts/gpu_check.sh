@@ -40,12 +40,12 @@ EOF
 hf_smoke() {
 python - <<'EOF'
 import torch
-import rollout
-model, tok = rollout.load_model("smoke")
+import engines
+model, tok = engines.load_model("smoke")
 param = next(model.parameters())
 assert param.device.type == "cuda" and param.dtype == torch.bfloat16, f"smoke model on {param.device} in {param.dtype}"
-backend = rollout.HFBackend(model, tok)
-prompts = [rollout.chat_ids(tok, [{"role": "user", "content": q}]) for q in ("What is 2 + 3?", "Name a river.", "Move?")]
+backend = engines.HFBackend(model, tok)
+prompts = [engines.chat_ids(tok, [{"role": "user", "content": q}]) for q in ("What is 2 + 3?", "Name a river.", "Move?")]
 greedy = backend.generate(prompts, temperature=0.0, max_new_tokens=16)
 assert greedy == backend.generate(prompts, temperature=0.0, max_new_tokens=16), "greedy output differs between two calls"
 sampled = backend.generate(prompts * 8, temperature=1.0, top_k=20, max_new_tokens=16, seeds=list(range(24)))
@@ -81,21 +81,21 @@ ADAPTER="$TMP/adapter" python - <<'EOF'
 import os
 import torch
 from peft import LoraConfig, get_peft_model
-import rollout
+import engines
 
-model, tok = rollout.load_model("smoke")
-hf = rollout.HFBackend(model, tok)
-engine = rollout.VLLMBackend(model.name_or_path, tok, model, gpu_memory=0.3, sleep=True, max_model_len=2048)
+model, tok = engines.load_model("smoke")
+hf = engines.HFBackend(model, tok)
+engine = engines.VLLMBackend(model.name_or_path, tok, model, gpu_memory=0.3, sleep=True, max_model_len=2048)
 questions = ("What is 2 + 3?", "Name a river.", "Which move wins?", "Write a haiku.")
-prompts = [rollout.chat_ids(tok, [{"role": "user", "content": q}]) for q in questions]
+prompts = [engines.chat_ids(tok, [{"role": "user", "content": q}]) for q in questions]
 
 want = hf.generate(prompts, temperature=0.0, max_new_tokens=16)
 got = engine.generate(prompts, temperature=0.0, max_new_tokens=16, seeds=[0] * len(prompts))
 same = sum(a == b for a, b in zip(want, got))
 try:
-    rollout.check_canary(engine, model, tok, "none (base model)", "vllm")
+    engines.check_canary(engine, model, tok, "none (base model)", "vllm")
     print(f"ok vllm-greedy {same}/{len(prompts)} prompts token-identical to hf, every token hf's argmax "
-          f"within {rollout.CANARY_TOL} nats")
+          f"within {engines.CANARY_TOL} nats")
 except RuntimeError as e:
     print(f"FAIL vllm-greedy {same}/{len(prompts)} identical; {e}")
 

@@ -15,7 +15,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import domains
-import rollout
+import engines
 
 # -----------------------------------------------------------------------------
 # a tiny model, a byte tokenizer and a trained-looking adapter
@@ -95,7 +95,7 @@ def test_vllm_backend_canary(monkeypatch, base, adapter, applies):
         monkeypatch.setitem(sys.modules, name, module)
     trained, path = adapter
     trained.train()  # as the trainer leaves it: the canary scores in eval mode, then restores train mode
-    backend = rollout.VLLMBackend("some/model", ByteTok(), trained, gpu_memory=0.3, sleep=True)
+    backend = engines.VLLMBackend("some/model", ByteTok(), trained, gpu_memory=0.3, sleep=True)
     assert backend.llm.kw["enable_lora"] and backend.llm.kw["enable_sleep_mode"] and backend.llm.kw["gpu_memory_utilization"] == 0.3
     if applies:
         backend.sync_adapter(path)
@@ -113,7 +113,7 @@ def test_vllm_backend_canary(monkeypatch, base, adapter, applies):
 
 def test_canary_passes_for_the_base_model_without_adapter(base):
     engine = SimpleNamespace(generate=lambda prompts, **kw: [greedy(base, p, kw["max_new_tokens"]) for p in prompts])
-    rollout.check_canary(engine, base, ByteTok(), "none", "stand-in")
+    engines.check_canary(engine, base, ByteTok(), "none", "stand-in")
 
 # -----------------------------------------------------------------------------
 # openai backend against a loopback server speaking vLLM's OpenAI API
@@ -164,7 +164,7 @@ def test_openai_backend_canary(base, adapter, applies):
     try:
         trained, path = adapter
         url = f"http://127.0.0.1:{server.server_port}/v1"
-        backend = rollout.OpenAIBackend(url, "base-model", ByteTok(), trained, workers=4)
+        backend = engines.OpenAIBackend(url, "base-model", ByteTok(), trained, workers=4)
         out = backend.generate([[5, 6, 7], [8, 9]], temperature=1.0, top_k=20, max_new_tokens=[4, 2], seeds=[0, 1])
         assert [len(o) for o in out] == [4, 2]  # a cap per row, as the hf backend takes
         assert log[0][1]["model"] == "base-model" and log[0][1]["return_token_ids"] is True
@@ -181,16 +181,16 @@ def test_openai_backend_canary(base, adapter, applies):
 
 
 def test_openai_backend_unreachable_server():
-    backend = rollout.OpenAIBackend("http://127.0.0.1:9/v1", "m", ByteTok(), None, workers=1, timeout=5)
+    backend = engines.OpenAIBackend("http://127.0.0.1:9/v1", "m", ByteTok(), None, workers=1, timeout=5)
     with pytest.raises(RuntimeError, match="cannot reach .* --openai-url"):
         backend.generate([[1, 2]], max_new_tokens=2)
 
 
 def test_with_eos_keeps_the_stop_token():
-    assert rollout.with_eos([5, 6], "stop", None, 1) == [5, 6, 1]
-    assert rollout.with_eos([5, 6, 1], "stop", None, 1) == [5, 6, 1]
-    assert rollout.with_eos([5, 6], "stop", 9, 1) == [5, 6, 9]
-    assert rollout.with_eos([5, 6], "length", None, 1) == [5, 6]
+    assert engines.with_eos([5, 6], "stop", None, 1) == [5, 6, 1]
+    assert engines.with_eos([5, 6, 1], "stop", None, 1) == [5, 6, 1]
+    assert engines.with_eos([5, 6], "stop", 9, 1) == [5, 6, 9]
+    assert engines.with_eos([5, 6], "length", None, 1) == [5, 6]
 
 # -----------------------------------------------------------------------------
 # the paper's data: row parsing on rows written here

@@ -8,7 +8,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import rft
-import rollout
+import engines
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -94,7 +94,7 @@ def test_loss_masks_the_prompt_and_is_normalised_over_all_completion_tokens():
 
 
 def test_tool_output_in_the_prompt_leaves_the_gradient_unchanged():
-    _, tok = rollout.load_model("smoke")
+    _, tok = engines.load_model("smoke")
     model = tiny_model(vocab=len(tok), layers=0)
     completion = tok("The answer is \\boxed{47}<|im_end|>", add_special_tokens=False)["input_ids"]
 
@@ -102,7 +102,7 @@ def test_tool_output_in_the_prompt_leaves_the_gradient_unchanged():
         messages = [{"role": "user", "content": "What is 12 + 35?"},
                     {"role": "assistant", "content": "```python\nprint(12 + 35)\n```"},
                     {"role": "user", "content": f"Output: {tool_output}"}]
-        return [(rollout.chat_ids(tok, messages), completion)]
+        return [(engines.chat_ids(tok, messages), completion)]
 
     assert same(grads(model, example("47")), grads(model, example("Traceback: NameError, a much longer tool text")))
 
@@ -168,9 +168,9 @@ def run(task, llm, tools):
 
 def smoke_trainer(tmp_path, out, target, **kw):
     (tmp_path / "h.py").write_text(HARNESS)
-    model, tok = rollout.load_model("smoke")
+    model, tok = engines.load_model("smoke")
     kw = {"batch": 4, "group": 4, "lr": 1e-2, "warmup": 0, "workers": 8, **kw}
-    return rft.RSFT(rft_args(**kw), rollout.HFBackend(model, tok), FakeDomain(8, target), tmp_path / out)
+    return rft.RSFT(rft_args(**kw), engines.HFBackend(model, tok), FakeDomain(8, target), tmp_path / out)
 
 
 def lora_weights(trainer):

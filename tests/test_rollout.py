@@ -11,6 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import engines  # noqa: E402
 import rollout  # noqa: E402
 
 SECRET = "zebra-secret-4821"
@@ -44,7 +45,7 @@ class FakeDomain:
         return float(answer == task["answer"] and tools.lookups >= 1)
 
 
-class CountingBackend(rollout.HFBackend):
+class CountingBackend(engines.HFBackend):
     def generate(self, prompts, **kw):
         self.generate_calls = getattr(self, "generate_calls", 0) + 1
         return super().generate(prompts, **kw)
@@ -55,7 +56,7 @@ def backend():
     # one torch thread: on 2 shared cores, two spinning OpenMP threads make tiny forwards 100x slower
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    model, tok = rollout.load_model("smoke")
+    model, tok = engines.load_model("smoke")
     yield CountingBackend(model, tok)
     torch.set_num_threads(threads)
 
@@ -216,7 +217,7 @@ def test_recorded_tokens_are_what_was_sampled(backend, tmp_path):
     for e in eps:
         assert e["answer"] == [c["completion"] for c in e["calls"]]  # the harness got exactly the recorded text
         for call in e["calls"]:
-            assert call["prompt_ids"] == rollout.chat_ids(tok, call["messages"])
+            assert call["prompt_ids"] == engines.chat_ids(tok, call["messages"])
             assert tok.decode(call["completion_ids"], skip_special_tokens=True) == call["completion"]
             assert 1 <= len(call["completion_ids"]) <= 6
         assert e["tokens"] == sum(len(c["completion_ids"]) for c in e["calls"])
@@ -237,8 +238,8 @@ def test_same_seed_same_results(backend, tmp_path):
 
 
 def test_generate_rows_do_not_depend_on_the_batch(backend):
-    p = rollout.chat_ids(backend.tokenizer, [{"role": "user", "content": "hello"}])
-    q = rollout.chat_ids(backend.tokenizer, [{"role": "user", "content": "a longer prompt than the other one"}])
+    p = engines.chat_ids(backend.tokenizer, [{"role": "user", "content": "hello"}])
+    q = engines.chat_ids(backend.tokenizer, [{"role": "user", "content": "a longer prompt than the other one"}])
     alone = backend.generate([p], max_new_tokens=8, seeds=[5])[0]
     mixed = backend.generate([q, p, q], max_new_tokens=[3, 8, 8], seeds=[1, 5, 2])
     assert mixed[1] == alone and len(mixed[0]) == 3
