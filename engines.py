@@ -137,10 +137,12 @@ def chat_ids(tok, messages):
 
 
 class HFBackend:
-    """Batched sampling with transformers: left padding, KV cache, temperature, top-k, per-row seeds."""
+    """Batched sampling with transformers: left padding, KV cache, temperature, top-k, per-row seeds, stop
+    strings. Rows with identical prompt ids share one prefill (G samples of a prompt cost one prompt pass);
+    share_prefix=False prefills every row on its own (the bench's baseline)."""
 
-    def __init__(self, model, tokenizer, ignore_eos=False):
-        self.model, self.tokenizer, self.ignore_eos = model, tokenizer, ignore_eos
+    def __init__(self, model, tokenizer, ignore_eos=False, share_prefix=True):
+        self.model, self.tokenizer, self.ignore_eos, self.share_prefix = model, tokenizer, ignore_eos, share_prefix
         extra = getattr(model.generation_config, "eos_token_id", None)
         extra = extra if isinstance(extra, list) else [extra]
         self.eos = {e for e in [tokenizer.eos_token_id, *extra] if e is not None}
@@ -152,44 +154,50 @@ class HFBackend:
         if path is not None and not isinstance(self.model, PeftModel):
             self.model = PeftModel.from_pretrained(self.model, path, is_trainable=True)
 
-    def generate(self, prompts, *, temperature=1.0, top_k=20, max_new_tokens=256, seeds=None):
+    def generate(self, prompts, *, temperature=1.0, top_k=20, max_new_tokens=256, seeds=None, stop=None):
         """Completion ids per prompt (with the EOS token when one was sampled). max_new_tokens may be a list
-        (one cap per row). Each row draws from its own generator, so its sample does not depend on which
-        other rows share the batch."""
+        (one cap per row). stop: None or one entry per row, None or a list of strings; a row ends at the first
+        token after which its decoded completion holds one of them (that token is the last returned). Each row
+        draws from its own generator, so its sample does not depend on which other rows share the batch, nor
+        on whether its prompt's prefill was shared."""
         if not prompts:
             return []
         model, n = self.model, len(prompts)
         caps = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * n
         seeds = seeds if seeds is not None else list(range(n))
+        stops = [[s for s in row or () if s] for row in (stop if stop is not None else [None] * n)]
         gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
         device = next(model.parameters()).device
-        width = max(len(p) for p in prompts)
-        ids = torch.full((n, width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
         out = [[] for _ in range(n)]
         live = [i for i in range(n) if caps[i] > 0]  # rows still sampling, in cache order
+        if not live:
+            return out
+        slot, unique, rows = {}, [], []  # prompt -> its row in the prefill batch; that row for each live row
+        for i in live:
+            key = tuple(prompts[i]) if self.share_prefix else i
+            if key not in slot:
+                slot[key] = len(unique)
+                unique.append(prompts[i])
+            rows.append(slot[key])
         was_training = model.training
         model.eval()
         try:
             with torch.inference_mode():
                 from transformers import DynamicCache
                 cache = DynamicCache(config=model.config)
-                keep = torch.tensor(live, device=device)
-                ids, mask, pos = ids[keep], mask[keep], pos[keep]
-                while live:
-                    # logits_to_keep=1: the prefill never builds a (rows x prompt x vocab) logits tensor
-                    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                                   use_cache=True, logits_to_keep=1).logits[:, -1].float().cpu()
+                ids, mask, pos = self.left_pad(unique, device)
+                logits = self.next_logits(ids, mask, pos, cache)
+                if len(unique) < len(live):  # expand the shared prefill to one cache row per sampling row
+                    expand = torch.tensor(rows, dtype=torch.long, device=device)
+                    cache.reorder_cache(expand)
+                    mask, pos, logits = mask[expand], pos[expand], logits[rows]
+                while True:
                     nxt = [self.sample(logits[j], gens[i], temperature, top_k) for j, i in enumerate(live)]
                     stay = []
                     for j, (i, t) in enumerate(zip(live, nxt)):
                         out[i].append(t)
-                        if len(out[i]) < caps[i] and (self.ignore_eos or t not in self.eos):
+                        if (len(out[i]) < caps[i] and (self.ignore_eos or t not in self.eos)
+                                and not self.hit_stop(out[i], stops[i])):
                             stay.append(j)
                     if not stay:
                         break
@@ -202,9 +210,36 @@ class HFBackend:
                     ids = torch.tensor(nxt, dtype=torch.long, device=device)[:, None]
                     mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                     pos = pos[:, -1:] + 1
+                    logits = self.next_logits(ids, mask, pos, cache)
         finally:
             model.train(was_training)
         return out
+
+    def left_pad(self, prompts, device):
+        """(ids, attention mask, position ids) of the prompts, left-padded to the longest."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        return ids.to(device), mask.to(device), pos.to(device)
+
+    def next_logits(self, ids, mask, pos, cache):
+        # logits_to_keep=1: the prefill never builds a (rows x prompt x vocab) logits tensor
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                          use_cache=True, logits_to_keep=1).logits[:, -1].float().cpu()
+
+    def hit_stop(self, ids, stops):
+        """Whether the completion's decoded tail holds a stop string. Only the tail can hold a new one: a stop
+        of L characters spans at most 4L byte-level tokens, plus one for a leading space a decoder may drop.
+        skip_special_tokens as the runner decodes the reply, so the reply always holds the stop it ended at."""
+        if not stops:
+            return False
+        tail = ids[-(4 * max(len(s) for s in stops) + 1):]
+        text = self.tokenizer.decode(tail, skip_special_tokens=True)
+        return any(s in text for s in stops)
 
     @staticmethod
     def sample(logits, gen, temperature, top_k):

@@ -1,0 +1,95 @@
+"""Tests for engines.py's HFBackend: shared prefill gives the unshared samples, stop strings end a row.
+
+    python -m pytest -q tests/test_engines.py
+"""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import engines  # noqa: E402
+
+
+class RecordingBackend(engines.HFBackend):
+    """Keeps the logits of every sampling step: the random smoke model's near-uniform distributions let a
+    slightly wrong cache still draw the same tokens, so the shared path must match on logits too."""
+
+    def sample(self, logits, gen, temperature, top_k):
+        self.seen.append(logits.clone())
+        return super().sample(logits, gen, temperature, top_k)
+
+
+@pytest.fixture(scope="module")
+def backend():
+    model, tok = engines.load_model("smoke")
+    return RecordingBackend(model, tok)
+
+
+def prompt(backend, text):
+    return engines.chat_ids(backend.tokenizer, [{"role": "user", "content": text}])
+
+
+def generate(backend, share, prompts, **kw):
+    """(completions, logits of every step in order) with or without the shared prefill."""
+    backend.share_prefix, backend.seen = share, []
+    try:
+        return backend.generate(prompts, **kw), torch.stack(backend.seen)
+    finally:
+        backend.share_prefix = True
+
+
+def test_shared_prefill_samples_the_same_tokens(backend):
+    p, q, r = (prompt(backend, t) for t in ("hello", "a longer prompt than the other one", "Who wrote the novel?"))
+    # three groups of different lengths, interleaved; different caps (one 0) within a group; one prompt alone
+    prompts = [p, q, p, r, q, p, q, p]
+    caps = [16, 12, 3, 16, 0, 16, 16, 9]
+    seeds = [1, 2, 3, 4, 5, 6, 7, 8]
+    shared, shared_logits = generate(backend, True, prompts, max_new_tokens=caps, seeds=seeds)
+    alone, alone_logits = generate(backend, False, prompts, max_new_tokens=caps, seeds=seeds)
+    assert shared == alone
+    assert torch.allclose(shared_logits, alone_logits, atol=1e-4)
+    assert all(len(o) <= c for o, c in zip(shared, caps)) and shared[4] == []
+    assert len({tuple(shared[i]) for i in (0, 2, 5)}) > 1  # same prompt, own seeds: different samples
+    # G samples of one prompt, EOS ignored so every row runs to its cap and rows drop out at different steps
+    backend.ignore_eos = True
+    try:
+        (g, g_logits), (h, h_logits) = (generate(backend, share, [q] * 6, max_new_tokens=[8, 2, 8, 5, 8, 1],
+                                                 seeds=list(range(10, 16))) for share in (True, False))
+    finally:
+        backend.ignore_eos = False
+    assert g == h and [len(o) for o in g] == [8, 2, 8, 5, 8, 1]
+    assert torch.allclose(g_logits, h_logits, atol=1e-4)
+
+
+def test_stop_string_ends_the_row_at_its_first_occurrence(backend):
+    tok = backend.tokenizer
+    p = prompt(backend, "Search for the entity")
+    free = backend.generate([p], max_new_tokens=24, seeds=[3])[0]
+    assert len(free) >= 12, "pick a seed whose sample runs long enough to stop in the middle"
+    stop = tok.decode(free[6:8], skip_special_tokens=True)  # text that first appears by token 8
+    assert stop.strip()
+    stopped = backend.generate([p, p], max_new_tokens=24, seeds=[3, 3], stop=[[stop, "never-sampled-text"], None])
+    ids = stopped[0]
+    assert free[:len(ids)] == ids and len(ids) < len(free)  # a prefix of the unstopped sample, same seed
+    assert stop in tok.decode(ids, skip_special_tokens=True)
+    assert stop not in tok.decode(ids[:-1], skip_special_tokens=True)  # ended at the first token that holds it
+    assert stopped[1] == free  # a row without stop strings is untouched
+    assert backend.generate([p], max_new_tokens=24, seeds=[3], stop=[[""]])[0] == free  # "" is no stop
+
+
+def test_stop_strings_with_shared_prefill(backend):
+    """Rows of one prompt, each with its own stop list: stopping a row drops it from the expanded cache."""
+    tok = backend.tokenizer
+    p = prompt(backend, "Solve the problem step by step")
+    free = backend.generate([p] * 4, max_new_tokens=20, seeds=[0, 1, 2, 3])
+    stops = [[tok.decode(o[4:6], skip_special_tokens=True)] if len(o) > 8 else None for o in free]
+    assert any(stops)
+    out = backend.generate([p] * 4, max_new_tokens=20, seeds=[0, 1, 2, 3], stop=stops)
+    for o, f, s in zip(out, free, stops):
+        assert f[:len(o)] == o
+        if s:
+            assert len(o) <= 6 and s[0] in tok.decode(o, skip_special_tokens=True)
+        else:
+            assert o == f
