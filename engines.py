@@ -6,10 +6,13 @@ with the adapter canary.
     from engines import load_model, load_backend
     model, tok = load_model("cpu")                       # smoke | cpu | hub id | local path
     backend = load_backend(args, model, tok)             # args from add_backend_args: --backend hf|vllm|openai
-    completions = backend.generate([prompt_ids, ...], temperature=1.0, top_k=20, max_new_tokens=64, seeds=[...])
+    completions = backend.generate([prompt_ids, ...], temperature=1.0, top_k=20, max_new_tokens=64, seeds=[...],
+                                   stop=[["</answer>"], ...])  # optional: per-row stop strings
 
 Every backend samples token ids from token ids, so RSFT trains on exactly what was sampled. hf batches rows
-with left padding and a KV cache, each row drawing from its own seeded generator. vllm and openai serve the
+with left padding and a KV cache, each row drawing from its own seeded generator; rows with the same prompt
+share one prefill (the G samples of a prompt pay for its prompt once), and a row with stop strings ends at
+the token that completes one. vllm and openai serve the
 trainer's LoRA adapter: after every adapter load both run a canary: the engine's greedy tokens on fixed
 prompts must be the trainer's own model's argmax (same adapter) within CANARY_TOL nats, else the run stops
 with an error naming the adapter and the engine. For openai, start e.g. `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True

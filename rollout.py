@@ -3,7 +3,7 @@ The batched, sandboxed episode runner and mean@k evaluation (models and backends
 
     python rollout.py --domain chess --harness harnesses/chess.py --model smoke --split test --k 8 --limit 4 --out out/eval
     python rollout.py --domain searchqa --harness harnesses/searchqa.py --model cpu --k 2 --limit 4 --out out/sq
-    python rollout.py --bench --model smoke      # raw batched generate vs the runner: prints `ratio = X`
+    python rollout.py --bench --model smoke      # prints `prefix speedup = X` (shared prefill) and `ratio = X` (runner)
 
 Algorithm. A harness is untrusted Python: `run(task, llm, tools)`. Each episode runs it in a worker
 subprocess that holds no answers and no hidden tool state. The worker talks JSON lines over its own pipes:
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from engines import add_backend_args, chat_ids, load_backend, load_model
+from engines import HFBackend, add_backend_args, chat_ids, load_backend, load_model
 
 
 def add_sampling_args(p):
@@ -579,7 +579,7 @@ def evaluate(domain, harness_path, tasks, backend, k=8, **kw):
 
 
 # -----------------------------------------------------------------------------
-# bench: the runner's overhead over raw batched generation
+# bench: the shared prefill's gain, and the runner's overhead over raw batched generation
 
 BENCH_HARNESS = '''"""Bench: a few llm() calls with a fixed budget, nothing else."""
 CALLS = 4
@@ -642,6 +642,34 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
     return b / a
 
 
+PREFIX_TEXT = ("Passage: The city was founded in 1821 by settlers from the coast, who named the river after the "
+               "company that built its first engine. The war ended when the novel's author signed the treaty. ")
+
+
+def prefix_bench(backend, samples=8, prompt_tokens=300, max_new_tokens=32, rounds=2):
+    """G samples of one long prompt (EOS ignored): one shared prefill against a prefill per row, same rows and
+    seeds. The two alternate for `rounds` rounds, as in bench."""
+    words = (PREFIX_TEXT * prompt_tokens).split()
+    for n in range(1, len(words) + 1):  # the shortest passage whose prompt reaches prompt_tokens
+        prompt = chat_ids(backend.tokenizer, [{"role": "user", "content": " ".join(words[:n])}])
+        if len(prompt) >= prompt_tokens:
+            break
+    backend.ignore_eos = True
+    backend.generate([prompt] * 2, max_new_tokens=2)  # warm up
+    seconds = {True: 0.0, False: 0.0}
+    for _ in range(rounds):
+        for share in (True, False):
+            backend.share_prefix = share
+            start = time.time()
+            backend.generate([prompt] * samples, max_new_tokens=max_new_tokens, seeds=list(range(samples)))
+            seconds[share] += time.time() - start
+    backend.share_prefix, backend.ignore_eos = True, False
+    print(f"prefix: {samples} samples x {max_new_tokens} tokens of one {len(prompt)}-token prompt, {rounds} rounds: "
+          f"shared prefill {seconds[True]:.2f} s, a prefill per row {seconds[False]:.2f} s")
+    print(f"prefix speedup = {seconds[False] / seconds[True]:.2f}")
+    return seconds[False] / seconds[True]
+
+
 # -----------------------------------------------------------------------------
 # CLI
 
@@ -661,7 +689,8 @@ def main():
     add_backend_args(p)
     p.add_argument("--seed", type=int, default=0)
     # bench
-    p.add_argument("--bench", action="store_true", help="raw batched generate vs the runner, same work")
+    p.add_argument("--bench", action="store_true",
+                   help="shared vs per-row prefill (hf), then raw batched generate vs the runner, same work")
     p.add_argument("--bench-episodes", type=int, default=64)
     p.add_argument("--bench-calls", type=int, default=4, help="llm() calls per bench episode")
     p.add_argument("--bench-tokens", type=int, default=64, help="tokens per llm() call")
@@ -670,8 +699,11 @@ def main():
 
     if args.bench:
         model, tok = load_model(args.model, adapter=args.adapter)
-        bench(load_backend(args, model, tok), episodes=args.bench_episodes, calls=args.bench_calls,
-              max_new_tokens=args.bench_tokens, rounds=args.bench_rounds)
+        backend = load_backend(args, model, tok)
+        if isinstance(backend, HFBackend):  # vllm and openai servers share prefixes on their own
+            prefix_bench(backend, rounds=args.bench_rounds)
+        bench(backend, episodes=args.bench_episodes, calls=args.bench_calls, max_new_tokens=args.bench_tokens,
+              rounds=args.bench_rounds)
         return
     if not args.domain or not args.harness:
         raise SystemExit("rollout.py: pass --domain and --harness (or --bench)")

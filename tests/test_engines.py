@@ -2,6 +2,7 @@
 
     python -m pytest -q tests/test_engines.py
 """
+import re
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import engines  # noqa: E402
+import rollout  # noqa: E402
 
 
 class RecordingBackend(engines.HFBackend):
@@ -24,7 +26,9 @@ class RecordingBackend(engines.HFBackend):
 @pytest.fixture(scope="module")
 def backend():
     model, tok = engines.load_model("smoke")
-    return RecordingBackend(model, tok)
+    backend = RecordingBackend(model, tok)
+    backend.seen = []
+    return backend
 
 
 def prompt(backend, text):
@@ -93,3 +97,12 @@ def test_stop_strings_with_shared_prefill(backend):
             assert len(o) <= 6 and s[0] in tok.decode(o, skip_special_tokens=True)
         else:
             assert o == f
+
+
+def test_prefix_bench_prints_the_speedup(backend, capsys):
+    speedup = rollout.prefix_bench(backend, samples=3, prompt_tokens=40, max_new_tokens=2, rounds=1)
+    out = capsys.readouterr().out
+    length = int(re.search(r"3 samples x 2 tokens of one (\d+)-token prompt", out).group(1))
+    assert 40 <= length <= 45  # grown a word at a time to about the asked length
+    assert f"prefix speedup = {speedup:.2f}" in out and speedup > 0
+    assert backend.share_prefix and not backend.ignore_eos  # the bench leaves the backend as it found it
