@@ -22,27 +22,27 @@ esac
 
 # the environment: an active venv or conda env, else .venv/ (made once, remade if its Python is gone)
 if [ -n "${VIRTUAL_ENV:-}" ] || [ -n "${CONDA_PREFIX:-}" ]; then
-  env_dir=${VIRTUAL_ENV:-$CONDA_PREFIX}
+  env_dir=${VIRTUAL_ENV:-$CONDA_PREFIX} fix="use a 3.11 environment, or deactivate it to use .venv/"
   echo "install.sh: installing into the active environment $env_dir (deactivate it to use .venv/ instead)"
 else
-  env_dir=$PWD/.venv
+  env_dir=$PWD/.venv fix="rm -r .venv, then rerun with PYTHON=python3.11"
   if [ ! -x .venv/bin/python ]; then
     base=${PYTHON:-python3}
     command -v "$base" > /dev/null || die "no $base on PATH: install Python 3.11 (Debian/Ubuntu: apt install python3.11-venv)"
     version=$("$base" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-    [ "$version" = 3.11 ] || die "$base is Python $version; WHALE-repro supports Python 3.11 only (the tested one; the pinned CPU torch wheel is for 3.11): install it, then run PYTHON=python3.11 bash install.sh"
+    [ "$version" = 3.11 ] || die "$base is Python $version; WHALE-repro supports Python 3.11 only (the version it is tested on): install it, then run PYTHON=python3.11 bash install.sh"
     # Debian and Ubuntu ship venv's ensurepip in a package of its own
     if ! "$base" -c "import ensurepip, venv" 2> /dev/null || ! "$base" -m venv --clear .venv; then
       rm -rf .venv
-      die "'$base -m venv' does not work: install python$version-venv (Debian/Ubuntu: apt install python$version-venv), then rerun"
+      die "'$base -m venv' does not work here: install the package python$version-venv (apt install python$version-venv), then rerun"
     fi
     echo "install.sh: made .venv/ with $(command -v "$base") (Python $version)"
   fi
 fi
 py=$env_dir/bin/python
-[ -x "$py" ] || die "no Python at $py: activate a working environment or deactivate it to use .venv/"
+[ -x "$py" ] || die "no Python at $py: $fix"
 version=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-[ "$version" = 3.11 ] || die "$env_dir has Python $version; WHALE-repro supports Python 3.11 only: use a 3.11 environment, or deactivate it to use .venv/"
+[ "$version" = 3.11 ] || die "$env_dir has Python $version; WHALE-repro supports Python 3.11 only: $fix"
 "$py" -m pip --version > /dev/null 2>&1 || "$py" -m ensurepip -q || die "$env_dir has no pip and ensurepip failed"
 
 if command -v uv > /dev/null; then
