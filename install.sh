@@ -43,7 +43,7 @@ py=$env_dir/bin/python
 [ -x "$py" ] || die "no Python at $py: $fix"
 version=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 [ "$version" = 3.11 ] || die "$env_dir has Python $version; WHALE-repro supports Python 3.11 only: $fix"
-"$py" -m pip --version > /dev/null 2>&1 || "$py" -m ensurepip -q || die "$env_dir has no pip and ensurepip failed"
+"$py" -m pip --version > /dev/null 2>&1 || "$py" -m ensurepip > /dev/null || die "$env_dir has no pip and ensurepip failed"
 
 if command -v uv > /dev/null; then
   install_pkgs() { uv pip install -q --python "$py" "$@"; }
