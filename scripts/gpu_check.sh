@@ -10,9 +10,11 @@
 #   vllm-greedy  vLLM's greedy tokens equal hf's on the same prompts (each within the canary's tolerance)
 #   vllm-lora    vLLM applies a LoRA adapter: greedy output changes and the adapter canary passes
 #   vllm-sleep   sleeping the engine frees GPU memory and the next generate wakes it
-# The vllm checks print "skip" where vllm is not importable (pip install -r requirements-gpu.txt).
+# The vllm checks print "skip" where vllm is not importable (bash install.sh --gpu).
 set -u
 cd "$(dirname "$0")/.."
+# the environment install.sh filled: an active venv or conda env, else .venv/ (no activation needed)
+if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] && [ -x .venv/bin/python ]; then PATH="$PWD/.venv/bin:$PATH"; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="$PWD"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
