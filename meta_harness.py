@@ -429,40 +429,41 @@ def propose_mutate(run_dir, names, rows, iteration, args):
     gains = best_changes(rows, changes)
     for name in names:
         rng = random.Random(f"{args.seed}-{Path(run_dir).name}-{name}")
-        usable = lambda new, base: normalized(new) not in seen and static_check(new, base, args.prompt_only) is None
-        parent, source, change = None, None, {}
-        best = sources[ranked[0]["name"]]
-        composed = best
-        for knob, value in gains.items():
-            composed = set_knob(composed, knob, value)
-        if composed != best and usable(composed, best):
-            parent, source, change = ranked[0]["name"], composed, knob_changes(composed, best)
-        for r in ranked if parent is None else []:
-            options = knob_options(sources[r["name"]])
-            rng.shuffle(options)
-            options.sort(key=lambda o: (knob_tries[o[0]], value_tries[o[0], repr(o[2])]))  # stable: seeded ties
-            step = next((o for o in options if usable(set_knob(sources[r["name"]], o[0], o[2]), sources[r["name"]])),
-                        None)
-            if step is not None:
-                parent, source = r["name"], set_knob(sources[r["name"]], step[0], step[2])
-                change = {step[0]: step[2]}
-                break
+        options = mutate_options(ranked, sources, gains, knob_tries, value_tries, rng)
+        parent, source = next(((p, s) for p, s in options if normalized(s) not in seen
+                               and static_check(s, sources[p], args.prompt_only) is None), (None, None))
         prepare(run_dir, [name], parent or ranked[0]["name"], iteration, "mutate")
         if parent is None:
             finish(run_dir, name, hypothesis="", changed="nothing: every knob value (that --prompt-only allows) "
                                                           "from every candidate is in the archive already")
             (cand_root / name / "harness.py").unlink()
             continue
-        old = knob_values(sources[parent])
+        old, change = knob_values(sources[parent]), knob_changes(source, sources[parent])
         seen.add(normalized(source))
         knob_tries.update(list(change))
         value_tries.update((knob, repr(value)) for knob, value in change.items())
         (cand_root / name / "harness.py").write_text(source)
         changed = "; ".join(f"{knob}: {old.get(knob)!r} -> {value!r}" for knob, value in change.items())
-        what = "these knob values, each of which raised a score before," if len(change) > 1 else changed
-        finish(run_dir, name, parent=parent, changed=changed,
-               hypothesis=f"{what} raise the harness-set score of {parent}")
+        what = "; ".join(f"{knob} = {value!r} instead of {old.get(knob)!r}" for knob, value in change.items())
+        finish(run_dir, name, parent=parent, changed=changed, hypothesis=f"{what} raises the harness-set score of "
+               f"{parent}" + (" (each of these raised a score on its own)" if len(change) > 1 else ""))
     log_cost(run_dir, {"iteration": iteration, "proposer": "mutate", "candidates": names, "seconds": 0.0})
+
+
+def mutate_options(ranked, sources, gains, knob_tries, value_tries, rng):
+    """(parent, source) in mutate's order of preference: the best with all of `gains`, then one-knob steps from
+    the best (least-tried knob, then least-tried value, ties in the rng's order), then from the next best..."""
+    best = ranked[0]["name"]
+    composed, knobs = sources[best], knob_values(sources[best])
+    for knob, value in gains.items():
+        composed = set_knob(composed, knob, value) if knob in knobs else composed
+    yield best, composed
+    for r in ranked:
+        options = knob_options(sources[r["name"]])
+        rng.shuffle(options)
+        options.sort(key=lambda o: (knob_tries[o[0]], value_tries[o[0], repr(o[2])]))  # stable: seeded ties
+        for knob, _, value in options:
+            yield r["name"], set_knob(sources[r["name"]], knob, value)
 
 
 def best_changes(rows, changes):
