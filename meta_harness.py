@@ -407,52 +407,108 @@ def claude_usage(stdout):
 
 
 def propose_mutate(run_dir, names, rows, iteration, args):
-    """Offline: the archive best with one SEARCH_SPACE knob set to another value. Least-tried knobs go first
-    (a knob that never mattered should not crowd out one never tried); no duplicates if avoidable."""
+    """Offline coordinate ascent over the SEARCH_SPACE knobs from the archive best, so improvements add up.
+    Each candidate is the first of these that is new to the archive and that static_check accepts:
+    1. compose: the best with every knob change that raised some candidate's score over its parent's and that
+       the best lacks (per knob the change with the largest gain);
+    2. step: the best with one knob set to another value: the least-tried knob first and within it the
+       least-tried value, so every knob is tried once before any knob twice, and every value of a knob before
+       one repeats (ties in an order seeded per archive and name: a resumed run proposes the same, the next
+       phase's archive tries others first); when the best has no new step left, the next best's steps."""
     cand_root = Path(run_dir) / "candidates"
-    tried = Counter(r["changed"].split(":")[0] for r in rows if r["proposer"] == "mutate")  # "KNOB: a -> b"
-    seen = {normalized((cand_root / r["name"] / "harness.py").read_text()) for r in rows if r["valid"]}
-    ranked = sorted((r for r in rows if r["score"] is not None), key=lambda r: (-r["score"], r["mean_turns"]))
+    rows = rows + [r for r in candidate_rows(run_dir) if r["iteration"] == iteration and r["name"] not in names]
+    sources = {r["name"]: (cand_root / r["name"] / "harness.py").read_text() for r in rows
+               if (cand_root / r["name"] / "harness.py").exists()}
+    changes = {r["name"]: knob_changes(sources[r["name"]], sources[r["parent"]]) for r in rows
+               if r["name"] in sources and r["parent"] in sources}
+    knob_tries = Counter(knob for change in changes.values() for knob in change)
+    value_tries = Counter((knob, repr(value)) for change in changes.values() for knob, value in change.items())
+    seen = {normalized(source) for source in sources.values()}
+    ranked = sorted((r for r in rows if r["score"] is not None and r["name"] in sources),
+                    key=lambda r: (-r["score"], r["mean_turns"]))
+    gains = best_changes(rows, changes)
     for name in names:
-        # seeded per archive and name: a resumed run proposes the same thing, the next phase's archive not
         rng = random.Random(f"{args.seed}-{Path(run_dir).name}-{name}")
-        options = []
-        for r in ranked:
-            source = (cand_root / r["name"] / "harness.py").read_text()
-            # with --prompt-only only string knobs may change (a harness without any has nothing to offer)
-            opts = [o for o in knob_options(source) if isinstance(o[2], str) or not args.prompt_only]
-            rng.shuffle(opts)
-            opts.sort(key=lambda o: tried[o[0]])  # stable: random order among equally tried knobs
-            options += [(r["name"], source, knob, old, new) for knob, old, new in opts]
-        fresh = [o for o in options if normalized(set_knob(o[1], o[2], o[4])) not in seen]
-        prepare(run_dir, [name], ranked[0]["name"], iteration, "mutate")
-        if not (fresh or options):
-            finish(run_dir, name, hypothesis="", changed="nothing: no SEARCH_SPACE knob (string knob with "
-                                                          "--prompt-only) left to mutate")
+        options = mutate_options(ranked, sources, gains, knob_tries, value_tries, rng)
+        parent, source = next(((p, s) for p, s in options if normalized(s) not in seen
+                               and static_check(s, sources[p], args.prompt_only) is None), (None, None))
+        prepare(run_dir, [name], parent or ranked[0]["name"], iteration, "mutate")
+        if parent is None:
+            finish(run_dir, name, hypothesis="", changed="nothing: every knob value (that --prompt-only allows) "
+                                                          "from every candidate is in the archive already")
             (cand_root / name / "harness.py").unlink()
             continue
-        parent, source, knob, old, new = (fresh or options)[0]
-        new_source = set_knob(source, knob, new)
-        seen.add(normalized(new_source))
-        tried[knob] += 1
-        (cand_root / name / "harness.py").write_text(new_source)
-        finish(run_dir, name, parent=parent, changed=f"{knob}: {old!r} -> {new!r}",
-               hypothesis=f"{knob} = {new!r} instead of {old!r} raises the harness-set score of {parent}")
+        old, change = knob_values(sources[parent]), knob_changes(source, sources[parent])
+        seen.add(normalized(source))
+        knob_tries.update(list(change))
+        value_tries.update((knob, repr(value)) for knob, value in change.items())
+        (cand_root / name / "harness.py").write_text(source)
+        changed = "; ".join(f"{knob}: {old.get(knob)!r} -> {value!r}" for knob, value in change.items())
+        what = "; ".join(f"{knob} = {value!r} instead of {old.get(knob)!r}" for knob, value in change.items())
+        finish(run_dir, name, parent=parent, changed=changed, hypothesis=f"{what} raises the harness-set score of "
+               f"{parent}" + (" (each of these raised a score on its own)" if len(change) > 1 else ""))
     log_cost(run_dir, {"iteration": iteration, "proposer": "mutate", "candidates": names, "seconds": 0.0})
 
 
-def knob_options(source):
-    """(knob, current value, other value) for every SEARCH_SPACE entry of a harness file."""
-    tree = ast.parse(source)
+def mutate_options(ranked, sources, gains, knob_tries, value_tries, rng):
+    """(parent, source) in mutate's order of preference: the best with all of `gains`, then one-knob steps from
+    the best (least-tried knob, then least-tried value, ties in the rng's order), then from the next best..."""
+    best = ranked[0]["name"]
+    composed, knobs = sources[best], knob_values(sources[best])
+    for knob, value in gains.items():
+        composed = set_knob(composed, knob, value) if knob in knobs else composed
+    yield best, composed
+    for r in ranked:
+        options = knob_options(sources[r["name"]])
+        rng.shuffle(options)
+        options.sort(key=lambda o: (knob_tries[o[0]], value_tries[o[0], repr(o[2])]))  # stable: seeded ties
+        for knob, _, value in options:
+            yield r["name"], set_knob(sources[r["name"]], knob, value)
+
+
+def best_changes(rows, changes):
+    """{knob: value}: the knob changes that raised a candidate's score over its parent's, per knob the one
+    with the largest gain (the earliest among equal gains)."""
+    scores = {r["name"]: r["score"] for r in rows if r["score"] is not None}
+    gains = {}
+    for r in rows:
+        if r["name"] in changes and r["name"] in scores and scores.get(r["parent"]) is not None:
+            gain = scores[r["name"]] - scores[r["parent"]]
+            for knob, value in changes[r["name"]].items():
+                if gain > 0 and gain > gains.get(knob, (0, None))[0]:
+                    gains[knob] = (gain, value)
+    return {knob: value for knob, (gain, value) in sorted(gains.items())}
+
+
+def knob_values(source):
+    """{name: literal value (None if not a literal)} of a harness file's top-level assignments; {} if it
+    does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
     values = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             try:
                 values[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
                 values[node.targets[0].id] = None
+    return values
+
+
+def knob_options(source):
+    """(knob, current value, other value) for every SEARCH_SPACE entry of a harness file."""
+    values = knob_values(source)
     space = values.get("SEARCH_SPACE") or {}
     return [(k, values[k], v) for k, vs in space.items() if k in values for v in vs if v != values[k]]
+
+
+def knob_changes(source, parent_source):
+    """{knob: value in source} for the SEARCH_SPACE knobs whose value differs from the parent's."""
+    new, old = knob_values(source), knob_values(parent_source)
+    space = {**(old.get("SEARCH_SPACE") or {}), **(new.get("SEARCH_SPACE") or {})}
+    return {k: new[k] for k in space if k in new and k in old and new[k] != old[k]}
 
 
 def set_knob(source, knob, value):

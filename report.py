@@ -5,9 +5,14 @@ Tables and plots from the result folders that whale.py writes. It only reads res
 
 Table 1's shape: best test mean@k per method and domain (the best point over training, the paper's
 figure) with the rollouts spent to reach it, and beside it the final mean@k (the point chosen without
-looking at the test set). Under the paper preset the paper's numbers stand beside ours.
-Plots: curves.png (test mean@k against cumulative rollouts, a panel per domain, a line per method)
-and timeline.png (each WHALE run's phases along the rollout axis, with mean@k after each phase).
+looking at the test set). Every figure carries a 95 % confidence interval, bootstrapped over the test
+tasks (2,000 resamples of the per-task scores in evals/phase_<n>.json, seed 0). A second table compares
+WHALE with the best single-axis method (the better of weight-only and harness-only by final mean@k): the
+mean per-task difference on the same tasks, with its bootstrap interval. Under the paper preset the
+paper's numbers stand beside ours.
+Plots: curves.png (test mean@k against cumulative rollouts, a panel per domain, a line per method, its
+95 % interval as a band) and timeline.png (each WHALE run's phases along the rollout axis, with mean@k
+after each phase).
 """
 import argparse
 import json
@@ -16,6 +21,7 @@ import os
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 
 DOMAINS = ("searchqa", "math", "chess")
 METHODS = ("harness-only", "weight-only", "stagewise", "fast-slow", "whale", "whale-adaptive")
@@ -30,7 +36,8 @@ PAPER = {
 
 
 def load_runs(root):
-    """{(domain, method): {"summary": ..., "evals": [...]}} for every finished or running folder."""
+    """{(domain, method): {"summary": ..., "evals": [...]}} for every finished or running folder; each eval row
+    carries its per-task scores ("per_task", None for runs made before whale.py stored them)."""
     runs = {}
     for domain in DOMAINS:
         for method in METHODS:
@@ -40,44 +47,128 @@ def load_runs(root):
                 continue
             with open(metrics) as f:
                 rows = [json.loads(line) for line in f if line.strip()]
-            summary_path = os.path.join(folder, "summary.json")
-            summary = json.load(open(summary_path)) if os.path.exists(summary_path) else None
-            runs[domain, method] = {"summary": summary, "evals": [r for r in rows if r.get("event") == "eval"]}
+            evals = [r for r in rows if r.get("event") == "eval"]
+            for row in evals:
+                row["per_task"] = read_json(os.path.join(folder, "evals", f"phase_{row['phase']}.json")).get("per_task")
+            runs[domain, method] = {"summary": read_json(os.path.join(folder, "summary.json")) or None, "evals": evals}
     return runs
+
+
+def read_json(path):
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+# -----------------------------------------------------------------------------
+# statistics: percentile bootstrap over test tasks
+
+def bootstrap_ci(values, resamples=2000, seed=0, level=0.95):
+    """(mean, low, high): the mean of `values` and its percentile bootstrap interval, resampling the values
+    (one per test task) with replacement."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        raise ValueError("bootstrap_ci: no values (an evaluation without per-task scores?)")
+    means = x[np.random.default_rng(seed).integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(x.mean()), float(low), float(high)
+
+
+def paired_difference(a, b, **kw):
+    """(mean, low, high, tasks) of the per-task difference a - b over the tasks both scored: pairing on the
+    same tasks removes the spread between tasks, which two separate intervals would count twice."""
+    tasks = sorted(set(a) & set(b))
+    return (*bootstrap_ci([a[t] - b[t] for t in tasks], **kw), len(tasks))
+
+
+def interval(row):
+    """(mean, low, high) of one evaluation, or None when its per-task scores were not stored."""
+    return bootstrap_ci(list(row["per_task"].values())) if row.get("per_task") else None
+
+
+# -----------------------------------------------------------------------------
+# tables
+
+def points(run):
+    """(best, final) eval rows of a finished run: the summary's best phase and the last evaluation."""
+    by_phase = {r["phase"]: r for r in run["evals"]}
+    return by_phase[run["summary"]["best_phase"]], run["evals"][-1]
+
+
+def percent(row):
+    ci = interval(row)
+    if ci is None:
+        return f"{100 * row['mean_at_k']:.1f}"
+    return f"{100 * ci[0]:.1f} [{100 * ci[1]:.1f}, {100 * ci[2]:.1f}]"
 
 
 def cell(run):
     if run is None:
         return "not run"
-    s = run["summary"]
-    if s is None:
+    if run["summary"] is None:
         return f"running ({len(run['evals']) - 1} phases)"
-    return f"{100 * s['best_mean_at_k']:.2f} @ {s['rollouts_to_best']:,} (final {100 * s['final_mean_at_k']:.2f})"
+    best, final = points(run)
+    return f"{percent(best)} @ {best['rollouts']:,}; final {percent(final)}"
 
 
 def make_table(runs, preset):
     k = next((r["summary"]["k"] for r in runs.values() if r["summary"]), 8)
     lines = [f"# Results: preset `{preset}`", "",
-             f"Best test mean@{k} in % @ rollouts to reach it (final mean@{k} in brackets). "
-             "Rollouts = training + harness scoring; test evaluation is not counted.", "",
+             f"Best test mean@{k} in % [95 % CI] @ rollouts to reach it; final mean@{k} in % [95 % CI]. "
+             "Rollouts = training + harness scoring; test evaluation is not counted. Intervals: percentile "
+             "bootstrap over test tasks (2,000 resamples, seed 0).", "",
              "| method | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
     for method in METHODS:
         if not any((d, method) in runs for d in DOMAINS) and method == "whale-adaptive":
             continue
         lines.append(f"| {method} | " + " | ".join(cell(runs.get((d, method))) for d in DOMAINS) + " |")
+    lines += ["", "Test sets: " + ", ".join(f"{d}: {tasks_of(runs, d)} tasks" for d in DOMAINS), ""]
+    lines += comparison_table(runs)
     if preset == "paper":
         lines += ["", "The paper's numbers (best mean@8 %):", "",
                   "| method | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
         for method, values in PAPER.items():
             lines.append(f"| {method} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in values) + " |")
-    lines += ["", "Test sets: " + ", ".join(f"{d}: {tasks_of(runs, d)} tasks" for d in DOMAINS)]
     return "\n".join(lines) + "\n"
+
+
+def comparison_table(runs):
+    """WHALE (and adaptive WHALE) minus the best single-axis method, per task, at the final and best points."""
+    lines = ["## WHALE against the best single-axis method", "",
+             "Mean per-task difference in test mean@k (percentage points) on the same tasks, with its 95 % "
+             "bootstrap interval; the baseline is the better of weight-only and harness-only by final mean@k.", "",
+             "| domain | comparison | final: difference [95 % CI] | best: difference [95 % CI] | tasks |",
+             "|---|---|---|---|---|"]
+    rows = 0
+    for domain in DOMAINS:
+        finished = {m: runs[domain, m] for m in METHODS if runs.get((domain, m)) and runs[domain, m]["summary"]}
+        single = [m for m in ("weight-only", "harness-only") if m in finished]
+        if not single:
+            continue
+        baseline = max(single, key=lambda m: finished[m]["summary"]["final_mean_at_k"])
+        for method in ("whale", "whale-adaptive"):
+            if method not in finished:
+                continue
+            cells, tasks = [], "-"
+            for ours, theirs in zip(points(finished[method]), points(finished[baseline])):
+                if not (ours.get("per_task") and theirs.get("per_task")):
+                    cells.append("no per-task scores")
+                    continue
+                mean, low, high, tasks = paired_difference(ours["per_task"], theirs["per_task"])
+                cells.append(f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]")
+            lines.append(f"| {domain} | {method} - {baseline} | {cells[1]} | {cells[0]} | {tasks} |")
+            rows += 1
+    return lines if rows else lines[:2] + ["Not enough finished runs: it needs whale and weight-only or harness-only."]
 
 
 def tasks_of(runs, domain):
     sizes = {r["evals"][0].get("test_tasks") for (d, _), r in runs.items() if d == domain and r["evals"]}
     return "/".join(str(s) for s in sorted(x for x in sizes if x is not None)) or "-"
 
+
+# -----------------------------------------------------------------------------
+# plots
 
 def percent_axis(ax):
     """mean@k in %: from 0 (never negative), at least 0-10 so an all-zero line lies visibly on the floor."""
@@ -93,8 +184,11 @@ def plot_curves(runs, path):
             if run and run["evals"]:
                 xs = [r["rollouts"] for r in run["evals"]]
                 ys = [100 * r["mean_at_k"] for r in run["evals"]]
-                ax.plot(xs, ys, marker="o", label=method)
-        ax.set_title(domain)
+                line, = ax.plot(xs, ys, marker="o", label=method)
+                cis = [interval(r) or (None, np.nan, np.nan) for r in run["evals"]]
+                ax.fill_between(xs, [100 * c[1] for c in cis], [100 * c[2] for c in cis], color=line.get_color(),
+                                alpha=0.15, linewidth=0)
+        ax.set_title(f"{domain} (bands: 95 % CI over test tasks)")
         percent_axis(ax)
         ax.set_xlabel("cumulative rollouts (training + harness scoring)")
         ax.grid(alpha=0.3)

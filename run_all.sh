@@ -42,8 +42,9 @@ for domain in $DOMAINS; do
   for method in $METHODS; do
     if needs_run "$domain" "$method"; then todo+=("$method"); fi
   done
-  # the methods of a domain share one process (the imports and h0's test evaluation are paid once); a
-  # vllm engine holds the GPU until its process ends, so the paper preset runs one method per process
+  # the methods of a domain share one process: the imports, and the weight phases and evaluations they have
+  # in common, are paid once; a vllm engine holds the GPU until its process ends, so the paper preset runs
+  # one method per process
   if [ ${#todo[@]} -gt 0 ] && [ "$PRESET" = paper ]; then
     for method in "${todo[@]}"; do python whale.py --preset "$PRESET" --domain "$domain" --method "$method"; done
   elif [ ${#todo[@]} -gt 0 ]; then

@@ -9,33 +9,52 @@ WHALE: Weight-Harness Alternating LEarning, and the four baselines it is compare
 The agent is weights (a LoRA adapter on the base model) plus a harness (a Python file). A run is a
 sequence of phases, each followed by a mean@k evaluation on the test split:
 
-    weight phase   online RSFT (rft.py) under the current harness, for E epochs of the train split
-                   (fixed schedule) or until the windowed training reward stops improving (adaptive)
-    harness phase  Meta-Harness search (meta_harness.py) under the current weights, for I iterations
-                   (fixed) or until the archive best stops improving (adaptive); the winner goes on
+    weight phase   online RSFT (rft.py) under the current harness
+    harness phase  Meta-Harness search (meta_harness.py) under the current weights; the winner goes on
 
-Methods, all with the same weight budget (--epochs) and harness budget (iterations per phase x phases):
+Budgets, the same totals for every method under both schedules:
+    weight budget   S = round(epochs x |train| / batch) RSFT steps
+    harness budget  H = I x ceil(S / s) iterations, s = round(phase_epochs x |train| / batch) the length of
+                    a fixed weight phase: I iterations for every fixed weight phase
+A method spends its budgets in this order, until both are spent:
     whale         weight, harness, weight, harness, ...
-    weight-only   RSFT for the whole budget under h0
-    harness-only  Meta-Harness for the whole budget under the base weights
+    weight-only   RSFT for the whole weight budget under h0 (no harness budget)
+    harness-only  Meta-Harness for the whole harness budget under the base weights (no weight budget)
     stagewise     all weight phases, then all harness phases
     fast-slow     the WHALE alternation, but the proposer may change only h0's prompt strings (FST)
-Several methods in one command run one after another in one process, each in its own folder, and share
-the phase-0 evaluation (h0 under the base weights), which is the same for all of them.
+(whale and fast-slow: once one budget is spent, the rest of the other follows.) The schedule decides
+where a phase ends, never how much a method gets in all:
+    fixed      a weight phase is s steps, a harness phase I iterations (the last ones what is left)
+    adaptive   a weight phase ends when its windowed training reward has set no new phase-best for
+               --adaptive-epochs (also its minimum length), a harness phase when its archive best has not
+               improved for --harness-patience iterations after --harness-min-iterations (at most
+               --harness-max-iterations); either ends early when its budget is spent
+Harness phases with no weight phase between them search one archive (the weights did not change), each
+phase adding its own iterations.
+
+Several methods in one command run one after another in one process, each in its own folder, and never
+compute the same thing twice: a weight phase whose steps another run of the command already made (same
+settings, same harness content at every step: whale, weight-only, stagewise and fast-slow all start with
+the same phase under h0) starts from that run's snapshot, and a test evaluation of the same weights
+(adapter content hash) and harness (content hash) under the same settings is copied, not redone.
 
 Everything lands in results/<preset>/<domain>/<method>/: config.json, metrics.jsonl (one row per
 event, with the cumulative RSFT step and rollouts = training + harness scoring; test evaluation is not
-counted), weights/ (adapter checkpoints), harness_w<n>/ (the harness archive after n weight phases),
-evals/ (test traces, never shown to the proposer), state.json, summary.json.
-Rerunning the same command resumes: finished phases and evaluations are never redone.
+counted), weights/ (the RSFT checkpoint, and snapshot-<step>/ at the end of every weight phase, hard
+links of it), harness_w<n>/ (the harness archive after n weight phases), evals/ (test scores per task
+and traces, never shown to the proposer), state.json, summary.json.
+Rerunning the same command resumes: finished steps, iterations and evaluations are never redone, and
+the resumed run ends where an uninterrupted one would have, phase for phase.
 """
 import argparse
 import gc
+import hashlib
 import json
 import math
 import os
 import shutil
 import time
+from pathlib import Path
 
 import torch
 
@@ -140,23 +159,53 @@ def method_name(args):
     return f"{args.method}-adaptive" if args.schedule == "adaptive" else args.method
 
 
-def plan_phases(method, n_alternations):
-    """The phase kinds in order, e.g. whale with 2 alternations -> weight, harness, weight, harness."""
-    if method in ("whale", "fast-slow"):
-        return ["weight", "harness"] * n_alternations
-    if method == "stagewise":
-        return ["weight"] * n_alternations + ["harness"] * n_alternations
-    if method == "weight-only":
-        return ["weight"] * n_alternations
-    return ["harness"] * n_alternations
+# -----------------------------------------------------------------------------
+# the plan: budgets, the order of the phases, and where each phase ends
+
+def steps_for(epochs, n_train, batch):
+    return max(1, round(epochs * n_train / batch))
+
+
+def budgets(args, n_train):
+    """(RSFT steps, harness iterations) this method spends in all; see the docstring for the rule."""
+    steps = steps_for(args.epochs, n_train, args.batch)
+    iterations = args.harness_iterations * math.ceil(steps / steps_for(args.phase_epochs, n_train, args.batch))
+    return (0 if args.method == "harness-only" else steps), (0 if args.method == "weight-only" else iterations)
+
+
+def next_phase(method, last, steps_left, iterations_left):
+    """The kind of the next phase, or None when both budgets are spent. whale and fast-slow alternate,
+    weight first; every other method spends its weight budget before its harness budget."""
+    if steps_left > 0 and iterations_left > 0 and method in ("whale", "fast-slow"):
+        return "harness" if last == "weight" else "weight"
+    return "weight" if steps_left > 0 else "harness" if iterations_left > 0 else None
+
+
+def weight_phase_over(rewards, schedule, max_steps, window):
+    """Whether the running weight phase ends after these training rewards (one per RSFT step). Fixed:
+    after max_steps. Adaptive: when the windowed mean reward has set no new phase-best for `window`
+    steps, after at least `window` steps (paper: window = minimum length = patience = 0.2 epoch), or
+    after max_steps (the weight budget)."""
+    if len(rewards) >= max_steps:
+        return True
+    return schedule == "adaptive" and rft.should_stop_weight_phase(rewards, window, window, window)
 
 
 # -----------------------------------------------------------------------------
 # run state: a small JSON file so a killed run picks up where it stopped
 
 def load_state(out):
-    fresh = {"phase": 0, "harness": None, "harness_rollouts": {}, "phase_start_step": None}
-    return meta_harness.read_json(os.path.join(out, "state.json"), fresh)
+    """phase: phases finished; kinds: their kinds; running: the kind of the phase under way (None between
+    phases); phase_start_step: the RSFT step a running weight phase started at; archive_iterations and
+    harness_rollouts: per harness archive, as of the last finished phase."""
+    fresh = {"phase": 0, "kinds": [], "running": None, "harness": None, "phase_start_step": None,
+             "archive_iterations": {}, "harness_rollouts": {}}
+    path = os.path.join(out, "state.json")
+    state = {**fresh, **meta_harness.read_json(path, {})}
+    if len(state["kinds"]) != state["phase"]:
+        raise SystemExit(f"whale: {path} was written by an older whale.py (no phase kinds): rerun in a fresh --out "
+                         f"or delete {out}")
+    return state
 
 
 def save_state(out, state):
@@ -183,75 +232,178 @@ def read_rows(out):
 
 
 # -----------------------------------------------------------------------------
+# reuse: what determines a result, and copies that a kill never leaves half made
+
+# flags that shape a run's plan but not what one RSFT step or one evaluation computes
+PLAN_FLAGS = ("method", "out", "schedule", "preset", "prompt_only", "harness", "epochs", "phase_epochs",
+              "harness_iterations", "adaptive_epochs", "harness_patience", "harness_min_iterations",
+              "harness_max_iterations")
+
+
+def result_settings(args):
+    """Every other flag: work is reused only when all of them match (as JSON, the way it is stored)."""
+    return json.loads(json.dumps({k: v for k, v in sorted(vars(args).items()) if k not in PLAN_FLAGS}))
+
+
+def file_sha(path):
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return f"missing: {path}"  # matches nothing, so nothing is reused
+
+
+def weights_id(trainer):
+    """The policy's weights, for the evaluation cache: the base model (also a fresh LoRA adapter, whose B is
+    zero), or the content hash of the current adapter."""
+    if trainer is None or trainer.step_count == 0:
+        return "base"
+    adapter = Path(trainer.out_dir, "ckpt", "adapter")
+    return "adapter " + "".join(file_sha(adapter / name)[:32] for name in ("adapter_config.json",
+                                                                         "adapter_model.safetensors"))
+
+
+def step_harnesses(trainer):
+    """The content hash of the harness each RSFT step so far ran under."""
+    return [file_sha(row["harness"]) for row in trainer.history]
+
+
+def link_tree(src, dst):
+    """dst as a copy of the folder src, made of hard links (files are never rewritten in place here), in a
+    temporary folder renamed at the end, so a kill leaves either nothing or the whole copy."""
+    tmp = Path(str(dst) + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, copy_function=link_or_copy)
+    os.replace(tmp, dst)
+
+
+def link_file(src, dst):
+    """dst as a hard link of (or a copy of) src, put in place in one rename."""
+    tmp = Path(str(dst) + ".tmp")
+    tmp.unlink(missing_ok=True)
+    link_or_copy(src, tmp)
+    os.replace(tmp, dst)
+
+
+def link_or_copy(src, dst):
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or none that has hard links
+        shutil.copy2(src, dst)
+
+
+def snapshot_weights(args, trainer):
+    """Keep the checkpoint that ends a weight phase as weights/snapshot-<step>/, with key.json saying what
+    it holds, so another run of this command can start from it instead of redoing its steps."""
+    dst = Path(args.out, "weights", f"snapshot-{trainer.step_count:06d}")
+    if (dst / "key.json").exists():
+        return
+    shutil.rmtree(dst, ignore_errors=True)
+    link_tree(Path(args.out, "weights", "ckpt").resolve(), dst)
+    key = {"settings": result_settings(args), "harnesses": step_harnesses(trainer)}
+    meta_harness.write_json(dst / "key.json", key)  # last: a snapshot counts once its key is there
+
+
+def find_snapshot(args, trainer, harness, donors, phase_over, start):
+    """The donor snapshot furthest along this weight phase: made under the same settings, its steps those
+    of this trainer so far followed by steps under `harness` only, and not past where this phase ends."""
+    mine, sha, settings = step_harnesses(trainer), file_sha(harness), result_settings(args)
+    found, reach = None, len(mine)
+    for donor in donors:
+        for key_path in sorted(Path(donor, "weights").glob("snapshot-*/key.json")):
+            key = meta_harness.read_json(key_path)
+            steps = key["harnesses"]
+            if len(steps) <= reach or key["settings"] != settings or steps[:len(mine)] != mine \
+                    or any(s != sha for s in steps[len(mine):]):
+                continue
+            rewards = [r["reward"] for r in meta_harness.read_json(key_path.parent / "state.json")["history"]][start:]
+            if not any(phase_over(rewards[:n]) for n in range(len(mine) - start, len(steps) - start)):
+                found, reach = key_path.parent, len(steps)
+    return found
+
+
+def adopt_snapshot(args, trainer, snapshot, domain, train):
+    """Make `snapshot` this run's RSFT checkpoint (as if its steps had run here) and a trainer on it."""
+    weights = Path(args.out, "weights")
+    state = meta_harness.read_json(snapshot / "state.json")
+    folder = weights / f"ckpt-{state['step']:06d}"
+    shutil.rmtree(folder, ignore_errors=True)
+    link_tree(snapshot, folder)
+    link = weights / "ckpt.new"
+    link.unlink(missing_ok=True)
+    link.symlink_to(folder.name)
+    os.replace(link, weights / "ckpt")  # the same atomic switch as rft.RSFT.save
+    tmp = weights / "metrics.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in state["history"]))
+    os.replace(tmp, weights / "metrics.jsonl")
+    backend = trainer.backend
+    backend.model = backend.model.unload()  # the base model without the adapter: RSFT loads the checkpoint's
+    print(f"weights: RSFT steps {trainer.step_count + 1}-{state['step']} taken from {snapshot}")
+    return rft.RSFT(args, backend, domain, weights, train=train)
+
+
+# -----------------------------------------------------------------------------
 # phases
 
-def steps_for(epochs, n_train, batch):
-    return max(1, round(epochs * n_train / batch))
-
-
-def weight_phase_over(rewards, schedule, max_steps, window):
-    """Whether the running weight phase ends after these training rewards (one per RSFT step). Fixed:
-    after max_steps. Adaptive: when the windowed mean reward has set no new phase-best for `window`
-    steps, after at least `window` steps (paper: window = minimum length = patience = 0.2 epoch)."""
-    if len(rewards) >= max_steps:
-        return True
-    return schedule == "adaptive" and rft.should_stop_weight_phase(rewards, window, window, window)
-
-
-def run_weight_phase(args, trainer, harness, state, n_train):
-    """RSFT steps under `harness` until weight_phase_over; resumes mid-phase from the trainer's history."""
-    if state["phase_start_step"] is None:
-        state["phase_start_step"] = trainer.step_count
-        save_state(args.out, state)
+def run_weight_phase(args, trainer, harness, state, steps, n_train, donors, domain, train):
+    """RSFT steps under `harness` until this phase ends (see the docstring); resumes mid-phase from the
+    trainer's history and takes finished steps from a donor run where one made exactly these. -> trainer"""
     start = state["phase_start_step"]
-    budget_left = steps_for(args.epochs, n_train, args.batch) - start
-    phase_steps = steps_for(args.phase_epochs, n_train, args.batch) if args.schedule == "fixed" else budget_left
+    cap = steps - start if args.schedule == "adaptive" else min(steps_for(args.phase_epochs, n_train, args.batch),
+                                                                steps - start)
     window = steps_for(args.adaptive_epochs, n_train, args.batch)
+    phase_over = lambda rewards: weight_phase_over(rewards, args.schedule, cap, window)
+    snapshot = find_snapshot(args, trainer, harness, donors, phase_over, start)
+    if snapshot is not None:
+        trainer = adopt_snapshot(args, trainer, snapshot, domain, train)
     rewards = [row["reward"] for row in trainer.history if row["step"] > start]
-    while not weight_phase_over(rewards, args.schedule, min(phase_steps, budget_left), window):
+    while not phase_over(rewards):
         rewards.append(trainer.step(harness)["reward"])
+    return trainer
 
 
-def harness_archive(phases, index, iterations_per_phase):
-    """(folder, total iterations) of harness phase `index`: harness phases with no weight phase between
-    them share one archive (the weights did not change), which grows by I iterations per phase."""
-    before = phases[:index]
-    last_weight = max((j for j, kind in enumerate(before) if kind == "weight"), default=-1)
-    return f"harness_w{before.count('weight')}", iterations_per_phase * (index - last_weight)
-
-
-def run_harness_phase(args, backend, domain, harness, phase_dir, iterations):
-    """Meta-Harness from `harness` under the current weights; returns search()'s result. Fixed: `iterations`
-    iterations. Adaptive: until the archive best stalls (patience, minimum), at most --harness-max-iterations."""
+def run_harness_phase(args, backend, domain, harness, archive, before, cap):
+    """Meta-Harness from `harness` under the current weights in `archive`, which already holds `before`
+    iterations; this phase adds at most `cap`. Fixed: all of them. Adaptive: until the archive best has
+    stalled (patience, minimum) counted from this phase's start. Returns search()'s result."""
     stop = None
     if args.schedule == "adaptive":
-        iterations = args.harness_max_iterations
-        stop = lambda series: meta_harness.should_stop_harness_phase(series, args.harness_patience, args.harness_min_iterations)
-    return meta_harness.search(backend, domain, harness, phase_dir, args, iterations=iterations, stop=stop)
+        stop = lambda series: len(series) - 1 > before and meta_harness.should_stop_harness_phase(
+            series[before:], args.harness_patience, args.harness_min_iterations)
+    return meta_harness.search(backend, domain, harness, archive, args, iterations=before + cap, stop=stop)
 
 
-def evaluate_test(args, backend, domain, harness, tag):
-    """mean@k on the test split, cached in evals/<tag>.json so a resumed run never redoes it."""
-    path = os.path.join(args.out, "evals", f"{tag}.json")
-    if os.path.exists(path):
+def evaluate_test(args, backend, domain, harness, tag, weights, donors):
+    """mean@k on the test split with the score of every task, in evals/<tag>.json. A resumed run reads it
+    back; the same evaluation (weights, harness content, settings) made earlier by this run or a donor run
+    is copied with its traces instead of redone."""
+    folder = Path(args.out, "evals")
+    path = folder / f"{tag}.json"
+    if path.exists():
         return meta_harness.read_json(path)["stats"]
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = {"weights": weights, "harness": file_sha(harness), "settings": result_settings(args)}
+    for run_dir in [args.out, *donors]:
+        for other in sorted(Path(run_dir, "evals").glob("*.json")):
+            saved = meta_harness.read_json(other)
+            if saved.get("key") == key:
+                traces = other.with_name(other.name[:-len(".json")] + ".traces.jsonl")
+                if traces.exists():
+                    link_file(traces, folder / f"{tag}.traces.jsonl")
+                meta_harness.write_json(path, {**saved, "copied_from": str(other)})  # last: marks it done
+                print(f"test mean@{args.k} ({tag}): the same as {other}, copied")
+                return saved["stats"]
+    traces = folder / f"{tag}.traces.jsonl"
+    traces.unlink(missing_ok=True)  # an evaluation killed midway starts over
     tasks = domain.load("test")[: args.test_limit]
     stats = rollout.evaluate(domain, harness, tasks, backend, k=args.k, temperature=args.temperature,
                              top_k=args.top_k, max_new_tokens=args.max_new_tokens, deadline_s=args.deadline,
-                             seed=args.seed, traces_path=os.path.join(args.out, "evals", f"{tag}.traces.jsonl"),
-                             desc=f"test mean@{args.k} ({tag})")
+                             seed=args.seed, traces_path=str(traces), desc=f"test mean@{args.k} ({tag})")
     # prefixed so they never clash with the run's own counters (test rollouts are not part of the cost)
-    stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(stats["per_task"]),
-             **{f"test_{key}": stats[key] for key in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
-    meta_harness.write_json(path, {"settings": eval_settings(args, harness), "stats": stats})
+    per_task = stats["per_task"]
+    stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(per_task),
+             **{f"test_{name}": stats[name] for name in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
+    meta_harness.write_json(path, {"key": key, "stats": stats, "per_task": per_task})
     return stats
-
-
-def eval_settings(args, harness):
-    """Everything a test evaluation depends on besides the weights: a shared evaluation must match it all."""
-    keys = ("model", "data", "test_limit", "k", "temperature", "top_k", "max_new_tokens", "deadline", "seed")
-    return {"harness": os.path.abspath(harness), **{key: getattr(args, key) for key in keys}}
 
 
 # -----------------------------------------------------------------------------
@@ -259,27 +411,13 @@ def eval_settings(args, harness):
 def main(argv=None):
     runs = parse_args(argv)
     for args in runs:
-        share_start_eval(runs[0].out, args)
-        run(args)
+        run(args, donors=[other.out for other in runs if other.out != args.out])
         gc.collect()  # the finished run's model and optimizer go before the next run loads its own
 
 
-def share_start_eval(src, args):
-    """Phase 0 is h0 under the base weights, the same for every method of one command: evaluate it once and
-    copy it to the other runs (only if it was made with their settings)."""
-    src_json, dst = os.path.join(src, "evals", "phase_0.json"), os.path.join(args.out, "evals")
-    if src == args.out or not os.path.exists(src_json) or os.path.exists(os.path.join(dst, "phase_0.json")):
-        return
-    if meta_harness.read_json(src_json)["settings"] != eval_settings(args, args.harness):
-        return
-    os.makedirs(dst, exist_ok=True)
-    for name in ("phase_0.traces.jsonl", "phase_0.json"):  # the .json last: its presence marks the evaluation done
-        if os.path.exists(os.path.join(src, "evals", name)):
-            shutil.copy(os.path.join(src, "evals", name), os.path.join(dst, name + ".tmp"))
-            os.replace(os.path.join(dst, name + ".tmp"), os.path.join(dst, name))
-
-
-def run(args):
+def run(args, donors=()):
+    """One method's run; `donors` are the folders of the other runs of this command, whose finished weight
+    phases and evaluations this run reuses where they are exactly its own."""
     os.makedirs(args.out, exist_ok=True)
     meta_harness.write_json(os.path.join(args.out, "config.json"), vars(args))
     print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
@@ -287,60 +425,71 @@ def run(args):
 
     domain = domains.get(args.domain, args)
     train = domain.load("train")[: args.train_limit]
-    # adaptive phases end early, so plan as many alternations as the shortest weight phase allows;
-    # the run stops at the first weight phase that finds the weight budget spent
-    shortest = args.phase_epochs if args.schedule == "fixed" else args.adaptive_epochs
-    n_alternations = max(1, math.ceil(args.epochs / shortest - 1e-9))
-    phases = plan_phases(args.method, n_alternations)
+    steps, iterations = budgets(args, len(train))
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = engines.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
     backend = engines.load_backend(args, model, tok)
-    trainer = rft.RSFT(args, backend, domain, os.path.join(args.out, "weights"), train=train) \
-        if "weight" in phases else None
+    trainer = rft.RSFT(args, backend, domain, os.path.join(args.out, "weights"), train=train) if steps else None
     state = load_state(args.out)
     harness = state["harness"] or os.path.abspath(args.harness)
+
+    def step_count():
+        return trainer.step_count if trainer else 0
 
     def rollouts():
         return (trainer.rollouts if trainer else 0) + sum(state["harness_rollouts"].values())
 
     if not any(r.get("event") == "start" for r in read_rows(args.out)):
-        log_row(args.out, {"event": "start", "phases": phases, "time": time.time()})
-    stats = evaluate_test(args, backend, domain, harness, "phase_0")
+        log_row(args.out, {"event": "start", "weight_steps": steps, "harness_iterations": iterations,
+                           "time": time.time()})
+    stats = evaluate_test(args, backend, domain, harness, "phase_0", weights_id(trainer), donors)
     log_eval_once(args.out, {"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats})
 
-    while state["phase"] < len(phases):
-        i, kind = state["phase"] + 1, phases[state["phase"]]
-        t0 = time.time()
-        if kind == "weight" and trainer.step_count >= steps_for(args.epochs, len(train), args.batch):
-            break  # adaptive schedule: the weight budget is spent
+    while True:
+        iterations_done = sum(state["archive_iterations"].values())
+        kind = state["running"] or next_phase(args.method, (state["kinds"] or [None])[-1], steps - step_count(),
+                                              iterations - iterations_done)
+        if kind is None:
+            break
+        if state["running"] is None:  # a new phase: remember it, so a resumed run finishes this one first
+            state.update(running=kind, phase_start_step=step_count())
+            save_state(args.out, state)
+        i, t0 = state["phase"] + 1, time.time()
         if kind == "weight":
-            run_weight_phase(args, trainer, harness, state, len(train))
+            trainer = run_weight_phase(args, trainer, harness, state, steps, len(train), donors, domain, train)
+            snapshot_weights(args, trainer)
             detail = {"steps": trainer.step_count - state["phase_start_step"], "epoch": trainer.epoch_progress}
         else:
-            folder, iterations = harness_archive(phases, i - 1, args.harness_iterations)
-            result = run_harness_phase(args, backend, domain, harness, os.path.join(args.out, folder), iterations)
+            archive = f"harness_w{state['kinds'].count('weight')}"
+            before = state["archive_iterations"].get(archive, 0)
+            cap = args.harness_max_iterations if args.schedule == "adaptive" else args.harness_iterations
+            result = run_harness_phase(args, backend, domain, harness, os.path.join(args.out, archive), before,
+                                       min(cap, iterations - iterations_done))
             harness = result["winner"]
-            state["harness_rollouts"][folder] = result["rollouts"]
-            detail = {"iterations": result["iterations"], "harness_score": result["score"], "winner": harness}
-        state.update(phase=i, harness=harness, phase_start_step=None)
-        stats = evaluate_test(args, backend, domain, harness, f"phase_{i}")
-        log_eval_once(args.out, {"event": "eval", "phase": i, "kind": kind, "step": trainer.step_count if trainer else 0,
+            state["archive_iterations"][archive] = result["iterations"]
+            state["harness_rollouts"][archive] = result["rollouts"]
+            detail = {"iterations": result["iterations"] - before, "archive": archive,
+                      "harness_score": result["score"], "winner": harness}
+        state.update(phase=i, kinds=state["kinds"] + [kind], running=None, phase_start_step=None, harness=harness)
+        stats = evaluate_test(args, backend, domain, harness, f"phase_{i}", weights_id(trainer), donors)
+        log_eval_once(args.out, {"event": "eval", "phase": i, "kind": kind, "step": step_count(),
                                  "rollouts": rollouts(), "seconds": time.time() - t0, **detail, **stats})
         save_state(args.out, state)
-        print(f"phase {i}/{len(phases)} {kind}: test mean@{args.k} = {stats['mean_at_k']:.4f}, rollouts {rollouts()}")
+        print(f"phase {i} {kind}: test mean@{args.k} = {stats['mean_at_k']:.4f}, RSFT steps {step_count()}/{steps}, "
+              f"harness iterations {sum(state['archive_iterations'].values())}/{iterations}, rollouts {rollouts()}")
 
-    write_summary(args, read_rows(args.out), harness)
+    write_summary(args, read_rows(args.out), harness, step_count(), sum(state["archive_iterations"].values()))
 
 
-def write_summary(args, rows, harness):
+def write_summary(args, rows, harness, steps, iterations):
     evals = [r for r in rows if r.get("event") == "eval"]
     best = max(evals, key=lambda r: (r["mean_at_k"], -r["rollouts"]))
     summary = {"domain": args.domain, "method": method_name(args), "preset": args.preset, "model": args.model,
                "k": args.k, "best_mean_at_k": best["mean_at_k"], "rollouts_to_best": best["rollouts"],
                "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
-               "total_rollouts": evals[-1]["rollouts"], "phases": len(evals) - 1, "final_harness": harness,
-               "test_tasks": evals[-1]["test_tasks"]}
+               "total_rollouts": evals[-1]["rollouts"], "phases": len(evals) - 1, "rsft_steps": steps,
+               "harness_iterations": iterations, "final_harness": harness, "test_tasks": evals[-1]["test_tasks"]}
     meta_harness.write_json(os.path.join(args.out, "summary.json"), summary)
     print(f"best mean@{args.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} rollouts; "
           f"final {summary['final_mean_at_k']:.4f}")

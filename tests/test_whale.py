@@ -1,4 +1,5 @@
 """whale.py: the phase plan, the switching rules on fixed reward series, and resuming a killed run."""
+import hashlib
 import json
 import os
 import signal
@@ -14,22 +15,38 @@ import whale
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_plan_phases_per_method():
-    assert whale.plan_phases("whale", 2) == ["weight", "harness", "weight", "harness"]
-    assert whale.plan_phases("fast-slow", 1) == ["weight", "harness"]
-    assert whale.plan_phases("stagewise", 2) == ["weight", "weight", "harness", "harness"]
-    assert whale.plan_phases("weight-only", 3) == ["weight"] * 3
-    assert whale.plan_phases("harness-only", 2) == ["harness"] * 2
+def plan(method, steps, phase_steps, iterations, phase_iterations):
+    """The phase kinds of a fixed-schedule run, as whale.run orders them with next_phase."""
+    kinds, done_steps, done_iterations = [], 0, 0
+    while kind := whale.next_phase(method, kinds[-1] if kinds else None, steps - done_steps, iterations - done_iterations):
+        kinds.append(kind)
+        if kind == "weight":
+            done_steps += min(phase_steps, steps - done_steps)
+        else:
+            done_iterations += min(phase_iterations, iterations - done_iterations)
+    return kinds
 
 
-def test_harness_phases_without_weight_change_share_one_growing_archive():
-    stagewise = whale.plan_phases("stagewise", 2)
-    assert whale.harness_archive(stagewise, 2, 6) == ("harness_w2", 6)
-    assert whale.harness_archive(stagewise, 3, 6) == ("harness_w2", 12)
-    alternating = whale.plan_phases("whale", 2)
-    assert whale.harness_archive(alternating, 1, 6) == ("harness_w1", 6)
-    assert whale.harness_archive(alternating, 3, 6) == ("harness_w2", 6)
-    assert whale.harness_archive(["harness", "harness"], 1, 3) == ("harness_w0", 6)
+def test_every_method_gets_the_same_budgets_in_its_own_order():
+    args = whale.parse_args(["--domain", "math", "--preset", "smoke", "--method", *whale.METHODS])
+    budget = {a.method: whale.budgets(a, 8) for a in args}  # 8 prompts at batch 2: 4 steps, phases of 2
+    assert budget == {"whale": (4, 2), "fast-slow": (4, 2), "stagewise": (4, 2), "weight-only": (4, 0),
+                      "harness-only": (0, 2)}
+    assert plan("whale", 4, 2, 2, 1) == ["weight", "harness", "weight", "harness"]
+    assert plan("fast-slow", 4, 2, 2, 1) == ["weight", "harness", "weight", "harness"]
+    assert plan("stagewise", 4, 2, 2, 1) == ["weight", "weight", "harness", "harness"]
+    assert plan("weight-only", 4, 2, 0, 1) == ["weight", "weight"]
+    assert plan("harness-only", 0, 2, 2, 1) == ["harness", "harness"]
+    # --phase-epochs 0.4 of 10 prompts at batch 2: 5 steps in phases of 2 (the last 1), so 3 x I iterations
+    # for every method that searches (once, whale 2, stagewise 0 and harness-only 3)
+    args = whale.parse_args(["--domain", "math", "--preset", "smoke", "--phase-epochs", "0.4", "--harness-iterations",
+                             "2", "--method", *whale.METHODS])
+    assert {a.method: whale.budgets(a, 10) for a in args}["stagewise"] == (5, 6)
+    assert plan("whale", 5, 2, 6, 2) == ["weight", "harness"] * 3
+    assert plan("stagewise", 5, 2, 6, 2) == ["weight"] * 3 + ["harness"] * 3
+    # once one budget is spent, the alternation goes on with the other
+    assert plan("whale", 2, 2, 6, 2) == ["weight", "harness", "harness", "harness"]
+    assert plan("whale", 6, 2, 2, 2) == ["weight", "harness", "weight", "weight"]
 
 
 def test_fixed_weight_phase_ends_after_its_steps_whatever_the_reward():
@@ -73,30 +90,6 @@ def test_preset_defaults_and_overrides():
     assert adaptive.out.endswith("whale-adaptive")
     runs = whale.parse_args(["--domain", "math", "--method", "harness-only", "whale", "harness-only", "--schedule", "adaptive"])
     assert [os.path.basename(r.out) for r in runs] == ["harness-only-adaptive", "whale-adaptive"]  # each once
-
-
-def test_several_methods_in_one_command_get_their_own_runs(tmp_path):
-    runs = whale.parse_args(["--domain", "math", "--preset", "smoke", "--method", "whale", "fast-slow", "--k", "3"])
-    assert [(r.method, os.path.basename(r.out), r.prompt_only, r.k) for r in runs] == \
-        [("whale", "whale", False, 3), ("fast-slow", "fast-slow", True, 3)]
-    # h0's test evaluation is copied from the first run when it was made with the same settings, and never
-    # over a run's own
-    runs[0].out, runs[1].out = str(tmp_path / "a"), str(tmp_path / "b")
-    first = runs[0].out
-    (tmp_path / "a" / "evals").mkdir(parents=True)
-    saved = lambda args, score: json.dumps({"settings": whale.eval_settings(args, args.harness), "stats": {"mean_at_k": score}})
-    (tmp_path / "a" / "evals" / "phase_0.traces.jsonl").write_text("{}\n")
-    other = whale.parse_args(["--domain", "math", "--preset", "smoke", "--k", "4"])[0]
-    (tmp_path / "a" / "evals" / "phase_0.json").write_text(saved(other, 0.2))  # made with k = 4, not 3
-    whale.share_start_eval(first, runs[1])
-    assert not (tmp_path / "b" / "evals" / "phase_0.json").exists()
-    (tmp_path / "a" / "evals" / "phase_0.json").write_text(saved(runs[0], 0.5))
-    whale.share_start_eval(first, runs[1])
-    assert json.loads((tmp_path / "b" / "evals" / "phase_0.json").read_text())["stats"] == {"mean_at_k": 0.5}
-    assert (tmp_path / "b" / "evals" / "phase_0.traces.jsonl").read_text() == "{}\n"
-    (tmp_path / "a" / "evals" / "phase_0.json").write_text(saved(runs[0], 0.9))
-    whale.share_start_eval(first, runs[1])
-    assert json.loads((tmp_path / "b" / "evals" / "phase_0.json").read_text())["stats"] == {"mean_at_k": 0.5}
 
 
 def test_bad_flags_name_the_fix(capsys):
@@ -151,18 +144,197 @@ def test_killed_run_resumes_without_redoing_work(tmp_path):
     assert summary["phases"] == 4 and summary["total_rollouts"] == evals[-1]["rollouts"]
 
 
-def test_one_command_runs_each_method_in_its_folder_and_evaluates_h0_once(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the runs land in tmp_path/results/smoke/math/<method>
-    tags = []
-    evaluate = whale.rollout.evaluate
-    monkeypatch.setattr(whale.rollout, "evaluate", lambda *a, **kw: tags.append(kw["desc"]) or evaluate(*a, **kw))
-    whale.main(["--domain", "math", "--preset", "smoke", "--method", "weight-only", "harness-only",
-                "--harness", os.path.join(ROOT, "harnesses", "math.py"), "--test-limit", "1", "--epochs", "0.5"])
-    tests = [t for t in tags if t.startswith("test")]  # (harness scoring evaluates too)
-    assert tests == ["test mean@1 (phase_0)", "test mean@1 (phase_1)", "test mean@1 (phase_1)"]  # h0 once
-    for method, kind in (("weight-only", "weight"), ("harness-only", "harness")):
-        out = tmp_path / "results" / "smoke" / "math" / method
+
+# -----------------------------------------------------------------------------
+# whole runs on the smoke model with a stand-in runner: rewards that depend only on the harness knobs, the
+# task, the sample and the seed, so every run is exactly repeatable and RSFT really updates the adapter
+
+HARNESS = '''"""Test harness: the stand-in runner never runs it; its MAX_TURNS decides the reward."""
+PROMPT = "Answer: "
+STYLE = "plain"
+MAX_TURNS = 1
+SEARCH_SPACE = {"PROMPT": ["Answer: ", "Reply: "], "STYLE": ["plain", "tagged"], "MAX_TURNS": [1, 2]}
+
+
+def run(task, llm, tools):
+    return {"answer": llm([{"role": "user", "content": PROMPT + task["question"]}])}
+'''
+
+
+def fake_episodes(domain, harness_path, tasks, backend, *, samples=1, seed=0, traces_path=None, **kw):
+    source = open(harness_path).read()
+    p = 0.6 if "MAX_TURNS = 2" in source else 0.3
+    episodes = []
+    for task in tasks:
+        for s in range(samples):
+            h = int(hashlib.sha256(f"{task['id']}/{s}/{seed}".encode()).hexdigest(), 16)
+            call = {"messages": [], "completion": "ok", "prompt_ids": [1 + h % 7, 2, 3], "completion_ids": [4 + h % 5, 9]}
+            episodes.append({"task_id": task["id"], "sample": s, "reward": float(h % 100 < 100 * p), "answer": "ok",
+                             "error": None, "turns": 1, "tokens": 2, "seconds": 0.0, "calls": [call], "tool_calls": []})
+    if traces_path:
+        with open(traces_path, "a") as f:
+            f.writelines(json.dumps({**e, "calls": []}) + "\n" for e in episodes)
+    return episodes
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """-> (argv for a small smoke run, the trainer folders of every RSFT step actually executed)"""
+    monkeypatch.setattr(whale.rollout, "run_episodes", fake_episodes)
+    executed, step = [], whale.rft.RSFT.step
+    monkeypatch.setattr(whale.rft.RSFT, "step", lambda self, harness: executed.append(self.out_dir.parent.name)
+                        or step(self, harness))
+    harness = tmp_path / "h0.py"
+    harness.write_text(HARNESS)
+    argv = ["--domain", "math", "--preset", "smoke", "--harness", str(harness), "--test-limit", "3", "--k", "2",
+            "--harness-tasks", "3", "--candidates", "2"]
+    return argv, executed
+
+
+def record(out):
+    """What a run computed, without timings and folder names: files become their content hashes."""
+    drop = ("seconds", "time", "test_seconds", "sample_s", "train_s", "copied_from")
+    paths = ("winner", "harness", "final_harness")
+    clean = lambda row: {k: whale.file_sha(v) if k in paths else clean(v) if isinstance(v, dict) else v
+                         for k, v in row.items() if k not in drop}
+    evals = {p.name: clean(json.loads(p.read_text())) for p in sorted((out / "evals").glob("*.json"))}
+    steps = [clean(r) for r in rows(out / "weights" / "metrics.jsonl")] if (out / "weights").exists() else []
+    adapter = out / "weights" / "ckpt" / "adapter" / "adapter_model.safetensors"
+    return {"metrics": [clean(r) for r in rows(out / "metrics.jsonl")], "evals": evals, "steps": steps,
+            "summary": clean(json.loads((out / "summary.json").read_text())),
+            "adapter": whale.file_sha(adapter) if adapter.exists() else None}
+
+
+def test_methods_in_one_command_compute_shared_weight_phases_once_and_match_separate_runs(tmp_path, fake,
+                                                                                         monkeypatch):
+    argv, executed = fake
+    methods = ["weight-only", "stagewise", "fast-slow", "whale"]
+    for method in methods:  # each alone, in folders that know nothing of each other
+        whale.main(argv + ["--method", method, "--out", str(tmp_path / "alone" / method)])
+    assert len(executed) == 4 * 4  # 1 epoch of 8 prompts at batch 2, for each method
+    executed.clear()
+    (tmp_path / "together").mkdir()
+    monkeypatch.chdir(tmp_path / "together")
+    whale.main(argv + ["--method", *methods])
+    runs = {m: tmp_path / "together" / "results" / "smoke" / "math" / m for m in methods}
+    for method in methods:
+        assert record(runs[method]) == record(tmp_path / "alone" / method), method
+    # every distinct RSFT step (the harness content of it and of every step before it) ran once, no more
+    prefixes = {tuple(whale.file_sha(r["harness"]) for r in rows(runs[m] / "weights" / "metrics.jsonl")[:n])
+                for m in methods for n in range(1, 5)}
+    assert len(executed) == len(prefixes) < 4 * 4
+    assert executed[:4] == ["weight-only"] * 4 and "stagewise" not in executed  # stagewise: weight-only's phases
+    evaluated = sum("copied_from" not in json.loads(p.read_text()) for m in methods
+                    for p in (runs[m] / "evals").glob("*.json"))
+    distinct = {json.dumps(json.loads(p.read_text())["key"]) for m in methods for p in (runs[m] / "evals").glob("*.json")}
+    assert evaluated == len(distinct)  # each distinct (weights, harness, settings) evaluated once
+
+
+class Interrupt(Exception):
+    pass
+
+
+def interrupt(monkeypatch, owner, name, call, before=False):
+    """owner.name raises Interrupt at its call number `call`: before doing its work, or right after."""
+    real, count = getattr(owner, name), []
+
+    def wrapped(*a, **kw):
+        count.append(1)
+        if before and len(count) == call:
+            raise Interrupt(name)
+        out = real(*a, **kw)
+        if len(count) == call:
+            raise Interrupt(name)
+        return out
+    monkeypatch.setattr(owner, name, wrapped)
+
+
+def test_a_run_interrupted_anywhere_resumes_to_the_same_result(tmp_path, fake, monkeypatch):
+    argv, executed = fake
+    whale.main(argv + ["--out", str(tmp_path / "whole")])
+    executed.clear()
+    out = tmp_path / "interrupted"
+    points = [(whale.rft.RSFT, "step", 3, False),  # mid weight phase 3, its first step checkpointed
+              (whale, "snapshot_weights", 1, True),  # phase 3: its last RSFT step checkpointed, state not saved
+              (whale, "log_eval_once", 2, False),  # phase 3 evaluated and logged, state not saved
+              (whale.meta_harness, "search", 1, False),  # phase 4's search done, its winner not recorded
+              (whale, "save_state", 1, False)]  # phase 4 saved, no summary yet
+    for owner, name, call, before in points:
+        with monkeypatch.context() as m:
+            interrupt(m, owner, name, call, before)
+            with pytest.raises(Interrupt):
+                whale.main(argv + ["--out", str(out)])
+    whale.main(argv + ["--out", str(out)])
+    assert record(out) == record(tmp_path / "whole")
+    assert len(executed) == 4  # no RSFT step ran twice
+    assert [r["phase"] for r in rows(out / "metrics.jsonl") if r["event"] == "eval"] == [0, 1, 2, 3, 4]
+
+
+def test_adaptive_schedule_spends_the_same_budgets_and_each_harness_phase_adds_iterations(tmp_path, fake,
+                                                                                         monkeypatch):
+    argv, executed = fake
+    monkeypatch.chdir(tmp_path)
+    methods = ["weight-only", "harness-only", "stagewise", "whale"]
+    argv += ["--harness-iterations", "2", "--harness-min-iterations", "1", "--harness-patience", "1",
+             "--harness-max-iterations", "3"]
+    for schedule in ("fixed", "adaptive"):
+        whale.main(argv + ["--method", *methods, "--schedule", schedule])
+    for name in [*methods, *(m + "-adaptive" for m in methods)]:
+        out = tmp_path / "results" / "smoke" / "math" / name
+        summary = json.loads((out / "summary.json").read_text())
+        method = name.replace("-adaptive", "")
+        assert summary["rsft_steps"] == (0 if method == "harness-only" else 4), name
+        assert summary["harness_iterations"] == (0 if method == "weight-only" else 4), name  # 2 x 2 phases
         evals = [r for r in rows(out / "metrics.jsonl") if r["event"] == "eval"]
-        assert [(r["phase"], r["kind"]) for r in evals] == [(0, "start"), (1, kind)]
-        assert json.loads((out / "config.json").read_text())["method"] == method
-        assert (out / "summary.json").exists()
+        assert summary["phases"] == len(evals) - 1
+        harness_phases = [r for r in evals if r["kind"] == "harness"]
+        assert sum(r["iterations"] for r in harness_phases) == summary["harness_iterations"]
+        assert all(r["iterations"] >= 1 for r in harness_phases)  # every harness phase adds its own
+        for archive in {r["archive"] for r in harness_phases}:
+            frontier = json.loads((out / archive / "frontier.json").read_text())
+            assert frontier["iterations"] == sum(r["iterations"] for r in harness_phases if r["archive"] == archive)
+    stagewise = [r["kind"] for r in rows(tmp_path / "results/smoke/math/stagewise-adaptive/metrics.jsonl")
+                 if r["event"] == "eval"][1:]
+    assert "harness" in stagewise and stagewise == sorted(stagewise, reverse=True)  # weight phases, then harness
+    harness_only = json.loads((tmp_path / "results/smoke/math/harness-only-adaptive/summary.json").read_text())
+    assert harness_only["phases"] >= 2  # the patience of 1 ends a phase that does not improve
+    before = record(tmp_path / "results/smoke/math/harness-only-adaptive")
+    whale.main(argv + ["--method", "harness-only", "--schedule", "adaptive"])  # a finished run stays as it is
+    assert record(tmp_path / "results/smoke/math/harness-only-adaptive") == before
+
+
+def test_an_evaluation_is_reused_only_when_weights_harness_and_settings_match(tmp_path, monkeypatch):
+    made = []
+
+    def evaluate(domain, harness, tasks, backend, k=1, traces_path=None, **kw):
+        made.append((harness, k))
+        open(traces_path, "a").write('{"task_id": "a"}\n')
+        return {"mean_at_k": 0.5, "k": k, "per_task": {"a": 1.0, "b": 0.0}, "mean_turns": 1.0, "tokens": 4,
+                "rollouts": 2 * k, "errors": 0, "seconds": 0.1}
+
+    class Domain:
+        def load(self, split):
+            return [{"id": "a"}, {"id": "b"}]
+
+    monkeypatch.setattr(whale.rollout, "evaluate", evaluate)
+    harness, other = tmp_path / "h.py", tmp_path / "h2.py"
+    harness.write_text(HARNESS)
+    other.write_text(HARNESS.replace("Answer: ", "Reply: "))
+    a, b = (whale.parse_args(["--domain", "math", "--preset", "smoke", "--k", "2", "--out", str(tmp_path / n)])[0]
+            for n in "ab")
+    stats = whale.evaluate_test(a, None, Domain(), str(harness), "phase_0", "base", [])
+    saved = json.loads((tmp_path / "a" / "evals" / "phase_0.json").read_text())
+    assert saved["per_task"] == {"a": 1.0, "b": 0.0} and saved["stats"] == stats and len(made) == 1
+    assert whale.evaluate_test(a, None, Domain(), str(harness), "phase_0", "base", []) == stats and len(made) == 1
+    # another run of the command: the same evaluation is copied with its traces, not redone
+    assert whale.evaluate_test(b, None, Domain(), str(harness), "phase_0", "base", [a.out]) == stats
+    assert len(made) == 1 and (tmp_path / "b" / "evals" / "phase_0.traces.jsonl").read_text() == '{"task_id": "a"}\n'
+    # and within the run: the same state after a later phase
+    whale.evaluate_test(a, None, Domain(), str(harness), "phase_1", "base", [])
+    assert len(made) == 1
+    # other weights, another harness content, or other settings: evaluated anew
+    whale.evaluate_test(b, None, Domain(), str(harness), "phase_1", "adapter 1234", [a.out])
+    whale.evaluate_test(b, None, Domain(), str(other), "phase_2", "base", [a.out])
+    c = whale.parse_args(["--domain", "math", "--preset", "smoke", "--k", "3", "--out", str(tmp_path / "c")])[0]
+    whale.evaluate_test(c, None, Domain(), str(harness), "phase_0", "base", [a.out, b.out])
+    assert made == [(str(harness), 2), (str(harness), 2), (str(other), 2), (str(harness), 3)]
