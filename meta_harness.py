@@ -206,17 +206,31 @@ def static_check(source, parent_source=None, prompt_only=False):
         if isinstance(node, ast.Attribute) and node.attr.startswith("__") and node.attr.endswith("__"):
             return f"forbidden attribute: .{node.attr} (line {node.lineno})"
     if prompt_only and parent_source is not None and strings_blanked(source) != strings_blanked(parent_source):
-        return "prompt-only violation: the candidate changes more than string constants of its parent"
+        return ("prompt-only violation: the candidate changes more than its parent's prompt text (top-level "
+                "*_PROMPT / *_TEMPLATE string constants and docstrings)")
     return None
 
 
+PROMPT_KNOBS = ("PROMPT", "TEMPLATE")  # a prompt knob's name is one of these or ends in _PROMPT / _TEMPLATE
+
+
 def strings_blanked(source):
-    """The syntax tree with every string constant replaced, so two files compare equal iff they differ
-    only in string constants (f-string text may change, f-string expressions may not)."""
+    """The syntax tree with its prompt text blanked, so two files compare equal iff they differ only in prompt
+    text (--prompt-only, FST). Prompt text is (1) the value of a top-level prompt knob: `NAME = "..."`, a single
+    string literal, NAME being PROMPT, TEMPLATE or UPPER_CASE ending in _PROMPT or _TEMPLATE; (2) docstrings,
+    which code cannot read without a new name (and so a rejected change). Every other literal (regexes, tag
+    names, dict keys, SEARCH_SPACE, strings inside functions) must stay as the parent has it."""
     tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id.isupper() and node.targets[0].id.split("_")[-1] in PROMPT_KNOBS \
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            node.value.value = ""
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            node.value = ""
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body \
+                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
+                and isinstance(node.body[0].value.value, str):
+            node.body[0].value.value = ""
     return ast.dump(tree, include_attributes=False)
 
 
