@@ -49,6 +49,7 @@ from pathlib import Path
 import domains
 import engines
 import rollout
+from rollout import Parser, nonnegative_int, positive_float, positive_int
 
 ALLOWED_IMPORTS = ("re", "json", "math", "random", "string", "collections", "itertools", "functools",
                    "textwrap", "dataclasses", "typing")
@@ -63,10 +64,11 @@ CLAUDE_TOOLS = "Read,Write,Edit,Glob,Grep"
 
 def add_args(p):
     # harness search (shared with whale.py)
-    p.add_argument("--candidates", type=int, default=3, help="M: candidates proposed per iteration")
-    p.add_argument("--harness-tasks", type=int, default=None,
+    p.add_argument("--candidates", type=positive_int, default=3, help="M: candidates proposed per iteration")
+    p.add_argument("--harness-tasks", type=positive_int, default=None,
                    help="score on the first N harness-set tasks (default all)")
-    p.add_argument("--harness-samples", type=int, default=1, help="rollouts per harness-set task when scoring")
+    p.add_argument("--harness-samples", type=positive_int, default=1,
+                   help="rollouts per harness-set task when scoring")
     p.add_argument("--prompt-only", action="store_true", help="candidates may change only string constants (FST)")
     # proposer
     p.add_argument("--proposer", default="mutate", choices=PROPOSERS)
@@ -75,8 +77,9 @@ def add_args(p):
     p.add_argument("--proposer-url", default="http://localhost:8000/v1", help="OpenAI-compatible base URL")
     p.add_argument("--proposer-model", default=None, help="model name for openai / claude proposers")
     p.add_argument("--proposer-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
-    p.add_argument("--proposer-timeout", type=float, default=1800.0, help="seconds per proposer call")
-    p.add_argument("--proposer-prompt-tokens", type=int, default=24000, help="openai prompt budget (chars/4 estimate)")
+    p.add_argument("--proposer-timeout", type=positive_float, default=1800.0, help="seconds per proposer call")
+    p.add_argument("--proposer-prompt-tokens", type=positive_int, default=24000,
+                   help="openai prompt budget (chars/4 estimate)")
 
 
 # -----------------------------------------------------------------------------
@@ -103,8 +106,22 @@ def should_stop_harness_phase(best_series, patience, min_iters):
 # the archive
 
 def read_json(path, default=None):
+    """The JSON in path (default when there is none); a damaged file is an error naming it and the fix."""
     path = Path(path)
-    return json.loads(path.read_text()) if path.exists() else default
+    if not path.exists():
+        return default
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"damaged run file {path} ({'empty' if not path.read_text().strip() else e.msg}): restore "
+                         "it, or start this run over in a fresh --out") from None
+
+
+def check_run_files(folder):
+    """Every JSON file of a run folder parses (read_json's error otherwise), checked before any work starts."""
+    for path in sorted(Path(folder).glob("**/*.json")):
+        if path.name != "config.json":  # rewritten at every start
+            read_json(path)
 
 
 def write_json(path, obj):
@@ -665,17 +682,18 @@ def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=N
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # what to run
     p.add_argument("--domain", required=True, help="searchqa, math or chess")
     p.add_argument("--harness", required=True, help="the seed harness file (h0)")
     p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
     p.add_argument("--out", required=True, help="run folder: the archive (rerun to resume)")
     # stopping
-    p.add_argument("--iterations", type=int, default=6, help="at most this many iterations")
-    p.add_argument("--patience", type=int, default=0,
+    p.add_argument("--iterations", type=nonnegative_int, default=6, help="at most this many iterations")
+    p.add_argument("--patience", type=nonnegative_int, default=0,
                    help="stop when the best has not improved for P iterations (0: off)")
-    p.add_argument("--min-iterations", type=int, default=6, help="with --patience: run at least N iterations")
+    p.add_argument("--min-iterations", type=nonnegative_int, default=6,
+                   help="with --patience: run at least N iterations")
     rollout.add_sampling_args(p)
     p.add_argument("--seed", type=int, default=0)
     add_args(p)
@@ -688,8 +706,10 @@ def main(argv=None):
         raise SystemExit(f"harness file {args.harness} not found: pass --harness PATH, e.g. harnesses/{args.domain}.py")
     try:
         domain = domains.get(args.domain, args)
-    except ValueError as e:
-        raise SystemExit(str(e))
+        domain.load("harness")  # a malformed data file is an error now, before any model is loaded
+        check_run_files(args.out)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        raise SystemExit(f"meta_harness.py: error: {e}")
     os.makedirs(args.out, exist_ok=True)
     write_json(Path(args.out) / "config.json", vars(args))
     stop = (lambda s: should_stop_harness_phase(s, args.patience, args.min_iterations)) if args.patience else None

@@ -457,6 +457,31 @@ def test_fst_has_as_many_prompt_variants_as_the_full_search_has_structural_optio
     assert prompt >= sum(options.values()) - prompt >= 10
 
 
+@pytest.mark.parametrize("name", ["searchqa", "math", "chess"])
+def test_prompt_only_lets_a_candidate_change_only_prompt_text(name):
+    """--prompt-only (FST): each string literal of h0 changed on its own passes static_check exactly when it is a
+    prompt knob's value or a docstring; regexes, tag names, dict keys, SEARCH_SPACE entries do not. mutate's
+    string-valued options are the prompt knobs, so its prompt-only candidates always pass."""
+    import meta_harness
+    source = open(os.path.join(ROOT, "harnesses", f"{name}.py")).read()
+    tree = ast.parse(source)
+    allowed = {id(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id.endswith(("_PROMPT", "_TEMPLATE"))
+               and isinstance(n.value, ast.Constant)}
+    allowed |= {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.FunctionDef))
+                and isinstance(n.body[0], ast.Expr)}
+    strings = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    assert len(allowed) >= 4 and len(strings) > 2 * len(allowed)
+    for node in strings:
+        node.value, old = node.value + "!", node.value
+        verdict = meta_harness.static_check(ast.unparse(tree), source, prompt_only=True)
+        node.value = old
+        assert (verdict is None) == (id(node) in allowed), (node.lineno, old[:40], verdict)
+    for knob, old, new in meta_harness.knob_options(source):
+        verdict = meta_harness.static_check(meta_harness.set_knob(source, knob, new), source, prompt_only=True)
+        assert (verdict is None) == isinstance(new, str), (knob, new)
+    assert meta_harness.static_check(source.replace("MAX_TURNS = ", "MAX_TURNS = 1 + "), source, prompt_only=True)
+
+
 def scripted_reply(messages, name, task):
     """A plausible reply for any harness variant: the format the prompt asked for, with the right content."""
     if name == "searchqa":
