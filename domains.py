@@ -11,14 +11,16 @@
 
 Splits: train and test are bundled files (data/, rebuilt by data/build.py); harness is a fixed
 seeded sample of 256 training tasks, the set every harness candidate is scored on (as in the paper).
-- searchqa: BM25 (bm25s) over a synthetic encyclopedia; reward = exact match after normalisation
+- searchqa: BM25 (bm25s) over a synthetic encyclopedia, split by entity; reward = exact match after normalisation
   (lower case, punctuation and the articles a/an/the removed, white space folded) with any gold answer.
-- math: `python(code)` runs in a separate, resource-limited process; reward = the last \\boxed{...}
+- math: test = the GSM8K originals, or with --math-test-set generated 200 held-out generated problems of
+  1-2 steps; `python(code)` runs in a separate, resource-limited process; reward = the last \\boxed{...}
   of the answer (nested braces handled) equals the gold answer after only two normalisations:
   white space removed and thousands separators dropped ("1,234" -> "1234").
 - chess: Lichess puzzles; the line's first move is the opponent's and is played before the agent
-  sees the position (FEN, board, legal moves in UCI and in SAN without the check/mate marks + and #); a legal move off the line ends the episode (any mating move is accepted where
-  the line mates); reward 1.0 only for the whole line.
+  sees the position (FEN, board, legal moves in UCI and in SAN without the check and mate marks + and #);
+  a legal move off the line ends the episode (any mating move is accepted where the line mates);
+  reward 1.0 only for the whole line.
 
 The paper's data (--data paper, `domains.get(name, args)` with add_args' flags; needs `datasets`,
 a GPU/paper extra imported only then). Every dataset name is a flag and may be a local .jsonl / .csv /
