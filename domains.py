@@ -11,14 +11,16 @@
 
 Splits: train and test are bundled files (data/, rebuilt by data/build.py); harness is a fixed
 seeded sample of 256 training tasks, the set every harness candidate is scored on (as in the paper).
-- searchqa: BM25 (bm25s) over a synthetic encyclopedia; reward = exact match after normalisation
+- searchqa: BM25 (bm25s) over a synthetic encyclopedia, split by entity; reward = exact match after normalisation
   (lower case, punctuation and the articles a/an/the removed, white space folded) with any gold answer.
-- math: `python(code)` runs in a separate, resource-limited process; reward = the last \\boxed{...}
+- math: test = the GSM8K originals, or with --math-test-set generated 200 held-out generated problems of
+  1-2 steps; `python(code)` runs in a separate, resource-limited process; reward = the last \\boxed{...}
   of the answer (nested braces handled) equals the gold answer after only two normalisations:
   white space removed and thousands separators dropped ("1,234" -> "1234").
 - chess: Lichess puzzles; the line's first move is the opponent's and is played before the agent
-  sees the position; a legal move off the line ends the episode (any mating move is accepted where
-  the line mates); reward 1.0 only for the whole line.
+  sees the position (FEN, board, legal moves in UCI and in SAN without the check and mate marks + and #);
+  a legal move off the line ends the episode (any mating move is accepted where the line mates);
+  reward 1.0 only for the whole line.
 
 The paper's data (--data paper, `domains.get(name, args)` with add_args' flags; needs `datasets`,
 a GPU/paper extra imported only then). Every dataset name is a flag and may be a local .jsonl / .csv /
@@ -98,7 +100,10 @@ class Domain:
             if split not in self.paper_splits:
                 self.paper_splits[split] = paper_tasks(self.name, split, self.args)
             return self.paper_splits[split]
-        return read_jsonl(f"{self.name}_{split}.jsonl", self.REQUIRED)
+        return read_jsonl(self.bundled_file(split), self.REQUIRED)
+
+    def bundled_file(self, split):
+        return f"{self.name}_{split}.jsonl"
 
     def gold(self, task):
         """The gold answer in words, for `show` and for people reading traces."""
@@ -108,7 +113,7 @@ class Domain:
 # SearchQA
 
 
-MAX_PASSAGE_CHARS = 600
+MAX_PASSAGE_CHARS = 4000  # a flood guard only: whole passages come back, the harness cuts them (PASSAGE_WORDS)
 MAX_SEARCH_K = 10
 
 
@@ -282,11 +287,18 @@ def normalize_number(text):
     return text
 
 
+MATH_TEST_SETS = {"gsm8k": "math_test.jsonl", "generated": "math_test_generated.jsonl"}
+
+
 class Math(Domain):
     name = "math"
     TOOL_METHODS = ("python",)
     REQUIRED = ("id", "question", "answer")
     python_timeout_s = PYTHON_TIMEOUT_S  # tests and quick runs may lower it on the instance
+    test_set = "gsm8k"  # bundled test split: GSM8K originals, or "generated" (1-2 steps, held out from train)
+
+    def bundled_file(self, split):
+        return MATH_TEST_SETS[self.test_set] if split == "test" else super().bundled_file(split)
 
     def public(self, task):
         return {"question": task["question"]}
@@ -309,11 +321,16 @@ class Math(Domain):
 # Chess
 
 
+def plain_san(board, move):
+    """SAN without the check and mate marks (+, #): the view must not say which moves give mate."""
+    return board.san(move).rstrip("+#")
+
+
 def board_view(board):
     """What the agent sees of a position (the keys shared by public() and a move's "ok" answer)."""
     legal = list(board.legal_moves)
     return {"fen": board.fen(), "board": str(board), "legal_uci": [m.uci() for m in legal],
-            "legal_san": [board.san(m) for m in legal]}
+            "legal_san": [plain_san(board, m) for m in legal]}
 
 
 class ChessTools:
@@ -346,7 +363,7 @@ class ChessTools:
             self.solved = self.over = True
             return {"status": "solved", "message": f"{move.uci()} is correct; the puzzle is solved"}
         reply = self.line[self.next]
-        reply_san = self.board.san(reply)
+        reply_san = plain_san(self.board, reply)
         self.board.push(reply)
         self.next += 1
         return {"status": "ok", "message": f"{move.uci()} is correct; the opponent replied {reply.uci()}",
@@ -372,7 +389,7 @@ class Chess(Domain):
     def public(self, task):
         board = chess.Board(task["fen"])
         first = chess.Move.from_uci(task["moves"][0])
-        first_san = board.san(first)
+        first_san = plain_san(board, first)
         board.push(first)
         return {**board_view(board), "side": "white" if board.turn == chess.WHITE else "black",
                 "last_move": first.uci(), "last_move_san": first_san}
@@ -408,8 +425,7 @@ DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
 def read_rows(name, config=None, split="train", streaming=False):
     """Rows of a hub dataset (through `datasets`, imported only here) or of a local .jsonl/.csv/.parquet file."""
     if os.path.exists(name) and name.endswith((".jsonl", ".json")):
-        with open(name, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return read_local_jsonl(name)
     if os.path.exists(name) and name.endswith(".csv"):
         with open(name, encoding="utf-8", newline="") as f:
             return list(csv.DictReader(f))
@@ -420,6 +436,22 @@ def read_rows(name, config=None, split="train", streaming=False):
     if os.path.exists(name) and name.endswith(".parquet"):
         return datasets.load_dataset("parquet", data_files=name, split="train", streaming=streaming)
     return datasets.load_dataset(name, config, split=split, streaming=streaming)
+
+def read_local_jsonl(path):
+    """Rows of a local JSON Lines file (blank lines skipped); a line that is not a JSON object is an error naming it."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if not isinstance(row, dict):
+                raise ValueError(f"malformed data file {path}: line {lineno} is not a JSON object; fix or remove that line")
+            rows.append(row)
+    return rows
 
 # -----------------------------------------------------------------------------
 # row parsers: one dataset row -> one task dict (None for a row that cannot be a task)
@@ -592,6 +624,8 @@ def add_args(p):
     p.add_argument("--wiki-limit", type=int, default=None, help="index only the first N passages of --wiki")
     p.add_argument("--math-train", default=MATH_TRAIN)
     p.add_argument("--math-test", default=",".join(MATH_TEST), help="name:split, comma-separated")
+    p.add_argument("--math-test-set", default="gsm8k", choices=sorted(MATH_TEST_SETS),
+                   help="bundled math test split: the GSM8K originals, or generated 1-2 step problems held out from train")
     p.add_argument("--chess-puzzles", default=CHESS_PUZZLES, help="hub dataset or lichess_db_puzzle.csv")
     p.add_argument("--chess-rating", default="0-1500", help="rating band MIN-MAX")
     p.add_argument("--chess-max-solver-moves", type=int, default=2, help="line length: 1..N moves by the solver")
@@ -602,10 +636,20 @@ def add_args(p):
 def paper_tasks(name, split, args):
     """The paper's train or test tasks of a domain, with the dataset names and filters of add_args' flags."""
     if name == "searchqa":
-        return load_searchqa(split, args.searchqa_train, args.searchqa_test, args.searchqa_test_sets.split(","),
-                             args.searchqa_test_per_set)
-    if name == "math":
-        return load_math(split, args.math_train, args.math_test.split(","))
+        tasks = load_searchqa(split, args.searchqa_train, args.searchqa_test, args.searchqa_test_sets.split(","),
+                              args.searchqa_test_per_set)
+    elif name == "math":
+        tasks = load_math(split, args.math_train, args.math_test.split(","))
+    else:
+        tasks = load_chess_split(split, args)
+    if not tasks:
+        raise ValueError(f"--data paper: the {name} {split} data has no usable rows (every row lacks a question or "
+                         f"an answer): check the {name} dataset flags (see --help)")
+    return tasks
+
+
+def load_chess_split(split, args):
+    """The paper's chess puzzles in the rating band and line length of the flags."""
     try:
         low, high = (int(x) for x in args.chess_rating.split("-"))
     except ValueError:
@@ -633,7 +677,15 @@ def get(name, args=None):
     """A domain on the bundled data, or on the paper's data when args (add_args' flags) say --data paper."""
     if name not in DOMAINS:
         raise ValueError(f"unknown domain {name!r}: choose searchqa, math or chess")
-    return DOMAINS[name](args if getattr(args, "data", "bundled") == "paper" else None)
+    paper = getattr(args, "data", "bundled") == "paper"
+    domain = DOMAINS[name](args if paper else None)
+    test_set = getattr(args, "math_test_set", "gsm8k")
+    if name == "math" and test_set != "gsm8k":
+        if paper:
+            raise ValueError(f"--math-test-set {test_set} is a bundled test split: with --data paper the test set "
+                             "is --math-test (default AIME 2024 + 2025); drop one of the two flags")
+        domain.test_set = test_set
+    return domain
 
 
 def print_stats():
@@ -641,6 +693,7 @@ def print_stats():
     for name in DOMAINS:
         d = get(name)
         print(f"{name:10s} " + " ".join(f"{len(d.load(s)):>{w}d}" for s, w in zip(SPLITS, (7, 8, 6))))
+    print(f"math test, --math-test-set generated: {len(read_jsonl(MATH_TEST_SETS['generated']))} problems")
     docs = read_jsonl("searchqa_corpus.jsonl")
     print(f"searchqa corpus: {len(docs)} documents")
 

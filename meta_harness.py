@@ -49,6 +49,7 @@ from pathlib import Path
 import domains
 import engines
 import rollout
+from rollout import Parser, nonnegative_int, positive_float, positive_int
 
 ALLOWED_IMPORTS = ("re", "json", "math", "random", "string", "collections", "itertools", "functools",
                    "textwrap", "dataclasses", "typing")
@@ -63,10 +64,11 @@ CLAUDE_TOOLS = "Read,Write,Edit,Glob,Grep"
 
 def add_args(p):
     # harness search (shared with whale.py)
-    p.add_argument("--candidates", type=int, default=3, help="M: candidates proposed per iteration")
-    p.add_argument("--harness-tasks", type=int, default=None,
+    p.add_argument("--candidates", type=positive_int, default=3, help="M: candidates proposed per iteration")
+    p.add_argument("--harness-tasks", type=positive_int, default=None,
                    help="score on the first N harness-set tasks (default all)")
-    p.add_argument("--harness-samples", type=int, default=1, help="rollouts per harness-set task when scoring")
+    p.add_argument("--harness-samples", type=positive_int, default=1,
+                   help="rollouts per harness-set task when scoring")
     p.add_argument("--prompt-only", action="store_true", help="candidates may change only string constants (FST)")
     # proposer
     p.add_argument("--proposer", default="mutate", choices=PROPOSERS)
@@ -75,8 +77,9 @@ def add_args(p):
     p.add_argument("--proposer-url", default="http://localhost:8000/v1", help="OpenAI-compatible base URL")
     p.add_argument("--proposer-model", default=None, help="model name for openai / claude proposers")
     p.add_argument("--proposer-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
-    p.add_argument("--proposer-timeout", type=float, default=1800.0, help="seconds per proposer call")
-    p.add_argument("--proposer-prompt-tokens", type=int, default=24000, help="openai prompt budget (chars/4 estimate)")
+    p.add_argument("--proposer-timeout", type=positive_float, default=1800.0, help="seconds per proposer call")
+    p.add_argument("--proposer-prompt-tokens", type=positive_int, default=24000,
+                   help="openai prompt budget (chars/4 estimate)")
 
 
 # -----------------------------------------------------------------------------
@@ -103,8 +106,22 @@ def should_stop_harness_phase(best_series, patience, min_iters):
 # the archive
 
 def read_json(path, default=None):
+    """The JSON in path (default when there is none); a damaged file is an error naming it and the fix."""
     path = Path(path)
-    return json.loads(path.read_text()) if path.exists() else default
+    if not path.exists():
+        return default
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"damaged run file {path} ({'empty' if not path.read_text().strip() else e.msg}): restore "
+                         "it, or start this run over in a fresh --out") from None
+
+
+def check_run_files(folder):
+    """Every JSON file of a run folder parses (read_json's error otherwise), checked before any work starts."""
+    for path in sorted(Path(folder).glob("**/*.json")):
+        if path.name != "config.json":  # rewritten at every start
+            read_json(path)
 
 
 def write_json(path, obj):
@@ -206,17 +223,31 @@ def static_check(source, parent_source=None, prompt_only=False):
         if isinstance(node, ast.Attribute) and node.attr.startswith("__") and node.attr.endswith("__"):
             return f"forbidden attribute: .{node.attr} (line {node.lineno})"
     if prompt_only and parent_source is not None and strings_blanked(source) != strings_blanked(parent_source):
-        return "prompt-only violation: the candidate changes more than string constants of its parent"
+        return ("prompt-only violation: the candidate changes more than its parent's prompt text (top-level "
+                "*_PROMPT / *_TEMPLATE string constants and docstrings)")
     return None
 
 
+PROMPT_KNOBS = ("PROMPT", "TEMPLATE")  # a prompt knob's name is one of these or ends in _PROMPT / _TEMPLATE
+
+
 def strings_blanked(source):
-    """The syntax tree with every string constant replaced, so two files compare equal iff they differ
-    only in string constants (f-string text may change, f-string expressions may not)."""
+    """The syntax tree with its prompt text blanked, so two files compare equal iff they differ only in prompt
+    text (--prompt-only, FST). Prompt text is (1) the value of a top-level prompt knob: `NAME = "..."`, a single
+    string literal, NAME being PROMPT, TEMPLATE or UPPER_CASE ending in _PROMPT or _TEMPLATE; (2) docstrings,
+    which code cannot read without a new name (and so a rejected change). Every other literal (regexes, tag
+    names, dict keys, SEARCH_SPACE, strings inside functions) must stay as the parent has it."""
     tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id.isupper() and node.targets[0].id.split("_")[-1] in PROMPT_KNOBS \
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            node.value.value = ""
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            node.value = ""
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body \
+                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
+                and isinstance(node.body[0].value.value, str):
+            node.body[0].value.value = ""
     return ast.dump(tree, include_attributes=False)
 
 
@@ -707,17 +738,18 @@ def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=N
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # what to run
     p.add_argument("--domain", required=True, help="searchqa, math or chess")
     p.add_argument("--harness", required=True, help="the seed harness file (h0)")
     p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
     p.add_argument("--out", required=True, help="run folder: the archive (rerun to resume)")
     # stopping
-    p.add_argument("--iterations", type=int, default=6, help="at most this many iterations")
-    p.add_argument("--patience", type=int, default=0,
+    p.add_argument("--iterations", type=nonnegative_int, default=6, help="at most this many iterations")
+    p.add_argument("--patience", type=nonnegative_int, default=0,
                    help="stop when the best has not improved for P iterations (0: off)")
-    p.add_argument("--min-iterations", type=int, default=6, help="with --patience: run at least N iterations")
+    p.add_argument("--min-iterations", type=nonnegative_int, default=6,
+                   help="with --patience: run at least N iterations")
     rollout.add_sampling_args(p)
     p.add_argument("--seed", type=int, default=0)
     add_args(p)
@@ -730,8 +762,10 @@ def main(argv=None):
         raise SystemExit(f"harness file {args.harness} not found: pass --harness PATH, e.g. harnesses/{args.domain}.py")
     try:
         domain = domains.get(args.domain, args)
-    except ValueError as e:
-        raise SystemExit(str(e))
+        domain.load("harness")  # a malformed data file is an error now, before any model is loaded
+        check_run_files(args.out)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        raise SystemExit(f"meta_harness.py: error: {e}")
     os.makedirs(args.out, exist_ok=True)
     write_json(Path(args.out) / "config.json", vars(args))
     stop = (lambda s: should_stop_harness_phase(s, args.patience, args.min_iterations)) if args.patience else None

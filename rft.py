@@ -24,7 +24,6 @@ accepted makes no update, but its rollouts still count. After every step the tra
 optimizer, scheduler, sampler, RNG, counters) atomically to OUT/ckpt, rewrites OUT/metrics.jsonl and tells the
 backend about the new adapter; rerunning the same command resumes after the last finished step.
 """
-import argparse
 import json
 import os
 import random
@@ -43,18 +42,19 @@ import rollout
 def add_args(parser):
     """The RSFT, LoRA and sampling flags (whale.py reuses them). The caller adds --model and --seed."""
     # rollout step (paper: 256 prompts x G = 8)
-    parser.add_argument("--batch", type=int, default=256, help="training prompts per rollout step")
-    parser.add_argument("--group", type=int, default=8, help="G: rollouts per prompt")
+    parser.add_argument("--batch", type=rollout.positive_int, default=256, help="training prompts per rollout step")
+    parser.add_argument("--group", type=rollout.positive_int, default=8, help="G: rollouts per prompt")
     rollout.add_sampling_args(parser)
     # SFT update: one pass over the accepted set, one optimizer step
-    parser.add_argument("--minibatch", type=int, default=8, help="examples per forward/backward (gradient accumulation)")
-    parser.add_argument("--lr", type=float, default=1e-4, help="AdamW lr on the LoRA weights")
-    parser.add_argument("--warmup", type=int, default=2, help="optimizer steps of linear lr warmup")
-    parser.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm (0 = off)")
+    parser.add_argument("--minibatch", type=rollout.positive_int, default=8,
+                        help="examples per forward/backward (gradient accumulation)")
+    parser.add_argument("--lr", type=rollout.positive_float, default=1e-4, help="AdamW lr on the LoRA weights")
+    parser.add_argument("--warmup", type=rollout.nonnegative_int, default=2, help="optimizer steps of linear lr warmup")
+    parser.add_argument("--grad-clip", type=rollout.nonnegative_float, default=1.0, help="max gradient norm (0 = off)")
     # LoRA
-    parser.add_argument("--lora-rank", type=int, default=16)
-    parser.add_argument("--lora-alpha", type=int, default=32)
-    parser.add_argument("--lora-dropout", type=float, default=0.0)
+    parser.add_argument("--lora-rank", type=rollout.positive_int, default=16)
+    parser.add_argument("--lora-alpha", type=rollout.positive_int, default=32)
+    parser.add_argument("--lora-dropout", type=rollout.nonnegative_float, default=0.0)
     parser.add_argument("--lora-targets", default="all-linear", help="'all-linear' or comma-separated module names")
     # GPU
     parser.add_argument("--bf16", action="store_true", help="load the base model in bf16 (LoRA weights stay fp32)")
@@ -178,6 +178,26 @@ def should_stop_weight_phase(rewards, window, min_len, patience):
     return len(means) - 1 - best_at >= patience
 
 
+def check_checkpoint(out_dir):
+    """A damaged run folder is an error naming the file and the fix, never a silent restart from step 0."""
+    out_dir = Path(out_dir)
+    ckpt, metrics = out_dir / "ckpt", out_dir / "metrics.jsonl"
+    start_over = f"restore it, or delete {out_dir} to train from step 0"
+    if ckpt.is_symlink() and not ckpt.exists():
+        raise ValueError(f"checkpoint link {ckpt} points to {os.readlink(ckpt)}, which is missing: {start_over}")
+    if not ckpt.exists():
+        if metrics.exists() and metrics.read_text().strip():
+            raise ValueError(f"{metrics} records finished RSFT steps but the checkpoint {ckpt} is missing: {start_over}")
+        return
+    for name in ("state.json", "optimizer.pt", "adapter/adapter_model.safetensors"):
+        if not (ckpt / name).exists():
+            raise ValueError(f"damaged checkpoint: {ckpt / name} is missing: {start_over}")
+    try:
+        json.loads((ckpt / "state.json").read_text())
+    except json.JSONDecodeError:
+        raise ValueError(f"damaged checkpoint: {ckpt / 'state.json'} is not valid JSON: {start_over}") from None
+
+
 # -----------------------------------------------------------------------------
 # the trainer: state that lives across steps (model, optimizer, sampler, counters) and its checkpoint
 
@@ -195,6 +215,7 @@ class RSFT:
                              f"({len(self.train)} prompts): use 1 <= --batch <= {len(self.train)}")
         if isinstance(backend.model, PeftModel):
             raise ValueError("backend.model already has an adapter: give RSFT the base model")
+        check_checkpoint(self.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         ckpt = self.out_dir / "ckpt"
         if ckpt.exists():
@@ -368,17 +389,17 @@ def bench(args, repeats=5):
 
 def main(argv=None):
     import domains
-    p = argparse.ArgumentParser(description="Online RSFT with LoRA (the weight phase of WHALE).")
+    p = rollout.Parser(description="Online RSFT with LoRA (the weight phase of WHALE).")
     # run
     p.add_argument("--domain", choices=("searchqa", "math", "chess"))
     p.add_argument("--harness", help="the harness file the rollouts run under")
     p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
     p.add_argument("--out", help="run folder: config.json, metrics.jsonl, ckpt/, summary.json")
-    p.add_argument("--steps", type=int, default=10, help="rollout steps in all (a rerun resumes)")
+    p.add_argument("--steps", type=rollout.positive_int, default=10, help="rollout steps in all (a rerun resumes)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bench", action="store_true", help="time the update against a bare forward/backward loop")
     # adaptive stop (paper: window = minimum phase length = patience = 0.2 epoch)
-    p.add_argument("--stop-patience", type=int, default=0,
+    p.add_argument("--stop-patience", type=rollout.nonnegative_int, default=0,
                    help="stop early when the N-step mean reward set no new best for N steps, after N steps (0 = off)")
     add_args(p)
     engines.add_backend_args(p)
@@ -391,11 +412,13 @@ def main(argv=None):
     if not os.path.isfile(args.harness):
         raise SystemExit(f"harness file {args.harness} not found: pass --harness PATH, e.g. harnesses/{args.domain}.py")
     try:
-        model, tok = engines.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
+        check_checkpoint(args.out)  # before the model loads: a damaged run folder is the first thing to hear about
         domain = domains.get(args.domain, args)
+        domain.load("train")
+        model, tok = engines.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
         trainer = RSFT(args, engines.load_backend(args, model, tok), domain, args.out)
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(str(e))
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        raise SystemExit(f"rft.py: error: {e}")
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(vars(args), f, indent=1)
 

@@ -40,14 +40,51 @@ from tqdm import tqdm
 from engines import HFBackend, add_backend_args, chat_ids, load_backend, load_model
 
 
+# -----------------------------------------------------------------------------
+# command lines: one-line errors, and number checks every CLI shares (argparse `type=`)
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line naming the flag and the fix, before any work (-h shows the usage)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def number(text, kind, minimum, strict):
+    """`text` as int or float, at least (strict: above) `minimum`; else argparse's error names the flag."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if not (value > minimum if strict else value >= minimum):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {minimum}, got {text}")
+    return value
+
+
+def positive_int(text):
+    return number(text, int, 1, strict=False)
+
+
+def nonnegative_int(text):
+    return number(text, int, 0, strict=False)
+
+
+def positive_float(text):
+    return number(text, float, 0, strict=True)
+
+
+def nonnegative_float(text):
+    return number(text, float, 0, strict=False)
+
+
 def add_sampling_args(p):
     """Sampling and runner flags, shared by every script that runs episodes."""
     # sampling (paper: temperature 1.0, top-k 20) and the runner
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=20)
-    p.add_argument("--max-new-tokens", type=int, default=256, help="cap per llm() call")
-    p.add_argument("--deadline", type=float, default=120.0, help="seconds of harness time per episode")
-    p.add_argument("--workers", type=int, default=None, help="concurrent episodes (default min(64, episodes))")
+    p.add_argument("--temperature", type=nonnegative_float, default=1.0, help="0 = greedy")
+    p.add_argument("--top-k", type=nonnegative_int, default=20, help="0 = off")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256, help="cap per llm() call")
+    p.add_argument("--deadline", type=positive_float, default=120.0, help="seconds of harness time per episode")
+    p.add_argument("--workers", type=positive_int, default=None, help="concurrent episodes (default min(64, episodes))")
 
 
 # -----------------------------------------------------------------------------
@@ -674,13 +711,14 @@ def prefix_bench(backend, samples=8, prompt_tokens=300, max_new_tokens=32, round
 # CLI
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    import domains
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # what to evaluate
     p.add_argument("--domain", choices=["searchqa", "math", "chess"])
     p.add_argument("--harness", help="harness file, e.g. harnesses/chess.py")
     p.add_argument("--split", default="test", choices=["train", "harness", "test"])
-    p.add_argument("--limit", type=int, default=None, help="first N tasks of the split")
-    p.add_argument("--k", type=int, default=8, help="samples per task (mean@k)")
+    p.add_argument("--limit", type=positive_int, default=None, help="first N tasks of the split")
+    p.add_argument("--k", type=positive_int, default=8, help="samples per task (mean@k)")
     p.add_argument("--out", default=None, help="folder for traces.jsonl and results.json")
     # model and sampling
     p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
@@ -688,13 +726,14 @@ def main():
     add_sampling_args(p)
     add_backend_args(p)
     p.add_argument("--seed", type=int, default=0)
+    domains.add_args(p)  # --data paper, --math-test-set ...
     # bench
     p.add_argument("--bench", action="store_true",
                    help="shared vs per-row prefill (hf), then raw batched generate vs the runner, same work")
-    p.add_argument("--bench-episodes", type=int, default=64)
-    p.add_argument("--bench-calls", type=int, default=4, help="llm() calls per bench episode")
-    p.add_argument("--bench-tokens", type=int, default=64, help="tokens per llm() call")
-    p.add_argument("--bench-rounds", type=int, default=2, help="alternating rounds of (a) and (b)")
+    p.add_argument("--bench-episodes", type=positive_int, default=64)
+    p.add_argument("--bench-calls", type=positive_int, default=4, help="llm() calls per bench episode")
+    p.add_argument("--bench-tokens", type=positive_int, default=64, help="tokens per llm() call")
+    p.add_argument("--bench-rounds", type=positive_int, default=2, help="alternating rounds of (a) and (b)")
     args = p.parse_args()
 
     if args.bench:
@@ -706,14 +745,13 @@ def main():
               rounds=args.bench_rounds)
         return
     if not args.domain or not args.harness:
-        raise SystemExit("rollout.py: pass --domain and --harness (or --bench)")
+        p.error("pass --domain and --harness (or --bench)")
     try:
         check_harness(args.harness)
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(str(e))
-    import domains
-    domain = domains.get(args.domain)
-    tasks = domain.load(args.split)[:args.limit]
+        domain = domains.get(args.domain, args)
+        tasks = domain.load(args.split)[:args.limit]
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        raise SystemExit(f"rollout.py: error: {e}")
     model, tok = load_model(args.model, adapter=args.adapter)
     out = Path(args.out) if args.out else None
     traces = None

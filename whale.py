@@ -90,7 +90,7 @@ PAPER_MODELS = {"searchqa": "Qwen/Qwen3.5-2B", "math": "Qwen/Qwen3.5-2B", "chess
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = rollout.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # what to run
     p.add_argument("--domain", required=True, choices=sorted(domains.DOMAINS))
     p.add_argument("--method", nargs="+", default=["whale"], choices=METHODS,
@@ -101,21 +101,25 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="run folder (default results/<preset>/<domain>/<method>)")
     p.add_argument("--model", default=None, help="smoke | cpu | hub id | local path (default: the preset's)")
     p.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py)")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=rollout.positive_int, default=None,
                    help="torch CPU threads; 1 on 2-core machines, where the harness workers need the other core")
     # budgets
-    p.add_argument("--epochs", type=float, default=None, help="total weight-training budget in train epochs")
-    p.add_argument("--phase-epochs", type=float, default=None, help="E: epochs per weight phase (fixed schedule)")
-    p.add_argument("--harness-iterations", type=int, default=None, help="I: harness iterations per harness phase")
-    p.add_argument("--train-limit", type=int, default=None, help="use only the first N train tasks (small presets)")
+    p.add_argument("--epochs", type=rollout.positive_float, default=None, help="total weight-training budget in train epochs")
+    p.add_argument("--phase-epochs", type=rollout.positive_float, default=None,
+                   help="E: epochs per weight phase (fixed schedule)")
+    p.add_argument("--harness-iterations", type=rollout.positive_int, default=None,
+                   help="I: harness iterations per harness phase")
+    p.add_argument("--train-limit", type=rollout.positive_int, default=None,
+                   help="use only the first N train tasks (small presets)")
     # adaptive schedule (paper: window = min length = patience = 0.2 epoch; P_h = 2, at least 6 iterations)
-    p.add_argument("--adaptive-epochs", type=float, default=0.2, help="weight phase window, minimum length and patience")
-    p.add_argument("--harness-patience", type=int, default=2)
-    p.add_argument("--harness-min-iterations", type=int, default=6)
-    p.add_argument("--harness-max-iterations", type=int, default=12)
+    p.add_argument("--adaptive-epochs", type=rollout.positive_float, default=0.2,
+                   help="weight phase window, minimum length and patience")
+    p.add_argument("--harness-patience", type=rollout.nonnegative_int, default=2)
+    p.add_argument("--harness-min-iterations", type=rollout.nonnegative_int, default=6)
+    p.add_argument("--harness-max-iterations", type=rollout.positive_int, default=12)
     # evaluation
-    p.add_argument("--k", type=int, default=None, help="samples per test task for mean@k")
-    p.add_argument("--test-limit", type=int, default=None, help="evaluate on the first N test tasks")
+    p.add_argument("--k", type=rollout.positive_int, default=None, help="samples per test task for mean@k")
+    p.add_argument("--test-limit", type=rollout.positive_int, default=None, help="evaluate on the first N test tasks")
     p.add_argument("--seed", type=int, default=0)
     domains.add_args(p)
     engines.add_backend_args(p)
@@ -149,10 +153,6 @@ def check_args(args, parser):
         parser.error("--backend vllm runs one method per command: give a single --method")
     if not os.path.isfile(args.harness):
         parser.error(f"harness file {args.harness} not found: pass --harness PATH or run from the repo root")
-    if args.epochs <= 0 or args.phase_epochs <= 0:
-        parser.error("--epochs and --phase-epochs must be > 0")
-    if args.harness_iterations < 1:
-        parser.error("--harness-iterations must be >= 1")
 
 
 def method_name(args):
@@ -208,6 +208,20 @@ def load_state(out):
     return state
 
 
+def check_run_folder(out):
+    """A damaged run folder is an error naming the file and the fix, before any work: never a silent restart.
+    state.json is written before the first RSFT step and after phase 1's evaluation, so RSFT steps or a phase-2
+    evaluation without it mean it was lost."""
+    meta_harness.check_run_files(out)
+    rft.check_checkpoint(os.path.join(out, "weights"))
+    path = os.path.join(out, "state.json")
+    steps = os.path.join(out, "weights", "ckpt")
+    phases = [r["phase"] for r in read_rows(out) if r.get("event") == "eval"]
+    if not os.path.exists(path) and (os.path.exists(steps) or max(phases, default=0) >= 2):
+        raise ValueError(f"{path} is missing but {out} holds finished phases or RSFT steps: restore it, or delete "
+                         f"{out} to start the run over")
+
+
 def save_state(out, state):
     meta_harness.write_json(os.path.join(out, "state.json"), state)
 
@@ -227,8 +241,17 @@ def read_rows(out):
     path = os.path.join(out, "metrics.jsonl")
     if not os.path.exists(path):
         return []
+    rows = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ValueError(f"damaged run file {path}: line {lineno} is not JSON (a run killed while writing "
+                                 "it?): delete that line and rerun") from None
+    return rows
 
 
 # -----------------------------------------------------------------------------
@@ -410,6 +433,11 @@ def evaluate_test(args, backend, domain, harness, tag, weights, donors):
 
 def main(argv=None):
     runs = parse_args(argv)
+    try:
+        for args in runs:
+            check_run_folder(args.out)
+    except ValueError as e:
+        raise SystemExit(f"whale.py: error: {e}")
     for args in runs:
         run(args, donors=[other.out for other in runs if other.out != args.out])
         gc.collect()  # the finished run's model and optimizer go before the next run loads its own
@@ -423,8 +451,12 @@ def run(args, donors=()):
     print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
     print(json.dumps(vars(args), indent=None))
 
-    domain = domains.get(args.domain, args)
-    train = domain.load("train")[: args.train_limit]
+    try:
+        domain = domains.get(args.domain, args)
+        train = domain.load("train")[: args.train_limit]
+        domain.load("test")  # a malformed data file is an error now, before any model is loaded
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        raise SystemExit(f"whale.py: error: {e}")
     steps, iterations = budgets(args, len(train))
     if args.threads:
         torch.set_num_threads(args.threads)

