@@ -202,7 +202,7 @@ def test_command_proposer_and_every_rejection_reason(fake, tmp_path):
     fr, seed, run_dir = fake
     agent = tmp_path / "agent.py"
     agent.write_text(STAND_IN)
-    args = make_args(candidates=7, proposer="command", prompt_only=True,
+    args = make_args(candidates=7, proposer="command", prompt_only=True, proposer_ro=[str(agent)],
                      proposer_cmd=f"{sys.executable} {agent} {{workdir}}")
     res = mh.search(None, FakeDomain(), str(seed), run_dir, args, iterations=2)
     assert res["iterations"] == 2  # the run goes on past rejections
