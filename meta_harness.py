@@ -571,7 +571,8 @@ def claude_command(work, scratch, run_dir, args):
                          "(npm install -g @anthropic-ai/claude-code) or use --proposer command / openai")
     real = os.path.realpath(binary)
     install = os.path.dirname(real)
-    install = os.path.dirname(install) if os.path.basename(install) == "bin" else install  # the npm package
+    if os.path.basename(install) == "bin" and os.path.isfile(os.path.join(install, "..", "package.json")):
+        install = os.path.dirname(install)  # the npm package (bin/claude.exe, its install script, vendor files)
     settings = scratch / "claude-settings.json"  # outside `work`: the agent cannot edit its own permissions
     write_json(settings, claude_settings(work, run_dir))
     argv = [real, "-p", "Read INSTRUCTIONS.md in the current directory and do what it says.",
