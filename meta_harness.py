@@ -544,6 +544,7 @@ def propose_agent(work, scratch, run_dir, names, rows, iteration, args):
                                        instructions=shlex.quote(str(work / "INSTRUCTIONS.md")))
         argv, ro = ["/bin/sh", "-c", cmd], args.proposer_ro
         env = {k: os.environ[k] for k in [args.proposer_key_env] if k in os.environ}
+    print(f"proposer {args.proposer} (sandboxed, in {work}): {shlex.join(argv)}")
     t0 = time.time()
     rc, out, err = run_in_sandbox(sandbox.wrap(argv, ro=ro, rw=[work], net=True, cwd=str(work), env=env),
                                   work, scratch, args.proposer_timeout)
@@ -601,7 +602,8 @@ def claude_settings(work, run_dir):
     (https://json.schemastore.org/claude-code-settings.json) and Claude Code 2.1.197: its file tools read and
     edit only `work` ("//" starts an absolute path in a rule; Edit rules cover Write); anything else is
     refused without asking (dontAsk); the project and the run folder are denied by name too; no shell, no web,
-    no hooks, no bypass. The sandbox is the boundary; this keeps the agent's own tools inside it as well."""
+    no hooks, no bypass, no memory kept between runs. The sandbox is the boundary; this keeps the agent's own
+    tools inside it as well (tests/test_meta_harness.py runs the real CLI against a scripted model to show it)."""
     deny = ["Bash", "WebFetch", "WebSearch"]
     for place in {str(Path(__file__).resolve().parent), str(Path(run_dir).resolve())}:
         if not str(work).startswith(place + os.sep):
@@ -610,7 +612,7 @@ def claude_settings(work, run_dir):
             "permissions": {"allow": [f"Read(/{work}/**)", f"Edit(/{work}/**)"], "deny": sorted(deny),
                             "defaultMode": "dontAsk", "disableBypassPermissionsMode": "disable",
                             "additionalDirectories": []},
-            "disableAllHooks": True}
+            "disableAllHooks": True, "autoMemoryEnabled": False}
 
 
 def claude_result(stdout):

@@ -490,3 +490,86 @@ def test_end_to_end_smoke_mutate(tmp_path, capsys):
     frontier = json.loads((out / "frontier.json").read_text())
     assert frontier["best"] in rows and len(frontier["best_series"]) == 3 and frontier["lineage"][0] == "h0"
     assert json.loads((out / "config.json").read_text())["proposer"] == "mutate"
+
+
+class FakeAnthropicApi(http.server.BaseHTTPRequestHandler):
+    """A scripted model behind the Anthropic Messages API (127.0.0.1, streamed as server-sent events): one tool
+    call per turn, chosen by how many tool results the conversation holds; results are kept for the test."""
+    steps, results = [], []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        done = [b for m in body.get("messages", []) if m["role"] == "user" and isinstance(m["content"], list)
+                for b in m["content"] if b.get("type") == "tool_result"]
+        if body.get("tools") and done:
+            text = done[-1]["content"] if isinstance(done[-1]["content"], str) else \
+                " ".join(c.get("text", "") for c in done[-1]["content"])
+            FakeAnthropicApi.results.append((len(done), bool(done[-1].get("is_error")), text))
+        step = len(done) if body.get("tools") else len(FakeAnthropicApi.steps)
+        if step < len(FakeAnthropicApi.steps):
+            name, tool_input = FakeAnthropicApi.steps[step]
+            block, delta = {"type": "tool_use", "id": f"toolu_{step:02d}", "name": name, "input": {}}, \
+                {"type": "input_json_delta", "partial_json": json.dumps(tool_input)}
+        else:
+            block, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": "Wrote candidates/h1_1."}
+        events = [{"type": "message_start", "message": {
+                       "id": f"msg_{step}", "type": "message", "role": "assistant", "model": body.get("model", "m"),
+                       "content": [], "stop_reason": None, "stop_sequence": None,
+                       "usage": {"input_tokens": 100, "output_tokens": 1}}},
+                  {"type": "content_block_start", "index": 0, "content_block": block},
+                  {"type": "content_block_delta", "index": 0, "delta": delta},
+                  {"type": "content_block_stop", "index": 0},
+                  {"type": "message_delta", "delta": {"stop_reason": "tool_use" if block["type"] == "tool_use"
+                                                      else "end_turn", "stop_sequence": None},
+                   "usage": {"output_tokens": 20}},
+                  {"type": "message_stop"}]
+        out = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.mark.skipif(shutil.which("claude") is None, reason="Claude Code is not installed")
+def test_real_claude_cli_tools_stay_in_the_proposer_folder(fake, tmp_path, monkeypatch):
+    """The real CLI, its settings and flags as the search passes them, against a scripted model: file tools work
+    in its folder; reads and writes elsewhere, and a shell, are refused; the search takes the edited candidate."""
+    fr, seed, run_dir = fake
+    scratch = tmp_path / "scratch"  # the proposer's folder, known in advance so the script can name it
+    scratch.mkdir()
+    monkeypatch.setattr(mh.tempfile, "mkdtemp", lambda prefix: str(scratch))
+    work = scratch / "archive"
+    FakeAnthropicApi.steps = [
+        ("Glob", {"pattern": "**/*.py"}),
+        ("Read", {"file_path": f"{work}/candidates/h1_1/harness.py"}),
+        ("Edit", {"file_path": f"{work}/candidates/h1_1/harness.py", "old_string": "MAX_TURNS = 1",
+                  "new_string": "MAX_TURNS = 2"}),
+        ("Grep", {"pattern": "MAX_TURNS", "path": f"{work}/candidates"}),
+        ("Read", {"file_path": str(mh.Path(mh.__file__).parent / "data" / "searchqa_test.jsonl")}),
+        ("Read", {"file_path": "/etc/hosts"}),
+        ("Write", {"file_path": "/tmp/evil.txt", "content": "x"}),
+        ("Glob", {"pattern": "**/*", "path": "/usr/lib"}),
+        ("Bash", {"command": "id"})]
+    FakeAnthropicApi.results = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeAnthropicApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("CLAUDE_CONFIG_DIR", raising=False)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{server.server_port}")
+    args = make_args(candidates=1, proposer="claude", proposer_max_failures=1, proposer_timeout=60)
+    try:
+        mh.search(None, FakeDomain(), str(seed), run_dir, args, iterations=1)
+    finally:
+        server.shutdown()
+    refused = [i for i, is_error, _ in FakeAnthropicApi.results if is_error]
+    assert refused == [5, 6, 7, 8, 9], FakeAnthropicApi.results  # allowed: Glob, Read, Edit, Grep in its folder
+    assert "denied by your permission settings" in FakeAnthropicApi.results[4][2]  # the project, by its deny rule
+    assert all("don't ask mode" in text for _, _, text in FakeAnthropicApi.results[5:8])  # not allowed: refused
+    assert "No such tool available: Bash" in FakeAnthropicApi.results[8][2]
+    row, cost = rows_of(run_dir)["h1_1"], json.loads((run_dir / "costs.jsonl").read_text())
+    assert row["valid"] and row["score"] == 0.2 and cost["error"] is None and cost["permission_denials"] == 3
