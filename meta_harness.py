@@ -4,7 +4,8 @@ and on its own the harness-only baseline).
 
     python meta_harness.py --domain searchqa --harness harnesses/searchqa.py --model smoke \
         --iterations 2 --candidates 3 --proposer mutate --out runs/mh
-    python meta_harness.py ... --proposer command --proposer-cmd "my-agent --dir {workdir} --task {instructions}"
+    python meta_harness.py ... --proposer command --proposer-cmd "my-agent --dir {workdir} --task {instructions}" \
+        --proposer-ro /opt/my-agent                        # what the sandboxed command may read besides {workdir}
     python meta_harness.py ... --proposer claude          # Claude Code CLI in print mode, as the paper did
     python meta_harness.py ... --proposer openai --proposer-url http://localhost:8000/v1 --proposer-model M
 
@@ -79,8 +80,8 @@ MAX_OUTPUT_BYTES = 8_000_000  # a proposer's stdout / stderr kept
 # Claude Code: file tools only (no shell, no web); the variables its login may come from
 CLAUDE_TOOLS = "Read,Write,Edit,Glob,Grep"
 CLAUDE_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "CLAUDE_CODE_OAUTH_TOKEN")
-# OpenAI-compatible API: statuses worth a retry, and how long to wait at most
-RETRY_STATUS = (408, 409, 429, 500, 502, 503, 504)
+# OpenAI-compatible API: statuses worth a retry (as the OpenAI SDK: these and every 5xx), how long to wait at most
+RETRY_STATUS = (408, 409, 429)
 OPENAI_RETRIES = 4
 MAX_RETRY_WAIT_S = 120.0
 
@@ -404,9 +405,11 @@ def propose_in_copy(run_dir, names, rows, iteration, domain, args):
         prepare(work, names, parent, iteration, args.proposer)
         write_instructions(work, domain, names, parent, iteration, args)
         shutil.copyfile(work / "INSTRUCTIONS.md", run_dir / "INSTRUCTIONS.md")  # for the record
-        propose = propose_openai if args.proposer == "openai" else propose_agent
         try:
-            propose(work, scratch, run_dir, names, rows, iteration, args)
+            if args.proposer == "openai":
+                propose_openai(work, run_dir, names, rows, iteration, args)
+            else:
+                propose_agent(work, scratch, run_dir, names, iteration, args)
         except ProposalFailed as e:
             return str(e)
         take_candidates(work, run_dir, names, parent, iteration, args.proposer)
@@ -434,12 +437,15 @@ def take_candidates(work, run_dir, names, parent, iteration, proposer):
     """Each asked-for candidate's harness.py and text fields go into the archive, with our own bookkeeping;
     scores, validity and every other file the proposer wrote stay behind."""
     for name in names:
+        rel = f"candidates/{name}/harness.py"
         try:
-            source, reason = read_untrusted(work, f"candidates/{name}/harness.py", MAX_HARNESS_BYTES), None
+            source, reason = read_untrusted(work, rel, MAX_HARNESS_BYTES), None
         except FileNotFoundError:
             source, reason = None, None  # validate() says "no code"
         except ValueError as e:
             source, reason = None, str(e)
+        except OSError as e:  # e.g. its folder replaced by a file
+            source, reason = None, f"{rel}: {e.strerror}"
         fields = untrusted_fields(work, name)
         d = run_dir / "candidates" / name
         shutil.rmtree(d, ignore_errors=True)
@@ -494,18 +500,12 @@ def read_untrusted(root, rel, limit):
 
 
 def remove_tree(path):
-    """rmtree that also removes folders a proposer locked (chmod 000); it never follows symlinks."""
-    def unlock(func, p, _):
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-                shutil.rmtree(p, onerror=unlock)
-            else:
-                func(p)
-        except OSError:
-            pass
-    shutil.rmtree(path, onerror=unlock)
+    """rmtree, after unlocking the folders a proposer made unreadable (chmod 000); symlinks are not followed."""
+    for root, dirs, _ in os.walk(path):  # top-down: each folder is unlocked before it is walked into
+        for d in dirs:
+            if not os.path.islink(os.path.join(root, d)):
+                os.chmod(os.path.join(root, d), 0o700)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def run_in_sandbox(argv, cwd, out_dir, timeout):
@@ -534,7 +534,7 @@ def tail(path, limit=MAX_OUTPUT_BYTES):
         return f.read().decode("utf-8", errors="replace")
 
 
-def propose_agent(work, scratch, run_dir, names, rows, iteration, args):
+def propose_agent(work, scratch, run_dir, names, iteration, args):
     """command / claude: a CLI edits the candidate folders of `work`, in the sandbox with the network (it calls
     an API) and `work` as its only writable folder. Raises ProposalFailed when the call failed."""
     if args.proposer == "claude":
@@ -566,11 +566,7 @@ def propose_agent(work, scratch, run_dir, names, rows, iteration, args):
 def claude_command(work, scratch, run_dir, args):
     """argv, read-only paths and environment for Claude Code in print mode, confined to `work`.
     Every flag checked against `claude --help` of Claude Code 2.1.197."""
-    binary = shutil.which("claude")
-    if binary is None:
-        raise SystemExit("--proposer claude: no `claude` on PATH; install Claude Code "
-                         "(npm install -g @anthropic-ai/claude-code) or use --proposer command / openai")
-    real = os.path.realpath(binary)
+    real = os.path.realpath(shutil.which("claude"))
     install = os.path.dirname(real)
     if os.path.basename(install) == "bin" and os.path.isfile(os.path.join(install, "..", "package.json")):
         install = os.path.dirname(install)  # the npm package (bin/claude.exe, its install script, vendor files)
@@ -589,10 +585,10 @@ def claude_command(work, scratch, run_dir, args):
     config = os.environ.get("CLAUDE_CONFIG_DIR")
     logins = [os.path.join(home, ".claude"), os.path.join(home, ".claude.json")] + ([config] if config else [])
     node = shutil.which("node")  # an npm install of an older CLI runs on node
-    ro = [install, settings] + [p for p in logins if os.path.exists(p)]
-    ro += [os.path.dirname(os.path.realpath(node))] if node else []
-    env = {"HOME": home, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-           "PATH": ":".join([os.path.dirname(os.path.realpath(node))] * bool(node) + ["/usr/local/bin:/usr/bin:/bin"]),
+    node_dir = [os.path.dirname(os.path.realpath(node))] if node else []
+    ro = [install, settings, *node_dir] + [p for p in logins if os.path.exists(p)]
+    env = {"HOME": home, "PATH": ":".join(node_dir + ["/usr/local/bin", "/usr/bin", "/bin"]),
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
            **{k: os.environ[k] for k in CLAUDE_ENV + ("CLAUDE_CONFIG_DIR",) if k in os.environ}}
     return argv, ro, env
 
@@ -710,7 +706,7 @@ def set_knob(source, knob, value):
     raise ValueError(f"set_knob: no top-level assignment to {knob}; SEARCH_SPACE names a knob the file lacks")
 
 
-def propose_openai(work, scratch, run_dir, names, rows, iteration, args):
+def propose_openai(work, run_dir, names, rows, iteration, args):
     """Any OpenAI-compatible chat endpoint: one request per candidate; the reply's python block is the file.
     Runs in-process (only text comes back) and fills the candidate folders of `work` like an agent would."""
     parent = pick_best(rows)["name"]
@@ -762,7 +758,7 @@ def post_json(url, body, key, args):
                 raise ProposalFailed(f"the reply from {url} is not JSON: {text[:200]!r}") from None
         except urllib.error.HTTPError as e:
             failure = f"HTTP {e.code} from {url}: {api_message(e)}"
-            if e.code not in RETRY_STATUS:
+            if e.code not in RETRY_STATUS and e.code < 500:
                 fatal_http_error(e.code, failure, args)
             wait = retry_after(e.headers.get("Retry-After"), wait)
         except (urllib.error.URLError, OSError) as e:  # refused, reset, timed out
@@ -911,6 +907,9 @@ def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=N
     should_stop_harness_phase); `iterations` caps it (default args.iterations)."""
     if args.proposer == "command" and not args.proposer_cmd:
         raise ValueError("--proposer command needs --proposer-cmd 'CLI ... {workdir}'")
+    if args.proposer == "claude" and shutil.which("claude") is None:
+        raise SystemExit("--proposer claude: no `claude` on PATH; install Claude Code "
+                         "(npm install -g @anthropic-ai/claude-code) or use --proposer command / openai")
     if args.proposer in ("command", "claude"):
         try:
             sandbox.check()  # these proposers run only inside it (or with the documented opt-out)

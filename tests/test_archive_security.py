@@ -90,7 +90,7 @@ elif attack in ("hang", "exit_early"):  # a child in its own session keeps stdou
     write(cand(fresh[0]) + "/harness.py", seed.replace("Answer briefly", "Answer"))
     if attack == "hang":
         time.sleep(60)
-elif attack == "links":  # symlinks out of its folder (a file, a folder) and a fifo
+elif attack == "links":  # symlinks out of its folder (a file, a folder), a fifo, a file for a folder
     os.remove(cand(fresh[0]) + "/harness.py")
     os.symlink(f"{outside}/secret_harness.py", cand(fresh[0]) + "/harness.py")
     shutil.rmtree(cand(fresh[1]))
@@ -98,6 +98,8 @@ elif attack == "links":  # symlinks out of its folder (a file, a folder) and a f
     os.remove(cand(fresh[2]) + "/harness.py")
     os.mkfifo(cand(fresh[2]) + "/harness.py")
     os.symlink(f"{outside}/secret_harness.py", f"{work}/notes.md")
+    shutil.rmtree(cand(fresh[3]))
+    write(cand(fresh[3]), "a file where a folder was")
 elif attack == "deep":  # issue 11 item 4: recursion in the checks, a huge file
     terms = lambda n: seed.replace('return {"answer": reply}', 'return {"answer": reply, "n": ' + "+".join(["1"] * n) + "}")
     write(cand(fresh[0]) + "/harness.py", terms(2000))  # parses; ast.dump / strings_blanked overflow
@@ -229,10 +231,10 @@ def test_timeout_holds_with_a_child_keeping_stdout_open(hostile, attack):
 # files the search reads back: links, fifos, recursion, size (issue 11 items 3 and 4)
 
 def test_symlinks_and_fifos_are_not_followed(hostile):
-    run_dir, fr = hostile("links", candidates=3)
+    run_dir, fr = hostile("links", candidates=4)
     rows = rows_of(run_dir)
     assert "symlink" in rows["h1_1"]["reason"] and "symlink" in rows["h1_2"]["reason"]
-    assert "not a regular file" in rows["h1_3"]["reason"]
+    assert "not a regular file" in rows["h1_3"]["reason"] and "Not a directory" in rows["h1_4"]["reason"]
     assert not any(SECRET in p.read_text() for p in run_dir.rglob("*") if p.is_file())
     assert fr.evaluated == ["h0"]
 
