@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 import meta_harness as mh
+import sandbox
 from test_meta_harness import SEED, FakeDomain, FakeRollout, make_args, rows_of
+
+# what only the OS sandbox can give (nothing outside its folder visible, no process outliving it)
+needs_sandbox = pytest.mark.skipif(sandbox.disabled(), reason=f"{sandbox.OPT_OUT}=1: no OS boundary to test")
 
 PROJECT = Path(mh.__file__).resolve().parent
 SECRET = "SECRET-GOLD-7f3a"  # in the fake test traces next to the run folder, and in a file outside it
@@ -192,6 +196,7 @@ def test_junk_folders_add_no_row(hostile):
 # -----------------------------------------------------------------------------
 # the proposer can write outside its folder or read the test set (issue 11)
 
+@needs_sandbox
 def test_no_write_outside_and_no_test_data_visible(hostile, tmp_path):
     before = sorted(p.name for p in (PROJECT / "harnesses").iterdir())
     run_dir, _ = hostile("escape", candidates=1)
@@ -206,6 +211,7 @@ def test_no_write_outside_and_no_test_data_visible(hostile, tmp_path):
 # -----------------------------------------------------------------------------
 # processes: a child left behind, a child that keeps stdout open (issue 11)
 
+@needs_sandbox
 def test_a_leftover_child_is_dead_and_swaps_nothing(hostile):
     run_dir, fr = hostile("leftover_child", candidates=1)
     time.sleep(2.5)  # past the moment the child would have swapped the file
@@ -214,6 +220,7 @@ def test_a_leftover_child_is_dead_and_swaps_nothing(hostile):
     assert rows_of(run_dir)["h1_1"]["valid"] and fr.evaluated == ["h0", "h1_1"]
 
 
+@needs_sandbox
 @pytest.mark.parametrize("attack", ["hang", "exit_early"])
 def test_timeout_holds_with_a_child_keeping_stdout_open(hostile, attack):
     t0 = time.time()

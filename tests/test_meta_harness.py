@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import meta_harness as mh
+import sandbox
 
 SEED = textwrap.dedent('''\
     """Fake harness for tests: one model call."""
@@ -395,6 +396,10 @@ CLAUDE_STAND_IN = textwrap.dedent('''\
     ''')
 
 
+# the stand-in checks that it cannot see the project, which only holds inside the OS sandbox
+needs_sandbox = pytest.mark.skipif(sandbox.disabled(), reason=f"{sandbox.OPT_OUT}=1: no OS boundary to test")
+
+
 @pytest.fixture
 def claude_stand_in(tmp_path, monkeypatch):
     """Puts the stand-in first on PATH; -> a function that sets its mode."""
@@ -406,6 +411,7 @@ def claude_stand_in(tmp_path, monkeypatch):
     return lambda mode: (bin_dir / "mode").write_text(mode)
 
 
+@needs_sandbox
 def test_claude_success_takes_the_candidate_and_records_usage(fake, claude_stand_in):
     fr, seed, run_dir = fake
     claude_stand_in("success")
@@ -417,6 +423,7 @@ def test_claude_success_takes_the_candidate_and_records_usage(fake, claude_stand
     assert (cost["prompt_tokens"], cost["completion_tokens"], cost["cost_usd"]) == (90030, 4200, 0.6123)
 
 
+@needs_sandbox
 @pytest.mark.parametrize("mode, message", [
     ("not_logged_in", "Not logged in · Please run /login"),
     ("max_turns", r"error_max_turns: Reached maximum number of turns \(30\)"),
