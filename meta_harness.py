@@ -452,9 +452,10 @@ def take_candidates(work, run_dir, names, parent, iteration, proposer):
         d.mkdir(parents=True)
         if source is not None:
             (d / "harness.py").write_text(source)
-        write_json(d / "meta.json", {"parent": fields.get("parent") or parent, "hypothesis": fields.get("hypothesis", ""),
-                                     "changed": fields.get("changed", ""), "proposer": proposer, "iteration": iteration,
-                                     "proposed": True, "valid": None if reason is None else False, "reason": reason})
+        write_json(d / "meta.json", {"parent": fields.get("parent") or parent,
+                                     "hypothesis": fields.get("hypothesis", ""), "changed": fields.get("changed", ""),
+                                     "proposer": proposer, "iteration": iteration, "proposed": True,
+                                     "valid": None if reason is None else False, "reason": reason})
 
 
 def untrusted_fields(work, name):

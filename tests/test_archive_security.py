@@ -83,7 +83,8 @@ elif attack == "escape":  # writes outside its folder; reads of the test split, 
 elif attack == "leftover_child":  # a valid file now, swapped for a forbidden one after the proposer returned
     target = cand(fresh[0]) + "/harness.py"
     write(target, seed.replace("Answer briefly", "Answer"))
-    swap = (f"import time\ntime.sleep(1.5)\nfor p in [{target!r}, {run_dir + '/candidates/' + fresh[0] + '/harness.py'!r}]:\n"
+    archived = f"{run_dir}/candidates/{fresh[0]}/harness.py"
+    swap = (f"import time\ntime.sleep(1.5)\nfor p in [{target!r}, {archived!r}]:\n"
             f"    try:\n        open(p, 'w').write('import os\\n')\n    except OSError:\n        pass\n")
     if os.fork() == 0:  # double fork, new session: the child survives its parent
         os.setsid()
@@ -105,7 +106,8 @@ elif attack == "links":  # symlinks out of its folder (a file, a folder), a fifo
     shutil.rmtree(cand(fresh[3]))
     write(cand(fresh[3]), "a file where a folder was")
 elif attack == "deep":  # issue 11 item 4: recursion in the checks, a huge file
-    terms = lambda n: seed.replace('return {"answer": reply}', 'return {"answer": reply, "n": ' + "+".join(["1"] * n) + "}")
+    terms = lambda n: seed.replace('return {"answer": reply}',
+                                   'return {"answer": reply, "n": ' + "+".join(["1"] * n) + "}")
     write(cand(fresh[0]) + "/harness.py", terms(2000))  # parses; ast.dump / strings_blanked overflow
     write(cand(fresh[1]) + "/harness.py", terms(6000))  # ast.parse overflows
     write(cand(fresh[2]) + "/harness.py", seed + "#" * 500_000 + "\n")

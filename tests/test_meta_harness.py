@@ -373,9 +373,11 @@ CLAUDE_STAND_IN = textwrap.dedent('''\
         sys.exit(code)
     args, work = sys.argv[1:], pathlib.Path.cwd()
     settings = json.loads(pathlib.Path(args[args.index("--settings") + 1]).read_text())
-    problems = [f"{flag} missing" for flag in ("-p", "--output-format", "--tools", "--permission-mode") if flag not in args]
+    problems = [f"{flag} missing" for flag in ("-p", "--output-format", "--tools", "--permission-mode")
+                if flag not in args]
     problems += ["Bash is a tool"] * ("Bash" in args[args.index("--tools") + 1])
-    problems += ["settings not scoped"] * (settings["permissions"]["allow"] != [f"Read(/{work}/**)", f"Edit(/{work}/**)"])
+    scoped = [f"Read(/{work}/**)", f"Edit(/{work}/**)"]
+    problems += ["settings not scoped"] * (settings["permissions"]["allow"] != scoped)
     problems += ["the project is visible"] * os.path.exists(sys.argv[0].rsplit("/bin/", 1)[0] + "/seed.py")
     if problems:
         result(1, subtype="success", is_error=True, result="; ".join(problems))
