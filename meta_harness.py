@@ -4,7 +4,8 @@ and on its own the harness-only baseline).
 
     python meta_harness.py --domain searchqa --harness harnesses/searchqa.py --model smoke \
         --iterations 2 --candidates 3 --proposer mutate --out runs/mh
-    python meta_harness.py ... --proposer command --proposer-cmd "my-agent --dir {workdir} --task {instructions}"
+    python meta_harness.py ... --proposer command --proposer-cmd "my-agent --dir {workdir} --task {instructions}" \
+        --proposer-ro /opt/my-agent                        # what the sandboxed command may read besides {workdir}
     python meta_harness.py ... --proposer claude          # Claude Code CLI in print mode, as the paper did
     python meta_harness.py ... --proposer openai --proposer-url http://localhost:8000/v1 --proposer-model M
 
@@ -17,9 +18,14 @@ archive. The accepted harness is the best harness-set score in the archive, ties
 turns. The search stops after a fixed number of iterations, or when the archive best has not improved
 for P iterations after at least N iterations (the paper's patience rule).
 
-The run folder is the archive and also the proposer's working directory, so it holds harness-set
-material only (never test tasks, gold answers or test scores):
-    INSTRUCTIONS.md                  what the proposer is asked to do this iteration
+The run folder is the archive and the search's own truth. A proposer never works in it: it gets a copy of
+the harness-set material (code, meta, scores, traces, summary, frontier, notes) in a fresh folder outside
+the run folder, runs there in its own session inside the OS sandbox (sandbox.py: it sees that folder and
+nothing of the project, the data or the run's evals/), and afterwards the search takes back only each new
+candidate's harness.py (size-capped, no symlinks), its parent / hypothesis / changed as short text, and
+notes.md. Validity and scores are always the search's own. A proposer call that fails (the CLI reports an
+error, a timeout, an API error after retries) is retried; --proposer-max-failures in a row stop the search.
+    INSTRUCTIONS.md                  what the proposer was asked to do this iteration
     candidates/<name>/harness.py     the candidate (h0 is the seed; h<iteration>_<j> the proposals)
     candidates/<name>/meta.json      parent, hypothesis, what changed, proposer, iteration, valid, reason
     candidates/<name>/scores.json    harness-set score, mean turns, tokens, rollouts, errors, seconds
@@ -40,15 +46,20 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
+import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import domains
 import engines
 import rollout
+import sandbox
 from rollout import Parser, nonnegative_int, positive_float, positive_int
 
 ALLOWED_IMPORTS = ("re", "json", "math", "random", "string", "collections", "itertools", "functools",
@@ -59,7 +70,21 @@ FORBIDDEN_NAMES = ("open", "exec", "eval", "compile", "__import__", "globals", "
                    "setattr", "delattr", "breakpoint", "input", "__builtins__", "__loader__", "__spec__")
 MAX_HARNESS_CHARS = 100_000
 PROPOSERS = ("mutate", "command", "claude", "openai")
+# what a proposer sees (a copy) and what the search takes back from it (capped)
+ARCHIVE_FILES = ("summary.jsonl", "frontier.json", "notes.md", "setup.json")
+CANDIDATE_FILES = ("harness.py", "meta.json", "scores.json", "traces.jsonl")
+MAX_HARNESS_BYTES = 4 * MAX_HARNESS_CHARS  # utf-8: up to 4 bytes a character
+MAX_META_BYTES = 64_000
+MAX_FIELD_CHARS = 2_000  # hypothesis, changed
+MAX_NOTES_CHARS = 200_000
+MAX_OUTPUT_BYTES = 8_000_000  # a proposer's stdout / stderr kept
+# Claude Code: file tools only (no shell, no web); the variables its login may come from
 CLAUDE_TOOLS = "Read,Write,Edit,Glob,Grep"
+CLAUDE_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "CLAUDE_CODE_OAUTH_TOKEN")
+# OpenAI-compatible API: statuses worth a retry (as the OpenAI SDK: these and every 5xx), how long to wait at most
+RETRY_STATUS = (408, 409, 429)
+OPENAI_RETRIES = 4
+MAX_RETRY_WAIT_S = 120.0
 
 
 def add_args(p):
@@ -77,7 +102,13 @@ def add_args(p):
     p.add_argument("--proposer-url", default="http://localhost:8000/v1", help="OpenAI-compatible base URL")
     p.add_argument("--proposer-model", default=None, help="model name for openai / claude proposers")
     p.add_argument("--proposer-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
-    p.add_argument("--proposer-timeout", type=positive_float, default=1800.0, help="seconds per proposer call")
+    p.add_argument("--proposer-timeout", type=positive_float, default=1800.0,
+                   help="seconds per proposer call (command, claude: the whole process tree; openai: per request)")
+    p.add_argument("--proposer-max-failures", type=positive_int, default=3,
+                   help="stop the search after this many failed proposer calls in a row")
+    p.add_argument("--proposer-ro", action="append", default=[], metavar="PATH",
+                   help="a file or folder the command proposer may read in its sandbox (its script, install, "
+                        "config); repeatable")
     p.add_argument("--proposer-prompt-tokens", type=positive_int, default=24000,
                    help="openai prompt budget (chars/4 estimate)")
 
@@ -265,15 +296,18 @@ def validate(cand_dir, rows, backend, domain, tasks, args, policy_kw):
     path = cand_dir / "harness.py"
     source = path.read_text() if path.exists() else ""
     parents = {r["name"]: r for r in rows if r["valid"]}
-    if meta.get("parent") not in parents:
-        reason = f"unknown parent {meta.get('parent')!r}: meta.json parent must name a valid archive candidate"
-    else:
-        parent_source = (cand_dir.parent / meta["parent"] / "harness.py").read_text()
-        reason = static_check(source, parent_source, args.prompt_only)
-    if reason is None:
-        same = [r["name"] for r in rows if r["name"] != cand_dir.name and r["valid"]
-                and normalized((cand_dir.parent / r["name"] / "harness.py").read_text()) == normalized(source)]
-        reason = f"duplicate of {same[0]}: no change to score" if same else None
+    try:  # a 2,000-term expression parses, then overflows the recursion of ast.dump; 6,000 overflow ast.parse
+        if meta.get("parent") not in parents:
+            reason = f"unknown parent {meta.get('parent')!r}: meta.json parent must name a valid archive candidate"
+        else:
+            parent_source = (cand_dir.parent / meta["parent"] / "harness.py").read_text()
+            reason = static_check(source, parent_source, args.prompt_only)
+        if reason is None:
+            same = [r["name"] for r in rows if r["name"] != cand_dir.name and r["valid"]
+                    and normalized((cand_dir.parent / r["name"] / "harness.py").read_text()) == normalized(source)]
+            reason = f"duplicate of {same[0]}: no change to score" if same else None
+    except RecursionError:
+        reason = "too deeply nested: checking the code exceeded Python's recursion limit"
     if reason is None:
         try:
             ep = rollout.run_episodes(domain, str(path), tasks[:1], backend, samples=1,
@@ -310,7 +344,7 @@ prompts, manages context, calls tools, loops over turns and parses the final ans
 are fixed during this search. Each candidate is scored on a fixed harness set drawn from the training
 split (1 rollout per task); the best score wins, ties go to fewer mean turns.
 
-## The archive (this folder)
+## The archive (this folder, a copy made for this iteration)
 - `summary.jsonl`: one row per candidate (name, iteration, parent, hypothesis, what changed, valid,
   rejection reason, score, mean turns, tokens, rollouts).
 - `frontier.json`: the best candidate so far, its lineage and the best-score series per iteration.
@@ -344,6 +378,9 @@ split (1 rollout per task); the best score wins, ties go to fewer mean turns.
 4. General changes only: never mention, special-case or guess dataset items or gold answers; never
    change the model, the data, the reward or what a tool does. Touch no file other than the ones
    named here and `notes.md`, and read nothing outside this folder.
+5. Only the candidates' `harness.py`, the `parent`, `hypothesis` and `changed` of their `meta.json`,
+   and `notes.md` are read back. The search validates and scores every candidate itself; anything
+   else written here is discarded.
 
 ## This iteration ({iteration})
 Candidates to write: {targets}
@@ -381,60 +418,264 @@ def finish(run_dir, name, **fields):
     write_json(d / "meta.json", meta)
 
 
-def run_command(cmd, cwd, timeout, shell):
-    """Run an agent CLI in its own process group, so a timeout kills everything it started."""
-    proc = subprocess.Popen(cmd, cwd=cwd, shell=shell, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+# -----------------------------------------------------------------------------
+# untrusted proposers (command, claude, openai) work on a copy; the search takes back only harness.py files
+
+class ProposalFailed(Exception):
+    """A proposer call that produced nothing usable (its error message); the iteration is asked again."""
+
+
+def propose_in_copy(run_dir, names, rows, iteration, domain, args):
+    """Ask the proposer for `names` in a fresh copy of the archive outside the run folder, then take back only
+    the new candidates' harness.py files and text fields. Returns None, or the proposer's error message."""
+    scratch = Path(tempfile.mkdtemp(prefix="whale-proposer-"))  # holds the copy, the proposer's output, settings
+    work = scratch / "archive"
     try:
-        out, err = proc.communicate(timeout=timeout)
-        return proc.returncode, out, err
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return "timeout", out, err
-
-
-def propose_agent(run_dir, names, rows, iteration, domain, args):
-    """command / claude: the agent edits the pre-made candidate folders in place."""
-    parent = pick_best(rows)["name"]
-    prepare(run_dir, names, parent, iteration, args.proposer)
-    instructions = write_instructions(run_dir, domain, names, parent, iteration, args)
-    t0 = time.time()
-    if args.proposer == "claude":
-        cmd = ["claude", "-p", f"Read {instructions.name} in the current directory and do what it says.",
-               "--allowedTools", CLAUDE_TOOLS, "--output-format", "json"]
-        cmd += ["--model", args.proposer_model] if args.proposer_model else []
-        rc, out, err = run_command(cmd, run_dir, args.proposer_timeout, shell=False)
-    else:
-        cmd = args.proposer_cmd.format(workdir=shlex.quote(str(Path(run_dir).resolve())),
-                                       instructions=shlex.quote(str(instructions.resolve())))
-        rc, out, err = run_command(cmd, run_dir, args.proposer_timeout, shell=True)
-    cost = {"iteration": iteration, "proposer": args.proposer, "candidates": names, "rc": rc,
-            "seconds": round(time.time() - t0, 2), **claude_usage(out)}
-    log_cost(run_dir, cost)
-    if rc != 0:
-        print(f"proposer {args.proposer} returned {rc}: {(err or out).strip()[-300:]}")
-    for name in names:  # keep the agent's parent / hypothesis / changed; the bookkeeping fields are ours
-        path = Path(run_dir) / "candidates" / name / "meta.json"
+        copy_archive(run_dir, work, rows)
+        parent = pick_best(rows)["name"]
+        prepare(work, names, parent, iteration, args.proposer)
+        write_instructions(work, domain, names, parent, iteration, args)
+        shutil.copyfile(work / "INSTRUCTIONS.md", run_dir / "INSTRUCTIONS.md")  # for the record
         try:
-            meta = read_json(path)
-        except ValueError:
-            meta = None
-        meta = meta if isinstance(meta, dict) else {"parent": parent, "hypothesis": "", "changed": ""}
-        meta.update(proposer=args.proposer, iteration=iteration, proposed=True, valid=None, reason=None)
-        write_json(path, meta)
+            if args.proposer == "openai":
+                propose_openai(work, run_dir, names, rows, iteration, args)
+            else:
+                propose_agent(work, scratch, run_dir, names, iteration, args)
+        except ProposalFailed as e:
+            return str(e)
+        take_candidates(work, run_dir, names, parent, iteration, args.proposer)
+        take_notes(work, run_dir)
+        return None
+    finally:
+        remove_tree(scratch)
 
 
-def claude_usage(stdout):
-    """Tokens and dollars from `claude --output-format json`; empty for other CLIs."""
+def copy_archive(run_dir, work, rows):
+    """The proposer's view: harness-set material only (no evals, metrics or anything of the test split)."""
+    (work / "candidates").mkdir(parents=True)
+    for name in ARCHIVE_FILES:
+        if (run_dir / name).is_file():
+            shutil.copyfile(run_dir / name, work / name)
+    for r in rows:
+        src, dst = run_dir / "candidates" / r["name"], work / "candidates" / r["name"]
+        dst.mkdir()
+        for name in CANDIDATE_FILES:
+            if (src / name).is_file():
+                shutil.copyfile(src / name, dst / name)
+
+
+def take_candidates(work, run_dir, names, parent, iteration, proposer):
+    """Each asked-for candidate's harness.py and text fields go into the archive, with our own bookkeeping;
+    scores, validity and every other file the proposer wrote stay behind."""
+    for name in names:
+        rel = f"candidates/{name}/harness.py"
+        try:
+            source, reason = read_untrusted(work, rel, MAX_HARNESS_BYTES), None
+        except FileNotFoundError:
+            source, reason = None, None  # validate() says "no code"
+        except ValueError as e:
+            source, reason = None, str(e)
+        except OSError as e:  # e.g. its folder replaced by a file
+            source, reason = None, f"{rel}: {e.strerror}"
+        fields = untrusted_fields(work, name)
+        d = run_dir / "candidates" / name
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        if source is not None:
+            (d / "harness.py").write_text(source)
+        write_json(d / "meta.json", {"parent": fields.get("parent") or parent,
+                                     "hypothesis": fields.get("hypothesis", ""), "changed": fields.get("changed", ""),
+                                     "proposer": proposer, "iteration": iteration, "proposed": True,
+                                     "valid": None if reason is None else False, "reason": reason})
+
+
+def untrusted_fields(work, name):
+    """parent / hypothesis / changed from the proposer's meta.json, as short strings (anything else: absent)."""
+    try:
+        meta = json.loads(read_untrusted(work, f"candidates/{name}/meta.json", MAX_META_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(meta, dict):
+        return {}
+    caps = {"parent": 100, "hypothesis": MAX_FIELD_CHARS, "changed": MAX_FIELD_CHARS}
+    return {k: meta[k].strip()[:cap] for k, cap in caps.items() if isinstance(meta.get(k), str)}
+
+
+def take_notes(work, run_dir):
+    try:
+        notes = read_untrusted(work, "notes.md", 4 * MAX_NOTES_CHARS)
+    except (OSError, ValueError):
+        return
+    (run_dir / "notes.md").write_text(notes[-MAX_NOTES_CHARS:])  # the newest sections are at the end
+
+
+def read_untrusted(root, rel, limit):
+    """The text of a file a proposer wrote under root: a regular file reached without symlinks, at most
+    `limit` bytes, utf-8. Raises FileNotFoundError when absent, ValueError naming what is wrong."""
+    path = root
+    for part in Path(rel).parts:
+        path = path / part
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            raise ValueError(f"{rel}: {path.relative_to(root)} is a symlink (never followed)")
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{rel}: not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"too large: {rel} has more than {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{rel}: not utf-8 text") from None
+
+
+def remove_tree(path):
+    """rmtree, after unlocking the folders a proposer made unreadable (chmod 000); symlinks are not followed."""
+    for root, dirs, _ in os.walk(path):  # top-down: each folder is unlocked before it is walked into
+        for d in dirs:
+            if not os.path.islink(os.path.join(root, d)):
+                os.chmod(os.path.join(root, d), 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def run_in_sandbox(argv, cwd, out_dir, timeout):
+    """Run a proposer in its own session; its output goes to files, so a child that keeps stdout open cannot
+    hang the search. On timeout the process group dies, and with it bwrap, whose pid namespace takes every
+    process the proposer started (double-forked or not). -> (rc or "timeout", stdout, stderr)"""
+    with open(out_dir / "stdout", "wb") as out, open(out_dir / "stderr", "wb") as err:
+        proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # stragglers in its session (all of them without the sandbox)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+    return rc, tail(out_dir / "stdout"), tail(out_dir / "stderr")
+
+
+def tail(path, limit=MAX_OUTPUT_BYTES):
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - limit))
+        return f.read().decode("utf-8", errors="replace")
+
+
+def propose_agent(work, scratch, run_dir, names, iteration, args):
+    """command / claude: a CLI edits the candidate folders of `work`, in the sandbox with the network (it calls
+    an API) and `work` as its only writable folder. Raises ProposalFailed when the call failed."""
+    if args.proposer == "claude":
+        argv, ro, env = claude_command(work, scratch, run_dir, args)
+    else:
+        cmd = args.proposer_cmd.format(workdir=shlex.quote(str(work)),
+                                       instructions=shlex.quote(str(work / "INSTRUCTIONS.md")))
+        argv, ro = ["/bin/sh", "-c", cmd], args.proposer_ro
+        env = {k: os.environ[k] for k in [args.proposer_key_env] if k in os.environ}
+    print(f"proposer {args.proposer} (sandboxed, in {work}): {shlex.join(argv)}")
+    t0 = time.time()
+    rc, out, err = run_in_sandbox(sandbox.wrap(argv, ro=ro, rw=[work], net=True, cwd=str(work), env=env),
+                                  work, scratch, args.proposer_timeout)
+    cost = {"iteration": iteration, "proposer": args.proposer, "candidates": names, "rc": rc,
+            "seconds": round(time.time() - t0, 2)}
+    if rc == "timeout":
+        error = f"timed out after {args.proposer_timeout:g}s (--proposer-timeout)"
+    elif args.proposer == "claude":
+        error, usage = claude_result(out)
+        cost.update(usage)
+        error = error or (None if rc == 0 else f"exit {rc}: {(err or out).strip()[-300:]}")
+    else:
+        error = None if rc == 0 else f"exit {rc}: {(err or out).strip()[-300:] or 'no output'}"
+    log_cost(run_dir, {**cost, "error": error})
+    if error:
+        raise ProposalFailed(error)
+
+
+def claude_command(work, scratch, run_dir, args):
+    """argv, read-only paths and environment for Claude Code in print mode, confined to `work`.
+    Every flag checked against `claude --help` of Claude Code 2.1.197."""
+    real = os.path.realpath(shutil.which("claude"))
+    install = os.path.dirname(real)
+    if os.path.basename(install) == "bin" and os.path.isfile(os.path.join(install, "..", "package.json")):
+        install = os.path.dirname(install)  # the npm package (bin/claude.exe, its install script, vendor files)
+    settings = scratch / "claude-settings.json"  # outside `work`: the agent cannot edit its own permissions
+    write_json(settings, claude_settings(work, run_dir))
+    argv = [real, "-p", "Read INSTRUCTIONS.md in the current directory and do what it says.",
+            "--output-format", "json",            # one result object: is_error, subtype, result, usage, cost
+            "--settings", str(settings),          # the scoped permissions below
+            "--setting-sources", "user",          # no project settings from the folder it can write to
+            "--tools", CLAUDE_TOOLS,              # the built-in tools it has at all: no Bash, no web
+            "--permission-mode", "dontAsk",       # what is not allowed is denied, never asked
+            "--strict-mcp-config",                # no MCP servers from the user's config (they skip permissions)
+            "--no-session-persistence"]
+    argv += ["--model", args.proposer_model] if args.proposer_model else []
+    home = os.path.expanduser("~")
+    config = os.environ.get("CLAUDE_CONFIG_DIR")
+    logins = [os.path.join(home, ".claude"), os.path.join(home, ".claude.json")] + ([config] if config else [])
+    node = shutil.which("node")  # an npm install of an older CLI runs on node
+    node_dir = [os.path.dirname(os.path.realpath(node))] if node else []
+    ro = [install, settings, *node_dir] + [p for p in logins if os.path.exists(p)]
+    env = {"HOME": home, "PATH": ":".join(node_dir + ["/usr/local/bin", "/usr/bin", "/bin"]),
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           **{k: os.environ[k] for k in CLAUDE_ENV + ("CLAUDE_CONFIG_DIR",) if k in os.environ}}
+    return argv, ro, env
+
+
+def claude_settings(work, run_dir):
+    """Claude Code settings for the proposer, checked against the published schema
+    (https://json.schemastore.org/claude-code-settings.json) and Claude Code 2.1.197: its file tools read and
+    edit only `work` ("//" starts an absolute path in a rule; Edit rules cover Write); anything else is
+    refused without asking (dontAsk); the project and the run folder are denied by name too; no shell, no web,
+    no hooks, no bypass, no memory kept between runs. The sandbox is the boundary; this keeps the agent's own
+    tools inside it as well (tests/test_meta_harness.py runs the real CLI against a scripted model to show it)."""
+    deny = ["Bash", "WebFetch", "WebSearch"]
+    for place in {str(Path(__file__).resolve().parent), str(Path(run_dir).resolve())}:
+        if not str(work).startswith(place + os.sep):
+            deny += [f"Read(/{place}/**)", f"Edit(/{place}/**)"]
+    return {"$schema": "https://json.schemastore.org/claude-code-settings.json",
+            "permissions": {"allow": [f"Read(/{work}/**)", f"Edit(/{work}/**)"], "deny": sorted(deny),
+                            "defaultMode": "dontAsk", "disableBypassPermissionsMode": "disable",
+                            "additionalDirectories": []},
+            "disableAllHooks": True, "autoMemoryEnabled": False}
+
+
+def claude_result(stdout):
+    """(error or None, usage) from `claude -p --output-format json`. A result is read, not assumed: is_error,
+    a subtype other than success, an empty result or output that is not a result object are failures."""
     try:
         res = json.loads(stdout)
-        usage = res.get("usage", {})
-        return {"prompt_tokens": sum(usage.get(k, 0) for k in ("input_tokens", "cache_creation_input_tokens",
-                                                                "cache_read_input_tokens")),
-                "completion_tokens": usage.get("output_tokens", 0), "cost_usd": res.get("total_cost_usd")}
-    except (ValueError, AttributeError, TypeError):
-        return {}
+    except (ValueError, RecursionError):
+        return f"output is not JSON: {stdout.strip()[:200]!r}", {}
+    if not isinstance(res, dict) or res.get("type") != "result":
+        return f"output is not a result object: {stdout.strip()[:200]!r}", {}
+    usage = res.get("usage") if isinstance(res.get("usage"), dict) else {}
+    number = lambda v: v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+    fields = {"prompt_tokens": sum(number(usage.get(k)) for k in ("input_tokens", "cache_creation_input_tokens",
+                                                                   "cache_read_input_tokens")),
+              "completion_tokens": number(usage.get("output_tokens")), "cost_usd": number(res.get("total_cost_usd")),
+              "turns": number(res.get("num_turns")), "permission_denials": len(res.get("permission_denials") or []),
+              "models": sorted(res["modelUsage"]) if isinstance(res.get("modelUsage"), dict) else []}
+    result = res.get("result") if isinstance(res.get("result"), str) else ""
+    message = (result or "; ".join(map(str, res.get("errors") or [])))[:500] or "no message"
+    if res.get("subtype") != "success":
+        return f"{res.get('subtype')}: {message}", fields
+    if res.get("is_error"):
+        return message, fields
+    if not result.strip():
+        return "empty result", fields
+    return None, fields
+
+
+def failure_advice(args):
+    if args.proposer == "claude":
+        return "log in to Claude Code (run `claude`, then /login) or set ANTHROPIC_API_KEY"
+    if args.proposer == "openai":
+        return f"check that the server at {args.proposer_url} answers (and the key in ${args.proposer_key_env})"
+    return "run --proposer-cmd by hand on a copy of the archive to see why (costs.jsonl has its output)"
 
 
 def propose_mutate(run_dir, names, rows, iteration, args):
@@ -553,42 +794,107 @@ def set_knob(source, knob, value):
     raise ValueError(f"set_knob: no top-level assignment to {knob}; SEARCH_SPACE names a knob the file lacks")
 
 
-def propose_openai(run_dir, names, rows, iteration, domain, args):
-    """Any OpenAI-compatible chat endpoint: one request per candidate; the reply's python block is the file."""
+def propose_openai(work, run_dir, names, rows, iteration, args):
+    """Any OpenAI-compatible chat endpoint: one request per candidate; the reply's python block is the file.
+    Runs in-process (only text comes back) and fills the candidate folders of `work` like an agent would."""
     parent = pick_best(rows)["name"]
-    instructions = write_instructions(run_dir, domain, names, parent, iteration, args)
-    key = os.environ.get(args.proposer_key_env)
+    instructions = (work / "INSTRUCTIONS.md").read_text()
+    url = args.proposer_url.rstrip("/") + "/chat/completions"
     made = []
     for name in names:
-        prepare(run_dir, [name], parent, iteration, "openai")
-        prompt = openai_prompt(run_dir, rows, instructions.read_text(), name, made, args.proposer_prompt_tokens)
+        prompt = openai_prompt(work, rows, instructions, name, made, args.proposer_prompt_tokens)
         body = {"model": args.proposer_model or "default", "messages": [{"role": "user", "content": prompt}]}
-        req = urllib.request.Request(args.proposer_url.rstrip("/") + "/chat/completions",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-        if key:
-            req.add_header("Authorization", f"Bearer {key}")
-        t0 = time.time()
+        t0, error, usage = time.time(), None, {}
         try:
-            with urllib.request.urlopen(req, timeout=args.proposer_timeout) as resp:
-                res = json.loads(resp.read())
+            res = post_json(url, body, os.environ.get(args.proposer_key_env), args)
             reply, usage = res["choices"][0]["message"]["content"] or "", res.get("usage") or {}
-        except (OSError, ValueError, KeyError, IndexError) as e:
-            reply, usage = "", {}
-            print(f"proposer openai: request for {name} failed: {e}")
+        except (KeyError, IndexError, TypeError, AttributeError) as e:
+            error = f"unexpected reply from {url}: no choices[0].message.content ({type(e).__name__})"
+        except ProposalFailed as e:
+            error = str(e)
         log_cost(run_dir, {"iteration": iteration, "proposer": "openai", "candidates": [name],
                            "seconds": round(time.time() - t0, 2), "prompt_tokens": usage.get("prompt_tokens"),
-                           "completion_tokens": usage.get("completion_tokens")})
-        d = Path(run_dir) / "candidates" / name
-        (d / "reply.md").write_text(reply)
-        code = python_block(reply)
+                           "completion_tokens": usage.get("completion_tokens"), "error": error})
+        if error:
+            raise ProposalFailed(error)
+        code, d = python_block(reply), work / "candidates" / name
         if code is None:
             (d / "harness.py").unlink()
         else:
             (d / "harness.py").write_text(code)
         claimed = field(reply, "parent")
-        finish(run_dir, name, hypothesis=field(reply, "hypothesis"), changed=field(reply, "changed"),
+        finish(work, name, hypothesis=field(reply, "hypothesis"), changed=field(reply, "changed"),
                parent=claimed if claimed in {r["name"] for r in rows} else parent)
         made.append(f"{name}: {field(reply, 'hypothesis')}")
+
+
+def post_json(url, body, key, args):
+    """POST with a timeout per request; 429, 5xx and network errors are retried with backoff (the server's
+    Retry-After when it sends one). Errors a retry cannot fix stop the search with the fix; ProposalFailed
+    when the retries run out."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    data = json.dumps(body).encode()
+    for attempt in range(OPENAI_RETRIES + 1):
+        wait = min(2.0 ** attempt, MAX_RETRY_WAIT_S)
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers),
+                                        timeout=args.proposer_timeout) as resp:
+                text = resp.read()
+            try:
+                return json.loads(text)
+            except (ValueError, RecursionError):
+                raise ProposalFailed(f"the reply from {url} is not JSON: {text[:200]!r}") from None
+        except urllib.error.HTTPError as e:
+            failure = f"HTTP {e.code} from {url}: {api_message(e)}"
+            if e.code not in RETRY_STATUS and e.code < 500:
+                fatal_http_error(e.code, failure, args)
+            wait = retry_after(e.headers.get("Retry-After"), wait)
+        except (urllib.error.URLError, OSError) as e:  # refused, reset, timed out
+            failure = f"no answer from {url}: {getattr(e, 'reason', e)}"
+        if attempt < OPENAI_RETRIES:
+            print(f"proposer openai: {failure}; retry {attempt + 1}/{OPENAI_RETRIES} in {wait:g}s")
+            time.sleep(wait)
+    raise ProposalFailed(f"{failure} (after {OPENAI_RETRIES} retries)")
+
+
+def api_message(err):
+    """The error message of an API error body ({"error": {"message": ...}}, vLLM's {"message": ...}, or text)."""
+    text = err.read(20_000).decode("utf-8", errors="replace")
+    try:
+        body = json.loads(text)
+        inner = body.get("error", body) if isinstance(body, dict) else {}
+        message = inner.get("message") if isinstance(inner, dict) else inner
+        return str(message or text)[:300].strip()
+    except (ValueError, RecursionError):
+        return text[:300].strip() or err.reason
+
+
+def fatal_http_error(status, failure, args):
+    """401 / 403 / 404 / a prompt beyond the model's context: no retry helps, say what to change."""
+    if status in (401, 403):
+        raise SystemExit(f"proposer openai: {failure}. Set the API key in ${args.proposer_key_env} "
+                         f"(--proposer-key-env names the variable)")
+    if status == 404:
+        raise SystemExit(f"proposer openai: {failure}. Check --proposer-url (the base URL, ending in /v1) "
+                         f"and --proposer-model")
+    if status in (400, 413) and any(w in failure.lower() for w in ("context", "too long", "too large", "maximum")):
+        raise SystemExit(f"proposer openai: {failure}. The prompt is larger than the model's context: lower "
+                         f"--proposer-prompt-tokens (now {args.proposer_prompt_tokens})")
+    raise ProposalFailed(failure)
+
+
+def retry_after(header, default):
+    """Seconds to wait from a Retry-After header (seconds or an HTTP date), capped; `default` without one."""
+    if not header:
+        return default
+    try:
+        seconds = float(header)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(header).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return default
+    return min(max(seconds, 0.0), MAX_RETRY_WAIT_S)
 
 
 def python_block(reply):
@@ -689,6 +995,14 @@ def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=N
     should_stop_harness_phase); `iterations` caps it (default args.iterations)."""
     if args.proposer == "command" and not args.proposer_cmd:
         raise ValueError("--proposer command needs --proposer-cmd 'CLI ... {workdir}'")
+    if args.proposer == "claude" and shutil.which("claude") is None:
+        raise SystemExit("--proposer claude: no `claude` on PATH; install Claude Code "
+                         "(npm install -g @anthropic-ai/claude-code) or use --proposer command / openai")
+    if args.proposer in ("command", "claude"):
+        try:
+            sandbox.check()  # these proposers run only inside it (or with the documented opt-out)
+        except sandbox.SandboxError as e:
+            raise SystemExit(str(e))
     iterations = args.iterations if iterations is None else iterations
     run_dir = Path(run_dir)
     (run_dir / "candidates").mkdir(parents=True, exist_ok=True)
@@ -702,19 +1016,27 @@ def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=N
     if not (run_dir / "candidates" / seed_name / "scores.json").exists():
         score(run_dir / "candidates" / seed_name, backend, domain, tasks, args, kw)
     rows, frontier = write_index(run_dir, 0)
-    done = 0
+    done = failures = 0
     for it in range(1, iterations + 1):
         names = [f"h{it}_{j}" for j in range(1, M + 1)]
-        todo = [n for n in names if not read_json(run_dir / "candidates" / n / "meta.json", {}).get("proposed")]
-        if todo:
+        while todo := [n for n in names if not read_json(run_dir / "candidates" / n / "meta.json", {}).get("proposed")]:
             t0 = time.time()
-            if args.proposer == "mutate":
+            if args.proposer == "mutate":  # trusted, offline: writes its candidates into the archive itself
                 propose_mutate(run_dir, todo, rows, it, args)
-            elif args.proposer == "openai":
-                propose_openai(run_dir, todo, rows, it, domain, args)
+                error = None
             else:
-                propose_agent(run_dir, todo, rows, it, domain, args)
-            print(f"iteration {it}: proposed {len(todo)} candidates in {time.time() - t0:.1f}s")
+                error = propose_in_copy(run_dir, todo, rows, it, domain, args)
+            if error is None:
+                failures = 0
+                print(f"iteration {it}: proposed {len(todo)} candidates in {time.time() - t0:.1f}s")
+                continue
+            failures += 1
+            print(f"iteration {it}: proposer {args.proposer} failed ({failures}/{args.proposer_max_failures} "
+                  f"in a row): {error}")
+            if failures >= args.proposer_max_failures:
+                raise SystemExit(f"meta_harness: proposer {args.proposer} failed {failures} times in a row, last: "
+                                 f"{error}. To go on, {failure_advice(args)}, then rerun the same command (it "
+                                 f"resumes at iteration {it})")
         for name in names:
             d = run_dir / "candidates" / name
             meta = read_json(d / "meta.json")
@@ -755,6 +1077,7 @@ def main(argv=None):
     add_args(p)
     engines.add_backend_args(p)
     domains.add_args(p)
+    sandbox.add_args(p)
     args = p.parse_args(argv)
     if args.proposer == "command" and not args.proposer_cmd:
         raise SystemExit("--proposer command needs --proposer-cmd 'CLI ... {workdir}' (a command template)")
@@ -764,7 +1087,8 @@ def main(argv=None):
         domain = domains.get(args.domain, args)
         domain.load("harness")  # a malformed data file is an error now, before any model is loaded
         check_run_files(args.out)
-    except (ValueError, FileNotFoundError, ImportError) as e:
+        sandbox.apply_args(args)
+    except (ValueError, FileNotFoundError, ImportError, sandbox.SandboxError) as e:
         raise SystemExit(f"meta_harness.py: error: {e}")
     os.makedirs(args.out, exist_ok=True)
     write_json(Path(args.out) / "config.json", vars(args))

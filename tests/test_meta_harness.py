@@ -4,14 +4,18 @@ on the smoke model end to end."""
 import argparse
 import http.server
 import json
+import os
+import shutil
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import meta_harness as mh
+import sandbox
 
 SEED = textwrap.dedent('''\
     """Fake harness for tests: one model call."""
@@ -202,7 +206,7 @@ def test_command_proposer_and_every_rejection_reason(fake, tmp_path):
     fr, seed, run_dir = fake
     agent = tmp_path / "agent.py"
     agent.write_text(STAND_IN)
-    args = make_args(candidates=7, proposer="command", prompt_only=True,
+    args = make_args(candidates=7, proposer="command", prompt_only=True, proposer_ro=[str(agent)],
                      proposer_cmd=f"{sys.executable} {agent} {{workdir}}")
     res = mh.search(None, FakeDomain(), str(seed), run_dir, args, iterations=2)
     assert res["iterations"] == 2  # the run goes on past rejections
@@ -228,17 +232,25 @@ def test_command_proposer_and_every_rejection_reason(fake, tmp_path):
 
 
 class ChatServer(http.server.BaseHTTPRequestHandler):
-    """Loopback chat-completions endpoint: a code reply, then a reply without code."""
+    """Loopback chat-completions endpoint (127.0.0.1 only). Each request takes the next reply: a string is a
+    200 completion with that content, (status, headers, body) an API error, ("sleep", s) no answer for s."""
     replies, requests = [], []
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         ChatServer.requests.append((self.path, self.headers.get("Authorization"), body))
-        content = ChatServer.replies[(len(ChatServer.requests) - 1) % len(ChatServer.replies)]
-        out = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}],
-                          "usage": {"prompt_tokens": 1000, "completion_tokens": 50}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+        reply = ChatServer.replies[(len(ChatServer.requests) - 1) % len(ChatServer.replies)]
+        if isinstance(reply, str):
+            reply = (200, {}, {"choices": [{"message": {"role": "assistant", "content": reply}}],
+                               "usage": {"prompt_tokens": 1000, "completion_tokens": 50}})
+        if reply[0] == "sleep":
+            threading.Event().wait(reply[1])  # not time.sleep, which a test may stub out
+            return
+        status, headers, payload = reply
+        out = (json.dumps(payload) if isinstance(payload, dict) else payload).encode()
+        self.send_response(status)
+        for k, v in {"Content-Type": "application/json", **headers}.items():
+            self.send_header(k, v)
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()
         self.wfile.write(out)
@@ -247,21 +259,27 @@ class ChatServer(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_openai_proposer_against_loopback_server(fake, monkeypatch):
+@pytest.fixture
+def chat_server():
+    """-> the base URL of a fresh loopback ChatServer; set ChatServer.replies before searching."""
+    ChatServer.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ChatServer)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_openai_proposer_against_loopback_server(fake, monkeypatch, chat_server):
     fr, seed, run_dir = fake
     code = SEED.replace("MAX_TURNS = 1", "MAX_TURNS = 2")
     ChatServer.replies = [f"Parent: h0\nHypothesis: two turns help\nChanged: MAX_TURNS 2\n```python\n{code}```",
                           "I would change the prompt, but here is no code."]
-    ChatServer.requests = []
-    server = http.server.HTTPServer(("127.0.0.1", 0), ChatServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("TEST_KEY", "sk-test")
-    args = make_args(candidates=2, proposer="openai", proposer_url=f"http://127.0.0.1:{server.server_port}/v1",
+    args = make_args(candidates=2, proposer="openai", proposer_url=chat_server,
                      proposer_model="m", proposer_key_env="TEST_KEY", proposer_prompt_tokens=3000)
-    try:
-        res = mh.search(None, FakeDomain(), str(seed), run_dir, args, iterations=1)
-    finally:
-        server.shutdown()
+    res = mh.search(None, FakeDomain(), str(seed), run_dir, args, iterations=1)
     path, auth, body = ChatServer.requests[0]
     assert path == "/v1/chat/completions" and auth == "Bearer sk-test" and body["model"] == "m"
     prompt = body["messages"][0]["content"]
@@ -274,6 +292,194 @@ def test_openai_proposer_against_loopback_server(fake, monkeypatch):
     frontier = json.loads((run_dir / "frontier.json").read_text())
     assert frontier["proposer"]["calls"] == 2 and frontier["proposer"]["prompt_tokens"] == 2000
     assert frontier["proposer"]["completion_tokens"] == 100
+
+
+# realistic error bodies: OpenAI's {"error": {...}} and vLLM's {"object": "error", ...}
+RATE_LIMITED = {"error": {"message": "Rate limit reached for gpt-4.1 in organization org-x on tokens per min (TPM): "
+                                     "Limit 30000, Used 29950, Requested 1200. Please try again in 3s.",
+                          "type": "tokens", "param": None, "code": "rate_limit_exceeded"}}
+OVERLOADED = {"error": {"message": "The server is overloaded or not ready yet.", "type": "server_error",
+                        "param": None, "code": None}}
+BAD_KEY = {"error": {"message": "Incorrect API key provided: sk-test. You can find your API key at "
+                                "https://platform.openai.com/account/api-keys.", "type": "invalid_request_error",
+                     "param": None, "code": "invalid_api_key"}}
+NO_MODEL = {"error": {"message": "The model `m` does not exist or you do not have access to it.",
+                      "type": "invalid_request_error", "param": None, "code": "model_not_found"}}
+TOO_LONG = {"error": {"message": "This model's maximum context length is 8192 tokens. However, your messages "
+                                 "resulted in 12043 tokens. Please reduce the length of the messages.",
+                      "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}
+VLLM_TOO_LONG = {"object": "error", "message": "This model's maximum context length is 2048 tokens. However, you "
+                 "requested 9000 tokens (8990 in the messages, 10 in the completion). Please reduce the length of "
+                 "the messages or completion.", "type": "BadRequestError", "param": None, "code": 400}
+
+
+def openai_args(url, **over):
+    return make_args(candidates=1, proposer="openai", proposer_url=url, proposer_model="m",
+                     proposer_key_env="TEST_KEY", **over)
+
+
+def test_openai_retries_429_and_5xx_honouring_retry_after(fake, monkeypatch, chat_server):
+    fr, seed, run_dir = fake
+    slept = []
+    monkeypatch.setattr(mh.time, "sleep", slept.append)
+    code = SEED.replace("MAX_TURNS = 1", "MAX_TURNS = 2")
+    ChatServer.replies = [(429, {"Retry-After": "3"}, RATE_LIMITED), (503, {}, OVERLOADED),
+                          (502, {}, "<html><body><h1>502 Bad Gateway</h1></body></html>"),
+                          f"Hypothesis: two turns\n```python\n{code}```"]
+    mh.search(None, FakeDomain(), str(seed), run_dir, openai_args(chat_server), iterations=1)
+    assert slept == [3.0, 2.0, 4.0]  # Retry-After, then exponential backoff
+    assert len(ChatServer.requests) == 4 and rows_of(run_dir)["h1_1"]["score"] == 0.2
+    costs = [json.loads(l) for l in open(run_dir / "costs.jsonl")]
+    assert len(costs) == 1 and costs[0]["error"] is None and costs[0]["prompt_tokens"] == 1000
+
+
+@pytest.mark.parametrize("status, body, fix", [
+    (401, BAD_KEY, r"HTTP 401 .*Incorrect API key provided.*\$TEST_KEY"),
+    (404, NO_MODEL, r"HTTP 404 .*does not exist.*--proposer-url"),
+    (400, TOO_LONG, r"maximum context length is 8192.*lower --proposer-prompt-tokens \(now 24000\)"),
+    (400, VLLM_TOO_LONG, r"maximum context length is 2048.*lower --proposer-prompt-tokens"),
+    (413, "Request Entity Too Large", r"HTTP 413 .*Request Entity Too Large.*--proposer-prompt-tokens")])
+def test_openai_errors_no_retry_can_fix_stop_with_the_fix(fake, chat_server, status, body, fix):
+    fr, seed, run_dir = fake
+    ChatServer.replies = [(status, {}, body)]
+    with pytest.raises(SystemExit, match=fix):
+        mh.search(None, FakeDomain(), str(seed), run_dir, openai_args(chat_server), iterations=1)
+    assert len(ChatServer.requests) == 1  # never retried
+
+
+def test_openai_timeout_per_request_then_the_failure_limit(fake, monkeypatch, chat_server):
+    fr, seed, run_dir = fake
+    monkeypatch.setattr(mh.time, "sleep", lambda s: None)
+    ChatServer.replies = [("sleep", 2.0)]
+    t0 = time.time()
+    with pytest.raises(SystemExit, match=r"proposer openai failed 2 times in a row, last: no answer from .*timed "
+                                         r"out \(after 4 retries\)\. To go on, check that the server"):
+        mh.search(None, FakeDomain(), str(seed), run_dir,
+                  openai_args(chat_server, proposer_timeout=0.2, proposer_max_failures=2), iterations=1)
+    assert len(ChatServer.requests) == 10 and time.time() - t0 < 10
+    assert not (run_dir / "candidates" / "h1_1").exists()  # a failed call leaves the iteration to the rerun
+
+
+# -----------------------------------------------------------------------------
+# Claude Code: a stand-in `claude` on PATH printing the real JSON shapes (Claude Code 2.1.197), and the real CLI
+
+CLAUDE_STAND_IN = textwrap.dedent('''\
+    """Stands in for Claude Code 2.1.197 in print mode: checks what it was given, edits h1_1, prints a result."""
+    import json, os, pathlib, sys
+    mode = (pathlib.Path(__file__).parent / "mode").read_text().strip()
+    usage = {"input_tokens": 30, "cache_creation_input_tokens": 9000, "cache_read_input_tokens": 81000,
+             "output_tokens": 4200, "server_tool_use": {"web_search_requests": 0, "web_fetch_requests": 0},
+             "service_tier": "standard"}
+    common = {"duration_ms": 51234, "duration_api_ms": 49000, "num_turns": 14, "stop_reason": "end_turn",
+              "session_id": "5f0c7a1e-0000-4000-8000-000000000000", "total_cost_usd": 0.6123, "usage": usage,
+              "modelUsage": {"claude-opus-4-8": {"inputTokens": 30, "outputTokens": 4200}},
+              "permission_denials": [], "uuid": "0e8e2c55-0000-4000-8000-000000000000"}
+    def result(code=0, **fields):
+        print(json.dumps({"type": "result", **fields, **common}))
+        sys.exit(code)
+    args, work = sys.argv[1:], pathlib.Path.cwd()
+    settings = json.loads(pathlib.Path(args[args.index("--settings") + 1]).read_text())
+    problems = [f"{flag} missing" for flag in ("-p", "--output-format", "--tools", "--permission-mode")
+                if flag not in args]
+    problems += ["Bash is a tool"] * ("Bash" in args[args.index("--tools") + 1])
+    scoped = [f"Read(/{work}/**)", f"Edit(/{work}/**)"]
+    problems += ["settings not scoped"] * (settings["permissions"]["allow"] != scoped)
+    problems += ["the project is visible"] * os.path.exists(sys.argv[0].rsplit("/bin/", 1)[0] + "/seed.py")
+    if problems:
+        result(1, subtype="success", is_error=True, result="; ".join(problems))
+    if mode == "success":
+        h = work / "candidates" / "h1_1" / "harness.py"
+        h.write_text(h.read_text().replace("MAX_TURNS = 1", "MAX_TURNS = 2"))
+        (work / "candidates" / "h1_1" / "meta.json").write_text(json.dumps({"parent": "h0", "hypothesis": "two turns",
+                                                                          "changed": "MAX_TURNS 1 -> 2"}))
+        result(0, subtype="success", is_error=False, result="Wrote candidates/h1_1.")
+    if mode == "not_logged_in":  # exactly what 2.1.197 prints without a login (it exits 1; the issue saw 0)
+        result(1, subtype="success", is_error=True, api_error_status=None, result="Not logged in · Please run /login")
+    if mode == "max_turns":
+        result(0, subtype="error_max_turns", is_error=True, errors=["Reached maximum number of turns (30)"])
+    if mode == "empty":
+        result(0, subtype="success", is_error=False, result="")
+    print("TypeError: Cannot read properties of undefined (reading 'map')")  # a crash, not JSON
+    sys.exit(1)
+    ''')
+
+
+# the stand-in checks that it cannot see the project, which only holds inside the OS sandbox
+needs_sandbox = pytest.mark.skipif(sandbox.disabled(), reason=f"{sandbox.OPT_OUT}=1: no OS boundary to test")
+
+
+@pytest.fixture
+def claude_stand_in(tmp_path, monkeypatch):
+    """Puts the stand-in first on PATH; -> a function that sets its mode."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "claude").write_text(f"#!{sys.executable}\n" + CLAUDE_STAND_IN)
+    (bin_dir / "claude").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return lambda mode: (bin_dir / "mode").write_text(mode)
+
+
+@needs_sandbox
+def test_claude_success_takes_the_candidate_and_records_usage(fake, claude_stand_in):
+    fr, seed, run_dir = fake
+    claude_stand_in("success")
+    mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=1, proposer="claude"), iterations=1)
+    row = rows_of(run_dir)["h1_1"]
+    assert row["valid"] and row["score"] == 0.2 and row["hypothesis"] == "two turns"
+    cost = json.loads((run_dir / "costs.jsonl").read_text())
+    assert cost["error"] is None and cost["rc"] == 0 and cost["turns"] == 14 and cost["models"] == ["claude-opus-4-8"]
+    assert (cost["prompt_tokens"], cost["completion_tokens"], cost["cost_usd"]) == (90030, 4200, 0.6123)
+
+
+@needs_sandbox
+@pytest.mark.parametrize("mode, message", [
+    ("not_logged_in", "Not logged in · Please run /login"),
+    ("max_turns", r"error_max_turns: Reached maximum number of turns \(30\)"),
+    ("empty", "empty result"),
+    ("crash", "output is not JSON: \"TypeError: Cannot read properties")])
+def test_claude_failures_are_read_and_stop_the_search(fake, claude_stand_in, capsys, mode, message):
+    fr, seed, run_dir = fake
+    claude_stand_in(mode)
+    args = make_args(candidates=1, proposer="claude", proposer_max_failures=2)
+    with pytest.raises(SystemExit, match=f"proposer claude failed 2 times in a row, last: {message}.*log in to Claude "
+                                         f"Code .* or set ANTHROPIC_API_KEY.*resumes at iteration 1"):
+        mh.search(None, FakeDomain(), str(seed), run_dir, args, iterations=3)
+    costs = [json.loads(l) for l in open(run_dir / "costs.jsonl")]
+    assert len(costs) == 2 and all(c["error"] and c["iteration"] == 1 for c in costs)
+    assert "failed (1/2 in a row)" in capsys.readouterr().out
+    assert fr.evaluated == ["h0"] and not (run_dir / "candidates" / "h1_1").exists()
+
+
+def test_failures_count_only_in_a_row(fake, monkeypatch):
+    """fail, fail, success, fail, fail, success with a limit of 3: the search runs to its end."""
+    fr, seed, run_dir = fake
+    script = iter(["fail", "fail", "ok", "fail", "fail", "ok"])
+
+    def fake_run(argv, cwd, out_dir, timeout):
+        if next(script) == "fail":
+            return 1, json.dumps({"type": "result", "subtype": "success", "is_error": True,
+                                  "result": "API Error: 529 Overloaded"}), ""
+        return 0, json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "done"}), ""
+    monkeypatch.setattr(mh, "run_in_sandbox", fake_run)
+    monkeypatch.setattr(mh.shutil, "which", lambda name: "/usr/bin/" + name)
+    res = mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=1, proposer="claude"), iterations=2)
+    assert res["iterations"] == 2
+    assert [c["error"] for c in map(json.loads, open(run_dir / "costs.jsonl"))] == \
+        ["API Error: 529 Overloaded"] * 2 + [None] + ["API Error: 529 Overloaded"] * 2 + [None]
+
+
+@pytest.mark.skipif(shutil.which("claude") is None, reason="Claude Code is not installed")
+def test_real_claude_cli_without_login_ends_the_search_with_its_message(fake, tmp_path, monkeypatch):
+    fr, seed, run_dir = fake
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no login, whatever the machine has
+    for var in mh.CLAUDE_ENV + ("CLAUDE_CONFIG_DIR",):
+        monkeypatch.delenv(var, raising=False)
+    args = make_args(candidates=1, proposer="claude", proposer_max_failures=2, proposer_timeout=20)
+    with pytest.raises(SystemExit, match="failed 2 times in a row, last: Not logged in · Please run /login. To go on, "
+                                         "log in to Claude Code"):
+        mh.search(None, FakeDomain(), str(seed), run_dir, args, iterations=1)
+    costs = [json.loads(l) for l in open(run_dir / "costs.jsonl")]
+    assert [c["error"] for c in costs] == ["Not logged in · Please run /login"] * 2
 
 
 # -----------------------------------------------------------------------------
@@ -299,3 +505,86 @@ def test_end_to_end_smoke_mutate(tmp_path, capsys):
     frontier = json.loads((out / "frontier.json").read_text())
     assert frontier["best"] in rows and len(frontier["best_series"]) == 3 and frontier["lineage"][0] == "h0"
     assert json.loads((out / "config.json").read_text())["proposer"] == "mutate"
+
+
+class FakeAnthropicApi(http.server.BaseHTTPRequestHandler):
+    """A scripted model behind the Anthropic Messages API (127.0.0.1, streamed as server-sent events): one tool
+    call per turn, chosen by how many tool results the conversation holds; results are kept for the test."""
+    steps, results = [], []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        done = [b for m in body.get("messages", []) if m["role"] == "user" and isinstance(m["content"], list)
+                for b in m["content"] if b.get("type") == "tool_result"]
+        if body.get("tools") and done:
+            text = done[-1]["content"] if isinstance(done[-1]["content"], str) else \
+                " ".join(c.get("text", "") for c in done[-1]["content"])
+            FakeAnthropicApi.results.append((len(done), bool(done[-1].get("is_error")), text))
+        step = len(done) if body.get("tools") else len(FakeAnthropicApi.steps)
+        if step < len(FakeAnthropicApi.steps):
+            name, tool_input = FakeAnthropicApi.steps[step]
+            block, delta = {"type": "tool_use", "id": f"toolu_{step:02d}", "name": name, "input": {}}, \
+                {"type": "input_json_delta", "partial_json": json.dumps(tool_input)}
+        else:
+            block, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": "Wrote candidates/h1_1."}
+        events = [{"type": "message_start", "message": {
+                       "id": f"msg_{step}", "type": "message", "role": "assistant", "model": body.get("model", "m"),
+                       "content": [], "stop_reason": None, "stop_sequence": None,
+                       "usage": {"input_tokens": 100, "output_tokens": 1}}},
+                  {"type": "content_block_start", "index": 0, "content_block": block},
+                  {"type": "content_block_delta", "index": 0, "delta": delta},
+                  {"type": "content_block_stop", "index": 0},
+                  {"type": "message_delta", "delta": {"stop_reason": "tool_use" if block["type"] == "tool_use"
+                                                      else "end_turn", "stop_sequence": None},
+                   "usage": {"output_tokens": 20}},
+                  {"type": "message_stop"}]
+        out = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.mark.skipif(shutil.which("claude") is None, reason="Claude Code is not installed")
+def test_real_claude_cli_tools_stay_in_the_proposer_folder(fake, tmp_path, monkeypatch):
+    """The real CLI, its settings and flags as the search passes them, against a scripted model: file tools work
+    in its folder; reads and writes elsewhere, and a shell, are refused; the search takes the edited candidate."""
+    fr, seed, run_dir = fake
+    scratch = tmp_path / "scratch"  # the proposer's folder, known in advance so the script can name it
+    scratch.mkdir()
+    monkeypatch.setattr(mh.tempfile, "mkdtemp", lambda prefix: str(scratch))
+    work = scratch / "archive"
+    FakeAnthropicApi.steps = [
+        ("Glob", {"pattern": "**/*.py"}),
+        ("Read", {"file_path": f"{work}/candidates/h1_1/harness.py"}),
+        ("Edit", {"file_path": f"{work}/candidates/h1_1/harness.py", "old_string": "MAX_TURNS = 1",
+                  "new_string": "MAX_TURNS = 2"}),
+        ("Grep", {"pattern": "MAX_TURNS", "path": f"{work}/candidates"}),
+        ("Read", {"file_path": str(mh.Path(mh.__file__).parent / "data" / "searchqa_test.jsonl")}),
+        ("Read", {"file_path": "/etc/hosts"}),
+        ("Write", {"file_path": "/tmp/evil.txt", "content": "x"}),
+        ("Glob", {"pattern": "**/*", "path": "/usr/lib"}),
+        ("Bash", {"command": "id"})]
+    FakeAnthropicApi.results = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeAnthropicApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("CLAUDE_CONFIG_DIR", raising=False)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{server.server_port}")
+    args = make_args(candidates=1, proposer="claude", proposer_max_failures=1, proposer_timeout=60)
+    try:
+        mh.search(None, FakeDomain(), str(seed), run_dir, args, iterations=1)
+    finally:
+        server.shutdown()
+    refused = [i for i, is_error, _ in FakeAnthropicApi.results if is_error]
+    assert refused == [5, 6, 7, 8, 9], FakeAnthropicApi.results  # allowed: Glob, Read, Edit, Grep in its folder
+    assert "denied by your permission settings" in FakeAnthropicApi.results[4][2]  # the project, by its deny rule
+    assert all("don't ask mode" in text for _, _, text in FakeAnthropicApi.results[5:8])  # not allowed: refused
+    assert "No such tool available: Bash" in FakeAnthropicApi.results[8][2]
+    row, cost = rows_of(run_dir)["h1_1"], json.loads((run_dir / "costs.jsonl").read_text())
+    assert row["valid"] and row["score"] == 0.2 and cost["error"] is None and cost["permission_denials"] == 3
