@@ -179,7 +179,7 @@ class HFBackend:
             with torch.inference_mode():
                 from transformers import DynamicCache
                 cache = DynamicCache(config=model.config)
-                keep = torch.tensor(live, device=device)
+                keep = torch.tensor(live, dtype=torch.long, device=device)  # empty when every cap < 1
                 ids, mask, pos = ids[keep], mask[keep], pos[keep]
                 while live:
                     # logits_to_keep=1: the prefill never builds a (rows x prompt x vocab) logits tensor

@@ -49,6 +49,7 @@ from pathlib import Path
 import domains
 import engines
 import rollout
+import sandbox
 
 ALLOWED_IMPORTS = ("re", "json", "math", "random", "string", "collections", "itertools", "functools",
                    "textwrap", "dataclasses", "typing")
@@ -668,6 +669,7 @@ def main(argv=None):
     engines.add_backend_args(p)
     domains.add_args(p)
     args = p.parse_args(argv)
+    sandbox.apply_args(args)
     if args.proposer == "command" and not args.proposer_cmd:
         raise SystemExit("--proposer command needs --proposer-cmd 'CLI ... {workdir}' (a command template)")
     if not os.path.isfile(args.harness):

@@ -44,6 +44,7 @@ import meta_harness
 import rft
 import engines
 import rollout
+import sandbox
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "fast-slow")
 
@@ -258,6 +259,7 @@ def eval_settings(args, harness):
 
 def main(argv=None):
     runs = parse_args(argv)
+    sandbox.apply_args(runs[0])
     for args in runs:
         share_start_eval(runs[0].out, args)
         run(args)
