@@ -154,6 +154,11 @@ class Pool:
     def put(self, workers):
         self.idle += workers
 
+    def warm(self, n):
+        """At least n started workers, ready (the bench's steady state: as after a run's first call)."""
+        self.idle = self.take(n) + self.idle
+        self.wait_ready()
+
     def wait_ready(self, timeout_s=60.0):
         """Block until every idle worker has said it is ready (the bench charges start-ups to the runner)."""
         end = time.time() + timeout_s
@@ -598,6 +603,8 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
     prompts = [[chat_ids(backend.tokenizer, [{"role": "user", "content": f"{t['question']} call {c}"}])
                 for t in tasks] for c in range(calls)]
     backend.generate(prompts[0][:4], max_new_tokens=4)  # warm up
+    sandboxed, bare = start_seconds(sandboxed=True), start_seconds(sandboxed=False)
+    POOL.warm(episodes)
     seconds, tokens, counts = {"a": 0.0, "b": 0.0}, {"a": 0, "b": 0}, {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "bench_harness.py")
@@ -610,6 +617,7 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
             start = time.time()
             eps = run_episodes(BenchDomain(), path, tasks, backend, max_new_tokens=max_new_tokens, workers=episodes,
                                seed=r, desc="bench")
+            POOL.wait_ready()  # the fresh sandboxes that replaced this call's: the runner's cost, so counted here
             seconds["b"] += time.time() - start
             tokens["b"] += sum(e["tokens"] for e in eps)
             errors = [e["error"] for e in eps if e["error"]]
@@ -624,8 +632,27 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
     print(f"direct generate: {tokens['a']} tokens in {seconds['a']:.2f} s = {a:.0f} tokens/s")
     print(f"runner: {tokens['b']} tokens in {seconds['b']:.2f} s = {b:.0f} tokens/s "
           f"({counts['generate_calls']} generate calls for {counts['llm_calls']} llm calls)")
+    print(f"worker start + kill: {sandboxed * 1000:.0f} ms per episode in the sandbox, {bare * 1000:.0f} ms without "
+          f"(= {(sandboxed - bare) * 1000:.0f} ms sandbox cost per episode; {SANDBOX_TRIAL} started at once)")
     print(f"ratio = {b / a:.3f}")
     return b / a
+
+
+SANDBOX_TRIAL = 16
+
+
+def start_seconds(sandboxed, n=SANDBOX_TRIAL):
+    """Wall seconds per worker to start n at once until all are ready, then kill them: what each episode costs."""
+    saved = os.environ.get(sandbox.OPT_OUT)
+    os.environ[sandbox.OPT_OUT] = "0" if sandboxed else "1"
+    try:
+        start, pool = time.time(), Pool()
+        pool.idle = [Worker() for _ in range(n)]
+        pool.wait_ready()
+        pool.close()
+        return (time.time() - start) / n
+    finally:
+        os.environ.pop(sandbox.OPT_OUT) if saved is None else os.environ.update({sandbox.OPT_OUT: saved})
 
 
 # -----------------------------------------------------------------------------
