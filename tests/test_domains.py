@@ -84,6 +84,7 @@ def test_cli_stats_show_and_errors(tmp_path):
         assert len(out.stderr.strip().splitlines()) == 1
     # a checkout whose data file is missing, then corrupt
     shutil.copy(os.path.join(ROOT, "domains.py"), tmp_path)
+    shutil.copy(os.path.join(ROOT, "sandbox.py"), tmp_path)  # domains.py imports it (the python tool's sandbox)
     (tmp_path / "data").mkdir()
     out = run_cli("show", "chess", cwd=tmp_path)
     assert out.returncode != 0 and "missing data file" in out.stderr and "python data/build.py" in out.stderr

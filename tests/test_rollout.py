@@ -249,3 +249,104 @@ def test_real_h0_harness_runs_on_smoke(backend, name):
     for e in eps:
         assert e["error"] is None, e["error"]
         assert e["turns"] >= 1 and e["reward"] in (0.0, 1.0)
+
+
+class ScriptedBackend:
+    """Every row gets the ids of one fixed text (it honours no stop string); records what it was asked."""
+
+    def __init__(self, tokenizer, text):
+        self.tokenizer, self.ids, self.asked = tokenizer, tokenizer.encode(text, add_special_tokens=False), []
+
+    def generate(self, prompts, *, temperature, top_k, max_new_tokens, seeds, stop=None):
+        self.asked.append({"caps": max_new_tokens, "stop": stop})
+        return [list(self.ids) for _ in prompts]
+
+
+STOPS = '''"""Three calls: one stop string, two (the first to complete wins), none."""
+def run(task, llm, tools):
+    m = [{"role": "user", "content": "q"}]
+    return {"answer": [llm(m, max_tokens=5, stop="</search>"), llm(m, stop=["</answer>", "</search>"]), llm(m)]}
+'''
+
+
+def test_stop_strings_end_the_reply_and_reach_the_backend(backend, tmp_path):
+    text = "<search>x</search><information>INVENTED</information><answer>y</answer>"
+    fake = ScriptedBackend(backend.tokenizer, text)
+    ep = rollout.run_episodes(FakeDomain(), write(tmp_path, "stops.py", STOPS), FakeDomain().load("t", 1), fake,
+                              max_new_tokens=7)[0]
+    assert ep["error"] is None
+    assert ep["answer"] == ["<search>x</search>", "<search>x</search>", text]
+    assert [c["completion"] for c in ep["calls"]] == ep["answer"]
+    assert all(c["completion_ids"] == fake.ids for c in ep["calls"])  # recorded exactly as the backend returned
+    assert fake.asked == [{"caps": [5], "stop": [["</search>"]]}, {"caps": [7], "stop": [["</answer>", "</search>"]]},
+                          {"caps": [7], "stop": None}]
+    assert rollout.cut_at_stop("ab</a>cd", ["d", "</a>"]) == "ab</a>" and rollout.cut_at_stop("abc", None) == "abc"
+
+
+BAD_REQUESTS = '''"""'polite' asks through llm() with bad arguments; 'forged' writes a bad stop list to the pipe itself."""
+import random
+def run(task, llm, tools):
+    m = [{"role": "user", "content": "q"}]
+    if task["question"] == "forged":
+        random._os.write(int(random._os.sys.argv[2]), b'{"llm": [{"role": "user", "content": "q"}], "max_tokens": 3, '
+                         b'"stop": ["a", "b", "c", "d", "e"]}' + bytes([10]))
+        llm(m)
+    refused = []
+    for kw in ({"stop": ["a"] * 5}, {"stop": ""}, {"stop": "x" * 33}, {"stop": [1]}, {"max_tokens": 0},
+               {"max_tokens": True}, {"max_tokens": 2.0}):
+        try:
+            llm(m, **kw)
+        except TypeError:
+            refused.append(sorted(kw)[0])
+    return {"answer": refused}
+'''
+
+
+def test_bad_stop_and_max_tokens_are_refused_by_the_worker_and_the_parent(backend, tmp_path):
+    fake = ScriptedBackend(backend.tokenizer, "ok")
+    tasks = [{"id": q, "question": q, "answer": None} for q in ("polite", "forged")]
+    by = {e["task_id"]: e for e in rollout.run_episodes(FakeDomain(), write(tmp_path, "bad.py", BAD_REQUESTS), tasks,
+                                                        fake)}
+    assert by["polite"]["answer"] == ["stop"] * 4 + ["max_tokens"] * 3 and by["polite"]["turns"] == 0
+    assert "protocol violation" in by["forged"]["error"] and "stop" in by["forged"]["error"]
+    assert fake.asked == []  # no bad request reached the backend
+    with pytest.raises(ValueError, match="max_tokens must be None or an int >= 1"):
+        rollout.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 0}, 8)
+    with pytest.raises(ValueError, match="messages must be"):
+        rollout.llm_request({"llm": [{"role": "tool", "content": "q"}]}, 8)
+    assert rollout.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 99, "stop": "</a>"}, 8) == \
+        ([{"role": "user", "content": "q"}], 8, ["</a>"])
+
+
+def test_same_prompt_twice_in_one_batch_gets_different_rollouts(backend, tmp_path):
+    path = write(tmp_path, "twice.py", '''"""Samples from the model and from its own random."""
+import random
+def run(task, llm, tools):
+    return {"answer": [llm([{"role": "user", "content": task["question"]}], max_tokens=8), random.random()]}
+''')
+    task = FakeDomain().load("t", 1)[0]
+    eps = rollout.run_episodes(FakeDomain(), path, [task, task], backend, max_new_tokens=8)
+    assert eps[0]["calls"][0]["prompt_ids"] == eps[1]["calls"][0]["prompt_ids"]
+    assert eps[0]["calls"][0]["completion_ids"] != eps[1]["calls"][0]["completion_ids"]
+    assert eps[0]["answer"][1] != eps[1]["answer"][1]
+    again = rollout.run_episodes(FakeDomain(), path, [task, task], backend, max_new_tokens=8)
+    assert [e["answer"] for e in again] == [e["answer"] for e in eps]  # and both stay reproducible
+
+
+def test_pool_keeps_warm_workers_across_calls_and_uses_each_once(backend, tmp_path):
+    path = write(tmp_path, "good.py", GOOD)
+    tasks = FakeDomain().load("t", 3)
+    rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
+    warm = rollout.POOL.idle[:3]
+    assert len(warm) == 3 and all(w.proc.poll() is None for w in warm)
+    eps = rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
+    assert [e["reward"] for e in eps] == [1.0] * 3
+    assert all(w.proc.poll() is not None for w in warm)  # each served its one episode; its sandbox was killed
+    assert len(rollout.POOL.idle) >= 3 and not set(map(id, warm)) & set(map(id, rollout.POOL.idle))
+
+
+def test_generate_with_a_cap_below_one_returns_empty_rows(backend):
+    p = engines.chat_ids(backend.tokenizer, [{"role": "user", "content": "hello"}])
+    assert backend.generate([p], max_new_tokens=0) == [[]]
+    out = backend.generate([p, p], max_new_tokens=[0, 3], seeds=[1, 2])
+    assert out[0] == [] and len(out[1]) == 3
