@@ -63,11 +63,12 @@ def run(backend, tmp_path, source, names, **kw):
     return {e["task_id"]: e for e in eps}
 
 
-def processes_with(marker):
+def sleepers(marker):
+    """Host pids of `/bin/sleep MARKER` processes, wherever they were started."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes() and int(pid) != os.getpid():
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == f"/bin/sleep\0{marker}\0".encode():
                 found.append(int(pid))
         except OSError:
             pass
@@ -78,6 +79,7 @@ def processes_with(marker):
 # harness workers
 
 ATTACKS = '''"""One attack per task, chosen by the question; each returns what every attempt got."""
+import json
 import random
 os = random._os                 # the os module, reached through an allowed module's global
 sys = os.sys
@@ -145,7 +147,7 @@ def run(task, llm, tools):
         attempt(log, "kill_runner", lambda: os.kill(RUNNER, 9))
         attempt(log, "kill_all", lambda: os.kill(-1, 9))
     return {"answer": json.dumps(log)}
-'''.replace("import random", "import json, random")
+'''
 
 
 def host_ip():
@@ -171,7 +173,7 @@ def test_harness_sees_no_project_data_process_or_network_with_its_audit_hook_off
         by = run(backend, tmp_path, source, ["files", "hidden", "processes", "double_fork", "sockets", "kill"],
                  deadline_s=30)
         time.sleep(0.5)
-        assert processes_with(marker) == []  # nothing the harness started outlives its episode
+        assert sleepers(marker) == []  # nothing the harness started outlives its episode
         assert bystander.poll() is None  # the pid it tried to kill lives
         with pytest.raises(BlockingIOError):
             listener.accept()  # no connection ever reached the host
@@ -323,13 +325,13 @@ time.sleep(60)
                             start_new_session=True)  # no seccomp filter here: this sandbox may fork
     assert proc.stdout.readline() == b"started\n"
     time.sleep(0.2)
-    assert processes_with(marker)
+    assert sleepers(marker)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     end = time.time() + 3
-    while processes_with(marker) and time.time() < end:
+    while sleepers(marker) and time.time() < end:
         time.sleep(0.05)
-    assert processes_with(marker) == []
+    assert sleepers(marker) == []
 
 
 def test_sandbox_fails_closed_naming_the_opt_out(monkeypatch, capsys):
