@@ -148,6 +148,9 @@ class Pool:
         self.idle = []
 
     def take(self, n):
+        for w in [w for w in self.idle if w.proc.poll() is not None]:  # died while idle (e.g. killed from outside)
+            self.idle.remove(w)
+            w.kill()
         taken, self.idle = self.idle[:n], self.idle[n:]
         return taken + [Worker() for _ in range(n - len(taken))]
 

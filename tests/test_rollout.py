@@ -3,6 +3,8 @@
     python -m pytest -q tests/test_rollout.py
 """
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -103,6 +105,9 @@ def run(task, llm, tools):
         sys = random._os.sys
         random._os.write(int(sys.argv[2]), b'{"tool": "lookup", "args": 5}' + bytes([10]))
         llm([{"role": "user", "content": q}])
+    if q == "deep":  # JSON nested past any recursion limit, written to the pipe directly
+        random._os.write(int(random._os.sys.argv[2]), b"[" * 200_000 + bytes([10]))
+        llm([{"role": "user", "content": q}])
     if q == "max_tokens_0":  # a request the worker would refuse, written to the pipe directly
         random._os.write(int(random._os.sys.argv[2]), b'{"llm": [{"role": "user", "content": "x"}], "max_tokens": 0}'
                          + bytes([10]))
@@ -113,7 +118,7 @@ def run(task, llm, tools):
 
 
 def test_hostile_harnesses_cost_only_their_episodes(backend, tmp_path):
-    bad = ["raise", "loop", "sleep", "garbage", "unserialisable", "print", "prints", "forge", "max_tokens_0"]
+    bad = ["raise", "loop", "sleep", "garbage", "unserialisable", "print", "prints", "forge", "deep", "max_tokens_0"]
     tasks = [{"id": b, "question": b, "answer": SECRET} for b in bad] + FakeDomain().load("test", n=4)
     path = write(tmp_path, "hostile.py", HOSTILE)
     deadline = 3.0
@@ -127,7 +132,7 @@ def test_hostile_harnesses_cost_only_their_episodes(backend, tmp_path):
     assert "boom" in by["raise"]["error"]
     assert "deadline" in by["loop"]["error"] and "deadline" in by["sleep"]["error"]
     assert "expected a dict" in by["garbage"]["error"]
-    assert "protocol violation" in by["forge"]["error"]
+    assert "protocol violation" in by["forge"]["error"] and "RecursionError" in by["deep"]["error"]
     assert "not JSON serializable" in by["unserialisable"]["error"]
     assert by["print"]["error"] is None and by["print"]["answer"] == "printed"
     assert len(by["print"]["stdout"]) < 11_000
@@ -343,6 +348,11 @@ def test_pool_keeps_warm_workers_across_calls_and_uses_each_once(backend, tmp_pa
     assert [e["reward"] for e in eps] == [1.0] * 3
     assert all(w.proc.poll() is not None for w in warm)  # each served its one episode; its sandbox was killed
     assert len(rollout.POOL.idle) >= 3 and not set(map(id, warm)) & set(map(id, rollout.POOL.idle))
+    dead = rollout.POOL.idle[0]  # a warm worker killed from outside is dropped, not handed an episode
+    os.killpg(dead.proc.pid, signal.SIGKILL)
+    dead.proc.wait()
+    eps = rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
+    assert [e["reward"] for e in eps] == [1.0] * 3 and dead not in rollout.POOL.idle
 
 
 def test_generate_with_a_cap_below_one_returns_empty_rows(backend):
