@@ -36,7 +36,6 @@ import json
 import os
 import random
 import re
-import signal
 import string
 import subprocess
 import tempfile
@@ -210,13 +209,6 @@ exec(compile(sys.stdin.read(), "<code>", "exec"), {"__name__": "__main__", "__bu
 """
 
 
-def kill_sandbox(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # bwrap: its pid namespace takes every process inside along
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTES, max_chars=MAX_OUTPUT_CHARS):
     """Run code in a fresh OS sandbox (sandbox.py: no project, no data, no network, no other process, one
     process only) with CPU, memory, output and wall limits; return stdout+stderr, cut."""
@@ -232,7 +224,7 @@ def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTE
             argv = sandbox.wrap([sandbox.python(), "-I", "-c", SANDBOX_PRELUDE, *limits], env=env,
                                 seccomp_fd=seccomp)
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                                    pass_fds=(seccomp,), start_new_session=True)
+                                    pass_fds=(seccomp,))
         finally:
             os.close(seccomp)
         error = ""
@@ -243,11 +235,11 @@ def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTE
                 error = f"\nerror: killed by signal {signum} (limits: {cpu_s} s CPU, " \
                         f"{memory_bytes >> 20} MB memory, {PYTHON_MAX_OUTPUT_BYTES >> 20} MB output)"
         except subprocess.TimeoutExpired:
-            kill_sandbox(proc)
+            proc.kill()  # SIGKILL to bwrap: its pid namespace takes every process inside along
             proc.wait()
             error = f"\nerror: timed out after {timeout_s:g} s"
         finally:
-            kill_sandbox(proc)
+            proc.kill()
         out.seek(0)
         text = out.read(4 * max_chars).decode("utf-8", "replace")
     if len(text) > max_chars:

@@ -18,6 +18,8 @@ reward 0, error in the trace) its sandbox is killed with every process and threa
 starts in its place: every episode gets a fresh interpreter. Started sandboxes wait in a pool across calls,
 so an episode rarely waits for one. Memory: the workers of a run share one budget (WORKER_MEMORY_SHARE of
 the machine's RAM, split as each worker's RLIMIT_AS). A worker's stdout is capped; it writes no files.
+Seeds: each call's sampling seed and the harness's `random` seed come from (--seed, the episode's index,
+task id, sample, call number): the same prompt twice in one batch gets two rollouts, a rerun the same ones.
 The parent computes the reward from the returned answer. mean@k = per-task success rate over k samples,
 averaged over tasks.
 """
@@ -29,7 +31,6 @@ import json
 import os
 import select
 import selectors
-import signal
 import subprocess
 import tempfile
 import threading
@@ -114,8 +115,10 @@ class Worker:
         argv = sandbox.wrap([sandbox.python(), "-I", "-S", WORKER_PY, str(p2w_r), str(w2p_w)], files=[WORKER_PY],
                             seccomp_fd=seccomp)
         try:
+            # no start_new_session: it costs the vfork fast path (a plain fork of a parent holding a model is
+            # slow), and killing bwrap reaches everything inside anyway
             self.proc = subprocess.Popen(argv, pass_fds=(p2w_r, w2p_w, seccomp), stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=self.stderr, start_new_session=True)
+                                         stdout=subprocess.DEVNULL, stderr=self.stderr)
         finally:
             for fd in (p2w_r, w2p_w, seccomp):
                 os.close(fd)
@@ -127,10 +130,7 @@ class Worker:
         return self.stderr.read(4000).decode(errors="replace")[-2000:]
 
     def kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # bwrap: its pid namespace takes everything inside along
-        except (ProcessLookupError, PermissionError):
-            pass
+        self.proc.kill()  # SIGKILL to bwrap: its pid namespace takes every process and thread inside along
         self.proc.wait()
         for fd in (self.rfd, self.wfd):
             try:

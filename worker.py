@@ -19,11 +19,9 @@ harness author gets a clear error early. Harness code can undo them, and gains n
 import builtins
 import io
 import json
-import linecache
 import os
 import resource
 import sys
-import traceback
 
 inp, out = os.fdopen(int(sys.argv[1]), "rb"), os.fdopen(int(sys.argv[2]), "wb")
 
@@ -75,8 +73,9 @@ STDLIB = os.path.dirname(os.__file__) + os.sep  # the allowed modules load from 
 
 
 def audit(event, args):
-    if event == "open" and str(args[0]).startswith(STDLIB) and args[1] in ("r", "rb"):
-        return
+    if event in ("open", "os.listdir", "os.scandir") and str(args[0]).startswith(STDLIB) and args[1:2] in (
+            ("r",), ("rb",), ()):
+        return  # the import system reading the standard library
     if event.startswith(BLOCKED):
         raise PermissionError(f"sandbox: {event} is not allowed in a harness")
 
@@ -138,6 +137,14 @@ class Tools:
         return method
 
 
+def format_error(path, source):
+    """The traceback with the harness's own lines shown (imported only now: most episodes never need it)."""
+    import linecache
+    import traceback
+    linecache.cache[path] = (len(source), None, source.splitlines(True), path)
+    return traceback.format_exc()
+
+
 def main():
     send({"ready": True})
     job = recv()
@@ -146,7 +153,6 @@ def main():
     sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = capped
     sys.stdin = None
     path, source = job["path"], job["source"]
-    linecache.cache[path] = (len(source), None, source.splitlines(True), path)
     safe_builtins = dict(builtins.__dict__, __import__=import_guard(set(job["allowed"])))
     for name in ("open", "input", "breakpoint", "exit", "quit"):
         safe_builtins.pop(name, None)
@@ -163,7 +169,7 @@ def main():
         out.write(line.encode() + b"\n")
         out.flush()
     except BaseException:
-        send({"error": traceback.format_exc()[-job["max_chars"]:], "stdout": capped.text()})
+        send({"error": format_error(path, source)[-job["max_chars"]:], "stdout": capped.text()})
     os._exit(0)  # no interpreter shutdown: a harness thread or atexit hook gets no further turn
 
 

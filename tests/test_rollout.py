@@ -360,3 +360,15 @@ def test_generate_with_a_cap_below_one_returns_empty_rows(backend):
     assert backend.generate([p], max_new_tokens=0) == [[]]
     out = backend.generate([p, p], max_new_tokens=[0, 3], seeds=[1, 2])
     assert out[0] == [] and len(out[1]) == 3
+
+
+def test_a_harness_may_import_every_allowed_module_and_gets_a_readable_traceback(backend, tmp_path):
+    path = write(tmp_path, "imports.py", f'''"""Imports the whole allowlist, then fails on line 5."""
+import {", ".join(rollout.ALLOWED_IMPORTS)}
+from collections import Counter
+def run(task, llm, tools):
+    raise ValueError(textwrap.shorten("all " + str(len(Counter("abc"))) + " imported", 40))
+''')
+    ep = rollout.run_episodes(FakeDomain(), path, FakeDomain().load("t", 1), backend)[0]
+    assert "ValueError: all 3 imported" in ep["error"]
+    assert 'imports.py", line 5, in run' in ep["error"] and "raise ValueError" in ep["error"]
