@@ -29,6 +29,7 @@ import atexit
 import hashlib
 import json
 import os
+import queue
 import select
 import selectors
 import subprocess
@@ -141,31 +142,73 @@ class Worker:
 
 
 class Pool:
-    """Idle warm workers kept between run_episodes calls. A run takes them, and replaces every worker whose
-    episode ended with a freshly started one, which is then warm for the next episode or the next call."""
+    """Started sandboxed workers kept across run_episodes calls. A background thread starts them, so the event
+    loop never waits on a start; a run takes them as it needs them, and orders a fresh one for every worker
+    whose episode ended, which then waits here for the next episode or the next call."""
 
     def __init__(self):
-        self.idle = []
+        self.idle, self.errors, self.pending = [], [], 0
+        self.lock, self.orders, self.thread = threading.Lock(), queue.SimpleQueue(), None
+        self.notify = None  # the running Runner's wake-up, called after every start
+
+    def order(self, n):
+        """Start n more workers in the background. The thread lives as long as the process: bwrap's
+        --die-with-parent follows the thread that started it, so a short-lived thread would take them along."""
+        with self.lock:
+            self.pending += max(n, 0)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.start_workers, name="whale-sandboxes", daemon=True)
+                self.thread.start()
+        for _ in range(n):
+            self.orders.put(None)
+
+    def start_workers(self):
+        while True:
+            self.orders.get()
+            try:
+                w = Worker()
+            except Exception as e:  # raised again in the runner's thread, by take()
+                w = e
+            with self.lock:
+                self.pending -= 1
+                (self.errors if isinstance(w, Exception) else self.idle).append(w)
+            notify = self.notify
+            if notify:
+                notify()
+
+    def supply(self):
+        with self.lock:
+            return len(self.idle) + self.pending
 
     def take(self, n):
-        for w in [w for w in self.idle if w.proc.poll() is not None]:  # died while idle (e.g. killed from outside)
-            self.idle.remove(w)
+        """Up to n started workers, without waiting; warm ones that died while idle are replaced."""
+        with self.lock:
+            if self.errors:
+                raise RuntimeError(f"a harness worker could not start: {self.errors.pop()}")
+            dead = [w for w in self.idle if w.proc.poll() is not None]
+            alive = [w for w in self.idle if w not in dead]
+            taken, self.idle = alive[:n], alive[n:]
+        for w in dead:
             w.kill()
-        taken, self.idle = self.idle[:n], self.idle[n:]
-        return taken + [Worker() for _ in range(n - len(taken))]
+        self.order(len(dead))
+        return taken
 
     def put(self, workers):
-        self.idle += workers
+        with self.lock:
+            self.idle = workers + self.idle
 
     def warm(self, n):
         """At least n started workers, ready (the bench's steady state: as after a run's first call)."""
-        self.idle = self.take(n) + self.idle
+        self.order(n - self.supply())
         self.wait_ready()
 
     def wait_ready(self, timeout_s=60.0):
-        """Block until every idle worker has said it is ready (the bench charges start-ups to the runner)."""
+        """Block until every ordered worker has started and said it is ready (the bench charges that wait to
+        the runner)."""
         end = time.time() + timeout_s
-        for w in self.idle:
+        while self.pending and time.time() < end:
+            time.sleep(0.002)
+        for w in list(self.idle):
             while not w.ready and b"\n" not in w.inbuf and select.select([w.rfd], [], [], max(end - time.time(), 0))[0]:
                 chunk = os.read(w.rfd, 4096)
                 w.inbuf += chunk
@@ -176,9 +219,10 @@ class Pool:
                 w.ready = line == b'{"ready": true}'
 
     def close(self):
-        for w in self.idle:
+        with self.lock:
+            idle, self.idle = self.idle, []
+        for w in idle:
             w.kill()
-        self.idle = []
 
 
 POOL = Pool()
@@ -270,6 +314,7 @@ class Runner:
         self.gen_kw = dict(temperature=temperature, top_k=top_k)
         self.max_new_tokens, self.deadline_s, self.n_workers = max_new_tokens, deadline_s, workers
         self.generate_calls = self.llm_calls = 0
+        self.generate_s = 0.0
         self.last_generate_s = 10.0  # before the first call: let freshly started episodes hold a batch for 1 s
 
     # -- workers
@@ -279,12 +324,17 @@ class Runner:
         self.flush(w)
 
     def retire(self, w):
-        """A worker's episode is over (or it died): kill its sandbox and start a fresh one in its place."""
+        """A worker's episode is over (or it died): kill its sandbox and order a fresh one in its place."""
         self.unwatch(w)
         self.workers.remove(w)
         w.kill()
-        if len(self.workers) < self.n_workers:
-            self.watch(Worker())
+        POOL.order(1)
+
+    def refill(self):
+        """Take started workers from the pool while episodes wait and slots are free."""
+        if self.todo and len(self.workers) < self.n_workers:
+            for w in POOL.take(min(self.n_workers - len(self.workers), len(self.todo))):
+                self.watch(w)
 
     def unwatch(self, w):
         for fd in (w.rfd, w.wfd):
@@ -428,6 +478,7 @@ class Runner:
         self.generate_calls += 1
         now = time.time()
         self.last_generate_s = now - start
+        self.generate_s += self.last_generate_s
         for e in self.running:  # the parent could not serve them meanwhile: not the harness's time
             if e.state != "llm":
                 e.waited += self.last_generate_s
@@ -450,11 +501,12 @@ class Runner:
         self.sel.register(self.wake_r, selectors.EVENT_READ, None)
         self.pool = ThreadPoolExecutor(max_workers=8)
         self.bar = tqdm(total=len(episodes), desc=desc, leave=False, dynamic_ncols=True)
+        POOL.notify = lambda: self.wake(None)
+        POOL.order(self.n_workers - POOL.supply())
         try:
-            for w in POOL.take(self.n_workers):
-                self.watch(w)
             self.loop()
         finally:
+            POOL.notify = None
             idle = [w for w in self.workers if w.episode is None and not w.outbuf]
             for w in self.workers:
                 self.unwatch(w)
@@ -474,7 +526,9 @@ class Runner:
         warm_until = time.time() + 120
         while self.todo or self.running:
             now = time.time()
-            if all(w.ready for w in self.workers) or now > warm_until:  # start together: batches stay full
+            self.refill()
+            ready = len(self.workers) == min(self.n_workers, len(self.todo)) and all(w.ready for w in self.workers)
+            if ready or now > warm_until:  # start together: batches stay full
                 warm_until = 0
                 self.dispatch(now)
             if self.should_generate(now):
@@ -489,7 +543,7 @@ class Runner:
                 elif ep.state != "llm" and ep.harness_seconds(now) > self.deadline_s:
                     self.fail(ep, f"deadline: the harness ran past {self.deadline_s:g} s (model time not counted)",
                               ep.worker)
-            if not self.workers and self.todo:
+            if self.todo and not self.workers and not POOL.supply():
                 raise RuntimeError("no harness worker could be started")
 
     def timeout(self, now):
@@ -547,7 +601,8 @@ def run_episodes(domain, harness_path, tasks, backend, *, samples=1, temperature
                     max_new_tokens=max_new_tokens, deadline_s=deadline_s, workers=workers or min(64, len(episodes)),
                     seed=seed)
     records = runner.run(episodes, desc) if episodes else []
-    run_episodes.last_counts = {"generate_calls": runner.generate_calls, "llm_calls": runner.llm_calls}
+    run_episodes.last_counts = {"generate_calls": runner.generate_calls, "llm_calls": runner.llm_calls,
+                                "generate_s": runner.generate_s}
     if traces_path:
         Path(traces_path).parent.mkdir(parents=True, exist_ok=True)
         with open(traces_path, "a") as f:
@@ -608,7 +663,7 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
     backend.generate(prompts[0][:4], max_new_tokens=4)  # warm up
     sandboxed, bare = start_seconds(sandboxed=True), start_seconds(sandboxed=False)
     POOL.warm(episodes)
-    seconds, tokens, counts = {"a": 0.0, "b": 0.0}, {"a": 0, "b": 0}, {}
+    seconds, tokens, counts = {"a": 0.0, "b": 0.0, "wait": 0.0}, {"a": 0, "b": 0}, {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "bench_harness.py")
         path.write_text(BENCH_HARNESS.replace("CALLS = 4", f"CALLS = {calls}"))
@@ -620,8 +675,10 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
             start = time.time()
             eps = run_episodes(BenchDomain(), path, tasks, backend, max_new_tokens=max_new_tokens, workers=episodes,
                                seed=r, desc="bench")
+            waited = time.time()
             POOL.wait_ready()  # the fresh sandboxes that replaced this call's: the runner's cost, so counted here
             seconds["b"] += time.time() - start
+            seconds["wait"] += time.time() - waited
             tokens["b"] += sum(e["tokens"] for e in eps)
             errors = [e["error"] for e in eps if e["error"]]
             if errors:
@@ -634,7 +691,8 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
           f"{rounds} rounds")
     print(f"direct generate: {tokens['a']} tokens in {seconds['a']:.2f} s = {a:.0f} tokens/s")
     print(f"runner: {tokens['b']} tokens in {seconds['b']:.2f} s = {b:.0f} tokens/s "
-          f"({counts['generate_calls']} generate calls for {counts['llm_calls']} llm calls)")
+          f"({counts['generate_calls']} generate calls for {counts['llm_calls']} llm calls; of the time "
+          f"{counts['generate_s']:.2f} s in generate, {seconds['wait']:.2f} s waiting for replacement sandboxes)")
     print(f"worker start + kill: {sandboxed * 1000:.0f} ms per episode in the sandbox, {bare * 1000:.0f} ms without "
           f"(= {(sandboxed - bare) * 1000:.0f} ms sandbox cost per episode; {SANDBOX_TRIAL} started at once)")
     print(f"ratio = {b / a:.3f}")

@@ -342,14 +342,16 @@ def test_pool_keeps_warm_workers_across_calls_and_uses_each_once(backend, tmp_pa
     path = write(tmp_path, "good.py", GOOD)
     tasks = FakeDomain().load("t", 3)
     rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
+    rollout.POOL.wait_ready()  # the replacements start in the background
     warm = rollout.POOL.idle[:3]
     assert len(warm) == 3 and all(w.proc.poll() is None for w in warm)
     eps = rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
     assert [e["reward"] for e in eps] == [1.0] * 3
     assert all(w.proc.poll() is not None for w in warm)  # each served its one episode; its sandbox was killed
+    rollout.POOL.wait_ready()
     assert len(rollout.POOL.idle) >= 3 and not set(map(id, warm)) & set(map(id, rollout.POOL.idle))
     dead = rollout.POOL.idle[0]  # a warm worker killed from outside is dropped, not handed an episode
-    os.killpg(dead.proc.pid, signal.SIGKILL)
+    os.kill(dead.proc.pid, signal.SIGKILL)
     dead.proc.wait()
     eps = rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
     assert [e["reward"] for e in eps] == [1.0] * 3 and dead not in rollout.POOL.idle
