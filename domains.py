@@ -14,9 +14,9 @@ seeded sample of 256 training tasks, the set every harness candidate is scored o
 - searchqa: BM25 (bm25s) over a synthetic encyclopedia, split by entity; reward = exact match after normalisation
   (lower case, punctuation and the articles a/an/the removed, white space folded) with any gold answer.
 - math: test = the GSM8K originals, or with --math-test-set generated 200 held-out generated problems of
-  1-2 steps; `python(code)` runs in a separate, resource-limited process; reward = the last \\boxed{...}
-  of the answer (nested braces handled) equals the gold answer after only two normalisations:
-  white space removed and thousands separators dropped ("1,234" -> "1234").
+  1-2 steps; `python(code)` runs in a fresh OS sandbox (sandbox.py) with CPU, memory and output limits;
+  reward = the last \\boxed{...} of the answer (nested braces handled) equals the gold answer after only
+  two normalisations: white space removed and thousands separators dropped ("1,234" -> "1234").
 - chess: Lichess puzzles; the line's first move is the opponent's and is played before the agent
   sees the position (FEN, board, legal moves in UCI and in SAN without the check and mate marks + and #);
   a legal move off the line ends the episode (any mating move is accepted where the line mates);
@@ -38,16 +38,16 @@ import json
 import os
 import random
 import re
-import signal
 import string
 import subprocess
-import sys
 import tempfile
 import urllib.error
 import urllib.request
 from functools import lru_cache
 
 import chess
+
+import sandbox
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 SPLITS = ("train", "harness", "test")
@@ -191,18 +191,16 @@ class SearchQA(Domain):
 
 PYTHON_TIMEOUT_S = 30.0
 PYTHON_MEMORY_BYTES = 1 << 30
-PYTHON_MAX_PROCS = 64
 PYTHON_MAX_OUTPUT_BYTES = 1 << 20
 MAX_OUTPUT_CHARS = 2000
-# Runs in the child before the model's code: it sets its own limits (no preexec_fn, which is not
-# safe in a threaded parent), installs an audit hook (which cannot be removed) that forbids creating
-# or signalling processes, since RLIMIT_NPROC does not bind root, then runs the code from stdin.
+# Runs in the sandboxed child before the model's code: it sets its own limits, and an audit hook that
+# names the refused process calls (the sandbox's seccomp filter refuses them anyway, this only says so
+# clearly), then runs the code from stdin.
 SANDBOX_PRELUDE = r"""
 import resource, sys
-cpu, memory, nproc, fsize = map(int, sys.argv[1:5])
+cpu, memory, fsize = map(int, sys.argv[1:4])
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 BLOCKED = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
@@ -216,38 +214,37 @@ exec(compile(sys.stdin.read(), "<code>", "exec"), {"__name__": "__main__", "__bu
 """
 
 
-def kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the child leads its own session: this reaches any grandchild too
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTES, max_chars=MAX_OUTPUT_CHARS):
-    """Run code in a fresh isolated interpreter with CPU, memory, output and wall limits; return stdout+stderr, cut."""
+    """Run code in a fresh OS sandbox (sandbox.py: no project, no data, no network, no other process, one
+    process only) with CPU, memory, output and wall limits; return stdout+stderr, cut."""
     if not isinstance(code, str):
         return "error: code must be a string"
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}
+    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}
     cpu_s = int(timeout_s) + 1
-    limits = [str(cpu_s), str(memory_bytes), str(PYTHON_MAX_PROCS), str(PYTHON_MAX_OUTPUT_BYTES)]
+    limits = [str(cpu_s), str(memory_bytes), str(PYTHON_MAX_OUTPUT_BYTES)]
     # output goes to a file whose size the child may not push past the limit, never into our memory
     with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen([sys.executable, "-I", "-c", SANDBOX_PRELUDE, *limits], stdin=subprocess.PIPE,
-                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir(),
-                                start_new_session=True)
+        seccomp = sandbox.no_fork_filter()
+        try:
+            argv = sandbox.wrap([sandbox.python(), "-I", "-c", SANDBOX_PRELUDE, *limits], env=env,
+                                seccomp_fd=seccomp)
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                    pass_fds=(seccomp,))
+        finally:
+            os.close(seccomp)
         error = ""
         try:
             proc.communicate(code.encode("utf-8", "replace"), timeout=timeout_s)
-            if proc.returncode < 0:
-                error = f"\nerror: killed by signal {-proc.returncode} (limits: {cpu_s} s CPU, " \
+            signum = -proc.returncode if proc.returncode < 0 else proc.returncode - 128  # bwrap: 128 + signal
+            if 0 < signum < 65:
+                error = f"\nerror: killed by signal {signum} (limits: {cpu_s} s CPU, " \
                         f"{memory_bytes >> 20} MB memory, {PYTHON_MAX_OUTPUT_BYTES >> 20} MB output)"
         except subprocess.TimeoutExpired:
-            kill_group(proc)
+            proc.kill()  # SIGKILL to bwrap: its pid namespace takes every process inside along
             proc.wait()
             error = f"\nerror: timed out after {timeout_s:g} s"
         finally:
-            kill_group(proc)  # also reaps anything the code left running in its session
+            proc.kill()
         out.seek(0)
         text = out.read(4 * max_chars).decode("utf-8", "replace")
     if len(text) > max_chars:

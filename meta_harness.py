@@ -1077,7 +1077,6 @@ def main(argv=None):
     add_args(p)
     engines.add_backend_args(p)
     domains.add_args(p)
-    sandbox.add_args(p)
     args = p.parse_args(argv)
     if args.proposer == "command" and not args.proposer_cmd:
         raise SystemExit("--proposer command needs --proposer-cmd 'CLI ... {workdir}' (a command template)")

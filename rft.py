@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 import engines
 import rollout
+import sandbox
 
 
 def add_args(parser):
@@ -405,6 +406,7 @@ def main(argv=None):
     engines.add_backend_args(p)
     domains.add_args(p)
     args = p.parse_args(argv)
+    sandbox.apply_args(args)
     if args.bench:
         return bench(args)
     if not (args.domain and args.harness and args.out):

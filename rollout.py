@@ -5,29 +5,34 @@ The batched, sandboxed episode runner and mean@k evaluation (models and backends
     python rollout.py --domain searchqa --harness harnesses/searchqa.py --model cpu --k 2 --limit 4 --out out/sq
     python rollout.py --bench --model smoke      # prints `prefix speedup = X` (shared prefill) and `ratio = X` (runner)
 
-Algorithm. A harness is untrusted Python: `run(task, llm, tools)`. Each episode runs it in a worker
-subprocess that holds no answers and no hidden tool state. The worker talks JSON lines over its own pipes:
-it asks for `llm(messages)` or a tool call and waits for the reply. The parent process holds the tasks,
-the tools and the model; it answers tool calls from a thread pool and collects the llm() requests of all
-episodes, and when every live episode is waiting (or the rest are busy for a while) it samples them all in
-ONE batched `backend.generate` call. It records the exact prompt and completion token ids of every call,
-kills a worker at its episode's deadline (reward 0, error in the trace) and starts a replacement.
-The worker's sandbox: a fresh temp cwd, a clean environment, 2 GB of memory, no file writes, an audit hook
-that refuses open(), processes, sockets, ctypes and imports beyond the harness allowlist, and a capped
-stdout; a worker runs one episode at a time, each in a fresh namespace.
+Algorithm. A harness is untrusted Python: `run(task, llm, tools)`. Each episode runs it in its own worker
+(worker.py) inside the OS sandbox (sandbox.py: bubblewrap, no project folder, no data, no other process, no
+network, and a seccomp filter that allows no second process), so it holds no answers and no hidden tool
+state. The worker talks JSON lines over its own pipes: it asks for `llm(messages, max_tokens, stop)` or a
+tool call and waits for the reply. The parent process holds the tasks, the tools and the model; it checks
+every request, answers tool calls from a thread pool and collects the llm() requests of all episodes, and
+when every live episode is waiting (or the rest are busy for a while) it samples them all in ONE batched
+`backend.generate` call. It records the exact prompt and completion token ids of every call, and cuts the
+reply text after the first stop string. When an episode ends (done, error, its deadline, a forged request:
+reward 0, error in the trace) its sandbox is killed with every process and thread in it, and a fresh one
+starts in its place: every episode gets a fresh interpreter. Started sandboxes wait in a pool across calls,
+so an episode rarely waits for one. Memory: the workers of a run share one budget (WORKER_MEMORY_SHARE of
+the machine's RAM, split as each worker's RLIMIT_AS). A worker's stdout is capped; it writes no files.
+Seeds: each call's sampling seed and the harness's `random` seed come from (--seed, the episode's index,
+task id, sample, call number): the same prompt twice in one batch gets two rollouts, a rerun the same ones.
 The parent computes the reward from the returned answer. mean@k = per-task success rate over k samples,
 averaged over tasks.
 """
 import argparse
 import ast
+import atexit
 import hashlib
 import json
 import os
+import queue
+import select
 import selectors
-import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -37,6 +42,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+import sandbox
 from engines import HFBackend, add_backend_args, chat_ids, load_backend, load_model
 
 
@@ -85,6 +91,7 @@ def add_sampling_args(p):
     p.add_argument("--max-new-tokens", type=positive_int, default=256, help="cap per llm() call")
     p.add_argument("--deadline", type=positive_float, default=120.0, help="seconds of harness time per episode")
     p.add_argument("--workers", type=positive_int, default=None, help="concurrent episodes (default min(64, episodes))")
+    sandbox.add_args(p)
 
 
 # -----------------------------------------------------------------------------
@@ -119,124 +126,144 @@ def check_harness(path):
 
 
 # -----------------------------------------------------------------------------
-# the worker: runs harness code in a sandboxed subprocess (python -I -c WORKER rfd wfd)
+# workers: worker.py inside the OS sandbox, one episode each, kept warm in a pool across calls
 
-WORKER = r'''
-import builtins, io, json, linecache, os, resource, sys, traceback
-import re, math, random, string, collections, itertools, functools, textwrap, dataclasses, typing
-ALLOWED = set(sys.argv[3].split(","))
-MAX_CHARS, MAX_LINE, STDOUT_KEEP = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-inp, out = os.fdopen(int(sys.argv[1]), "rb"), os.fdopen(int(sys.argv[2]), "wb")
+WORKER_PY = str(Path(__file__).resolve().with_name("worker.py"))
+WORKER_MEMORY_SHARE = 0.25  # of the machine's RAM: one budget for all concurrent harness workers together
+WORKER_MEMORY_MAX = 2 << 30  # per worker, however few run at once
 
-def send(msg):
-    out.write(json.dumps(msg).encode() + b"\n")
-    out.flush()
 
-def recv():
-    line = inp.readline()
-    if not line:
-        os._exit(0)
-    return json.loads(line)
+def worker_memory_bytes(n_workers):
+    """Each worker's RLIMIT_AS: the budget split over the run's concurrent workers. The no-fork filter keeps a
+    sandbox to one process, so the workers together never pass the budget (idle warm workers run no harness
+    code: about 10 MB each)."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return min(WORKER_MEMORY_MAX, int(ram * WORKER_MEMORY_SHARE) // max(n_workers, 1))
 
-class Capped(io.TextIOBase):
-    """stdout/stderr of the harness: keeps the first STDOUT_KEEP characters, counts and drops the rest."""
-    def reset(self):
-        self.kept, self.dropped = [], 0
-    def write(self, s):
-        s = str(s)
-        room = STDOUT_KEEP - sum(map(len, self.kept))
-        self.kept.append(s[:max(room, 0)])
-        self.dropped += max(len(s) - max(room, 0), 0)
-        return len(s)
-    def text(self):
-        return "".join(self.kept) + (f"\n[... {self.dropped} more characters dropped]" if self.dropped else "")
 
-# sandbox: memory cap, no new files, no processes, no sockets, no file or directory reads, imports on a list
-for lim, val in ((resource.RLIMIT_AS, 2 << 30), (resource.RLIMIT_FSIZE, 0), (resource.RLIMIT_NPROC, 0),
-                 (resource.RLIMIT_CORE, 0)):
-    try:
-        resource.setrlimit(lim, (val, val))
-    except (ValueError, OSError):
-        pass
-capped = Capped()
-capped.reset()
-sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = capped
-sys.stdin = None
-setup = recv()
-code = compile(setup["source"], setup["path"], "exec")
-linecache.cache[setup["path"]] = (len(setup["source"]), None, setup["source"].splitlines(True), setup["path"])
-BLOCKED = ("open", "os.", "subprocess.", "socket.", "ctypes.", "_posixsubprocess", "pty.", "mmap.", "shutil.",
-           "glob.", "sqlite3.", "urllib.", "http.", "ftplib.", "smtplib.", "webbrowser.", "syslog.", "fcntl.",
-           "resource.", "sys.addaudithook", "cpython.", "marshal.load", "pickle.find_class")
+class Worker:
+    """worker.py in a fresh sandbox (bwrap: no project, no data, no other process, no network; no fork). It
+    serves exactly one episode, so no state carries over; killing bwrap ends every process and thread of it."""
 
-def audit(event, args):
-    if event.startswith(BLOCKED):
-        raise PermissionError(f"sandbox: {event} is not allowed in a harness")
-    if event == "import" and args[0].split(".")[0] not in ALLOWED:
-        raise ImportError(f"sandbox: import {args[0]} is not allowed in a harness")
+    def __init__(self):
+        p2w_r, self.wfd = os.pipe()
+        self.rfd, w2p_w = os.pipe()
+        seccomp = sandbox.no_fork_filter()
+        self.stderr = tempfile.TemporaryFile()  # start-up errors (bwrap's, the interpreter's); RLIMIT_FSIZE=0 later
+        argv = sandbox.wrap([sandbox.python(), "-I", "-S", WORKER_PY, str(p2w_r), str(w2p_w)], files=[WORKER_PY],
+                            seccomp_fd=seccomp)
+        try:
+            # no start_new_session: it costs the vfork fast path (a plain fork of a parent holding a model is
+            # slow), and killing bwrap reaches everything inside anyway
+            self.proc = subprocess.Popen(argv, pass_fds=(p2w_r, w2p_w, seccomp), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=self.stderr)
+        finally:
+            for fd in (p2w_r, w2p_w, seccomp):
+                os.close(fd)
+        os.set_blocking(self.wfd, False)
+        self.inbuf, self.outbuf, self.ready, self.episode = b"", b"", False, None
 
-real_import = builtins.__import__
+    def startup_error(self):
+        self.stderr.seek(0)
+        return self.stderr.read(4000).decode(errors="replace")[-2000:]
 
-def harness_import(name, globals=None, locals=None, fromlist=(), level=0):
-    if level or name.split(".")[0] not in ALLOWED:
-        raise ImportError(f"a harness may import only {', '.join(sorted(ALLOWED))}, not {name!r}")
-    return real_import(name, globals, locals, fromlist, level)
-
-safe_builtins = dict(builtins.__dict__, __import__=harness_import)
-for name in ("open", "input", "breakpoint", "exit", "quit"):
-    safe_builtins.pop(name, None)
-sys.addaudithook(audit)
-
-def call(msg):
-    send(msg)
-    reply = recv()
-    if "raise" in reply:
-        exc = getattr(builtins, reply["raise"], None)
-        exc = exc if isinstance(exc, type) and issubclass(exc, Exception) else RuntimeError
-        raise exc(reply["message"])
-    return reply["value"]
-
-def llm(messages, max_tokens=None):
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and m.get("role") in ("system", "user",
-            "assistant") and isinstance(m.get("content"), str) for m in messages):
-        raise TypeError("llm(messages): messages must be a list of {'role': system|user|assistant, 'content': str}")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-        raise TypeError("llm(max_tokens=...) must be a positive int")
-    messages = [{"role": m["role"], "content": m["content"][:MAX_CHARS]} for m in messages]
-    return call({"llm": messages, "max_tokens": max_tokens})
-
-class Tools:
-    def __init__(self, methods):
-        self._methods = methods
-    def __getattr__(self, name):
-        if name.startswith("_") or name not in self._methods:
-            raise AttributeError(f"tools has no method {name!r}; it has {', '.join(self._methods)}")
-        def method(*args, **kwargs):
+    def kill(self):
+        self.proc.kill()  # SIGKILL to bwrap: its pid namespace takes every process and thread inside along
+        self.proc.wait()
+        for fd in (self.rfd, self.wfd):
             try:
-                json.dumps([args, kwargs])
-            except (TypeError, ValueError):
-                raise TypeError(f"tools.{name}: arguments must be JSON values") from None
-            return call({"tool": name, "args": args, "kwargs": kwargs})
-        return method
+                os.close(fd)
+            except OSError:
+                pass
+        self.stderr.close()
 
-send({"ready": True})
-while True:
-    job = recv()
-    capped.reset()
-    random.seed(job["seed"])
-    try:
-        ns = {"__name__": "harness", "__file__": setup["path"], "__builtins__": safe_builtins}
-        exec(code, ns)
-        result = ns["run"](job["task"], llm, Tools(setup["methods"]))
-        line = json.dumps({"done": result, "stdout": capped.text()})
-        if len(line) > MAX_LINE:
-            raise ValueError(f"run() returned {len(line)} characters of JSON; the limit is {MAX_LINE}")
-        out.write(line.encode() + b"\n")
-        out.flush()
-    except BaseException:
-        err = traceback.format_exc()
-        send({"error": err[-MAX_CHARS:], "stdout": capped.text()})
-'''
+
+class Pool:
+    """Started sandboxed workers kept across run_episodes calls. A background thread starts them, so the event
+    loop never waits on a start; a run takes them as it needs them, and orders a fresh one for every worker
+    whose episode ended, which then waits here for the next episode or the next call."""
+
+    def __init__(self):
+        self.idle, self.errors, self.pending = [], [], 0
+        self.lock, self.orders, self.thread = threading.Lock(), queue.SimpleQueue(), None
+        self.notify = None  # the running Runner's wake-up, called after every start
+
+    def order(self, n):
+        """Start n more workers in the background. The thread lives as long as the process: bwrap's
+        --die-with-parent follows the thread that started it, so a short-lived thread would take them along."""
+        with self.lock:
+            self.pending += max(n, 0)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.start_workers, name="whale-sandboxes", daemon=True)
+                self.thread.start()
+        for _ in range(n):
+            self.orders.put(None)
+
+    def start_workers(self):
+        while True:
+            self.orders.get()
+            try:
+                w = Worker()
+            except Exception as e:  # raised again in the runner's thread, by take()
+                w = e
+            with self.lock:
+                self.pending -= 1
+                (self.errors if isinstance(w, Exception) else self.idle).append(w)
+            notify = self.notify
+            if notify:
+                notify()
+
+    def supply(self):
+        with self.lock:
+            return len(self.idle) + self.pending
+
+    def take(self, n):
+        """Up to n started workers, without waiting; warm ones that died while idle are replaced."""
+        with self.lock:
+            if self.errors:
+                raise RuntimeError(f"a harness worker could not start: {self.errors.pop()}")
+            dead = [w for w in self.idle if w.proc.poll() is not None]
+            alive = [w for w in self.idle if w not in dead]
+            taken, self.idle = alive[:n], alive[n:]
+        for w in dead:
+            w.kill()
+        self.order(len(dead))
+        return taken
+
+    def put(self, workers):
+        with self.lock:
+            self.idle = workers + self.idle
+
+    def warm(self, n):
+        """At least n started workers, ready (the bench's steady state: as after a run's first call)."""
+        self.order(n - self.supply())
+        self.wait_ready()
+
+    def wait_ready(self, timeout_s=60.0):
+        """Block until every ordered worker has started and said it is ready (the bench charges that wait to
+        the runner)."""
+        end = time.time() + timeout_s
+        while self.pending and time.time() < end:
+            time.sleep(0.002)
+        for w in list(self.idle):
+            while not w.ready and b"\n" not in w.inbuf and select.select([w.rfd], [], [], max(end - time.time(), 0))[0]:
+                chunk = os.read(w.rfd, 4096)
+                w.inbuf += chunk
+                if not chunk:
+                    break
+            if not w.ready and b"\n" in w.inbuf:
+                line, w.inbuf = w.inbuf.split(b"\n", 1)
+                w.ready = line == b'{"ready": true}'
+
+    def close(self):
+        with self.lock:
+            idle, self.idle = self.idle, []
+        for w in idle:
+            w.kill()
+
+
+POOL = Pool()
+atexit.register(POOL.close)
 
 # -----------------------------------------------------------------------------
 # the runner: parent side
@@ -244,9 +271,11 @@ while True:
 MAX_LLM_CALLS = 32        # per episode
 MAX_TOOL_CALLS = 64       # per episode
 MAX_CHARS = 32_000        # per message content, tool result, error text
+MAX_MESSAGES = 256        # per llm() call
 MAX_LINE = 4_000_000      # one JSON message from a worker
 STDOUT_KEEP = 10_000      # printed characters kept in the trace
 MAX_PROMPT_TOKENS = 8192
+MAX_STOPS, MAX_STOP_CHARS = 4, 32
 BATCH_WAIT_S = 0.1        # least time a busy episode may hold back a batch (see Runner.hold_s)
 
 
@@ -259,43 +288,43 @@ def exception_reply(e):
     return {"raise": name, "message": f"{type(e).__name__}: {e}"[:MAX_CHARS]}
 
 
-class Worker:
-    """One sandboxed subprocess that runs one episode at a time; the RPC channel is its own pair of pipes."""
+def llm_request(msg, max_new_tokens):
+    """-> (messages, token cap, stop list or None) from a worker's llm request, checked in full: the worker's
+    own checks are a courtesy that harness code can skip. Raises ValueError on a forged request."""
+    messages, max_tokens, stop = msg["llm"], msg.get("max_tokens"), msg.get("stop")
+    if set(msg) - {"llm", "max_tokens", "stop"}:
+        raise ValueError(f"unknown keys {sorted(set(msg) - {'llm', 'max_tokens', 'stop'})}")
+    if not (isinstance(messages, list) and 1 <= len(messages) <= MAX_MESSAGES and all(
+            isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ("system", "user", "assistant")
+            and isinstance(m["content"], str) and len(m["content"]) <= MAX_CHARS for m in messages)):
+        raise ValueError(f"llm messages must be 1 to {MAX_MESSAGES} {{role, content}} dicts of at most "
+                         f"{MAX_CHARS} characters")
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+        raise ValueError(f"llm max_tokens must be None or an int >= 1, not {max_tokens!r}"[:200])
+    stop = [stop] if isinstance(stop, str) else stop
+    if stop is not None and not (isinstance(stop, list) and len(stop) <= MAX_STOPS and all(
+            isinstance(s, str) and 1 <= len(s) <= MAX_STOP_CHARS for s in stop)):
+        raise ValueError(f"llm stop must be None, a string or a list of at most {MAX_STOPS} non-empty strings of "
+                         f"at most {MAX_STOP_CHARS} characters")
+    return messages, max_new_tokens if max_tokens is None else min(max_new_tokens, max_tokens), stop or None
 
-    def __init__(self, source, path, methods):
-        p2w_r, self.wfd = os.pipe()
-        self.rfd, w2p_w = os.pipe()
-        self.cwd = tempfile.mkdtemp(prefix="whale-worker-")
-        argv = [sys.executable, "-I", "-c", WORKER, str(p2w_r), str(w2p_w), ",".join(ALLOWED_IMPORTS),
-                str(MAX_CHARS), str(MAX_LINE), str(STDOUT_KEEP)]
-        with open(os.path.join(self.cwd, "stderr.txt"), "wb") as err:  # startup errors only (RLIMIT_FSIZE=0 later)
-            self.proc = subprocess.Popen(argv, pass_fds=(p2w_r, w2p_w), stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=err, cwd=self.cwd,
-                                         env={"PATH": os.environ.get("PATH", "")}, start_new_session=True)
-        os.close(p2w_r)
-        os.close(w2p_w)
-        os.set_blocking(self.wfd, False)
-        self.inbuf, self.ready, self.episode = b"", False, None
-        self.outbuf = (json.dumps({"source": source, "path": str(path), "methods": list(methods)}) + "\n").encode()
 
-    def startup_error(self):
-        try:
-            return Path(self.cwd, "stderr.txt").read_text()[-2000:]
-        except OSError:
-            return ""
+def tool_request(msg, methods):
+    """-> (name, args, kwargs) from a worker's tool request, checked; raises ValueError on a forged one."""
+    name, args, kwargs = msg["tool"], msg.get("args", []), msg.get("kwargs", {})
+    if set(msg) - {"tool", "args", "kwargs"}:
+        raise ValueError(f"unknown keys {sorted(set(msg) - {'tool', 'args', 'kwargs'})}")
+    if name not in methods:
+        raise ValueError(f"tool {str(name)[:100]!r} is not one of {', '.join(methods)}")
+    if not (isinstance(args, list) and isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
+        raise ValueError("tool args must be a list and kwargs a dict with str keys")
+    return name, args, kwargs
 
-    def kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-        for fd in (self.rfd, self.wfd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        shutil.rmtree(self.cwd, ignore_errors=True)
+
+def cut_at_stop(text, stop):
+    """The reply up to and including the first stop string to complete (the one that ends earliest)."""
+    ends = [text.find(s) + len(s) for s in stop or () if s in text]
+    return text[:min(ends)] if ends else text
 
 
 class Episode:
@@ -316,26 +345,33 @@ class Runner:
 
     def __init__(self, domain, harness_path, backend, *, temperature, top_k, max_new_tokens, deadline_s, workers,
                  seed):
+        sandbox.check()  # once per process: fails closed, naming --unsafe-no-sandbox
         self.source = check_harness(harness_path)
         self.domain, self.path, self.backend, self.seed = domain, str(harness_path), backend, seed
         self.gen_kw = dict(temperature=temperature, top_k=top_k)
         self.max_new_tokens, self.deadline_s, self.n_workers = max_new_tokens, deadline_s, workers
         self.generate_calls = self.llm_calls = 0
+        self.generate_s = 0.0
         self.last_generate_s = 10.0  # before the first call: let freshly started episodes hold a batch for 1 s
 
     # -- workers
-    def spawn(self):
-        w = Worker(self.source, self.path, self.domain.TOOL_METHODS)
+    def watch(self, w):
         self.workers.append(w)
         self.sel.register(w.rfd, selectors.EVENT_READ, w)
         self.flush(w)
 
     def retire(self, w):
+        """A worker's episode is over (or it died): kill its sandbox and order a fresh one in its place."""
         self.unwatch(w)
         self.workers.remove(w)
         w.kill()
+        POOL.order(1)
+
+    def refill(self):
+        """Take started workers from the pool while episodes wait and slots are free."""
         if self.todo and len(self.workers) < self.n_workers:
-            self.spawn()
+            for w in POOL.take(min(self.n_workers - len(self.workers), len(self.todo))):
+                self.watch(w)
 
     def unwatch(self, w):
         for fd in (w.rfd, w.wfd):
@@ -370,7 +406,11 @@ class Runner:
                 ep.state, ep.start, ep.since = "busy", now, now
                 w.episode, ep.worker = ep, w
                 self.running.add(ep)
-                self.send(w, {"task": ep.public, "seed": call_seed(self.seed, ep.task["id"], ep.sample, "random")})
+                self.send(w, {"source": self.source, "path": self.path, "methods": list(self.domain.TOOL_METHODS),
+                              "task": ep.public, "seed": call_seed(self.seed, ep.index, ep.task["id"], ep.sample,
+                                                                   "random"),
+                              "memory_bytes": self.memory_bytes, "allowed": list(ALLOWED_IMPORTS),
+                              "max_chars": MAX_CHARS, "max_line": MAX_LINE, "stdout_keep": STDOUT_KEEP})
 
     def finish(self, ep, error=None, stdout="", result=None):
         if ep.state == "done":
@@ -392,11 +432,9 @@ class Runner:
         ep.state = "done"
         self.running.discard(ep)
         self.bar.update(1)
-        if ep.worker.episode is ep:
-            ep.worker.episode = None
 
     def fail(self, ep, error, w):
-        """A harness broke a rule or ran out of time: the episode scores 0 and its worker is replaced."""
+        """A harness broke a rule or ran out of time: the episode scores 0 and its sandbox is replaced."""
         self.finish(ep, error=error)
         self.retire(w)
 
@@ -410,33 +448,33 @@ class Runner:
         if "done" in msg or "error" in msg:
             stdout = str(msg.get("stdout", ""))[:STDOUT_KEEP + 100]
             if "error" in msg:
-                return self.finish(ep, error=str(msg["error"])[:MAX_CHARS], stdout=stdout)
-            return self.finish(ep, result=msg["done"], stdout=stdout)
+                self.finish(ep, error=str(msg["error"])[:MAX_CHARS], stdout=stdout)
+            else:
+                self.finish(ep, result=msg["done"], stdout=stdout)
+            return self.retire(w)  # one episode per sandbox: nothing it left behind reaches the next one
         if "llm" in msg:
+            messages, cap, stop = llm_request(msg, self.max_new_tokens)
             if len(ep.calls) >= MAX_LLM_CALLS:
                 return self.send(w, {"raise": "RuntimeError", "message": f"llm() call limit {MAX_LLM_CALLS} reached"})
             try:
-                ids = chat_ids(self.backend.tokenizer, msg["llm"])
+                ids = chat_ids(self.backend.tokenizer, messages)
             except Exception as e:
                 return self.send(w, exception_reply(e))
             if len(ids) > MAX_PROMPT_TOKENS:
                 return self.send(w, {"raise": "ValueError",
                                      "message": f"prompt of {len(ids)} tokens; the limit is {MAX_PROMPT_TOKENS}"})
-            cap = self.max_new_tokens if msg.get("max_tokens") is None else min(self.max_new_tokens,
-                                                                                 int(msg["max_tokens"]))
-            ep.request, ep.state, ep.since = (msg["llm"], ids, cap), "llm", now
+            ep.request, ep.state, ep.since = (messages, ids, cap, stop), "llm", now
             self.llm_calls += 1
         elif "tool" in msg:
-            name, args, kwargs = msg["tool"], list(msg.get("args", [])), dict(msg.get("kwargs", {}))
-            if name not in self.domain.TOOL_METHODS or len(ep.tool_calls) >= MAX_TOOL_CALLS:
-                return self.send(w, {"raise": "RuntimeError", "message": f"tool {name!r} not allowed or call limit "
-                                                                         f"{MAX_TOOL_CALLS} reached"})
+            name, args, kwargs = tool_request(msg, self.domain.TOOL_METHODS)
+            if len(ep.tool_calls) >= MAX_TOOL_CALLS:
+                return self.send(w, {"raise": "RuntimeError", "message": f"tool call limit {MAX_TOOL_CALLS} reached"})
             ep.tool_calls.append({"name": name, "args": args, "kwargs": kwargs, "result": None})
             ep.state, ep.since = "tool", now
             ep.future = self.pool.submit(getattr(ep.tools, name), *args, **kwargs)
             ep.future.add_done_callback(self.wake)
         else:
-            self.fail(ep, f"protocol violation: unknown message {str(msg)[:200]}", w)
+            raise ValueError(f"unknown message {str(msg)[:200]}")
 
     def on_tool_done(self, ep, now):
         try:
@@ -469,26 +507,30 @@ class Runner:
     def generate(self):
         pending = sorted((e for e in self.running if e.state == "llm"), key=lambda e: e.index)
         prompts = [e.request[1] for e in pending]
-        seeds = [call_seed(self.seed, e.task["id"], e.sample, len(e.calls)) for e in pending]
+        seeds = [call_seed(self.seed, e.index, e.task["id"], e.sample, len(e.calls)) for e in pending]
+        stops = [e.request[3] for e in pending]
+        kw = dict(self.gen_kw, stop=stops) if any(stops) else self.gen_kw  # backends without stop= still work
         start = time.time()
-        outs = self.backend.generate(prompts, max_new_tokens=[e.request[2] for e in pending], seeds=seeds,
-                                     **self.gen_kw)
+        outs = self.backend.generate(prompts, max_new_tokens=[e.request[2] for e in pending], seeds=seeds, **kw)
         self.generate_calls += 1
         now = time.time()
         self.last_generate_s = now - start
+        self.generate_s += self.last_generate_s
         for e in self.running:  # the parent could not serve them meanwhile: not the harness's time
             if e.state != "llm":
                 e.waited += self.last_generate_s
         for e, ids in zip(pending, outs):
-            text = self.backend.tokenizer.decode(ids, skip_special_tokens=True)
-            e.calls.append({"messages": e.request[0], "prompt_ids": e.request[1], "completion_ids": ids,
-                            "completion": text})
+            text = cut_at_stop(self.backend.tokenizer.decode(ids, skip_special_tokens=True), e.request[3])
+            e.calls.append({"messages": e.request[0], "prompt_ids": e.request[1], "completion_ids": list(ids),
+                            "completion": text, "stop": e.request[3]})
             e.waited += now - e.since
             e.state, e.since, e.request = "busy", now, None
             self.send(e.worker, {"value": text})
 
     def run(self, episodes, desc):
         self.todo, self.running, self.workers = deque(episodes), set(), []
+        self.n_workers = min(self.n_workers, len(episodes))
+        self.memory_bytes = worker_memory_bytes(self.n_workers)
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         self.wake_lock = threading.Lock()
@@ -496,14 +538,18 @@ class Runner:
         self.sel.register(self.wake_r, selectors.EVENT_READ, None)
         self.pool = ThreadPoolExecutor(max_workers=8)
         self.bar = tqdm(total=len(episodes), desc=desc, leave=False, dynamic_ncols=True)
+        POOL.notify = lambda: self.wake(None)
+        POOL.order(self.n_workers - POOL.supply())
         try:
-            for _ in range(min(self.n_workers, len(episodes))):
-                self.spawn()
             self.loop()
         finally:
-            for w in list(self.workers):
+            POOL.notify = None
+            idle = [w for w in self.workers if w.episode is None and not w.outbuf]
+            for w in self.workers:
                 self.unwatch(w)
-                w.kill()
+                if w not in idle:
+                    w.kill()
+            POOL.put(idle)
             self.sel.close()
             with self.wake_lock:
                 os.close(self.wake_r)
@@ -517,7 +563,9 @@ class Runner:
         warm_until = time.time() + 120
         while self.todo or self.running:
             now = time.time()
-            if all(w.ready for w in self.workers) or now > warm_until:  # start together: batches stay full
+            self.refill()
+            ready = len(self.workers) == min(self.n_workers, len(self.todo)) and all(w.ready for w in self.workers)
+            if ready or now > warm_until:  # start together: batches stay full
                 warm_until = 0
                 self.dispatch(now)
             if self.should_generate(now):
@@ -532,7 +580,7 @@ class Runner:
                 elif ep.state != "llm" and ep.harness_seconds(now) > self.deadline_s:
                     self.fail(ep, f"deadline: the harness ran past {self.deadline_s:g} s (model time not counted)",
                               ep.worker)
-            if not self.workers and self.todo:
+            if self.todo and not self.workers and not POOL.supply():
                 raise RuntimeError("no harness worker could be started")
 
     def timeout(self, now):
@@ -590,7 +638,8 @@ def run_episodes(domain, harness_path, tasks, backend, *, samples=1, temperature
                     max_new_tokens=max_new_tokens, deadline_s=deadline_s, workers=workers or min(64, len(episodes)),
                     seed=seed)
     records = runner.run(episodes, desc) if episodes else []
-    run_episodes.last_counts = {"generate_calls": runner.generate_calls, "llm_calls": runner.llm_calls}
+    run_episodes.last_counts = {"generate_calls": runner.generate_calls, "llm_calls": runner.llm_calls,
+                                "generate_s": runner.generate_s}
     if traces_path:
         Path(traces_path).parent.mkdir(parents=True, exist_ok=True)
         with open(traces_path, "a") as f:
@@ -649,7 +698,10 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
     prompts = [[chat_ids(backend.tokenizer, [{"role": "user", "content": f"{t['question']} call {c}"}])
                 for t in tasks] for c in range(calls)]
     backend.generate(prompts[0][:4], max_new_tokens=4)  # warm up
-    seconds, tokens, counts = {"a": 0.0, "b": 0.0}, {"a": 0, "b": 0}, {}
+    sandboxed = float("nan") if sandbox.disabled() else start_seconds(sandboxed=True)
+    bare = start_seconds(sandboxed=False)
+    POOL.warm(episodes)
+    seconds, tokens, counts = {"a": 0.0, "b": 0.0, "wait": 0.0}, {"a": 0, "b": 0}, {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "bench_harness.py")
         path.write_text(BENCH_HARNESS.replace("CALLS = 4", f"CALLS = {calls}"))
@@ -661,7 +713,10 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
             start = time.time()
             eps = run_episodes(BenchDomain(), path, tasks, backend, max_new_tokens=max_new_tokens, workers=episodes,
                                seed=r, desc="bench")
+            waited = time.time()
+            POOL.wait_ready()  # the fresh sandboxes that replaced this call's: the runner's cost, so counted here
             seconds["b"] += time.time() - start
+            seconds["wait"] += time.time() - waited
             tokens["b"] += sum(e["tokens"] for e in eps)
             errors = [e["error"] for e in eps if e["error"]]
             if errors:
@@ -674,7 +729,10 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
           f"{rounds} rounds")
     print(f"direct generate: {tokens['a']} tokens in {seconds['a']:.2f} s = {a:.0f} tokens/s")
     print(f"runner: {tokens['b']} tokens in {seconds['b']:.2f} s = {b:.0f} tokens/s "
-          f"({counts['generate_calls']} generate calls for {counts['llm_calls']} llm calls)")
+          f"({counts['generate_calls']} generate calls for {counts['llm_calls']} llm calls; of the time "
+          f"{counts['generate_s']:.2f} s in generate, {seconds['wait']:.2f} s waiting for replacement sandboxes)")
+    print(f"worker start + kill ({SANDBOX_TRIAL} at once): {sandboxed * 1000:.0f} ms per episode in the sandbox, "
+          f"{bare * 1000:.0f} ms without it")
     print(f"ratio = {b / a:.3f}")
     return b / a
 
@@ -707,6 +765,26 @@ def prefix_bench(backend, samples=8, prompt_tokens=300, max_new_tokens=32, round
     return seconds[False] / seconds[True]
 
 
+SANDBOX_TRIAL = 16
+
+
+def start_seconds(sandboxed, n=SANDBOX_TRIAL):
+    """Wall seconds per worker to start n at once until all are ready, then kill them: what each episode costs."""
+    saved = os.environ.get(sandbox.OPT_OUT)
+    os.environ[sandbox.OPT_OUT] = "0" if sandboxed else "1"
+    try:
+        start, pool = time.time(), Pool()
+        pool.idle = [Worker() for _ in range(n)]
+        pool.wait_ready()
+        pool.close()
+        return (time.time() - start) / n
+    finally:
+        if saved is None:
+            del os.environ[sandbox.OPT_OUT]
+        else:
+            os.environ[sandbox.OPT_OUT] = saved
+
+
 # -----------------------------------------------------------------------------
 # CLI
 
@@ -735,7 +813,7 @@ def main():
     p.add_argument("--bench-tokens", type=positive_int, default=64, help="tokens per llm() call")
     p.add_argument("--bench-rounds", type=positive_int, default=2, help="alternating rounds of (a) and (b)")
     args = p.parse_args()
-
+    sandbox.apply_args(args)
     if args.bench:
         model, tok = load_model(args.model, adapter=args.adapter)
         backend = load_backend(args, model, tok)

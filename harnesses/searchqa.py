@@ -21,7 +21,7 @@ MAX_TOKENS = 500  # Search-R1's cap per turn (max_response_length)
 SEARCH_FIRST = False  # True: search with the question itself before the first call; its passages open the first turn
 EXAMPLES = []  # worked examples [question, passage, answer], shown as earlier turns in this harness's own format
 ANSWER_FROM = ["tag"]  # where the answer is read, first hit wins: "tag" (<answer>), "first_line", "last_line"
-STOP = None  # e.g. ["</search>", "</answer>"]: generation ends at the first (kept as the reply's end)
+STOP = ["</search>", "</answer>"]  # as Search-R1: generation ends at the first (kept as the reply's end)
 
 SEARCH_SPACE = {  # literal values only: the offline proposer reads this with ast.literal_eval
     "SYSTEM_PROMPT": [

@@ -86,6 +86,7 @@ def test_cli_stats_show_and_errors(tmp_path):
         assert len(out.stderr.strip().splitlines()) == 1
     # a checkout whose data file is missing, then corrupt
     shutil.copy(os.path.join(ROOT, "domains.py"), tmp_path)
+    shutil.copy(os.path.join(ROOT, "sandbox.py"), tmp_path)  # domains.py imports it (the python tool's sandbox)
     (tmp_path / "data").mkdir()
     out = run_cli("show", "chess", cwd=tmp_path)
     assert out.returncode != 0 and "missing data file" in out.stderr and "python data/build.py" in out.stderr
@@ -570,7 +571,7 @@ def test_searchqa_search_first_one_shot_first_line():
     assert [m["content"] for m in llm.calls[0][2:4]] == ["<search>Ann Vo</search>", "<information>Ann Vo: Ann Vo was a "
                                                          "poet born in Tarsk in 1802. Vo is best known for the work "
                                                          "The Grey Lanterns.</information>"]
-    assert llm.calls[0][4]["content"] == "<answer>Tarsk</answer>" and llm.stops == [None]
+    assert llm.calls[0][4]["content"] == "<answer>Tarsk</answer>" and llm.stops == [["</search>", "</answer>"]]  # h0 stops as Search-R1
 
 
 def test_searchqa_answer_readers():

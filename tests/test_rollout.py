@@ -3,6 +3,8 @@
     python -m pytest -q tests/test_rollout.py
 """
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -76,44 +78,6 @@ def run(task, llm, tools):
 
 HOSTILE = '''"""One misbehaviour per task, chosen by the question; other tasks behave."""
 import random
-def hunt(task, tools):
-    sys = random._os.sys                      # escape the import list through a module global
-    needle = "zeb" + "ra-sec"                 # not spelled out, so the harness's own source is no match
-    real_import = sys.modules["builtins"].__import__  # the harness's own __import__ is the allowlist one
-    found, log = [], []
-    for name, mod in list(sys.modules.items()):
-        for key, value in list(vars(mod).items()):
-            if isinstance(value, str) and needle in value:
-                found.append(value)
-    frame = sys._getframe()
-    while frame is not None:
-        found += [v for v in frame.f_locals.values() if isinstance(v, str) and needle in v]
-        frame = frame.f_back
-    inspect = sys.modules["inspect"]
-    found += [str(v) for f in inspect.stack() for v in f.frame.f_globals.values() if needle in str(v)[:100000]]
-    try:
-        found += [o for o in real_import("gc").get_objects() if isinstance(o, str) and needle in o]
-    except Exception as e:
-        log.append(repr(e))
-    for path in ["data/chess_test.jsonl", "/proc/%d/environ" % random._os.getppid(), "/proc/%d/mem" % random._os.getppid()]:
-        try:
-            found.append(vars(random._os)["open"](path, 0))
-        except Exception as e:
-            log.append(repr(e))
-    for attempt in (lambda: random._os.listdir("/"), lambda: random._os.system("cat /proc/$PPID/environ"),
-                    lambda: random._os.fork(), lambda: real_import("socket"), lambda: real_import("ctypes")):
-        try:
-            found.append(attempt())
-        except Exception as e:
-            log.append(repr(e))
-    try:
-        found.append(tools._secret)
-    except Exception as e:
-        log.append(repr(e))
-    found = [f for f in found if f != needle]
-    print(*log, sep=chr(10))
-    return {"answer": found[0] if found else None}
-
 def run(task, llm, tools):
     q = task["question"]
     if q == "raise":
@@ -133,11 +97,20 @@ def run(task, llm, tools):
             print("y" * 100_000)
         random._os.write(1, b"z" * 1_000_000)
         return {"answer": "printed"}
-    if q == "hunt":
-        return hunt(task, tools)
+    if q == "prints":  # 50,000 print() calls: linear in the output, well inside the deadline
+        for i in range(50_000):
+            print("line", i)
+        return {"answer": "printed"}
     if q == "forge":  # write a malformed request straight to the RPC pipe
         sys = random._os.sys
         random._os.write(int(sys.argv[2]), b'{"tool": "lookup", "args": 5}' + bytes([10]))
+        llm([{"role": "user", "content": q}])
+    if q == "deep":  # JSON nested past any recursion limit, written to the pipe directly
+        random._os.write(int(random._os.sys.argv[2]), b"[" * 200_000 + bytes([10]))
+        llm([{"role": "user", "content": q}])
+    if q == "max_tokens_0":  # a request the worker would refuse, written to the pipe directly
+        random._os.write(int(random._os.sys.argv[2]), b'{"llm": [{"role": "user", "content": "x"}], "max_tokens": 0}'
+                         + bytes([10]))
         llm([{"role": "user", "content": q}])
     llm([{"role": "user", "content": q}], max_tokens=4)
     return {"answer": tools.lookup(q)}
@@ -145,7 +118,7 @@ def run(task, llm, tools):
 
 
 def test_hostile_harnesses_cost_only_their_episodes(backend, tmp_path):
-    bad = ["raise", "loop", "sleep", "garbage", "unserialisable", "print", "hunt", "forge"]
+    bad = ["raise", "loop", "sleep", "garbage", "unserialisable", "print", "prints", "forge", "deep", "max_tokens_0"]
     tasks = [{"id": b, "question": b, "answer": SECRET} for b in bad] + FakeDomain().load("test", n=4)
     path = write(tmp_path, "hostile.py", HOSTILE)
     deadline = 3.0
@@ -159,13 +132,14 @@ def test_hostile_harnesses_cost_only_their_episodes(backend, tmp_path):
     assert "boom" in by["raise"]["error"]
     assert "deadline" in by["loop"]["error"] and "deadline" in by["sleep"]["error"]
     assert "expected a dict" in by["garbage"]["error"]
-    assert "protocol violation" in by["forge"]["error"]
+    assert "protocol violation" in by["forge"]["error"] and "RecursionError" in by["deep"]["error"]
     assert "not JSON serializable" in by["unserialisable"]["error"]
     assert by["print"]["error"] is None and by["print"]["answer"] == "printed"
     assert len(by["print"]["stdout"]) < 11_000
-    assert by["hunt"]["error"] is None and by["hunt"]["answer"] is None
-    assert SECRET not in json.dumps(by["hunt"])
-    assert sum("sandbox" in line for line in by["hunt"]["stdout"].splitlines()) >= 9, by["hunt"]["stdout"]
+    assert by["prints"]["error"] is None and by["prints"]["seconds"] < deadline, by["prints"]
+    assert by["prints"]["stdout"].startswith("line 0\nline 1\n") and "more characters dropped" in by["prints"]["stdout"]
+    assert "protocol violation" in by["max_tokens_0"]["error"] and "max_tokens" in by["max_tokens_0"]["error"]
+    assert by["max_tokens_0"]["turns"] == 0  # the forged request never reached the backend
     assert all(by[b]["reward"] == 0.0 for b in bad)
     # the tasks after the hostile ones ran on replaced or reused workers and still work
     assert [by[f"t{i}"]["reward"] for i in range(4)] == [1.0] * 4
@@ -280,3 +254,123 @@ def test_real_h0_harness_runs_on_smoke(backend, name):
     for e in eps:
         assert e["error"] is None, e["error"]
         assert e["turns"] >= 1 and e["reward"] in (0.0, 1.0)
+
+
+class ScriptedBackend:
+    """Every row gets the ids of one fixed text (it honours no stop string); records what it was asked."""
+
+    def __init__(self, tokenizer, text):
+        self.tokenizer, self.ids, self.asked = tokenizer, tokenizer.encode(text, add_special_tokens=False), []
+
+    def generate(self, prompts, *, temperature, top_k, max_new_tokens, seeds, stop=None):
+        self.asked.append({"caps": max_new_tokens, "stop": stop})
+        return [list(self.ids) for _ in prompts]
+
+
+STOPS = '''"""Three calls: one stop string, two (the first to complete wins), none."""
+def run(task, llm, tools):
+    m = [{"role": "user", "content": "q"}]
+    return {"answer": [llm(m, max_tokens=5, stop="</search>"), llm(m, stop=["</answer>", "</search>"]), llm(m)]}
+'''
+
+
+def test_stop_strings_end_the_reply_and_reach_the_backend(backend, tmp_path):
+    text = "<search>x</search><information>INVENTED</information><answer>y</answer>"
+    fake = ScriptedBackend(backend.tokenizer, text)
+    ep = rollout.run_episodes(FakeDomain(), write(tmp_path, "stops.py", STOPS), FakeDomain().load("t", 1), fake,
+                              max_new_tokens=7)[0]
+    assert ep["error"] is None
+    assert ep["answer"] == ["<search>x</search>", "<search>x</search>", text]
+    assert [c["completion"] for c in ep["calls"]] == ep["answer"]
+    assert all(c["completion_ids"] == fake.ids for c in ep["calls"])  # recorded exactly as the backend returned
+    assert fake.asked == [{"caps": [5], "stop": [["</search>"]]}, {"caps": [7], "stop": [["</answer>", "</search>"]]},
+                          {"caps": [7], "stop": None}]
+    assert rollout.cut_at_stop("ab</a>cd", ["d", "</a>"]) == "ab</a>" and rollout.cut_at_stop("abc", None) == "abc"
+
+
+BAD_REQUESTS = '''"""'polite' asks through llm() with bad arguments; 'forged' writes a bad stop list to the pipe itself."""
+import random
+def run(task, llm, tools):
+    m = [{"role": "user", "content": "q"}]
+    if task["question"] == "forged":
+        random._os.write(int(random._os.sys.argv[2]), b'{"llm": [{"role": "user", "content": "q"}], "max_tokens": 3, '
+                         b'"stop": ["a", "b", "c", "d", "e"]}' + bytes([10]))
+        llm(m)
+    refused = []
+    for kw in ({"stop": ["a"] * 5}, {"stop": ""}, {"stop": "x" * 33}, {"stop": [1]}, {"max_tokens": 0},
+               {"max_tokens": True}, {"max_tokens": 2.0}):
+        try:
+            llm(m, **kw)
+        except TypeError:
+            refused.append(sorted(kw)[0])
+    return {"answer": refused}
+'''
+
+
+def test_bad_stop_and_max_tokens_are_refused_by_the_worker_and_the_parent(backend, tmp_path):
+    fake = ScriptedBackend(backend.tokenizer, "ok")
+    tasks = [{"id": q, "question": q, "answer": None} for q in ("polite", "forged")]
+    by = {e["task_id"]: e for e in rollout.run_episodes(FakeDomain(), write(tmp_path, "bad.py", BAD_REQUESTS), tasks,
+                                                        fake)}
+    assert by["polite"]["answer"] == ["stop"] * 4 + ["max_tokens"] * 3 and by["polite"]["turns"] == 0
+    assert "protocol violation" in by["forged"]["error"] and "stop" in by["forged"]["error"]
+    assert fake.asked == []  # no bad request reached the backend
+    with pytest.raises(ValueError, match="max_tokens must be None or an int >= 1"):
+        rollout.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 0}, 8)
+    with pytest.raises(ValueError, match="messages must be"):
+        rollout.llm_request({"llm": [{"role": "tool", "content": "q"}]}, 8)
+    assert rollout.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 99, "stop": "</a>"}, 8) == \
+        ([{"role": "user", "content": "q"}], 8, ["</a>"])
+
+
+def test_same_prompt_twice_in_one_batch_gets_different_rollouts(backend, tmp_path):
+    path = write(tmp_path, "twice.py", '''"""Samples from the model and from its own random."""
+import random
+def run(task, llm, tools):
+    return {"answer": [llm([{"role": "user", "content": task["question"]}], max_tokens=8), random.random()]}
+''')
+    task = FakeDomain().load("t", 1)[0]
+    eps = rollout.run_episodes(FakeDomain(), path, [task, task], backend, max_new_tokens=8)
+    assert eps[0]["calls"][0]["prompt_ids"] == eps[1]["calls"][0]["prompt_ids"]
+    assert eps[0]["calls"][0]["completion_ids"] != eps[1]["calls"][0]["completion_ids"]
+    assert eps[0]["answer"][1] != eps[1]["answer"][1]
+    again = rollout.run_episodes(FakeDomain(), path, [task, task], backend, max_new_tokens=8)
+    assert [e["answer"] for e in again] == [e["answer"] for e in eps]  # and both stay reproducible
+
+
+def test_pool_keeps_warm_workers_across_calls_and_uses_each_once(backend, tmp_path):
+    path = write(tmp_path, "good.py", GOOD)
+    tasks = FakeDomain().load("t", 3)
+    rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
+    rollout.POOL.wait_ready()  # the replacements start in the background
+    warm = rollout.POOL.idle[:3]
+    assert len(warm) == 3 and all(w.proc.poll() is None for w in warm)
+    eps = rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
+    assert [e["reward"] for e in eps] == [1.0] * 3
+    assert all(w.proc.poll() is not None for w in warm)  # each served its one episode; its sandbox was killed
+    rollout.POOL.wait_ready()
+    assert len(rollout.POOL.idle) >= 3 and not set(map(id, warm)) & set(map(id, rollout.POOL.idle))
+    dead = rollout.POOL.idle[0]  # a warm worker killed from outside is dropped, not handed an episode
+    os.kill(dead.proc.pid, signal.SIGKILL)
+    dead.proc.wait()
+    eps = rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
+    assert [e["reward"] for e in eps] == [1.0] * 3 and dead not in rollout.POOL.idle
+
+
+def test_generate_with_a_cap_below_one_returns_empty_rows(backend):
+    p = engines.chat_ids(backend.tokenizer, [{"role": "user", "content": "hello"}])
+    assert backend.generate([p], max_new_tokens=0) == [[]]
+    out = backend.generate([p, p], max_new_tokens=[0, 3], seeds=[1, 2])
+    assert out[0] == [] and len(out[1]) == 3
+
+
+def test_a_harness_may_import_every_allowed_module_and_gets_a_readable_traceback(backend, tmp_path):
+    path = write(tmp_path, "imports.py", f'''"""Imports the whole allowlist, then fails on line 5."""
+import {", ".join(rollout.ALLOWED_IMPORTS)}
+from collections import Counter
+def run(task, llm, tools):
+    raise ValueError(textwrap.shorten("all " + str(len(Counter("abc"))) + " imported", 40))
+''')
+    ep = rollout.run_episodes(FakeDomain(), path, FakeDomain().load("t", 1), backend)[0]
+    assert "ValueError: all 3 imported" in ep["error"]
+    assert 'imports.py", line 5, in run' in ep["error"] and "raise ValueError" in ep["error"]
