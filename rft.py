@@ -211,6 +211,8 @@ class RSFT:
             model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.eval()  # sampling mode; sft_update switches to train mode and back
         backend.model = model
+        if ckpt.exists():  # resume: the engine serves the checkpoint's adapter (canary checked) before any rollout
+            backend.sync_adapter(str(ckpt / "adapter"))
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / (args.warmup + 1)))

@@ -645,6 +645,19 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
 # -----------------------------------------------------------------------------
 # CLI
 
+def adapted_backend(args):
+    """The backend for --model with --adapter: the trainer-side model holds it, and the vllm and openai engines load
+    it too and pass the canary before the first episode; a bad folder or a refused engine option is one line."""
+    if args.adapter and not os.path.isfile(os.path.join(args.adapter, "adapter_config.json")):
+        raise SystemExit(f"--adapter {args.adapter}: no adapter_config.json there; pass a LoRA folder such as "
+                         "OUT/ckpt/adapter from rft.py")
+    model, tok = load_model(args.model, adapter=args.adapter)
+    try:
+        return load_backend(args, model, tok, adapter=args.adapter)
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(str(e).splitlines()[0])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # what to evaluate
@@ -669,8 +682,7 @@ def main():
     args = p.parse_args()
 
     if args.bench:
-        model, tok = load_model(args.model, adapter=args.adapter)
-        bench(load_backend(args, model, tok), episodes=args.bench_episodes, calls=args.bench_calls,
+        bench(adapted_backend(args), episodes=args.bench_episodes, calls=args.bench_calls,
               max_new_tokens=args.bench_tokens, rounds=args.bench_rounds)
         return
     if not args.domain or not args.harness:
@@ -682,7 +694,7 @@ def main():
     import domains
     domain = domains.get(args.domain)
     tasks = domain.load(args.split)[:args.limit]
-    model, tok = load_model(args.model, adapter=args.adapter)
+    backend = adapted_backend(args)
     out = Path(args.out) if args.out else None
     traces = None
     if out:
@@ -690,7 +702,7 @@ def main():
         (out / "config.json").write_text(json.dumps(vars(args), indent=1))
         traces = out / "traces.jsonl"
         traces.unlink(missing_ok=True)
-    stats = evaluate(domain, args.harness, tasks, load_backend(args, model, tok), k=args.k, temperature=args.temperature,
+    stats = evaluate(domain, args.harness, tasks, backend, k=args.k, temperature=args.temperature,
                      top_k=args.top_k, max_new_tokens=args.max_new_tokens, deadline_s=args.deadline,
                      workers=args.workers, seed=args.seed, traces_path=traces)
     if out:
