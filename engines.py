@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import urllib.error
 import urllib.request
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -302,8 +303,9 @@ def engine_refused(error, settings):
              "memory": "--gpu-memory", "max_model_len": "--max-model-len", "max_lora_rank": "--max-lora-rank",
              "lora": "--max-lora-rank", "dtype": "--bf16", "bfloat16": "--bf16"}
     flag = next((f for key, f in flags.items() if key in why.lower()), None)
-    return (f"vllm refused {flag or 'the engine options'} ({settings}): {why}; "
-            f"{'change or drop ' + flag if flag else 'check the engine flags'} for this platform")
+    if flag:
+        return f"vllm refused {flag} ({settings}): {why}; change or drop {flag} for this platform"
+    return f"vllm could not start its engine ({settings}): {why}; its log above names the cause"
 
 # -----------------------------------------------------------------------------
 # canary: does the engine serve exactly the trainer's weights?
@@ -505,6 +507,7 @@ class OpenAIBackend:
         self.tokenizer, self.model = tok, model
         self.pool = ThreadPoolExecutor(max_workers=workers)
         self.timeout, self.adapter_name, self.lora_count = timeout, None, 0
+        self.run_id = uuid.uuid4().hex[:8]  # adapter names unique per process: a server outlives its clients
 
     def complete(self, prompt, seed, temperature, top_k, max_new_tokens, stop):
         payload = {"model": self.adapter_name or self.served, "prompt": list(prompt), "max_tokens": max_new_tokens,
@@ -542,7 +545,7 @@ class OpenAIBackend:
         """Load the adapter through the runtime LoRA endpoint, serve it, check the canary, drop the old one; -> the
         canary's stats."""
         self.lora_count += 1
-        name, old = f"rsft-{self.lora_count}", self.adapter_name
+        name, old = f"rsft-{self.run_id}-{self.lora_count}", self.adapter_name
         post_json(f"{self.base_url}/load_lora_adapter", {"lora_name": name, "lora_path": os.path.realpath(path)},
                   self.timeout)
         self.adapter_name = name

@@ -283,12 +283,35 @@ def test_openai_backend_canary(base, adapter, applies):
             backend.sync_adapter(path)
             backend.sync_adapter(path)  # the second load replaces (and unloads) the first
             assert [p for p, _ in log].count("/v1/unload_lora_adapter") == 1
-            assert log[-1][0] == "/v1/unload_lora_adapter" and backend.adapter_name == "rsft-2"
+            assert log[-1][0] == "/v1/unload_lora_adapter" and backend.adapter_name == f"rsft-{backend.run_id}-2"
+            other = engines.OpenAIBackend(url, "base-model", ByteTok(), trained, workers=4)
+            other.sync_adapter(path)  # another process on the same server (a resumed run): its own adapter name
+            assert other.adapter_name != backend.adapter_name and other.adapter_name.endswith("-1")
         else:
             with pytest.raises(RuntimeError, match=r"adapter canary FAILED \(direct\): openai server http://127.0.0.1:\d+/v1, adapter .*step_1"):
                 backend.sync_adapter(path)
     finally:
         server.shutdown()
+
+
+def test_adapter_evaluation_goes_through_the_engine(base, adapter, tmp_path):
+    """rollout.py --adapter with an engine backend: the engine loads the adapter and the canary runs before any
+    rollout; a folder without an adapter is a one-line error."""
+    import rollout
+    log = []
+    server = serve(fake_openai_server(base, True, log))
+    try:
+        trained, path = adapter
+        args = SimpleNamespace(backend="openai", openai_url=f"http://127.0.0.1:{server.server_port}/v1",
+                               openai_model="base-model", openai_workers=4, model="tiny")
+        backend = engines.load_backend(args, trained, ByteTok(), adapter=path)
+        name = f"rsft-{backend.run_id}-1"
+        assert log[0] == ("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        assert backend.adapter_name == name and {r["model"] for _, r in log[1:]} == {name, "base-model"}
+    finally:
+        server.shutdown()
+    with pytest.raises(SystemExit, match=r"^--adapter .*: no adapter_config.json there; pass a LoRA folder"):
+        rollout.adapted_backend(SimpleNamespace(adapter=str(tmp_path), model="smoke", backend="hf"))
 
 
 def test_openai_backend_unreachable_server():
