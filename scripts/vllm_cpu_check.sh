@@ -12,6 +12,7 @@
 #
 #   greedy        the engine (fp32, as the trainer) gives hf's greedy token ids; the dtype noise it measures
 #   stop          a stop string ends the completion with the token that completes it, as the hf backend does
+#   errors        engine options the platform refuses (--vllm-sleep on CPU, ...) are one line naming the flag
 #   canary        the canary passes with a trained-size adapter and with a small one (an early RSFT update),
 #                 and stops when the engine lacks the adapter or serves another one (stale weights)
 #   rft-vllm      a 2-step rft.py --backend vllm (the engine syncs after each step)
@@ -93,6 +94,17 @@ def stops(engine, trainer, path, lora):
 
 def main():
     model, tok = engines.load_model(os.environ["MODEL"])
+    # errors: options the platform refuses are one line naming the flag (vLLM checks them before its start)
+    refused = []
+    for kw in (dict(max_model_len=10 ** 6), dict(max_lora_rank=7), dict(gpu_memory=1.5), dict(sleep=True)):
+        try:
+            engines.VLLMBackend(model.name_or_path, tok, model, **{"gpu_memory": 0.25, "max_model_len": 2048, **kw})
+        except ValueError as e:
+            refused.append(str(e))
+    named = [m for m, flag in zip(refused, ("--max-model-len", "--max-lora-rank", "--gpu-memory", "--vllm-sleep"))
+             if "\n" not in m and m.count(flag) >= 2]
+    print(f"{'ok' if len(named) == 4 else 'FAIL'} errors {len(named)}/4 refused options are one line naming the "
+          f"flag, e.g. {refused[-1]!r}")
     engine = engines.VLLMBackend(model.name_or_path, tok, model, gpu_memory=0.25, max_model_len=2048)
     hf = engines.HFBackend(model, tok)
     questions = ("What is 2 + 3?", "Name a river.", "Which move wins?", "Write a haiku about rain.")
@@ -142,6 +154,7 @@ greedy() {  # runs the offline engine's three checks; stop and canary read their
     grep -E "^(ok|FAIL) greedy " "$TMP/offline.txt"
 }
 stop() { grep -E "^(ok|FAIL) stop " "$TMP/offline.txt"; }
+errors() { grep -E "^(ok|FAIL) errors " "$TMP/offline.txt"; }
 canary() { grep -E "^(ok|FAIL) canary " "$TMP/offline.txt"; }
 
 rft_run() {  # rft_run BACKEND STEPS [flags]: a small searchqa RSFT run, its stdout in $TMP/rft-BACKEND.log
@@ -208,6 +221,7 @@ adapter_eval() {
 
 check greedy greedy
 check stop stop
+check errors errors
 check canary canary
 check rft-vllm rft_vllm
 check rft-openai rft_openai

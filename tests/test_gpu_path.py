@@ -64,16 +64,14 @@ def adapter(base, tmp_path_factory):
 
 
 @torch.no_grad()
-def greedy(model, prompt, n):
-    ids = list(prompt)
+def decode(model, prompt, n, force=None):
+    """(ids, log-prob of each) for n greedy tokens, or for the one token `force`: what the stand-in engines return."""
+    ids, lps = list(prompt), []
     for _ in range(n):
-        ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
-
-
-@torch.no_grad()
-def logprob(model, prefix, token):
-    return float(model(input_ids=torch.tensor([prefix])).logits[0, -1].float().log_softmax(-1)[token])
+        logp = model(input_ids=torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
+        ids.append(force if force is not None else int(logp.argmax()))
+        lps.append(float(logp[ids[-1]]))
+    return ids[len(prompt):], lps
 
 
 def engine_model(base, path, applies):
@@ -85,11 +83,28 @@ class StandIn:
     """An engine for check_canary: scores with `served` when asked for the adapter, else with `own_base`."""
 
     def __init__(self, served, own_base):
-        self.served, self.own_base = served, own_base
+        self.served, self.own_base, self.forced = served, own_base, 0
 
-    def score(self, forced, adapter=True):
+    def score(self, rows, adapter=True):
         model = self.served if adapter else self.own_base
-        return [logprob(model, p, t) for p, t in forced]
+
+        def forced(pairs):
+            self.forced += len(pairs)
+            return [decode(model, p, 1, t)[1][0] for p, t in pairs]
+        return engines.engine_scores(rows, lambda rows: [decode(model, p, len(c)) for p, c in rows], forced)
+
+
+def test_engine_scores_decode_first_and_force_after_a_divergence(base, adapter):
+    trained, _ = adapter
+    rows = [([5, 6, 7], decode(trained, [5, 6, 7], 6)[0]), ([8, 9], decode(trained, [8, 9], 5)[0])]
+    want = [lp for p, c in rows for lp in [decode(trained, p + c[:i], 1, t)[1][0] for i, t in enumerate(c)]]
+    same = StandIn(trained, base)
+    assert same.score(rows) == pytest.approx(want, abs=1e-5) and same.forced == 0  # its own greedy: no forcing
+    other = StandIn(base, base)  # another model: its greedy differs, so the rest of each row is forced
+    got = other.score(rows)
+    assert other.forced > 0 and len(got) == 11
+    assert got == pytest.approx([lp for p, c in rows for lp in [decode(base, p + c[:i], 1, t)[1][0]
+                                                                for i, t in enumerate(c)]], abs=1e-5)
 
 # -----------------------------------------------------------------------------
 # the canary: what it passes and what it stops
@@ -153,9 +168,10 @@ def fake_vllm(base, applies, sleep_ok=True, refuse=None):
             self.params += params
             outs = []
             for p, sp in zip(prompts, params):
-                forced = getattr(sp, "allowed_token_ids", None)  # the canary: one forced token and its log-prob
-                ids = forced or greedy(model, p["prompt_token_ids"], sp.max_tokens)
-                lps = [{forced[0]: SimpleNamespace(logprob=logprob(model, p["prompt_token_ids"], forced[0]))}] if forced else None
+                forced = getattr(sp, "allowed_token_ids", None)  # the canary: greedy or one forced token, log-probs
+                ids, lps = decode(model, p["prompt_token_ids"], sp.max_tokens, forced[0] if forced else None)
+                lps = [{t: SimpleNamespace(logprob=lp)} for t, lp in zip(ids, lps)] if getattr(sp, "logprobs", None) == 0 \
+                    else None
                 outs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, logprobs=lps, finish_reason="length",
                                                                      stop_reason=None)]))
             return outs
@@ -214,7 +230,7 @@ def test_vllm_backend_bf16_and_refused_options(monkeypatch, base):
     refusal = "Traceback...\nValueError: User-specified max_model_len (8192) is greater than the derived max_model_len (128)."
     for name, module in fake_vllm(base, True, refuse=refusal).items():
         monkeypatch.setitem(sys.modules, name, module)
-    with pytest.raises(ValueError, match=r"^vllm refused --max-model-len \(.*--max-model-len 8192.*\): .*User-specified") as e:
+    with pytest.raises(ValueError, match=r"^vllm refused --max-model-len \(.*--max-model-len 8192.*\): .*User-specified.*; change or drop --max-model-len$") as e:
         engines.VLLMBackend("m", ByteTok(), base)
     assert "\n" not in str(e.value)
 
@@ -254,11 +270,11 @@ def fake_openai_server(base, applies, log):
                 return self.reply("ok")
             if self.path == "/v1/completions":
                 model = adapters.get(req["model"], base)
-                forced = req.get("allowed_token_ids")  # the canary: one forced token and its log-prob
-                ids = forced or greedy(model, req["prompt"], req["max_tokens"])
+                forced = req.get("allowed_token_ids")  # the canary: greedy or one forced token, with log-probs
+                ids, lps = decode(model, req["prompt"], req["max_tokens"], forced[0] if forced else None)
                 choice = {"index": 0, "text": "", "token_ids": ids, "finish_reason": "length"}
-                if forced:
-                    choice["logprobs"] = {"tokens": ["x"], "token_logprobs": [logprob(model, req["prompt"], forced[0])]}
+                if req.get("logprobs") is not None:
+                    choice["logprobs"] = {"tokens": ["x"] * len(ids), "token_logprobs": lps}
                 return self.reply({"choices": [choice]})
             self.reply({"error": "not found"}, 404)
     return Handler

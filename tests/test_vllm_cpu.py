@@ -23,10 +23,17 @@ import engines
 
 def main():
     model, tok = engines.load_model("smoke")
+    out = {"refused": []}
+    for kw in (dict(max_model_len=100000), dict(max_lora_rank=7), dict(gpu_memory=1.5), dict(sleep=True)):
+        try:  # vLLM checks these before it starts an engine: each is one line naming the flag
+            engines.VLLMBackend(model.name_or_path, tok, model, **{"gpu_memory": 0.25, "max_model_len": 1024, **kw})
+            out["refused"].append("started")
+        except ValueError as e:
+            out["refused"].append(str(e))
     engine = engines.VLLMBackend(model.name_or_path, tok, model, gpu_memory=0.25, max_model_len=1024)
     hf = engines.HFBackend(model, tok)
     prompts = [engines.chat_ids(tok, [{"role": "user", "content": q}]) for q in ("What is 2 + 3?", "Name a river.")]
-    out = {"dtype": str(engine.llm.model_config.dtype)}
+    out["dtype"] = str(engine.llm.model_config.dtype)
     out["hf"] = hf.generate(prompts, temperature=0.0, max_new_tokens=16)
     out["engine"] = engine.generate(prompts, temperature=0.0, max_new_tokens=16, seeds=[0, 0])
     text = tok.decode(out["hf"][1])
@@ -82,3 +89,10 @@ def test_engine_canary_passes_with_the_adapter_and_stops_without_it(probe):
     s = probe["canary"]
     assert s["noise"] < 1e-4 and s["effect"] > 2 * s["tol"] and s["to_trainer"] <= s["tol"]
     assert "adapter canary FAILED" in probe["stale"]
+
+
+def test_engine_options_the_platform_refuses_are_one_line_naming_the_flag(probe):
+    flags = ["--max-model-len", "--max-lora-rank", "--gpu-memory", "--vllm-sleep"]
+    for message, flag in zip(probe["refused"], flags):
+        assert "\n" not in message and message.count(flag) >= 2, message  # the flag, and what to do with it
+    assert probe["refused"][3] == "--vllm-sleep: vLLM cannot sleep on this platform (cpu); drop --vllm-sleep"
