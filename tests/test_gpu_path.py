@@ -150,6 +150,11 @@ def test_canary_zero_adapter_and_bf16_noise(base, adapter, tmp_path, capsys):
     assert s["noise"] > 0 and s["tol"] >= 3 * s["noise"] and s["to_trainer"] <= s["tol"]
     with pytest.raises(RuntimeError, match="FAILED"):
         engines.check_canary(StandIn(half_base, half_base), trained, ByteTok(), "step_1", "bf16 stand-in")
+    # an adapter whose effect bf16 cannot resolve: the canary says it cannot tell, rather than passing blindly
+    tiny, tiny_path = make_adapter(base, tmp_path / "tiny", seed=3, std=1e-5)
+    served = PeftModel.from_pretrained(copy.deepcopy(half_base), tiny_path).eval()
+    with pytest.raises(RuntimeError, match="FAILED \\(adapter effect below the engine's precision: cannot tell"):
+        engines.check_canary(StandIn(served, half_base), tiny, ByteTok(), "tiny", "bf16 stand-in")
 
 # -----------------------------------------------------------------------------
 # vllm backend with a stand-in `vllm` module
