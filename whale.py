@@ -441,7 +441,10 @@ def main(argv=None):
     except (ValueError, sandbox.SandboxError) as e:
         raise SystemExit(f"whale.py: error: {e}")
     for args in runs:
-        run(args, donors=[other.out for other in runs if other.out != args.out])
+        try:
+            run(args, donors=[other.out for other in runs if other.out != args.out])
+        except engines.EngineError as e:  # an engine that failed or serves stale weights (the canary)
+            raise SystemExit(f"whale.py: error: {e}")
         gc.collect()  # the finished run's model and optimizer go before the next run loads its own
 
 
@@ -463,7 +466,10 @@ def run(args, donors=()):
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = engines.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
-    backend = engines.load_backend(args, model, tok)
+    try:
+        backend = engines.load_backend(args, model, tok)
+    except ValueError as e:  # an engine option the platform refuses (e.g. --vllm-sleep on CPU)
+        raise SystemExit(f"whale.py: error: {e}")
     trainer = rft.RSFT(args, backend, domain, os.path.join(args.out, "weights"), train=train) if steps else None
     state = load_state(args.out)
     harness = state["harness"] or os.path.abspath(args.harness)

@@ -18,14 +18,17 @@ import domains
 import engines
 
 # -----------------------------------------------------------------------------
-# a tiny model, a byte tokenizer and a trained-looking adapter
+# a tiny model, a byte tokenizer and trained-looking adapters
 
 
 class ByteTok:
     eos_token_id = 1
 
-    def __call__(self, text):
+    def __call__(self, text, add_special_tokens=False):
         return {"input_ids": [2 + b % 60 for b in text.encode()]}
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
 
 @pytest.fixture(scope="module")
@@ -36,45 +39,147 @@ def base():
     return Qwen3ForCausalLM(cfg).eval()
 
 
-@pytest.fixture(scope="module")
-def adapter(base, tmp_path_factory):
-    """(the trainer's peft model, the folder its adapter was saved to); the adapter changes greedy output."""
-    torch.manual_seed(1)
+def make_adapter(base, folder, seed, std):
+    """(a peft model with a random adapter whose B is drawn with `std`, the folder it was saved to)."""
+    torch.manual_seed(seed)
     model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
     for name, p in model.named_parameters():
         if "lora_B" in name:
-            torch.nn.init.normal_(p, std=2.0)
-    path = tmp_path_factory.mktemp("adapter") / "step_1"
-    model.save_pretrained(str(path))
-    return model, str(path)
+            torch.nn.init.normal_(p, std=std) if std else torch.nn.init.zeros_(p)
+    model.save_pretrained(str(folder))
+    return model.eval(), str(folder)
+
+
+@pytest.fixture(autouse=True)
+def short_canary(monkeypatch):
+    """Three questions, six tokens each: enough to tell the cases apart here, and quick on a busy machine."""
+    monkeypatch.setattr(engines, "CANARY_QUESTIONS", engines.CANARY_QUESTIONS[:3])
+    monkeypatch.setattr(engines, "CANARY_TOKENS", 6)
+
+
+@pytest.fixture(scope="module")
+def adapter(base, tmp_path_factory):
+    """(the trainer's peft model, the folder its adapter was saved to); the adapter changes greedy output."""
+    return make_adapter(base, tmp_path_factory.mktemp("adapter") / "step_1", seed=1, std=2.0)
 
 
 @torch.no_grad()
-def greedy(model, prompt, n):
-    ids = list(prompt)
+def decode(model, prompt, n, force=None):
+    """(ids, log-prob of each) for n greedy tokens, or for the one token `force`: what the stand-in engines return."""
+    ids, lps = list(prompt), []
     for _ in range(n):
-        ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+        logp = model(input_ids=torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
+        ids.append(force if force is not None else int(logp.argmax()))
+        lps.append(float(logp[ids[-1]]))
+    return ids[len(prompt):], lps
 
 
 def engine_model(base, path, applies):
     """What a stand-in engine samples from after loading `path`: the adapted model, or the base if it ignores it."""
     return PeftModel.from_pretrained(copy.deepcopy(base), path).eval() if applies else base
 
+
+class StandIn:
+    """An engine for check_canary: scores with `served` when asked for the adapter, else with `own_base`."""
+
+    def __init__(self, served, own_base):
+        self.served, self.own_base, self.forced = served, own_base, 0
+
+    def score(self, rows, adapter=True):
+        model = self.served if adapter else self.own_base
+
+        def forced(pairs):
+            self.forced += len(pairs)
+            return [decode(model, p, 1, t)[1][0] for p, t in pairs]
+        return engines.engine_scores(rows, lambda rows: [decode(model, p, len(c)) for p, c in rows], forced)
+
+
+def test_engine_scores_decode_first_and_force_after_a_divergence(base, adapter):
+    trained, _ = adapter
+    rows = [([5, 6, 7], decode(trained, [5, 6, 7], 6)[0]), ([8, 9], decode(trained, [8, 9], 5)[0])]
+    want = [lp for p, c in rows for lp in [decode(trained, p + c[:i], 1, t)[1][0] for i, t in enumerate(c)]]
+    same = StandIn(trained, base)
+    assert same.score(rows) == pytest.approx(want, abs=1e-5) and same.forced == 0  # its own greedy: no forcing
+    other = StandIn(base, base)  # another model: its greedy differs, so the rest of each row is forced
+    got = other.score(rows)
+    assert other.forced > 0 and len(got) == 11
+    assert got == pytest.approx([lp for p, c in rows for lp in [decode(base, p + c[:i], 1, t)[1][0]
+                                                                for i, t in enumerate(c)]], abs=1e-5)
+
+# -----------------------------------------------------------------------------
+# the canary: what it passes and what it stops
+
+
+def test_canary_tells_served_from_base_and_stale(base, adapter, tmp_path, capsys):
+    trained, _ = adapter
+    s = engines.check_canary(StandIn(trained, base), trained, ByteTok(), "step_1", "stand-in")
+    assert s["effect"] > 2 * s["tol"] and s["to_trainer"] < 1e-5 and s["noise"] < 1e-6
+    assert "adapter canary ok (direct)" in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match=r"canary FAILED \(direct\): stand-in, adapter step_1.*stale weights"):
+        engines.check_canary(StandIn(base, base), trained, ByteTok(), "step_1", "stand-in")  # adapter not applied
+    other, _ = make_adapter(base, tmp_path / "other", seed=2, std=2.0)
+    with pytest.raises(RuntimeError, match=r"canary FAILED \(direct\)"):
+        engines.check_canary(StandIn(other, base), trained, ByteTok(), "step_1", "stand-in")  # another adapter
+
+
+def test_canary_small_adapter_uses_the_differential(base, tmp_path, capsys):
+    """An update whose effect is below the noise tolerance: the engine's own adapter effect must be the trainer's."""
+    tiny, _ = make_adapter(base, tmp_path / "tiny", seed=3, std=1e-4)
+    s = engines.check_canary(StandIn(tiny, base), tiny, ByteTok(), "tiny", "stand-in")
+    assert 0 < s["effect"] < 2 * s["tol"] and abs(s["scale"] - 1) < 1e-3
+    assert "(effect below noise: differential)" in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match="FAILED \\(effect below noise: differential\\)"):
+        engines.check_canary(StandIn(base, base), tiny, ByteTok(), "tiny", "stand-in")
+    half, _ = make_adapter(base, tmp_path / "half", seed=3, std=1e-4)
+    for name, p in half.named_parameters():
+        if "lora_B" in name:
+            p.data *= 0.5  # the previous RSFT step's adapter: same direction, half the size
+    with pytest.raises(RuntimeError, match="differential"):
+        engines.check_canary(StandIn(half, base), tiny, ByteTok(), "tiny", "stand-in")
+
+
+def test_canary_zero_adapter_and_bf16_noise(base, adapter, tmp_path, capsys):
+    zero, _ = make_adapter(base, tmp_path / "zero", seed=4, std=0)
+    s = engines.check_canary(StandIn(base, base), zero, ByteTok(), "zero", "stand-in")
+    assert s["effect"] == 0 and s["scale"] is None and "(no adapter effect)" in capsys.readouterr().out
+    # an engine in bf16 against an fp32 trainer: the measured noise sets the tolerance, and a real adapter still passes
+    trained, path = adapter
+    half_base = copy.deepcopy(base).to(torch.bfloat16)
+    served = PeftModel.from_pretrained(copy.deepcopy(half_base), path).eval()
+    s = engines.check_canary(StandIn(served, half_base), trained, ByteTok(), "step_1", "bf16 stand-in")
+    assert s["noise"] > 0 and s["tol"] >= 3 * s["noise"] and s["to_trainer"] <= s["tol"]
+    with pytest.raises(RuntimeError, match="FAILED"):
+        engines.check_canary(StandIn(half_base, half_base), trained, ByteTok(), "step_1", "bf16 stand-in")
+    # an adapter whose effect bf16 cannot resolve: the canary says it cannot tell, rather than passing blindly
+    tiny, tiny_path = make_adapter(base, tmp_path / "tiny", seed=3, std=1e-5)
+    served = PeftModel.from_pretrained(copy.deepcopy(half_base), tiny_path).eval()
+    with pytest.raises(RuntimeError, match="FAILED \\(adapter effect below the engine's precision: cannot tell"):
+        engines.check_canary(StandIn(served, half_base), tiny, ByteTok(), "tiny", "bf16 stand-in")
+
 # -----------------------------------------------------------------------------
 # vllm backend with a stand-in `vllm` module
 
 
-def fake_vllm(base, applies):
+def fake_vllm(base, applies, sleep_ok=True, refuse=None):
     class LLM:
         def __init__(self, model, **kw):
-            self.kw, self.sleeps, self.wakes = kw, 0, 0
+            if refuse:
+                raise ValueError(refuse)
+            self.kw, self.sleeps, self.wakes, self.params = kw, 0, 0, []
 
         def generate(self, prompts, params, lora_request=None, use_tqdm=True):
             model = engine_model(base, lora_request.lora_path, applies) if lora_request else base
-            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=greedy(model, p["prompt_token_ids"], sp.max_tokens),
-                                                             finish_reason="length", stop_reason=None)])
-                    for p, sp in zip(prompts, params)]
+            params = params if isinstance(params, list) else [params] * len(prompts)
+            self.params += params
+            outs = []
+            for p, sp in zip(prompts, params):
+                forced = getattr(sp, "allowed_token_ids", None)  # the canary: greedy or one forced token, log-probs
+                ids, lps = decode(model, p["prompt_token_ids"], sp.max_tokens, forced[0] if forced else None)
+                lps = [{t: SimpleNamespace(logprob=lp)} for t, lp in zip(ids, lps)] if getattr(sp, "logprobs", None) == 0 \
+                    else None
+                outs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, logprobs=lps, finish_reason="length",
+                                                                     stop_reason=None)]))
+            return outs
 
         def sleep(self, level=1):
             self.sleeps += 1
@@ -86,7 +191,9 @@ def fake_vllm(base, applies):
     vllm.LLM, vllm.SamplingParams = LLM, lambda **kw: SimpleNamespace(**kw)
     lora, request = types.ModuleType("vllm.lora"), types.ModuleType("vllm.lora.request")
     request.LoRARequest = lambda name, int_id, path: SimpleNamespace(lora_name=name, lora_int_id=int_id, lora_path=path)
-    return {"vllm": vllm, "vllm.lora": lora, "vllm.lora.request": request}
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = SimpleNamespace(device_type="cpu", is_sleep_mode_available=lambda: sleep_ok)
+    return {"vllm": vllm, "vllm.lora": lora, "vllm.lora.request": request, "vllm.platforms": platforms}
 
 
 @pytest.mark.parametrize("applies", [True, False])
@@ -96,24 +203,41 @@ def test_vllm_backend_canary(monkeypatch, base, adapter, applies):
     trained, path = adapter
     trained.train()  # as the trainer leaves it: the canary scores in eval mode, then restores train mode
     backend = engines.VLLMBackend("some/model", ByteTok(), trained, gpu_memory=0.3, sleep=True)
-    assert backend.llm.kw["enable_lora"] and backend.llm.kw["enable_sleep_mode"] and backend.llm.kw["gpu_memory_utilization"] == 0.3
+    kw = backend.llm.kw
+    assert kw["enable_lora"] and kw["enable_sleep_mode"] and kw["gpu_memory_utilization"] == 0.3
+    assert kw["dtype"] == "float32"  # the trainer's dtype, never a hard-coded bf16
     if applies:
         backend.sync_adapter(path)
         assert backend.lora.lora_path.endswith("step_1")
     else:
-        with pytest.raises(RuntimeError, match=r"adapter canary failed: vllm .*step_1"):
+        with pytest.raises(RuntimeError, match=r"adapter canary FAILED \(direct\): vllm .*step_1"):
             backend.sync_adapter(path)
     assert trained.training
     backend.sleep()
     backend.sleep()  # idempotent
     assert backend.llm.sleeps == 1 and backend.sleeping
-    out = backend.generate([ByteTok()("hi")["input_ids"]], temperature=1.0, top_k=20, max_new_tokens=3, seeds=[5])
-    assert backend.llm.wakes == 1 and not backend.sleeping and len(out[0]) == 3
+    out = backend.generate([ByteTok()("hi")["input_ids"]] * 2, temperature=1.0, top_k=20, max_new_tokens=3, seeds=[5, 6],
+                           stop=[["</answer>"], None])
+    assert backend.llm.wakes == 1 and not backend.sleeping and [len(o) for o in out] == [3, 3]
+    sent = backend.llm.params[-2:]
+    assert [p.stop for p in sent] == [["</answer>"], None] and all(p.include_stop_str_in_output for p in sent)
+    trained.eval()
 
 
-def test_canary_passes_for_the_base_model_without_adapter(base):
-    engine = SimpleNamespace(generate=lambda prompts, **kw: [greedy(base, p, kw["max_new_tokens"]) for p in prompts])
-    engines.check_canary(engine, base, ByteTok(), "none", "stand-in")
+def test_vllm_backend_bf16_and_refused_options(monkeypatch, base):
+    for name, module in fake_vllm(base, True).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    assert engines.VLLMBackend("m", ByteTok(), copy.deepcopy(base).to(torch.bfloat16)).llm.kw["dtype"] == "bfloat16"
+    for name, module in fake_vllm(base, True, sleep_ok=False).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    with pytest.raises(ValueError, match=r"^--vllm-sleep: vLLM cannot sleep on this platform \(cpu\); drop --vllm-sleep$"):
+        engines.VLLMBackend("m", ByteTok(), base, sleep=True)
+    refusal = "Traceback...\nValueError: User-specified max_model_len (8192) is greater than the derived max_model_len (128)."
+    for name, module in fake_vllm(base, True, refuse=refusal).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    with pytest.raises(ValueError, match=r"^vllm refused --max-model-len \(.*--max-model-len 8192.*\): .*User-specified.*; change or drop --max-model-len$") as e:
+        engines.VLLMBackend("m", ByteTok(), base)
+    assert "\n" not in str(e.value)
 
 # -----------------------------------------------------------------------------
 # openai backend against a loopback server speaking vLLM's OpenAI API
@@ -151,8 +275,12 @@ def fake_openai_server(base, applies, log):
                 return self.reply("ok")
             if self.path == "/v1/completions":
                 model = adapters.get(req["model"], base)
-                ids = greedy(model, req["prompt"], req["max_tokens"])
-                return self.reply({"choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": "length"}]})
+                forced = req.get("allowed_token_ids")  # the canary: greedy or one forced token, with log-probs
+                ids, lps = decode(model, req["prompt"], req["max_tokens"], forced[0] if forced else None)
+                choice = {"index": 0, "text": "", "token_ids": ids, "finish_reason": "length"}
+                if req.get("logprobs") is not None:
+                    choice["logprobs"] = {"tokens": ["x"] * len(ids), "token_logprobs": lps}
+                return self.reply({"choices": [choice]})
             self.reply({"error": "not found"}, 404)
     return Handler
 
@@ -165,19 +293,46 @@ def test_openai_backend_canary(base, adapter, applies):
         trained, path = adapter
         url = f"http://127.0.0.1:{server.server_port}/v1"
         backend = engines.OpenAIBackend(url, "base-model", ByteTok(), trained, workers=4)
-        out = backend.generate([[5, 6, 7], [8, 9]], temperature=1.0, top_k=20, max_new_tokens=[4, 2], seeds=[0, 1])
+        out = backend.generate([[5, 6, 7], [8, 9]], temperature=1.0, top_k=20, max_new_tokens=[4, 2], seeds=[0, 1],
+                               stop=[["</search>", "</answer>"], None])
         assert [len(o) for o in out] == [4, 2]  # a cap per row, as the hf backend takes
-        assert log[0][1]["model"] == "base-model" and log[0][1]["return_token_ids"] is True
+        sent = sorted((r for _, r in log), key=lambda r: r["max_tokens"])
+        assert sent[1]["model"] == "base-model" and sent[1]["return_token_ids"] is True
+        assert sent[1]["stop"] == ["</search>", "</answer>"] and sent[1]["include_stop_str_in_output"] is True
+        assert "stop" not in sent[0]
         if applies:
             backend.sync_adapter(path)
             backend.sync_adapter(path)  # the second load replaces (and unloads) the first
             assert [p for p, _ in log].count("/v1/unload_lora_adapter") == 1
-            assert log[-1][0] == "/v1/unload_lora_adapter" and backend.adapter_name == "rsft-2"
+            assert log[-1][0] == "/v1/unload_lora_adapter" and backend.adapter_name == f"rsft-{backend.run_id}-2"
+            other = engines.OpenAIBackend(url, "base-model", ByteTok(), trained, workers=4)
+            other.sync_adapter(path)  # another process on the same server (a resumed run): its own adapter name
+            assert other.adapter_name != backend.adapter_name and other.adapter_name.endswith("-1")
         else:
-            with pytest.raises(RuntimeError, match=r"adapter canary failed: openai server http://127.0.0.1:\d+/v1 with adapter .*step_1"):
+            with pytest.raises(RuntimeError, match=r"adapter canary FAILED \(direct\): openai server http://127.0.0.1:\d+/v1, adapter .*step_1"):
                 backend.sync_adapter(path)
     finally:
         server.shutdown()
+
+
+def test_adapter_evaluation_goes_through_the_engine(base, adapter, tmp_path):
+    """rollout.py --adapter with an engine backend: the engine loads the adapter and the canary runs before any
+    rollout; a folder without an adapter is a one-line error."""
+    import rollout
+    log = []
+    server = serve(fake_openai_server(base, True, log))
+    try:
+        trained, path = adapter
+        args = SimpleNamespace(backend="openai", openai_url=f"http://127.0.0.1:{server.server_port}/v1",
+                               openai_model="base-model", openai_workers=4, model="tiny")
+        backend = engines.load_backend(args, trained, ByteTok(), adapter=path)
+        name = f"rsft-{backend.run_id}-1"
+        assert log[0] == ("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        assert backend.adapter_name == name and {r["model"] for _, r in log[1:]} == {name, "base-model"}
+    finally:
+        server.shutdown()
+    with pytest.raises(SystemExit, match=r"^--adapter .*: no adapter_config.json there; pass a LoRA folder"):
+        rollout.adapted_backend(SimpleNamespace(adapter=str(tmp_path), model="smoke", backend="hf"))
 
 
 def test_openai_backend_unreachable_server():
@@ -191,6 +346,7 @@ def test_with_eos_keeps_the_stop_token():
     assert engines.with_eos([5, 6, 1], "stop", None, 1) == [5, 6, 1]
     assert engines.with_eos([5, 6], "stop", 9, 1) == [5, 6, 9]
     assert engines.with_eos([5, 6], "length", None, 1) == [5, 6]
+    assert engines.with_eos([5, 6], "stop", "</answer>", 1) == [5, 6]  # a stop string: its tokens are already there
 
 # -----------------------------------------------------------------------------
 # the paper's data: row parsing on rows written here

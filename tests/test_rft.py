@@ -212,3 +212,27 @@ def test_resume_matches_an_uninterrupted_run_and_counts_accepted_rollouts(tmp_pa
     assert resumed.optimizer.state_dict()["state"][0]["step"] == 2
     metrics = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["loss"] for r in metrics] == [r["loss"] for r in rows]
+
+
+class RecordingBackend(engines.HFBackend):
+    """The hf backend, noting every adapter sync (the engine backends load the adapter and run the canary there)."""
+
+    def __init__(self, model, tok):
+        super().__init__(model, tok)
+        self.synced = []
+
+    def sync_adapter(self, path):
+        self.synced.append(path)
+        super().sync_adapter(path)
+
+
+def test_resume_syncs_the_engine_with_the_checkpoint_adapter_first(tmp_path):
+    fresh = smoke_trainer(tmp_path, "out", "")
+    fresh.save()  # a checkpoint, as after a finished step
+    model, tok = engines.load_model("smoke")
+    backend = RecordingBackend(model, tok)
+    rft.RSFT(rft_args(batch=4, group=1), backend, FakeDomain(8, ""), tmp_path / "new")
+    assert backend.synced == []  # a fresh run: the engine serves the base model, as the zero-init adapter does
+    resumed = rft.RSFT(rft_args(batch=4, group=1), RecordingBackend(*engines.load_model("smoke")), FakeDomain(8, ""),
+                       tmp_path / "out")
+    assert resumed.backend.synced == [str(tmp_path / "out" / "ckpt" / "adapter")]  # before any rollout
