@@ -22,7 +22,7 @@ if [ "$PRESET" = cpu ]; then DOMAINS=${DOMAINS:-"searchqa math"}; else DOMAINS=$
 METHODS="harness-only weight-only stagewise fast-slow whale"
 case $PRESET in  # measured 2026-11-29 on the 2-core machine with the default DOMAINS
   smoke) eta="about 3.5 min" ;;  # fresh clone: 3 min 16 s
-  cpu)   eta="about 37 min" ;;   # 36 min 57 s: searchqa 14, math 23
+  cpu)   eta="not yet measured with this version (37 min with the 2026-11-29 code)" ;;
   paper) eta="days: hours per run (README: the paper preset on one GPU)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu or paper" >&2; exit 2 ;;
 esac

@@ -80,7 +80,10 @@ def python():
 
 
 def python_dirs():
-    return sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)})
+    """The Python installation, read-only: the base interpreter's, and a venv's packages (a venv lives in the
+    project's .venv/, but only that folder is bound, never the project), so a proposer run with the venv's
+    python works inside."""
+    return sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, sys.prefix)})
 
 
 def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, seccomp_fd=None):

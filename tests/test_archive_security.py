@@ -138,7 +138,7 @@ def hostile(tmp_path, monkeypatch):
     run_dir = out / "harness_w0"
 
     def run(attack, iterations=1, **over):
-        cmd = f"{sys.executable} {script} {attack} {{workdir}} {PROJECT} {run_dir} {outside}"
+        cmd = f"{sandbox.python()} {script} {attack} {{workdir}} {PROJECT} {run_dir} {outside}"
         args = make_args(proposer="command", proposer_cmd=cmd, proposer_ro=[str(script)], **over)
         mh.search(None, FakeDomain(), str(seed), run_dir, args, iterations=iterations)
         assert list(scratch_root.iterdir()) == [], "the proposer's scratch folder was left behind"

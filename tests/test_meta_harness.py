@@ -207,7 +207,7 @@ def test_command_proposer_and_every_rejection_reason(fake, tmp_path):
     agent = tmp_path / "agent.py"
     agent.write_text(STAND_IN)
     args = make_args(candidates=7, proposer="command", prompt_only=True, proposer_ro=[str(agent)],
-                     proposer_cmd=f"{sys.executable} {agent} {{workdir}}")
+                     proposer_cmd=f"{sandbox.python()} {agent} {{workdir}}")
     res = mh.search(None, FakeDomain(), str(seed), run_dir, args, iterations=2)
     assert res["iterations"] == 2  # the run goes on past rejections
     rows = rows_of(run_dir)
@@ -413,7 +413,7 @@ def claude_stand_in(tmp_path, monkeypatch):
     """Puts the stand-in first on PATH; -> a function that sets its mode."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "claude").write_text(f"#!{sys.executable}\n" + CLAUDE_STAND_IN)
+    (bin_dir / "claude").write_text(f"#!{sandbox.python()}\n" + CLAUDE_STAND_IN)
     (bin_dir / "claude").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     return lambda mode: (bin_dir / "mode").write_text(mode)
