@@ -21,7 +21,7 @@ fi
 if [ "$PRESET" = cpu ]; then DOMAINS=${DOMAINS:-"searchqa math"}; else DOMAINS=${DOMAINS:-"searchqa math chess"}; fi
 METHODS="harness-only weight-only stagewise fast-slow whale"
 case $PRESET in  # measured 2026-11-29 on the 2-core machine with the default DOMAINS
-  smoke) eta="about 3.5 min" ;;  # fresh clone: 3 min 16 s
+  smoke) eta="about 2 min" ;;  # fresh clone, 2026-11-30: 1 min 36 s
   cpu)   eta="not yet measured with this version (37 min with the 2026-11-29 code)" ;;
   paper) eta="days: hours per run (README: the paper preset on one GPU)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu or paper" >&2; exit 2 ;;
