@@ -59,9 +59,9 @@ from pathlib import Path
 import torch
 
 import domains
+import engines
 import meta_harness
 import rft
-import engines
 import rollout
 import sandbox
 
