@@ -224,14 +224,8 @@ def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTE
     limits = [str(cpu_s), str(memory_bytes), str(PYTHON_MAX_OUTPUT_BYTES)]
     # output goes to a file whose size the child may not push past the limit, never into our memory
     with tempfile.TemporaryFile() as out:
-        seccomp = sandbox.no_fork_filter()
-        try:
-            argv = sandbox.wrap([sandbox.python(), "-I", "-c", SANDBOX_PRELUDE, *limits], env=env,
-                                seccomp_fd=seccomp)
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                                    pass_fds=(seccomp,))
-        finally:
-            os.close(seccomp)
+        proc = sandbox.start_one_process([sandbox.python(), "-I", "-c", SANDBOX_PRELUDE, *limits], env=env,
+                                         stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT)
         error = ""
         try:
             proc.communicate(code.encode("utf-8", "replace"), timeout=timeout_s)

