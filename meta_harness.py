@@ -683,25 +683,27 @@ def propose_mutate(run_dir, names, rows, iteration, args):
     Each candidate is the first of these that is new to the archive and that static_check accepts:
     1. compose: the best with every knob change that raised some candidate's score over its parent's and that
        the best lacks (per knob the change with the largest gain);
-    2. step: the best with one knob set to another value: the least-tried knob first and within it the
-       least-tried value, so every knob is tried once before any knob twice, and every value of a knob before
-       one repeats (ties in an order seeded per archive and name: a resumed run proposes the same, the next
-       phase's archive tries others first); when the best has no new step left, the next best's steps."""
+    2. step: the best with one knob set to another value: the knob least tried from that parent first and
+       within it the least-tried value, so from each best every knob is tried once before any knob twice;
+       ties in SEARCH_SPACE order, which is the harness author's priority (the fixes for the failures its
+       docstring names first, prompt wording last); when the best has no new step left, the next best's steps.
+    Deterministic: a resumed run proposes the same."""
     cand_root = Path(run_dir) / "candidates"
     rows = rows + [r for r in candidate_rows(run_dir) if r["iteration"] == iteration and r["name"] not in names]
     sources = {r["name"]: (cand_root / r["name"] / "harness.py").read_text() for r in rows
                if (cand_root / r["name"] / "harness.py").exists()}
     changes = {r["name"]: knob_changes(sources[r["name"]], sources[r["parent"]]) for r in rows
                if r["name"] in sources and r["parent"] in sources}
-    knob_tries = Counter(knob for change in changes.values() for knob in change)
-    value_tries = Counter((knob, repr(value)) for change in changes.values() for knob, value in change.items())
+    parents = {r["name"]: r["parent"] for r in rows}
+    knob_tries = Counter((parents[n], knob) for n, change in changes.items() for knob in change)
+    value_tries = Counter((parents[n], knob, repr(value)) for n, change in changes.items()
+                          for knob, value in change.items())
     seen = {normalized(source) for source in sources.values()}
     ranked = sorted((r for r in rows if r["score"] is not None and r["name"] in sources),
                     key=lambda r: (-r["score"], r["mean_turns"]))
     gains = best_changes(rows, changes)
     for name in names:
-        rng = random.Random(f"{args.seed}-{Path(run_dir).name}-{name}")
-        options = mutate_options(ranked, sources, gains, knob_tries, value_tries, rng)
+        options = mutate_options(ranked, sources, gains, knob_tries, value_tries)
         parent, source = next(((p, s) for p, s in options if normalized(s) not in seen
                                and static_check(s, sources[p], args.prompt_only) is None), (None, None))
         prepare(run_dir, [name], parent or ranked[0]["name"], iteration, "mutate")
@@ -712,8 +714,8 @@ def propose_mutate(run_dir, names, rows, iteration, args):
             continue
         old, change = knob_values(sources[parent]), knob_changes(source, sources[parent])
         seen.add(normalized(source))
-        knob_tries.update(list(change))
-        value_tries.update((knob, repr(value)) for knob, value in change.items())
+        knob_tries.update((parent, knob) for knob in change)
+        value_tries.update((parent, knob, repr(value)) for knob, value in change.items())
         (cand_root / name / "harness.py").write_text(source)
         changed = "; ".join(f"{knob}: {old.get(knob)!r} -> {value!r}" for knob, value in change.items())
         what = "; ".join(f"{knob} = {value!r} instead of {old.get(knob)!r}" for knob, value in change.items())
@@ -722,20 +724,21 @@ def propose_mutate(run_dir, names, rows, iteration, args):
     log_cost(run_dir, {"iteration": iteration, "proposer": "mutate", "candidates": names, "seconds": 0.0})
 
 
-def mutate_options(ranked, sources, gains, knob_tries, value_tries, rng):
+def mutate_options(ranked, sources, gains, knob_tries, value_tries):
     """(parent, source) in mutate's order of preference: the best with all of `gains`, then one-knob steps from
-    the best (least-tried knob, then least-tried value, ties in the rng's order), then from the next best..."""
+    the best (the knob least tried from it, then its least-tried value, ties in SEARCH_SPACE order), then from
+    the next best..."""
     best = ranked[0]["name"]
     composed, knobs = sources[best], knob_values(sources[best])
     for knob, value in gains.items():
         composed = set_knob(composed, knob, value) if knob in knobs else composed
     yield best, composed
     for r in ranked:
-        options = knob_options(sources[r["name"]])
-        rng.shuffle(options)
-        options.sort(key=lambda o: (knob_tries[o[0]], value_tries[o[0], repr(o[2])]))  # stable: seeded ties
+        parent = r["name"]
+        options = sorted(knob_options(sources[parent]),  # stable: ties keep SEARCH_SPACE order
+                         key=lambda o: (knob_tries[parent, o[0]], value_tries[parent, o[0], repr(o[2])]))
         for knob, _, value in options:
-            yield r["name"], set_knob(sources[r["name"]], knob, value)
+            yield parent, set_knob(sources[parent], knob, value)
 
 
 def best_changes(rows, changes):

@@ -104,9 +104,9 @@ def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, secco
                 "--ro-bind-try", "/etc/ssl", "/etc/ssl", "--ro-bind-try", "/etc/hosts", "/etc/hosts"]
     for d in SYSTEM_DIRS:
         cmd += ["--ro-bind-try", d, d]
-    for d in python_dirs():
-        cmd += ["--ro-bind", d, d]
     cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for d in python_dirs():  # after the fresh /tmp, which would hide a venv made under /tmp
+        cmd += ["--ro-bind", d, d]
     for path in [*files, *ro]:
         cmd += ["--ro-bind", os.path.realpath(path), os.path.abspath(path)]
     for path in rw:

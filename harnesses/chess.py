@@ -29,7 +29,19 @@ SHOW_PIECES = False  # True: also list each side's pieces by square ("White: Kg1
 ACCEPT_SAN = False  # True: a reply with no UCI move may name a listed SAN move instead
 LEGAL_ONLY = False  # True: moves named in the reply that are not legal are ignored before the ambiguity check
 
-SEARCH_SPACE = {  # literal values only: the offline proposer reads this with ast.literal_eval
+# literal values only: the offline proposer reads this with ast.literal_eval; in its order of priority
+# (mutate tries knobs in this order): the fixes for the failures named above first, prompt wording last
+SEARCH_SPACE = {
+    "SHOW_PIECES": [False, True],
+    "LEGAL_ONLY": [False, True],
+    "ACCEPT_SAN": [False, True],
+    "SHOW_FEN": [True, False],
+    "SHOW_BOARD": [True, False],
+    "SHOW_SAN": [True, False],
+    "MAX_TURNS": [6, 9, 12, 18],
+    "MAX_UNPARSEABLE_RETRIES": [0, 1, 2],
+    "MAX_ILLEGAL_RETRIES": [0, 1, 2],
+    "MAX_TOKENS": [None, 32, 192],
     "SYSTEM_PROMPT": [
         "You solve chess puzzles. Find the best move for the side to play. "
         "Reply with exactly one move in UCI notation inside move tags, e.g. <move>e2e4</move>.",
@@ -60,16 +72,6 @@ SEARCH_SPACE = {  # literal values only: the offline proposer reads this with as
     ],
     "ASK_TEMPLATE": ["Your move?", "Your move (one UCI move in <move></move> tags)?",
                      "Which legal move wins? Reply <move>uci</move>.", "Play the best move."],
-    "MAX_TURNS": [6, 9, 12, 18],
-    "MAX_UNPARSEABLE_RETRIES": [0, 1, 2],
-    "MAX_ILLEGAL_RETRIES": [0, 1, 2],
-    "MAX_TOKENS": [None, 32, 192],
-    "SHOW_FEN": [True, False],
-    "SHOW_BOARD": [True, False],
-    "SHOW_SAN": [True, False],
-    "SHOW_PIECES": [False, True],
-    "ACCEPT_SAN": [False, True],
-    "LEGAL_ONLY": [False, True],
 }
 
 UCI = r"[a-h][1-8][a-h][1-8][qrbn]?"

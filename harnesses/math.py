@@ -23,7 +23,22 @@ ANSWER_FROM_OUTPUT = False  # True: the last number the code printed is the answ
 BOX_LAST_NUMBER = False  # True: a reply without \\boxed{} answers with its last number
 EXAMPLES = []  # worked examples [question, reply], shown as an earlier user/assistant turn
 
-SEARCH_SPACE = {  # literal values only: the offline proposer reads this with ast.literal_eval
+# literal values only: the offline proposer reads this with ast.literal_eval; in its order of priority
+# (mutate tries knobs in this order): the fixes for the failures named above first, prompt wording last
+SEARCH_SPACE = {
+    "RUN_CODE": [True, False],
+    "ANSWER_FROM_OUTPUT": [False, True],
+    "BOX_LAST_NUMBER": [False, True],
+    "EXAMPLES": [
+        [],
+        [["Lena has 12 shells. Then Lena gets 7 more shells. Then Lena gives away 5 shells. "
+          "How many shells does Lena have now?", "12 + 7 = 19 and 19 - 5 = 14. The answer is \\boxed{14}."]],
+        [["Lena has 12 shells. Then Lena gets 7 more shells. Then Lena gives away 5 shells. "
+          "How many shells does Lena have now?", "```python\nshells = 12 + 7 - 5\nprint(shells)\n```"]],
+    ],
+    "MAX_TURNS": [1, 2, 3, 4],
+    "MAX_TOKENS": [None, 128, 512],
+    "MAX_OUTPUT_CHARS": [300, 1000, 2000],
     "SYSTEM_PROMPT": ["", "Solve the math problem. Put the final answer in \\boxed{}.",
                       "You are a careful math tutor. Work step by step, then give the final number in \\boxed{}.",
                       "Solve the problem with a short calculation. End with \\boxed{answer}, the answer being a number.",
@@ -41,19 +56,6 @@ SEARCH_SPACE = {  # literal values only: the offline proposer reads this with as
     ],
     "OUTPUT_TEMPLATE": ["Output:\n{output}", "The code printed:\n{output}\nNow give the final answer in \\boxed{{}}.",
                         "```output\n{output}\n```", "Result: {output}\nAnswer in \\boxed{{}}."],
-    "MAX_TURNS": [1, 2, 3, 4],
-    "MAX_TOKENS": [None, 128, 512],
-    "MAX_OUTPUT_CHARS": [300, 1000, 2000],
-    "RUN_CODE": [True, False],
-    "ANSWER_FROM_OUTPUT": [False, True],
-    "BOX_LAST_NUMBER": [False, True],
-    "EXAMPLES": [
-        [],
-        [["Lena has 12 shells. Then Lena gets 7 more shells. Then Lena gives away 5 shells. "
-          "How many shells does Lena have now?", "12 + 7 = 19 and 19 - 5 = 14. The answer is \\boxed{14}."]],
-        [["Lena has 12 shells. Then Lena gets 7 more shells. Then Lena gives away 5 shells. "
-          "How many shells does Lena have now?", "```python\nshells = 12 + 7 - 5\nprint(shells)\n```"]],
-    ],
 }
 
 

@@ -23,7 +23,27 @@ EXAMPLES = []  # worked examples [question, passage, answer], shown as earlier t
 ANSWER_FROM = ["tag"]  # where the answer is read, first hit wins: "tag" (<answer>), "first_line", "last_line"
 STOP = ["</search>", "</answer>"]  # as Search-R1: generation ends at the first (kept as the reply's end)
 
-SEARCH_SPACE = {  # literal values only: the offline proposer reads this with ast.literal_eval
+# literal values only: the offline proposer reads this with ast.literal_eval; in its order of priority
+# (mutate tries knobs in this order): the fixes for the failures named above first, prompt wording last
+SEARCH_SPACE = {
+    "SEARCH_FIRST": [False, True],
+    "EXAMPLES": [
+        [],
+        [["Where was Ann Vo born?",
+          "Ann Vo: Ann Vo was a poet born in Tarsk in 1802. Vo is best known for the work The Grey Lanterns.", "Tarsk"]],
+        [["Where was Ann Vo born?",
+          "Ann Vo: Ann Vo was a poet born in Tarsk in 1802. Vo is best known for the work The Grey Lanterns.", "Tarsk"],
+         ["In what year was the Kelmar Society founded?",
+          "The Kelmar Society: The Kelmar Society was founded in 1877 by Ann Vo in the city of Tarsk.", "1877"],
+         ["What is the currency of Olberia?",
+          "Olberia: Olberia is a country. Its capital is Tarsk. Its currency is the dorin.", "dorin"]],
+    ],
+    "ANSWER_FROM": [["tag"], ["tag", "first_line"], ["tag", "last_line"], ["first_line"]],
+    "STOP": [None, ["</search>", "</answer>"], ["\n"]],
+    "TOP_K": [1, 3, 5],
+    "PASSAGE_WORDS": [40, 80, 150, 300],
+    "MAX_TURNS": [2, 3, 4],
+    "MAX_TOKENS": [64, 128, 500],
     "SYSTEM_PROMPT": [
         "Answer the question. You may search an encyclopedia by writing <search>query</search>. "
         "Give the final answer, a few words only, as <answer>answer</answer>.",
@@ -51,24 +71,6 @@ SEARCH_SPACE = {  # literal values only: the offline proposer reads this with as
                       "copied from the passage.",
                       "Passage: {passages}", "<information>{passages}</information>\nAnswer in a few words.",
                       "Search result:\n{passages}"],
-    "MAX_TURNS": [2, 3, 4],
-    "TOP_K": [1, 3, 5],
-    "PASSAGE_WORDS": [40, 80, 150, 300],
-    "MAX_TOKENS": [64, 128, 500],
-    "SEARCH_FIRST": [False, True],
-    "EXAMPLES": [
-        [],
-        [["Where was Ann Vo born?",
-          "Ann Vo: Ann Vo was a poet born in Tarsk in 1802. Vo is best known for the work The Grey Lanterns.", "Tarsk"]],
-        [["Where was Ann Vo born?",
-          "Ann Vo: Ann Vo was a poet born in Tarsk in 1802. Vo is best known for the work The Grey Lanterns.", "Tarsk"],
-         ["In what year was the Kelmar Society founded?",
-          "The Kelmar Society: The Kelmar Society was founded in 1877 by Ann Vo in the city of Tarsk.", "1877"],
-         ["What is the currency of Olberia?",
-          "Olberia: Olberia is a country. Its capital is Tarsk. Its currency is the dorin.", "dorin"]],
-    ],
-    "ANSWER_FROM": [["tag"], ["tag", "first_line"], ["tag", "last_line"], ["first_line"]],
-    "STOP": [None, ["</search>", "</answer>"], ["\n"]],
 }
 
 

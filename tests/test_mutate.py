@@ -1,5 +1,5 @@
-"""The offline `mutate` proposer composes: coordinate ascent from the archive best, every knob before any twice,
-and the knob changes that raised a score combined. A fake scorer stands in for the runner (fast, exact)."""
+"""The offline `mutate` proposer composes: coordinate ascent from the archive best, from each best every knob
+before any twice, and the knob changes that raised a score combined. A fake scorer stands in for the runner (fast, exact)."""
 import argparse
 import ast
 import json
@@ -46,10 +46,10 @@ class FakeDomain:
 
 
 class FakeRollout:
-    """score = 0.1 + gain x (A + B), + prompt_gain with the other PROMPT."""
+    """score = 0.1 + gain x (A + B), + prompt_gain with the other PROMPT; or score(knobs) when given."""
 
-    def __init__(self, gain=0.2, prompt_gain=0.0):
-        self.gain, self.prompt_gain = gain, prompt_gain
+    def __init__(self, gain=0.2, prompt_gain=0.0, score=None):
+        self.gain, self.prompt_gain, self.score = gain, prompt_gain, score
 
     def run_episodes(self, domain, harness_path, tasks, backend, **kw):
         return [{"task_id": tasks[0]["id"], "reward": 0.0, "error": None, "turns": 1}]
@@ -57,6 +57,7 @@ class FakeRollout:
     def evaluate(self, domain, harness_path, tasks, backend, k=1, traces_path=None, **kw):
         v = knobs(harness_path)
         score = 0.1 + self.gain * (v["A"] + v["B"]) + self.prompt_gain * (v["PROMPT"] != "Answer: ")
+        score = self.score(v) if self.score else score
         Path(traces_path).write_text("")
         return {"mean_at_k": score, "k": k, "per_task": {}, "mean_turns": 1.0, "tokens": 1, "rollouts": len(tasks),
                 "errors": 0, "seconds": 0.0}
@@ -85,6 +86,19 @@ def test_mutate_reaches_the_combination_of_two_good_knobs_within_budget(tmp_path
     assert result["score"] == pytest.approx(0.5)
     assert knobs(result["winner"])["A"] == 1 and knobs(result["winner"])["B"] == 1
     assert len(json.loads((run_dir / "frontier.json").read_text())["lineage"]) >= 3  # h0 -> one -> both
+
+
+def test_mutate_climbs_a_chain_of_knobs_that_each_pay_only_after_the_one_before(tmp_path, monkeypatch):
+    # as searchqa on SmolLM2-135M: the example pays a little alone, search-first only with the example, the
+    # first-line answer only with both. From every new best the knobs are tried again in SEARCH_SPACE order,
+    # so 3 candidates per iteration climb it in 3 iterations (counting tries over the whole archive would
+    # spend iterations 2 and 3 on the untried knobs D, E, F instead)
+    chain = lambda v: 0.1 * v["A"] + 0.2 * v["A"] * v["B"] + 0.3 * v["A"] * v["B"] * v["C"]
+    result, proposals, run_dir = search(tmp_path, monkeypatch, iterations=3, candidates=3, fake=FakeRollout(score=chain))
+    assert result["score"] == pytest.approx(0.6)
+    assert {k: knobs(result["winner"])[k] for k in "ABC"} == {"A": 1, "B": 1, "C": 1}
+    lineage = json.loads((run_dir / "frontier.json").read_text())["lineage"]
+    assert len(lineage) == 4  # h0 -> A -> A, B -> A, B, C
 
 
 def test_mutate_tries_every_knob_once_before_any_twice(tmp_path, monkeypatch):

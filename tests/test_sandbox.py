@@ -192,7 +192,9 @@ def test_harness_sees_no_project_data_process_or_network_with_its_audit_hook_off
         assert files[name].startswith("error FileNotFoundError"), (name, files[name])
     assert files["init_environ"] == "b''"  # the sandbox's init starts from an empty environment
     assert eval(files["proc"]) == ["1", "2"]  # bwrap's init and the worker: no other process
-    assert eval(files["project"]) == ["worker.py"]  # of the project folder, only the worker's own file is there
+    # of the project folder, only the worker's own file is there (and the venv's packages when the venv is in it)
+    venv = Path(sys.prefix).resolve()
+    assert eval(files["project"]) == sorted(["worker.py"] + ([venv.name] if venv.parent == REPO.resolve() else []))
     assert not (REPO / "harnesses" / "evil.py").exists()
     assert hidden["tools_secret"].startswith("error AttributeError") and hidden["memory_scan"] == "[]"
     for name in ("fork", "posix_spawn", "subprocess"):

@@ -1,4 +1,5 @@
 """whale.py: the phase plan, the switching rules on fixed reward series, and resuming a killed run."""
+import difflib
 import hashlib
 import json
 import os
@@ -90,6 +91,8 @@ def test_preset_defaults_and_overrides():
     assert adaptive.out.endswith("whale-adaptive")
     runs = whale.parse_args(["--domain", "math", "--method", "harness-only", "whale", "harness-only", "--schedule", "adaptive"])
     assert [os.path.basename(r.out) for r in runs] == ["harness-only-adaptive", "whale-adaptive"]  # each once
+    [cpu] = whale.parse_args(["--domain", "math", "--preset", "cpu"])  # the calibrated sizes reach the run
+    assert (cpu.lr, cpu.test_limit, cpu.k, cpu.math_test_set) == (3e-4, 50, 4, "generated")
 
 
 def test_bad_flags_name_the_fix(capsys):
@@ -205,6 +208,15 @@ def record(out):
             "adapter": whale.file_sha(adapter) if adapter.exists() else None}
 
 
+def assert_same_record(got, want, what):
+    """got == want, else the failure shows the lines of the two records that differ (pytest's own diff of
+    nested dicts is cut before it reaches them)."""
+    if got != want:
+        lines = lambda r: json.dumps(r, indent=1, sort_keys=True).splitlines(keepends=True)
+        diff = "".join(difflib.unified_diff(lines(want), lines(got), "expected", "got", n=3))
+        pytest.fail(f"{what}: the records differ\n{diff[:8000]}")
+
+
 def test_methods_in_one_command_compute_shared_weight_phases_once_and_match_separate_runs(tmp_path, fake,
                                                                                          monkeypatch):
     argv, executed = fake
@@ -218,7 +230,7 @@ def test_methods_in_one_command_compute_shared_weight_phases_once_and_match_sepa
     whale.main(argv + ["--method", *methods])
     runs = {m: tmp_path / "together" / "results" / "smoke" / "math" / m for m in methods}
     for method in methods:
-        assert record(runs[method]) == record(tmp_path / "alone" / method), method
+        assert_same_record(record(runs[method]), record(tmp_path / "alone" / method), method)
     # every distinct RSFT step (the harness content of it and of every step before it) ran once, no more
     prefixes = {tuple(whale.file_sha(r["harness"]) for r in rows(runs[m] / "weights" / "metrics.jsonl")[:n])
                 for m in methods for n in range(1, 5)}
@@ -265,7 +277,7 @@ def test_a_run_interrupted_anywhere_resumes_to_the_same_result(tmp_path, fake, m
             with pytest.raises(Interrupt):
                 whale.main(argv + ["--out", str(out)])
     whale.main(argv + ["--out", str(out)])
-    assert record(out) == record(tmp_path / "whole")
+    assert_same_record(record(out), record(tmp_path / "whole"), "resumed run")
     assert len(executed) == 4  # no RSFT step ran twice
     assert [r["phase"] for r in rows(out / "metrics.jsonl") if r["event"] == "eval"] == [0, 1, 2, 3, 4]
 
@@ -338,3 +350,13 @@ def test_an_evaluation_is_reused_only_when_weights_harness_and_settings_match(tm
     c = whale.parse_args(["--domain", "math", "--preset", "smoke", "--k", "3", "--out", str(tmp_path / "c")])[0]
     whale.evaluate_test(c, None, Domain(), str(harness), "phase_0", "base", [a.out, b.out])
     assert made == [(str(harness), 2), (str(harness), 2), (str(other), 2), (str(harness), 3)]
+
+
+def test_weights_id_ignores_the_order_peft_writes_target_modules_in(tmp_path):
+    # peft saves target_modules from a set: the same adapter saved twice may list them in another order
+    a, b, c = (tmp_path / n for n in "abc")
+    a.write_text(json.dumps({"r": 16, "target_modules": ["q_proj", "v_proj", "o_proj"]}))
+    b.write_text(json.dumps({"target_modules": ["o_proj", "q_proj", "v_proj"], "r": 16}))
+    c.write_text(json.dumps({"r": 8, "target_modules": ["q_proj", "v_proj", "o_proj"]}))
+    assert whale.adapter_config_sha(a) == whale.adapter_config_sha(b) != whale.adapter_config_sha(c)
+    assert whale.adapter_config_sha(tmp_path / "none").startswith("missing: ")
