@@ -50,8 +50,25 @@ def load_runs(root):
             evals = [r for r in rows if r.get("event") == "eval"]
             for row in evals:
                 row["per_task"] = read_json(os.path.join(folder, "evals", f"phase_{row['phase']}.json")).get("per_task")
-            runs[domain, method] = {"summary": read_json(os.path.join(folder, "summary.json")) or None, "evals": evals}
+            runs[domain, method] = {"summary": read_json(os.path.join(folder, "summary.json")) or None, "evals": evals,
+                                    "steps": read_jsonl(os.path.join(folder, "weights", "metrics.jsonl")),
+                                    "archives": read_archives(folder)}
     return runs
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_archives(folder):
+    """{archive name: (frontier.json, {candidate: its summary row})} of a run's harness searches."""
+    names = sorted(n for n in os.listdir(folder) if n.startswith("harness_w") and
+                   os.path.exists(os.path.join(folder, n, "frontier.json")))
+    return {n: (read_json(os.path.join(folder, n, "frontier.json")),
+                {r["name"]: r for r in read_jsonl(os.path.join(folder, n, "summary.jsonl"))}) for n in names}
 
 
 def read_json(path):
@@ -125,6 +142,7 @@ def make_table(runs, preset):
         lines.append(f"| {method} | " + " | ".join(cell(runs.get((d, method))) for d in DOMAINS) + " |")
     lines += ["", "Test sets: " + ", ".join(f"{d}: {tasks_of(runs, d)} tasks" for d in DOMAINS), ""]
     lines += comparison_table(runs)
+    lines += mechanism_table(runs)
     if preset == "paper":
         lines += ["", "The paper's numbers (best mean@8 %):", "",
                   "| method | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
@@ -160,6 +178,32 @@ def comparison_table(runs):
             lines.append(f"| {domain} | {method} - {baseline} | {cells[1]} | {cells[0]} | {tasks} |")
             rows += 1
     return lines if rows else lines[:2] + ["Not enough finished runs: it needs whale and weight-only or harness-only."]
+
+
+def mechanism_table(runs):
+    """What each axis did: RSFT's accepted examples and training reward, each harness search's harness-set
+    score from its seed to its best and the knob changes that led there."""
+    lines = ["", "## What moved", "",
+             "RSFT: steps, accepted examples in all, training reward of the first and last step. Harness search: "
+             "per archive (harness_w<n>: searched after n weight phases), the harness-set score of its seed and "
+             "after each iteration, and the best candidate's lineage.", "",
+             "| domain | method | RSFT steps | accepted | train reward first -> last | harness searches |",
+             "|---|---|---|---|---|---|"]
+    for (domain, method), run in runs.items():
+        steps = run["steps"]
+        reward = f"{steps[0]['reward']:.2f} -> {steps[-1]['reward']:.2f}" if steps else "-"
+        searches = "; ".join(f"{name}: " + ", ".join(f"{x:.2f}" for x in frontier["best_series"])
+                             + " (" + trajectory(frontier, rows) + ")"
+                             for name, (frontier, rows) in run["archives"].items())
+        lines.append(f"| {domain} | {method} | {len(steps)} | {sum(r.get('examples', 0) for r in steps)} | {reward} "
+                     f"| {searches or '-'} |")
+    return lines
+
+
+def trajectory(frontier, rows):
+    """The best candidate's lineage with each step's knob change, e.g. h0 -> h1_2 [SEARCH_FIRST: False -> True]."""
+    return " -> ".join(name + (f" [{rows[name]['changed']}]" if name in rows and rows[name].get("parent") else "")
+                       for name in frontier.get("lineage", []))
 
 
 def tasks_of(runs, domain):

@@ -96,3 +96,21 @@ def test_runs_without_per_task_scores_still_report(tmp_path):
     table = report.make_table(report.load_runs(str(tmp_path)), "smoke")
     assert "| whale | 100.0 @ 100; final 100.0 | not run | not run |" in table
     assert "Not enough finished runs" in table
+
+
+def test_what_moved_sums_rsft_and_traces_each_search(tmp_path):
+    write_run(tmp_path, "searchqa", "whale", [{"t1": 0.0, "t2": 0.0}, {"t1": 0.5, "t2": 0.5}])
+    folder = tmp_path / "searchqa" / "whale"
+    (folder / "weights").mkdir()
+    (folder / "weights" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"step": 1, "reward": 0.0, "examples": 0}, {"step": 2, "reward": 0.25, "examples": 3},
+        {"step": 3, "reward": 0.5, "examples": 5}]))
+    archive = folder / "harness_w1"
+    archive.mkdir()
+    (archive / "frontier.json").write_text(json.dumps({"best_series": [0.0, 0.125, 0.25], "lineage": ["h0", "h1_2", "h2_1"]}))
+    (archive / "summary.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"name": "h0", "parent": None, "changed": "copied"}, {"name": "h1_2", "parent": "h0", "changed": "A: 0 -> 1"},
+        {"name": "h2_1", "parent": "h1_2", "changed": "B: 0 -> 1"}]))
+    table = "\n".join(report.mechanism_table(report.load_runs(tmp_path)))
+    assert "| searchqa | whale | 3 | 8 | 0.00 -> 0.50 | harness_w1: 0.00, 0.12, 0.25 " \
+           "(h0 -> h1_2 [A: 0 -> 1] -> h2_1 [B: 0 -> 1]) |" in table
