@@ -682,7 +682,8 @@ def propose_mutate(run_dir, names, rows, iteration, args):
     """Offline coordinate ascent over the SEARCH_SPACE knobs from the archive best, so improvements add up.
     Each candidate is the first of these that is new to the archive and that static_check accepts:
     1. compose: the best with every knob change that raised some candidate's score over its parent's and that
-       the best lacks (per knob the change with the largest gain);
+       the best lacks (per knob the change with the largest gain); while none has, every change that left a
+       score equal (plateaus are crossed by combinations);
     2. step: the best with one knob set to another value: the knob least tried from that parent first and
        within it the least-tried value, so from each best every knob is tried once before any knob twice;
        ties in SEARCH_SPACE order, which is the harness author's priority (the fixes for the failures its
@@ -743,16 +744,20 @@ def mutate_options(ranked, sources, gains, knob_tries, value_tries):
 
 def best_changes(rows, changes):
     """{knob: value}: the knob changes that raised a candidate's score over its parent's, per knob the one
-    with the largest gain (the earliest among equal gains)."""
+    with the largest gain (the earliest among equal gains). While no change has raised a score, the changes
+    that left it equal instead: on a plateau (a small model scoring 0 under every single fix) knobs can pay
+    only together."""
     scores = {r["name"]: r["score"] for r in rows if r["score"] is not None}
-    gains = {}
+    gains, neutral = {}, {}
     for r in rows:
         if r["name"] in changes and r["name"] in scores and scores.get(r["parent"]) is not None:
             gain = scores[r["name"]] - scores[r["parent"]]
             for knob, value in changes[r["name"]].items():
                 if gain > 0 and gain > gains.get(knob, (0, None))[0]:
                     gains[knob] = (gain, value)
-    return {knob: value for knob, (gain, value) in sorted(gains.items())}
+                elif abs(gain) < 1e-12:
+                    neutral.setdefault(knob, (0, value))
+    return {knob: value for knob, (gain, value) in sorted((gains or neutral).items())}
 
 
 def knob_values(source):

@@ -102,8 +102,18 @@ def test_mutate_climbs_a_chain_of_knobs_that_each_pay_only_after_the_one_before(
 
 
 def test_mutate_tries_every_knob_once_before_any_twice(tmp_path, monkeypatch):
-    _, proposals, _ = search(tmp_path, monkeypatch, iterations=4, fake=FakeRollout(gain=0.0))  # nothing improves
-    assert len({r["changed"].split(":")[0] for r in proposals[:7]}) == 7
+    _, proposals, _ = search(tmp_path, monkeypatch, iterations=6, fake=FakeRollout(gain=0.0))  # nothing improves
+    steps = [r["changed"] for r in proposals if ";" not in r["changed"]]  # one-knob steps (not compositions)
+    assert len({change.split(":")[0] for change in steps[:7]}) == 7
+
+
+def test_mutate_crosses_a_plateau_by_combining_the_changes_that_left_the_score_equal(tmp_path, monkeypatch):
+    # as searchqa on SmolLM2-135M under h0: every single fix scores 0, only A and B together pay
+    both = lambda v: 0.5 * v["A"] * v["B"]
+    result, proposals, run_dir = search(tmp_path, monkeypatch, iterations=2, candidates=2, fake=FakeRollout(score=both))
+    assert [r["changed"] for r in proposals[:2]] == ["A: 0 -> 1", "B: 0 -> 1"]  # SEARCH_SPACE order, both 0
+    assert proposals[2]["changed"] == "A: 0 -> 1; B: 0 -> 1" and proposals[2]["score"] == pytest.approx(0.5)
+    assert result["score"] == pytest.approx(0.5)
 
 
 def test_mutate_composes_changes_that_each_raised_the_score(tmp_path, monkeypatch):
