@@ -151,6 +151,38 @@ class EngineError(RuntimeError):
     this one line rather than sample from stale weights."""
 
 
+def roomy_cache(config, room):
+    """A DynamicCache whose full-attention layers keep buffers with `room` free tokens after the prefill, so a
+    decode step writes its keys and values in place: DynamicLayer's torch.cat copies every layer's whole cache
+    at every step (on CPU a third of a decode step). Attention reads views of the filled part, the same numbers
+    in the same per-row layout, so the logits are the same."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class RoomyLayer(DynamicLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            n, q = self.get_seq_length(), key_states.shape[-2]
+            if not self.is_initialized or n + q > self.kbuf.shape[-2]:  # the prefill, or out of room: new buffers
+                keys, values = super().update(key_states, value_states)
+                pad = lambda x: torch.cat([x, x.new_empty(*x.shape[:-2], room, x.shape[-1])], dim=-2)
+                self.kbuf, self.vbuf = pad(keys), pad(values)
+            else:
+                self.kbuf[..., n:n + q, :] = key_states
+                self.vbuf[..., n:n + q, :] = value_states
+                keys, values = self.kbuf[..., :n + q, :], self.vbuf[..., :n + q, :]
+            self.keys, self.values = self.kbuf[..., :n + q, :], self.vbuf[..., :n + q, :]
+            return keys, values
+
+        def reorder_cache(self, beam_idx):  # the rows of the whole buffers, room included
+            n, beam_idx = self.get_seq_length(), beam_idx.to(self.kbuf.device)
+            self.kbuf, self.vbuf = self.kbuf.index_select(0, beam_idx), self.vbuf.index_select(0, beam_idx)
+            self.keys, self.values = self.kbuf[..., :n, :], self.vbuf[..., :n, :]
+
+    cache = DynamicCache(config=config)
+    cache.layers = [RoomyLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
 class HFBackend:
     """Batched sampling with transformers: left padding, KV cache, temperature, top-k, per-row seeds, stop
     strings. Rows with identical prompt ids share one prefill (G samples of a prompt cost one prompt pass);
@@ -198,8 +230,7 @@ class HFBackend:
         model.eval()
         try:
             with torch.inference_mode():
-                from transformers import DynamicCache
-                cache = DynamicCache(config=model.config)
+                cache = roomy_cache(model.config, room=max(caps[i] for i in live))
                 ids, mask, pos = self.left_pad(unique, device)
                 logits = self.next_logits(ids, mask, pos, cache)
                 if len(unique) < len(live):  # expand the shared prefill to one cache row per sampling row
