@@ -183,6 +183,29 @@ def roomy_cache(config, room):
     return cache
 
 
+def sdpa_grouped(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' sdpa attention, except that under a padding mask on CPU grouped-query heads stay grouped:
+    transformers repeats K and V to every query head whenever a mask is given (its CUDA kernels need that), a copy
+    of the cache per layer and decode step, 5x the attention itself; torch's CPU kernel takes the mask with
+    enable_gqa and reads the same numbers (the tests check the logits bit for bit)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if attention_mask is None or query.device.type != "cpu" or key.shape[1] == query.shape[1]:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_sdpa_grouped():
+    """-> the attn_implementation name of sdpa_grouped, registered with transformers (sdpa's masks)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register("sdpa_grouped", sdpa_grouped)
+    AttentionMaskInterface.register("sdpa_grouped", sdpa_mask)
+    return "sdpa_grouped"
+
+
 class HFBackend:
     """Batched sampling with transformers: left padding, KV cache, temperature, top-k, per-row seeds, stop
     strings. Rows with identical prompt ids share one prefill (G samples of a prompt cost one prompt pass);
@@ -226,8 +249,10 @@ class HFBackend:
                 slot[key] = len(unique)
                 unique.append(prompts[i])
             rows.append(slot[key])
-        was_training = model.training
+        was_training, attn = model.training, model.config._attn_implementation
         model.eval()
+        if attn == "sdpa":  # sampling only: the trainer keeps transformers' own sdpa
+            model.config._attn_implementation = register_sdpa_grouped()
         try:
             with torch.inference_mode():
                 cache = roomy_cache(model.config, room=max(caps[i] for i in live))
@@ -259,6 +284,7 @@ class HFBackend:
                     logits = self.next_logits(ids, mask, pos, cache)
         finally:
             model.train(was_training)
+            model.config._attn_implementation = attn
         return out
 
     def left_pad(self, prompts, device):

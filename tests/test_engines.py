@@ -129,3 +129,16 @@ def test_roomy_cache_gives_dynamic_cache_logits(backend):
                 m, p = torch.cat([m, torch.ones_like(m[:, :1])], dim=1), p[:, -1:] + 1
         runs.append(steps)
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_grouped_attention_under_a_padding_mask_gives_the_sdpa_logits(backend, monkeypatch):
+    """Prompts of different lengths (left padding, a mask) sample through sdpa_grouped: the logits of transformers'
+    sdpa bit for bit; each row's tokens are those it samples alone, unpadded; the trainer's sdpa is restored."""
+    p, q = prompt(backend, "hello"), prompt(backend, "a longer prompt than the other one")
+    kw = dict(max_new_tokens=[12, 12, 5], seeds=[1, 2, 3])
+    grouped, grouped_logits = generate(backend, True, [p, q, q], **kw)
+    assert backend.model.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(engines, "register_sdpa_grouped", lambda: "sdpa")  # transformers' own sdpa
+    plain, plain_logits = generate(backend, True, [p, q, q], **kw)
+    assert grouped == plain and torch.equal(grouped_logits, plain_logits)
+    assert [backend.generate([x], max_new_tokens=12, seeds=[s])[0] for x, s in ((p, 1), (q, 2))] == grouped[:2]
