@@ -154,8 +154,8 @@ class EngineError(RuntimeError):
 def roomy_cache(config, room):
     """A DynamicCache whose full-attention layers keep buffers with `room` free tokens after the prefill, so a
     decode step writes its keys and values in place: DynamicLayer's torch.cat copies every layer's whole cache
-    at every step (on CPU a third of a decode step). Attention reads views of the filled part, the same numbers
-    in the same per-row layout, so the logits are the same."""
+    at every step (SmolLM2, 8 rows of 300 tokens, one CPU thread: 148 -> 140 ms a step). Attention reads views of
+    the filled part, the same numbers in the same per-row layout, so the logits are the same."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -186,8 +186,9 @@ def roomy_cache(config, room):
 def sdpa_grouped(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """transformers' sdpa attention, except that under a padding mask on CPU grouped-query heads stay grouped:
     transformers repeats K and V to every query head whenever a mask is given (its CUDA kernels need that), a copy
-    of the cache per layer and decode step, 5x the attention itself; torch's CPU kernel takes the mask with
-    enable_gqa and reads the same numbers (the tests check the logits bit for bit)."""
+    of the cache per layer and decode step (SmolLM2, 8 rows of 273 and 301 tokens, one CPU thread: 270 -> 155 ms a
+    step); torch's CPU kernel takes the mask with enable_gqa and reads the same numbers (the tests check the logits
+    bit for bit)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     if attention_mask is None or query.device.type != "cpu" or key.shape[1] == query.shape[1]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
