@@ -106,3 +106,39 @@ def test_prefix_bench_prints_the_speedup(backend, capsys):
     assert 40 <= length <= 45  # grown a word at a time to about the asked length
     assert f"prefix speedup = {speedup:.2f}" in out and speedup > 0
     assert backend.share_prefix and not backend.ignore_eos  # the bench leaves the backend as it found it
+
+
+def test_roomy_cache_gives_dynamic_cache_logits(backend):
+    """Keys and values written in place into preallocated room (and regrown when a step outruns it) give the
+    logits of transformers' DynamicCache, bit for bit, with left padding and a row reorder on the way."""
+    from transformers import DynamicCache
+    model = backend.model.eval()
+    ids, mask, pos = backend.left_pad([prompt(backend, "hello"), prompt(backend, "a longer prompt than the other one")],
+                                      "cpu")
+    runs = []
+    for cache in (DynamicCache(config=model.config), engines.roomy_cache(model.config, room=2)):
+        x, m, p, steps = ids, mask, pos, []
+        with torch.inference_mode():
+            for step in range(6):  # the prefill, 5 one-token steps: the third outruns room=2
+                steps.append(backend.next_logits(x, m, p, cache))
+                if step == 1:  # rows swap places and one is duplicated, as the shared prefill expands
+                    sel = torch.tensor([1, 0, 1])
+                    cache.reorder_cache(sel)
+                    m, p, steps[-1] = m[sel], p[sel], steps[-1][sel]
+                x = steps[-1].argmax(-1, keepdim=True)
+                m, p = torch.cat([m, torch.ones_like(m[:, :1])], dim=1), p[:, -1:] + 1
+        runs.append(steps)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_grouped_attention_under_a_padding_mask_gives_the_sdpa_logits(backend, monkeypatch):
+    """Prompts of different lengths (left padding, a mask) sample through sdpa_grouped: the logits of transformers'
+    sdpa bit for bit; each row's tokens are those it samples alone, unpadded; the trainer's sdpa is restored."""
+    p, q = prompt(backend, "hello"), prompt(backend, "a longer prompt than the other one")
+    kw = dict(max_new_tokens=[12, 12, 5], seeds=[1, 2, 3])
+    grouped, grouped_logits = generate(backend, True, [p, q, q], **kw)
+    assert backend.model.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(engines, "register_sdpa_grouped", lambda: "sdpa")  # transformers' own sdpa
+    plain, plain_logits = generate(backend, True, [p, q, q], **kw)
+    assert grouped == plain and torch.equal(grouped_logits, plain_logits)
+    assert [backend.generate([x], max_new_tokens=12, seeds=[s])[0] for x, s in ((p, 1), (q, 2))] == grouped[:2]
