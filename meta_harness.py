@@ -212,7 +212,8 @@ def write_index(run_dir, iterations):
                 "harness": f"candidates/{best['name']}/harness.py", "lineage": lineage(rows, best["name"]),
                 "iterations": iterations, "best_series": best_series_of(rows, iterations),
                 "candidates": len(rows), "valid": sum(bool(r["valid"]) for r in rows),
-                "rollouts": sum(r["rollouts"] for r in rows), "proposer": proposer_costs(run_dir)}
+                "rollouts": sum(r["rollouts"] for r in rows if r["iteration"] <= iterations),
+                "proposer": proposer_costs(run_dir)}
     write_json(Path(run_dir) / "frontier.json", frontier)
     return rows, frontier
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every domain x method, then the report:   bash run_all.sh
 # Preset: `paper` when a CUDA GPU is visible, else `cpu`; PRESET=... overrides; SMOKE=1 means `smoke`.
-# DOMAINS="searchqa math" narrows the domains. Finished runs are skipped, killed ones resume.
+# DOMAINS="searchqa math" narrows the domains; ADAPTIVE=0|1 leaves out or adds the adaptive WHALE runs (default:
+# 1, except 0 under cpu, to keep it within an hour). Finished runs are skipped, killed ones resume.
 set -euo pipefail
 cd "$(dirname "$0")"
 # the environment install.sh filled: an active venv or conda env, else .venv/ (no activation needed)
@@ -19,15 +20,17 @@ elif [ -z "${PRESET:-}" ]; then
 fi
 # cpu: chess is left out by default (SmolLM2-135M solves none; its long multi-turn prompts cost ~8x a searchqa episode)
 if [ "$PRESET" = cpu ]; then DOMAINS=${DOMAINS:-"searchqa math"}; else DOMAINS=${DOMAINS:-"searchqa math chess"}; fi
+if [ "$PRESET" = cpu ]; then ADAPTIVE=${ADAPTIVE:-0}; else ADAPTIVE=${ADAPTIVE:-1}; fi
+case $ADAPTIVE in 0|1) ;; *) echo "run_all.sh: ADAPTIVE=$ADAPTIVE: write ADAPTIVE=0 or ADAPTIVE=1" >&2; exit 2 ;; esac
 METHODS="harness-only weight-only stagewise fast-slow whale"
 case $PRESET in  # measured 2026-11-29 on the 2-core machine with the default DOMAINS
   smoke) eta="about 2 min" ;;  # fresh clone, 2026-11-30: 1 min 36 s
-  cpu)   eta="not yet measured with this version (37 min with the 2026-11-29 code)" ;;
+  cpu)   eta="under an hour (being measured)" ;;
   paper) eta="days: hours per run (README: the paper preset on one GPU)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu or paper" >&2; exit 2 ;;
 esac
-n=$(( $(wc -w <<< "$DOMAINS") * ($(wc -w <<< "$METHODS") + 1) ))
-echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS] + adaptive WHALE"
+n=$(( $(wc -w <<< "$DOMAINS") * ($(wc -w <<< "$METHODS") + ADAPTIVE) ))
+echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS]$([ "$ADAPTIVE" = 1 ] && echo " + adaptive WHALE")"
 echo "run_all.sh: $n runs; with the default domains and none done yet, $eta in all; results in results/$PRESET/"
 
 needs_run() {  # needs_run DOMAIN RUN_DIR: false (and says so) when the run is finished
@@ -50,7 +53,7 @@ for domain in $DOMAINS; do
   elif [ ${#todo[@]} -gt 0 ]; then
     python whale.py --preset "$PRESET" --domain "$domain" --method "${todo[@]}"
   fi
-  if needs_run "$domain" whale-adaptive; then
+  if [ "$ADAPTIVE" = 1 ] && needs_run "$domain" whale-adaptive; then
     python whale.py --preset "$PRESET" --domain "$domain" --method whale --schedule adaptive
   fi
 done

@@ -281,8 +281,9 @@ def file_sha(path):
 
 def weights_id(trainer):
     """The policy's weights, for the evaluation cache: the base model (also a fresh LoRA adapter, whose B is
-    zero), or the content hash of the current adapter."""
-    if trainer is None or trainer.step_count == 0:
+    zero, and one whose every RSFT step accepted nothing and so never updated it), or the content hash of the
+    current adapter."""
+    if trainer is None or all(row["skipped"] for row in trainer.history):
         return "base"
     adapter = Path(trainer.out_dir, "ckpt", "adapter")
     return "adapter " + adapter_config_sha(adapter / "adapter_config.json")[:32] + \
@@ -411,6 +412,26 @@ def run_harness_phase(args, backend, domain, harness, archive, before, cap):
     return meta_harness.search(backend, domain, harness, archive, args, iterations=before + cap, stop=stop)
 
 
+def adopt_archive(args, archive, harness, weights, donors):
+    """Before a harness phase starts a new archive: if a donor run searched from the same harness under the
+    same weights and settings (stagewise after weight phases that accepted nothing is harness-only), copy its
+    archive; search() then replays what it needs of it and goes on from there. Real copies, not hard links:
+    the index files are rewritten. whale_key.json, which says what the archive searched, is written here, by
+    whale itself (a proposer never writes into the run folder)."""
+    key = {"weights": weights, "seed": file_sha(harness), "prompt_only": args.prompt_only,
+           "settings": result_settings(args)}
+    if not os.path.exists(os.path.join(archive, "whale_key.json")):
+        for donor in sorted(p for run_dir in donors for p in Path(run_dir).glob("harness_w*")):
+            if meta_harness.read_json(donor / "whale_key.json", {}) == key:
+                shutil.rmtree(archive, ignore_errors=True)
+                shutil.copytree(donor, archive + ".tmp", dirs_exist_ok=True)
+                os.replace(archive + ".tmp", archive)
+                print(f"harness phase: the same search as {donor}, copied")
+                break
+        os.makedirs(archive, exist_ok=True)
+        meta_harness.write_json(os.path.join(archive, "whale_key.json"), key)
+
+
 def evaluate_test(args, backend, domain, harness, tag, weights, donors):
     """mean@k on the test split with the score of every task, in evals/<tag>.json. A resumed run reads it
     back; the same evaluation (weights, harness content, settings) made earlier by this run or a donor run
@@ -518,6 +539,8 @@ def run(args, donors=()):
         else:
             archive = f"harness_w{state['kinds'].count('weight')}"
             before = state["archive_iterations"].get(archive, 0)
+            if before == 0:
+                adopt_archive(args, os.path.join(args.out, archive), harness, weights_id(trainer), donors)
             cap = args.harness_max_iterations if args.schedule == "adaptive" else args.harness_iterations
             result = run_harness_phase(args, backend, domain, harness, os.path.join(args.out, archive), before,
                                        min(cap, iterations - iterations_done))

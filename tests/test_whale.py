@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -164,9 +165,9 @@ def run(task, llm, tools):
 '''
 
 
-def fake_episodes(domain, harness_path, tasks, backend, *, samples=1, seed=0, traces_path=None, **kw):
+def fake_episodes(domain, harness_path, tasks, backend, *, samples=1, seed=0, traces_path=None, h0_reward=0.3, **kw):
     source = open(harness_path).read()
-    p = 0.6 if "MAX_TURNS = 2" in source else 0.3
+    p = 0.6 if "MAX_TURNS = 2" in source else h0_reward
     episodes = []
     for task in tasks:
         for s in range(samples):
@@ -259,6 +260,27 @@ def interrupt(monkeypatch, owner, name, call, before=False):
             raise Interrupt(name)
         return out
     monkeypatch.setattr(owner, name, wrapped)
+
+
+def test_a_search_under_weights_that_never_moved_is_copied_from_the_run_that_made_it(tmp_path, fake, monkeypatch):
+    # h0 earns nothing, so stagewise's weight phases accept nothing and its search runs under the base
+    # weights from h0: harness-only's search, which it copies instead of redoing
+    argv, _ = fake
+    scored = []
+    monkeypatch.setattr(whale.rollout, "run_episodes", lambda *a, **kw: scored.append(kw.get("desc", "")) or
+                        fake_episodes(*a, h0_reward=0.0, **kw))
+    whale.main(argv + ["--method", "stagewise", "--out", str(tmp_path / "alone")])
+    searched_alone = sum("score" in d for d in scored)
+    assert searched_alone > 0
+    scored.clear()
+    (tmp_path / "together").mkdir()
+    monkeypatch.chdir(tmp_path / "together")
+    whale.main(argv + ["--method", "harness-only", "stagewise"])
+    runs = tmp_path / "together" / "results" / "smoke" / "math"
+    assert sum("score" in d for d in scored) == searched_alone  # harness-only's search only
+    assert_same_record(record(runs / "stagewise"), record(tmp_path / "alone"), "stagewise")
+    assert (runs / "stagewise" / "harness_w2" / "whale_key.json").exists()
+    assert json.loads((runs / "stagewise" / "summary.json").read_text())["best_mean_at_k"] > 0
 
 
 def test_a_run_interrupted_anywhere_resumes_to_the_same_result(tmp_path, fake, monkeypatch):
@@ -360,3 +382,11 @@ def test_weights_id_ignores_the_order_peft_writes_target_modules_in(tmp_path):
     c.write_text(json.dumps({"r": 8, "target_modules": ["q_proj", "v_proj", "o_proj"]}))
     assert whale.adapter_config_sha(a) == whale.adapter_config_sha(b) != whale.adapter_config_sha(c)
     assert whale.adapter_config_sha(tmp_path / "none").startswith("missing: ")
+
+
+def test_weights_that_no_rsft_step_updated_count_as_the_base_model(tmp_path):
+    # every step accepted nothing: the fresh adapter (B = 0) is the base model, so its evaluations are shared
+    trainer = types.SimpleNamespace(out_dir=tmp_path, history=[{"skipped": True}, {"skipped": True}])
+    assert whale.weights_id(None) == whale.weights_id(trainer) == "base"
+    trainer.history.append({"skipped": False})
+    assert whale.weights_id(trainer).startswith("adapter ")
