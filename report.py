@@ -200,9 +200,14 @@ def mechanism_table(runs):
     return lines
 
 
-def trajectory(frontier, rows):
-    """The best candidate's lineage with each step's knob change, e.g. h0 -> h1_2 [SEARCH_FIRST: False -> True]."""
-    return " -> ".join(name + (f" [{rows[name]['changed']}]" if name in rows and rows[name].get("parent") else "")
+def trajectory(frontier, rows, width=40):
+    """The best candidate's lineage with each step's knob change, e.g. h0 -> h1_2 [SEARCH_FIRST: False -> True];
+    a new value longer than `width` characters is cut (the archive's summary.jsonl has it whole)."""
+    def short(changed):
+        parts = [part.rpartition(" -> ") for part in changed.split("; ")]
+        return "; ".join(head.split(":")[0] + ": " + (new if len(new) <= width else new[:width - 3] + "...")
+                         if sep else head for head, sep, new in parts)
+    return " -> ".join(name + (f" [{short(rows[name]['changed'])}]" if name in rows and rows[name].get("parent") else "")
                        for name in frontier.get("lineage", []))
 
 

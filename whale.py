@@ -35,8 +35,10 @@ phase adding its own iterations.
 Several methods in one command run one after another in one process, each in its own folder, and never
 compute the same thing twice: a weight phase whose steps another run of the command already made (same
 settings, same harness content at every step: whale, weight-only, stagewise and fast-slow all start with
-the same phase under h0) starts from that run's snapshot, and a test evaluation of the same weights
-(adapter content hash) and harness (content hash) under the same settings is copied, not redone.
+the same phase under h0) starts from that run's snapshot; a test evaluation of the same weights
+(adapter content hash; an adapter no RSFT step updated is the base model) and harness (content hash)
+under the same settings is copied, not redone; so is a harness search from the same harness under the
+same weights and settings (stagewise after weight phases that accepted nothing is harness-only's search).
 
 Everything lands in results/<preset>/<domain>/<method>/: config.json, metrics.jsonl (one row per
 event, with the cumulative RSFT step and rollouts = training + harness scoring; test evaluation is not

@@ -113,4 +113,7 @@ def test_what_moved_sums_rsft_and_traces_each_search(tmp_path):
         {"name": "h2_1", "parent": "h1_2", "changed": "B: 0 -> 1"}]))
     table = "\n".join(report.mechanism_table(report.load_runs(tmp_path)))
     assert "| searchqa | whale | 3 | 8 | 0.00 -> 0.50 | harness_w1: 0.00, 0.12, 0.25 " \
-           "(h0 -> h1_2 [A: 0 -> 1] -> h2_1 [B: 0 -> 1]) |" in table
+           "(h0 -> h1_2 [A: 1] -> h2_1 [B: 1]) |" in table
+    long = {"changed": "A: 0 -> 1; EXAMPLES: [] -> " + repr([["Where was Ann Vo born?", "Ann Vo was born in Tarsk."]])}
+    assert report.trajectory({"lineage": ["h0", "h1"]}, {"h0": {}, "h1": {**long, "parent": "h0"}}) == \
+        "h0 -> h1 [A: 1; EXAMPLES: [['Where was Ann Vo born?', 'Ann Vo w...]"
