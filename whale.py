@@ -425,8 +425,9 @@ def adopt_archive(args, archive, harness, weights, donors):
     if not os.path.exists(os.path.join(archive, "whale_key.json")):
         for donor in sorted(p for run_dir in donors for p in Path(run_dir).glob("harness_w*")):
             if meta_harness.read_json(donor / "whale_key.json", {}) == key:
-                shutil.rmtree(archive, ignore_errors=True)
-                shutil.copytree(donor, archive + ".tmp", dirs_exist_ok=True)
+                for stale in (archive, archive + ".tmp"):  # what a kill mid-copy left
+                    shutil.rmtree(stale, ignore_errors=True)
+                shutil.copytree(donor, archive + ".tmp")
                 os.replace(archive + ".tmp", archive)
                 print(f"harness phase: the same search as {donor}, copied")
                 break
