@@ -23,9 +23,9 @@ if [ "$PRESET" = cpu ]; then DOMAINS=${DOMAINS:-"searchqa math"}; else DOMAINS=$
 if [ "$PRESET" = cpu ]; then ADAPTIVE=${ADAPTIVE:-0}; else ADAPTIVE=${ADAPTIVE:-1}; fi
 case $ADAPTIVE in 0|1) ;; *) echo "run_all.sh: ADAPTIVE=$ADAPTIVE: write ADAPTIVE=0 or ADAPTIVE=1" >&2; exit 2 ;; esac
 METHODS="harness-only weight-only stagewise fast-slow whale"
-case $PRESET in  # measured 2026-11-29 on the 2-core machine with the default DOMAINS
-  smoke) eta="about 2 min" ;;  # fresh clone, 2026-11-30: 1 min 36 s
-  cpu)   eta="under an hour (being measured)" ;;
+case $PRESET in  # measured on the 2-core machine with the default DOMAINS
+  smoke) eta="about 2 min" ;;  # fresh clone, 2026-11-30: 1 min 20 s
+  cpu)   eta="about 31 min" ;;  # fresh clone, 2026-11-30, idle: 31 min 22 s
   paper) eta="days: hours per run (README: the paper preset on one GPU)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu or paper" >&2; exit 2 ;;
 esac
