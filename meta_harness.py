@@ -205,14 +205,16 @@ def proposer_costs(run_dir):
 def write_index(run_dir, iterations):
     """Rebuild summary.jsonl and frontier.json from the candidate folders (so resume stays consistent)."""
     rows = candidate_rows(run_dir)
-    with open(Path(run_dir) / "summary.jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    best = pick_best([r for r in rows if r["iteration"] <= iterations])  # as of this iteration (resume replays)
+    tmp = Path(run_dir) / "summary.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, Path(run_dir) / "summary.jsonl")  # atomic: a report reading a running search sees whole rows
+    done = [r for r in rows if r["iteration"] <= iterations]  # as of this iteration (resume replays)
+    best = pick_best(done)
     frontier = {"best": best["name"], "score": best["score"], "mean_turns": best["mean_turns"],
                 "harness": f"candidates/{best['name']}/harness.py", "lineage": lineage(rows, best["name"]),
                 "iterations": iterations, "best_series": best_series_of(rows, iterations),
-                "candidates": len(rows), "valid": sum(bool(r["valid"]) for r in rows),
-                "rollouts": sum(r["rollouts"] for r in rows if r["iteration"] <= iterations),
+                "candidates": len(done), "valid": sum(bool(r["valid"]) for r in done),
+                "rollouts": sum(r["rollouts"] for r in done),
                 "proposer": proposer_costs(run_dir)}
     write_json(Path(run_dir) / "frontier.json", frontier)
     return rows, frontier
@@ -703,7 +705,7 @@ def propose_mutate(run_dir, names, rows, iteration, args):
     seen = {normalized(source) for source in sources.values()}
     ranked = sorted((r for r in rows if r["score"] is not None and r["name"] in sources),
                     key=lambda r: (-r["score"], r["mean_turns"]))
-    gains = best_changes(rows, changes)
+    gains, improved = best_changes(rows, changes)
     for name in names:
         options = mutate_options(ranked, sources, gains, knob_tries, value_tries)
         parent, source = next(((p, s) for p, s in options if normalized(s) not in seen
@@ -721,8 +723,9 @@ def propose_mutate(run_dir, names, rows, iteration, args):
         (cand_root / name / "harness.py").write_text(source)
         changed = "; ".join(f"{knob}: {old.get(knob)!r} -> {value!r}" for knob, value in change.items())
         what = "; ".join(f"{knob} = {value!r} instead of {old.get(knob)!r}" for knob, value in change.items())
+        why = " (each of these raised a score on its own)" if improved else " (together: alone each left it equal)"
         finish(run_dir, name, parent=parent, changed=changed, hypothesis=f"{what} raises the harness-set score of "
-               f"{parent}" + (" (each of these raised a score on its own)" if len(change) > 1 else ""))
+               f"{parent}" + (why if len(change) > 1 else ""))
     log_cost(run_dir, {"iteration": iteration, "proposer": "mutate", "candidates": names, "seconds": 0.0})
 
 
@@ -744,10 +747,10 @@ def mutate_options(ranked, sources, gains, knob_tries, value_tries):
 
 
 def best_changes(rows, changes):
-    """{knob: value}: the knob changes that raised a candidate's score over its parent's, per knob the one
-    with the largest gain (the earliest among equal gains). While no change has raised a score, the changes
-    that left it equal instead: on a plateau (a small model scoring 0 under every single fix) knobs can pay
-    only together."""
+    """({knob: value}, improved): the knob changes that raised a candidate's score over its parent's, per knob
+    the one with the largest gain (the earliest among equal gains), improved = True. While no change has
+    raised a score, the changes that left it equal instead (improved = False): on a plateau (a small model
+    scoring 0 under every single fix) knobs can pay only together."""
     scores = {r["name"]: r["score"] for r in rows if r["score"] is not None}
     gains, neutral = {}, {}
     for r in rows:
@@ -758,7 +761,7 @@ def best_changes(rows, changes):
                     gains[knob] = (gain, value)
                 elif abs(gain) < 1e-12:
                     neutral.setdefault(knob, (0, value))
-    return {knob: value for knob, (gain, value) in sorted((gains or neutral).items())}
+    return {knob: value for knob, (gain, value) in sorted((gains or neutral).items())}, bool(gains)
 
 
 def knob_values(source):

@@ -17,6 +17,7 @@ after each phase).
 import argparse
 import json
 import os
+import re
 
 import matplotlib
 matplotlib.use("Agg")
@@ -65,7 +66,7 @@ def read_jsonl(path):
 
 def read_archives(folder):
     """{archive name: (frontier.json, {candidate: its summary row})} of a run's harness searches."""
-    names = sorted(n for n in os.listdir(folder) if n.startswith("harness_w") and
+    names = sorted(n for n in os.listdir(folder) if re.fullmatch(r"harness_w\d+", n) and
                    os.path.exists(os.path.join(folder, n, "frontier.json")))
     return {n: (read_json(os.path.join(folder, n, "frontier.json")),
                 {r["name"]: r for r in read_jsonl(os.path.join(folder, n, "summary.jsonl"))}) for n in names}
@@ -203,12 +204,15 @@ def mechanism_table(runs):
 def trajectory(frontier, rows, width=40):
     """The best candidate's lineage with each step's knob change, e.g. h0 -> h1_2 [SEARCH_FIRST: False -> True];
     a new value longer than `width` characters is cut (the archive's summary.jsonl has it whole)."""
-    def short(changed):
-        parts = [part.rpartition(" -> ") for part in changed.split("; ")]
-        return "; ".join(head.split(":")[0] + ": " + (new if len(new) <= width else new[:width - 3] + "...")
-                         if sep else head for head, sep, new in parts)
-    return " -> ".join(name + (f" [{short(rows[name]['changed'])}]" if name in rows and rows[name].get("parent") else "")
+    def cut(text):
+        return text if len(text) <= width else text[:width - 3] + "..."
+
+    def short(changed):  # "KNOB: old -> new; KNOB2: ..." -> "KNOB: new; KNOB2: ..."; other text just cut
+        parts = [part.rpartition(" -> ") for part in re.split(r"; (?=[A-Z][A-Z_0-9]*: )", changed)]
+        return "; ".join(head.split(":")[0] + ": " + cut(new) if sep else cut(new) for head, sep, new in parts)
+    text = " -> ".join(name + (f" [{short(rows[name]['changed'])}]" if name in rows and rows[name].get("parent") else "")
                        for name in frontier.get("lineage", []))
+    return re.sub(r"[|\n]", " ", text)  # a proposer's free text must not break the table row
 
 
 def tasks_of(runs, domain):

@@ -54,6 +54,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -423,7 +424,8 @@ def adopt_archive(args, archive, harness, weights, donors):
     key = {"weights": weights, "seed": file_sha(harness), "prompt_only": args.prompt_only,
            "settings": result_settings(args)}
     if not os.path.exists(os.path.join(archive, "whale_key.json")):
-        for donor in sorted(p for run_dir in donors for p in Path(run_dir).glob("harness_w*")):
+        for donor in sorted(p for run_dir in donors for p in Path(run_dir).glob("harness_w*")
+                            if re.fullmatch(r"harness_w\d+", p.name)):  # not a copy a kill left half-made
             if meta_harness.read_json(donor / "whale_key.json", {}) == key:
                 for stale in (archive, archive + ".tmp"):  # what a kill mid-copy left
                     shutil.rmtree(stale, ignore_errors=True)

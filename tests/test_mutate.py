@@ -113,6 +113,7 @@ def test_mutate_crosses_a_plateau_by_combining_the_changes_that_left_the_score_e
     result, proposals, run_dir = search(tmp_path, monkeypatch, iterations=2, candidates=2, fake=FakeRollout(score=both))
     assert [r["changed"] for r in proposals[:2]] == ["A: 0 -> 1", "B: 0 -> 1"]  # SEARCH_SPACE order, both 0
     assert proposals[2]["changed"] == "A: 0 -> 1; B: 0 -> 1" and proposals[2]["score"] == pytest.approx(0.5)
+    assert "alone each left it equal" in proposals[2]["hypothesis"]
     assert result["score"] == pytest.approx(0.5)
 
 

@@ -117,3 +117,8 @@ def test_what_moved_sums_rsft_and_traces_each_search(tmp_path):
     long = {"changed": "A: 0 -> 1; EXAMPLES: [] -> " + repr([["Where was Ann Vo born?", "Ann Vo was born in Tarsk."]])}
     assert report.trajectory({"lineage": ["h0", "h1"]}, {"h0": {}, "h1": {**long, "parent": "h0"}}) == \
         "h0 -> h1 [A: 1; EXAMPLES: [['Where was Ann Vo born?', 'Ann Vo w...]"
+    # a value holding "; ", and a proposer's free text (no "->", a "|" that would break the table row)
+    odd = {"h1": {"changed": "USER_TEMPLATE: 'Q' -> 'a; b'; MAX_TURNS: 2 -> 3", "parent": "h0"},
+           "h2": {"changed": "rewrote the parser | kept the prompt", "parent": "h1"}}
+    assert report.trajectory({"lineage": ["h0", "h1", "h2"]}, odd) == \
+        "h0 -> h1 [USER_TEMPLATE: 'a; b'; MAX_TURNS: 3] -> h2 [rewrote the parser   kept the prompt]"
