@@ -33,6 +33,7 @@ import urllib.error
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -169,9 +170,8 @@ def roomy_cache(config, room):
             else:
                 self.kbuf[..., n:n + q, :] = key_states
                 self.vbuf[..., n:n + q, :] = value_states
-                keys, values = self.kbuf[..., :n + q, :], self.vbuf[..., :n + q, :]
             self.keys, self.values = self.kbuf[..., :n + q, :], self.vbuf[..., :n + q, :]
-            return keys, values
+            return self.keys, self.values
 
         def reorder_cache(self, beam_idx):  # the rows of the whole buffers, room included
             n, beam_idx = self.get_seq_length(), beam_idx.to(self.kbuf.device)
@@ -198,8 +198,10 @@ def sdpa_grouped(module, query, key, value, attention_mask, dropout=0.0, scaling
     return out.transpose(1, 2).contiguous(), None
 
 
+@lru_cache(maxsize=1)
 def register_sdpa_grouped():
-    """-> the attn_implementation name of sdpa_grouped, registered with transformers (sdpa's masks)."""
+    """-> the attn_implementation name of sdpa_grouped, registered with transformers (sdpa's masks) once per
+    process, not on every generate call."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     AttentionInterface.register("sdpa_grouped", sdpa_grouped)

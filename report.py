@@ -46,9 +46,7 @@ def load_runs(root):
             metrics = os.path.join(folder, "metrics.jsonl")
             if not os.path.exists(metrics):
                 continue
-            with open(metrics) as f:
-                rows = [json.loads(line) for line in f if line.strip()]
-            evals = [r for r in rows if r.get("event") == "eval"]
+            evals = [r for r in read_jsonl(metrics) if r.get("event") == "eval"]
             for row in evals:
                 row["per_task"] = read_json(os.path.join(folder, "evals", f"phase_{row['phase']}.json")).get("per_task")
             runs[domain, method] = {"summary": read_json(os.path.join(folder, "summary.json")) or None, "evals": evals,

@@ -311,12 +311,13 @@ def step_harnesses(trainer):
     return [file_sha(row["harness"]) for row in trainer.history]
 
 
-def link_tree(src, dst):
-    """dst as a copy of the folder src, made of hard links (files are never rewritten in place here), in a
-    temporary folder renamed at the end, so a kill leaves either nothing or the whole copy."""
+def link_tree(src, dst, copy_function=None):
+    """dst as a copy of the folder src, made of hard links (files are never rewritten in place here; pass
+    copy_function=shutil.copy2 for real copies), in a temporary folder renamed at the end, so a kill leaves
+    either nothing or the whole copy."""
     tmp = Path(str(dst) + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, copy_function=link_or_copy)
+    shutil.copytree(src, tmp, copy_function=copy_function or link_or_copy)
     os.replace(tmp, dst)
 
 
@@ -428,10 +429,8 @@ def adopt_archive(args, archive, harness, weights, donors):
         for donor in sorted(p for run_dir in donors for p in Path(run_dir).glob("harness_w*")
                             if re.fullmatch(r"harness_w\d+", p.name)):  # not a copy a kill left half-made
             if meta_harness.read_json(donor / "whale_key.json", {}) == key:
-                for stale in (archive, archive + ".tmp"):  # what a kill mid-copy left
-                    shutil.rmtree(stale, ignore_errors=True)
-                shutil.copytree(donor, archive + ".tmp")
-                os.replace(archive + ".tmp", archive)
+                shutil.rmtree(archive, ignore_errors=True)  # what a kill before the key left
+                link_tree(donor, archive, copy_function=shutil.copy2)
                 print(f"harness phase: the same search as {donor}, copied")
                 break
         os.makedirs(archive, exist_ok=True)
