@@ -14,7 +14,8 @@ seeded sample of 256 training tasks, the set every harness candidate is scored o
 - searchqa: BM25 (bm25s) over a synthetic encyclopedia, split by entity; reward = exact match after normalisation
   (lower case, punctuation and the articles a/an/the removed, white space folded) with any gold answer.
 - math: test = the GSM8K originals, or with --math-test-set generated 200 held-out generated problems of
-  1-2 steps; `python(code)` runs in a fresh OS sandbox (sandbox.py) with CPU, memory and output limits;
+  1-2 steps; --math-max-steps N keeps only the bundled training problems of at most N steps (and so the
+  harness set drawn from them); `python(code)` runs in a fresh OS sandbox (sandbox.py) with CPU, memory and output limits;
   reward = the last \\boxed{...} of the answer (nested braces handled) equals the gold answer after only
   two normalisations: white space removed and thousands separators dropped ("1,234" -> "1234").
 - chess: Lichess puzzles; the line's first move is the opponent's and is played before the agent
@@ -287,9 +288,19 @@ class Math(Domain):
     REQUIRED = ("id", "question", "answer")
     python_timeout_s = PYTHON_TIMEOUT_S  # tests and quick runs may lower it on the instance
     test_set = "gsm8k"  # bundled test split: GSM8K originals, or "generated" (1-2 steps, held out from train)
+    max_steps = None  # bundled train (and harness) problems of at most this many steps; None: all (1-4)
 
     def bundled_file(self, split):
         return MATH_TEST_SETS[self.test_set] if split == "test" else super().bundled_file(split)
+
+    def load(self, split):
+        tasks = super().load(split)
+        if split == "train" and self.max_steps is not None:
+            if any("steps" not in t for t in tasks):
+                raise ValueError(f"--math-max-steps needs the generated problems' `steps` field, missing in "
+                                 f"data/{self.bundled_file(split)}: {REBUILD_HINT}")
+            tasks = [t for t in tasks if t["steps"] <= self.max_steps]
+        return tasks
 
     def public(self, task):
         return {"question": task["question"]}
@@ -617,6 +628,8 @@ def add_args(p):
     p.add_argument("--math-test", default=",".join(MATH_TEST), help="name:split, comma-separated")
     p.add_argument("--math-test-set", default="gsm8k", choices=sorted(MATH_TEST_SETS),
                    help="bundled math test split: the GSM8K originals, or generated 1-2 step problems held out from train")
+    p.add_argument("--math-max-steps", type=int, default=None, choices=range(1, 5), metavar="{1..4}",
+                   help="bundled math: train (and draw the harness set) on problems of at most N steps only")
     p.add_argument("--chess-puzzles", default=CHESS_PUZZLES, help="hub dataset or lichess_db_puzzle.csv")
     p.add_argument("--chess-rating", default="0-1500", help="rating band MIN-MAX")
     p.add_argument("--chess-max-solver-moves", type=int, default=2, help="line length: 1..N moves by the solver")
@@ -676,6 +689,12 @@ def get(name, args=None):
             raise ValueError(f"--math-test-set {test_set} is a bundled test split: with --data paper the test set "
                              "is --math-test (default AIME 2024 + 2025); drop one of the two flags")
         domain.test_set = test_set
+    max_steps = getattr(args, "math_max_steps", None)
+    if name == "math" and max_steps is not None:
+        if paper:
+            raise ValueError(f"--math-max-steps {max_steps} filters the bundled generated problems: with --data paper "
+                             "the train set is --math-train; drop one of the two flags")
+        domain.max_steps = max_steps
     return domain
 
 

@@ -80,12 +80,14 @@ PRESETS = {
                   harness_min_iterations=1, harness_max_iterations=2),
     # cpu: calibrated on SmolLM2-135M (README, "Calibrating the cpu preset"): 50 test tasks x k = 4 tell
     # 0.25 from 0.58 apart; lr 3e-4 moves the training reward within 4 steps (1e-4 stays flat); math tests on
-    # the held-out generated problems (1-2 steps), as the GSM8K originals are beyond this model; an adaptive
-    # harness phase runs at least 2 iterations, as every single fix scores 0 and only the second composes them
+    # the held-out generated problems (1-2 steps), as the GSM8K originals are beyond this model, and trains on
+    # the same difficulty; temperature 0.6, as at 1.0 this model's code rarely runs (math with worked examples:
+    # 0.06 at 1.0, 0.14 at 0.6); an adaptive harness phase runs at least 2 iterations, as every single fix
+    # scores 0 and only the second composes them
     "cpu": dict(model="cpu", threads=2, epochs=1.0, phase_epochs=0.5, harness_iterations=2, train_limit=64,
                 test_limit=50, k=4, batch=8, group=4, minibatch=8, lr=3e-4, candidates=3, harness_tasks=24,
-                max_new_tokens=32, deadline=300.0, adaptive_epochs=0.25, harness_patience=1,
-                harness_min_iterations=2, harness_max_iterations=3, math_test_set="generated"),
+                max_new_tokens=32, temperature=0.6, deadline=300.0, adaptive_epochs=0.25, harness_patience=1,
+                harness_min_iterations=2, harness_max_iterations=3, math_test_set="generated", math_max_steps=2),
     # paper: --minibatch is the micro-batch of one forward/backward (the optimizer step still covers the
     # whole accepted set); 2 fits a 24 GB card with a 248k vocabulary (scripts/memory_plan.py)
     "paper": dict(model=None, threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True,

@@ -5,8 +5,9 @@ back as the next user message; a reply without code ends the episode and is the 
 MAX_TURNS model calls; the last reply is the answer (the reward reads its last \\boxed{}).
 h0's values are the paper's; SEARCH_SPACE also holds what a coding agent would try on a small model:
 answer directly (RUN_CODE = False, with a prompt that asks for the number), take the number the code
-printed as the answer (ANSWER_FROM_OUTPUT), box the reply's last number (BOX_LAST_NUMBER), a worked
-example shown as an earlier turn (EXAMPLES). String knobs are prompt text only (what --prompt-only may
+printed as the answer (ANSWER_FROM_OUTPUT), box the reply's last number (BOX_LAST_NUMBER), worked
+examples shown as earlier turns (EXAMPLES: three that print an expression, three that answer directly, or
+one; invented problems, none in the bundled sets). String knobs are prompt text only (what --prompt-only may
 change); every other knob is a bool, number, list or None.
 """
 import re
@@ -26,17 +27,27 @@ EXAMPLES = []  # worked examples [question, reply], shown as an earlier user/ass
 # literal values only: the offline proposer reads this with ast.literal_eval; in its order of priority
 # (mutate tries knobs in this order): the fixes for the failures named above first, prompt wording last
 SEARCH_SPACE = {
-    "RUN_CODE": [True, False],
-    "ANSWER_FROM_OUTPUT": [False, True],
-    "BOX_LAST_NUMBER": [False, True],
     "EXAMPLES": [
         [],
-        [["Lena has 12 shells. Then Lena gets 7 more shells. Then Lena gives away 5 shells. "
-          "How many shells does Lena have now?", "12 + 7 = 19 and 19 - 5 = 14. The answer is \\boxed{14}."]],
+        [["Lena has 12 shells. Then Lena gets 7 more shells. How many shells does Lena have now?",
+          "```python\nprint(12 + 7)\n```"],
+         ["Tom has 30 marbles. Then Tom gives away 8 marbles. Then Tom buys 2 bags with 5 marbles in each bag. "
+          "How many marbles does Tom have now?", "```python\nprint(30 - 8 + 2 * 5)\n```"],
+         ["Ada has 18 cards. Then Ada splits the cards into 3 equal groups and keeps one group. "
+          "How many cards does Ada have now?", "```python\nprint(18 // 3)\n```"]],
+        [["Lena has 12 shells. Then Lena gets 7 more shells. How many shells does Lena have now?",
+          "12 + 7 = 19. The answer is \\boxed{19}."],
+         ["Tom has 30 marbles. Then Tom gives away 8 marbles. Then Tom buys 2 bags with 5 marbles in each bag. "
+          "How many marbles does Tom have now?", "30 - 8 = 22 and 22 + 2 * 5 = 32. The answer is \\boxed{32}."],
+         ["Ada has 18 cards. Then Ada splits the cards into 3 equal groups and keeps one group. "
+          "How many cards does Ada have now?", "18 / 3 = 6. The answer is \\boxed{6}."]],
         [["Lena has 12 shells. Then Lena gets 7 more shells. Then Lena gives away 5 shells. "
           "How many shells does Lena have now?", "```python\nshells = 12 + 7 - 5\nprint(shells)\n```"]],
     ],
+    "ANSWER_FROM_OUTPUT": [False, True],
     "MAX_TURNS": [1, 2, 3, 4],
+    "BOX_LAST_NUMBER": [False, True],
+    "RUN_CODE": [True, False],
     "MAX_TOKENS": [None, 128, 512],
     "MAX_OUTPUT_CHARS": [300, 1000, 2000],
     "SYSTEM_PROMPT": ["", "Solve the math problem. Put the final answer in \\boxed{}.",

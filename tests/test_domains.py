@@ -270,6 +270,20 @@ def test_math_generated_test_set_is_held_out_and_easy():
         domains.get("math", math_args("--math-test-set", "generated", "--data", "paper"))
 
 
+def test_math_max_steps_keeps_the_easy_training_problems_and_the_harness_set_follows():
+    easy = domains.get("math", math_args("--math-max-steps", "2"))
+    train, every = easy.load("train"), domains.get("math").load("train")
+    assert {t["steps"] for t in train} == {1, 2} and {t["steps"] for t in every} == {1, 2, 3, 4}
+    assert train == [t for t in every if t["steps"] <= 2]  # a filter, same order
+    harness = easy.load("harness")
+    assert {t["steps"] for t in harness} == {1, 2} and len(harness) == domains.HARNESS_SET_SIZE
+    assert easy.load("test") == domains.get("math").load("test")  # the test split is not filtered
+    with pytest.raises(ValueError, match="--math-max-steps 2 filters the bundled"):
+        domains.get("math", math_args("--math-max-steps", "2", "--data", "paper"))
+    with pytest.raises(SystemExit):
+        math_args("--math-max-steps", "5")
+
+
 def test_paper_data_file_errors_name_the_file_and_line(tmp_path):
     bad = tmp_path / "dapo.jsonl"
     bad.write_text('{"prompt": "1 + 1?", "answer": "2"}\n\n{"prompt": "cut off\n')

@@ -93,7 +93,8 @@ def test_preset_defaults_and_overrides():
     runs = whale.parse_args(["--domain", "math", "--method", "harness-only", "whale", "harness-only", "--schedule", "adaptive"])
     assert [os.path.basename(r.out) for r in runs] == ["harness-only-adaptive", "whale-adaptive"]  # each once
     [cpu] = whale.parse_args(["--domain", "math", "--preset", "cpu"])  # the calibrated sizes reach the run
-    assert (cpu.lr, cpu.test_limit, cpu.k, cpu.math_test_set) == (3e-4, 50, 4, "generated")
+    assert (cpu.lr, cpu.test_limit, cpu.k, cpu.temperature) == (3e-4, 50, 4, 0.6)
+    assert (cpu.math_test_set, cpu.math_max_steps) == ("generated", 2)
 
 
 def test_bad_flags_name_the_fix(capsys):
