@@ -619,10 +619,25 @@ def test_math_direct_and_code_output_options():
     llm = ScriptedLLM(["```python\nprint(2 + 40)\n```"])
     out = h.run(d.public(task), llm, d.tools(task))
     assert out["answer"] == "\\boxed{42}" and len(llm.calls) == 1
-    h = with_knobs("math", EXAMPLES=load_harness("math").SEARCH_SPACE["EXAMPLES"][1])
+    code3, direct3 = load_harness("math").SEARCH_SPACE["EXAMPLES"][1:3]
+    h = with_knobs("math", EXAMPLES=direct3)
     llm = ScriptedLLM(["\\boxed{42}"])
     h.run(d.public(task), llm, d.tools(task))
-    assert [m["role"] for m in llm.calls[0]] == ["user", "assistant", "user"] and "\\boxed{14}" in llm.calls[0][1]["content"]
+    assert [m["role"] for m in llm.calls[0]] == ["user", "assistant"] * 3 + ["user"]
+    assert "\\boxed{19}" in llm.calls[0][1]["content"] and llm.calls[0][-1]["content"].startswith(task["question"])
+    h = with_knobs("math", EXAMPLES=code3, ANSWER_FROM_OUTPUT=True, MAX_TURNS=1)  # the cpu search's composition
+    llm = ScriptedLLM(["```python\nprint(2 + 40)\n```"])
+    assert h.run(d.public(task), llm, d.tools(task))["answer"] == "\\boxed{42}"
+    assert llm.calls[0][1]["content"] == "```python\nprint(12 + 7)\n```"
+
+
+def test_worked_examples_are_invented_not_taken_from_the_bundled_sets():
+    for name, field in (("math", "question"), ("searchqa", "question")):
+        d, examples = domains.get(name), load_harness(name).SEARCH_SPACE["EXAMPLES"]
+        bundled = {t[field] for split in ("train", "test") for t in d.load(split)}
+        if name == "math":
+            bundled |= {t[field] for t in domains.get("math", math_args("--math-test-set", "generated")).load("test")}
+        assert examples[0] == [] and not {example[0] for option in examples for example in option} & bundled
 
 
 def test_chess_view_options():
