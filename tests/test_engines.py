@@ -136,9 +136,29 @@ def test_grouped_attention_under_a_padding_mask_gives_the_sdpa_logits(backend, m
     sdpa bit for bit; each row's tokens are those it samples alone, unpadded; the trainer's sdpa is restored."""
     p, q = prompt(backend, "hello"), prompt(backend, "a longer prompt than the other one")
     kw = dict(max_new_tokens=[12, 12, 5], seeds=[1, 2, 3])
-    grouped, grouped_logits = generate(backend, True, [p, q, q], **kw)
+    grouped, grouped_logits = generate(backend, False, [p, q, q], **kw)  # unshared: no cascade, bit for bit
     assert backend.model.config._attn_implementation == "sdpa"
     monkeypatch.setattr(engines, "register_sdpa_grouped", lambda: "sdpa")  # transformers' own sdpa
-    plain, plain_logits = generate(backend, True, [p, q, q], **kw)
+    plain, plain_logits = generate(backend, False, [p, q, q], **kw)
     assert grouped == plain and torch.equal(grouped_logits, plain_logits)
     assert [backend.generate([x], max_new_tokens=12, seeds=[s])[0] for x, s in ((p, 1), (q, 2))] == grouped[:2]
+
+
+def test_cascade_decode_gives_the_unshared_logits(backend, monkeypatch):
+    """Two prompts of different lengths (left padding), 2 and 3 rows each, rows dropping out at different steps:
+    cascade attention (each prompt's prefix once, merged with each row's own tokens) gives the logits of a
+    prefill per row within 1e-4, at every decode step."""
+    rows, real = [], engines.cascade_attention
+    monkeypatch.setattr(engines, "cascade_attention", lambda *a: rows.append(len(a[-1].rows)) or real(*a))
+    p, q = prompt(backend, "hello"), prompt(backend, "a longer prompt than the other one")
+    caps = [6, 2, 6, 4, 6]
+    backend.ignore_eos = True
+    try:
+        (shared, shared_logits), (alone, alone_logits) = (
+            generate(backend, share, [p, q, q, p, q], max_new_tokens=caps, seeds=[1, 2, 3, 4, 5])
+            for share in (True, False))
+    finally:
+        backend.ignore_eos = False
+    assert shared == alone and [len(o) for o in shared] == caps
+    assert (shared_logits - alone_logits).abs().max() <= 1e-4
+    assert sorted(set(rows)) == [3, 4, 5]  # the shared run decoded through the cascade, before and after drops
