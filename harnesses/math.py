@@ -64,6 +64,7 @@ SEARCH_SPACE = {
         "{question}\n\nWork it out step by step, one sentence at a time, then write the final number in \\boxed{{}}.",
         "Question: {question}\nGive only the final number, like \\boxed{{7}}.",
         "{question}\n\nWrite Python that prints the answer, in a ```python block.",
+        "{question}\n\nWrite one line of Python that prints the answer as a single expression, in a ```python block.",
     ],
     "OUTPUT_TEMPLATE": ["Output:\n{output}", "The code printed:\n{output}\nNow give the final answer in \\boxed{{}}.",
                         "```output\n{output}\n```", "Result: {output}\nAnswer in \\boxed{{}}."],

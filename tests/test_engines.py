@@ -162,3 +162,24 @@ def test_cascade_decode_gives_the_unshared_logits(backend, monkeypatch):
     assert shared == alone and [len(o) for o in shared] == caps
     assert (shared_logits - alone_logits).abs().max() <= 1e-4
     assert sorted(set(rows)) == [3, 4, 5]  # the shared run decoded through the cascade, before and after drops
+
+
+def test_next_logits_runs_the_head_apart_and_gives_the_models_logits(backend):
+    """cpu_head's W @ h.T (faster for a few rows on CPU) gives the model's own last-position logits, with a LoRA
+    adapter too (peft's LoRA lives inside the decoder, so running the decoder keeps it)."""
+    from peft import LoraConfig, get_peft_model
+    model = backend.model.eval()
+    ids, mask, pos = backend.left_pad([prompt(backend, "hello"), prompt(backend, "a longer prompt than the other")],
+                                      "cpu")
+    adapted = get_peft_model(engines.load_model("smoke")[0], LoraConfig(r=4, target_modules="all-linear",
+                                                                         init_lora_weights=False)).eval()
+    for m in (model, adapted):
+        assert engines.cpu_head(m)[1] is not None
+        with torch.inference_mode():
+            own = m(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1).logits[:, -1]
+            ours = engines.HFBackend(m, backend.tokenizer).next_logits(ids, mask, pos,
+                                                                       engines.roomy_cache(m.config, room=1))
+        assert torch.allclose(ours, own, atol=1e-5) and torch.equal(ours.argmax(-1), own.argmax(-1))
+    with torch.inference_mode():  # the adapter is really applied: its logits differ from the base model's
+        base = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1).logits[:, -1]
+    assert not torch.allclose(own, base, atol=1e-3)
