@@ -25,7 +25,7 @@ case $ADAPTIVE in 0|1) ;; *) echo "run_all.sh: ADAPTIVE=$ADAPTIVE: write ADAPTIV
 METHODS="harness-only weight-only stagewise fast-slow whale"
 case $PRESET in  # measured on the 2-core machine with the default DOMAINS
   smoke) eta="about 2 min" ;;  # fresh clone, 2026-11-30: 1 min 20 s
-  cpu)   eta="about 31 min" ;;  # fresh clone, 2026-11-30, idle: 31 min 22 s
+  cpu)   eta="about 36 min" ;;  # fresh clone, 2026-11-30, idle: 36 min 4 s (temperature 0.6)
   paper) eta="days: hours per run (README: the paper preset on one GPU)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu or paper" >&2; exit 2 ;;
 esac
