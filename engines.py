@@ -272,8 +272,13 @@ def cpu_head(model):
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: LoRA sits inside the decoder
     head = lm.get_output_embeddings()
     plain = (type(head) is torch.nn.Linear and head.bias is None and head.weight.device.type == "cpu"
-             and getattr(lm.config, "final_logit_softcapping", None) is None)
+             and lm.config.model_type in PLAIN_HEAD_MODELS)
     return lm, head if plain else None
+
+
+# model types whose forward returns the head's output as the logits, unscaled (Granite, Cohere, Gemma and others
+# scale or cap them after the head: they keep the model's own forward)
+PLAIN_HEAD_MODELS = ("llama", "mistral", "qwen2", "qwen3")
 
 
 class HFBackend:

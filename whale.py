@@ -140,6 +140,8 @@ def parse_args(argv=None):
     preset = dict(PRESETS[first.preset])
     if first.preset == "paper":
         preset["model"] = PAPER_MODELS[first.domain]
+    if first.data == "paper":  # the bundled math sets' choices do not apply to the paper's data
+        preset.pop("math_test_set", None), preset.pop("math_max_steps", None)
     p.set_defaults(**preset)
     args = p.parse_args(argv)
     args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")

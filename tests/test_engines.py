@@ -142,6 +142,10 @@ def test_grouped_attention_under_a_padding_mask_gives_the_sdpa_logits(backend, m
     plain, plain_logits = generate(backend, False, [p, q, q], **kw)
     assert grouped == plain and torch.equal(grouped_logits, plain_logits)
     assert [backend.generate([x], max_new_tokens=12, seeds=[s])[0] for x, s in ((p, 1), (q, 2))] == grouped[:2]
+    # shared under transformers' sdpa: no cascade (as on GPU), the prefill's cache copied to each row instead
+    monkeypatch.setattr(engines, "cascade_attention", lambda *a: pytest.fail("no cascade outside sdpa_grouped"))
+    copied, copied_logits = generate(backend, True, [p, q, q], **kw)
+    assert copied == plain and torch.allclose(copied_logits, plain_logits, atol=1e-4)
 
 
 def test_cascade_decode_gives_the_unshared_logits(backend, monkeypatch):

@@ -11,6 +11,7 @@ import types
 
 import pytest
 
+import domains
 import meta_harness
 import whale
 
@@ -95,6 +96,9 @@ def test_preset_defaults_and_overrides():
     [cpu] = whale.parse_args(["--domain", "math", "--preset", "cpu"])  # the calibrated sizes reach the run
     assert (cpu.lr, cpu.test_limit, cpu.k, cpu.temperature) == (3e-4, 50, 4, 0.6)
     assert (cpu.math_test_set, cpu.math_max_steps) == ("generated", 2)
+    [cpu_paper] = whale.parse_args(["--domain", "math", "--preset", "cpu", "--data", "paper"])  # the paper's data:
+    assert (cpu_paper.math_test_set, cpu_paper.math_max_steps) == ("gsm8k", None)  # no bundled-only choices
+    domains.get("math", cpu_paper)
 
 
 def test_bad_flags_name_the_fix(capsys):
