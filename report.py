@@ -123,7 +123,7 @@ def cell(run):
     if run is None:
         return "not run"
     if run["summary"] is None:
-        return f"running ({len(run['evals']) - 1} phases)"
+        return f"running ({max(len(run['evals']) - 1, 0)} phases done)"  # evals[0] is the start, not a phase
     best, final = points(run)
     return f"{percent(best)} @ {best['rollouts']:,}; final {percent(final)}"
 

@@ -122,3 +122,8 @@ def test_what_moved_sums_rsft_and_traces_each_search(tmp_path):
            "h2": {"changed": "rewrote the parser | kept the prompt", "parent": "h1"}}
     assert report.trajectory({"lineage": ["h0", "h1", "h2"]}, odd) == \
         "h0 -> h1 [USER_TEMPLATE: 'a; b'; MAX_TURNS: 3] -> h2 [rewrote the parser   kept the prompt]"
+
+
+def test_a_running_cell_counts_the_phases_done():
+    assert report.cell({"summary": None, "evals": []}) == "running (0 phases done)"  # not even the start eval
+    assert report.cell({"summary": None, "evals": [{}, {}, {}]}) == "running (2 phases done)"
