@@ -24,6 +24,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from lib.io import read_json, read_jsonl
+
 DOMAINS = ("searchqa", "math", "chess")
 METHODS = ("harness-only", "weight-only", "stagewise", "fast-slow", "whale", "whale-adaptive")
 # mean@8 %, SearchQA / Math / Chess (DESIGN.md section 2)
@@ -48,33 +50,21 @@ def load_runs(root):
                 continue
             evals = [r for r in read_jsonl(metrics) if r.get("event") == "eval"]
             for row in evals:
-                row["per_task"] = read_json(os.path.join(folder, "evals", f"phase_{row['phase']}.json")).get("per_task")
-            runs[domain, method] = {"summary": read_json(os.path.join(folder, "summary.json")) or None, "evals": evals,
+                scores = read_json(os.path.join(folder, "evals", f"phase_{row['phase']}.json"), {})
+                row["per_task"] = scores.get("per_task")
+            runs[domain, method] = {"summary": read_json(os.path.join(folder, "summary.json"), {}) or None,
+                                    "evals": evals,
                                     "steps": read_jsonl(os.path.join(folder, "weights", "metrics.jsonl")),
                                     "archives": read_archives(folder)}
     return runs
-
-
-def read_jsonl(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def read_archives(folder):
     """{archive name: (frontier.json, {candidate: its summary row})} of a run's harness searches."""
     names = sorted(n for n in os.listdir(folder) if re.fullmatch(r"harness_w\d+", n) and
                    os.path.exists(os.path.join(folder, n, "frontier.json")))
-    return {n: (read_json(os.path.join(folder, n, "frontier.json")),
+    return {n: (read_json(os.path.join(folder, n, "frontier.json"), {}),
                 {r["name"]: r for r in read_jsonl(os.path.join(folder, n, "summary.jsonl"))}) for n in names}
-
-
-def read_json(path):
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        return json.load(f)
 
 
 # -----------------------------------------------------------------------------

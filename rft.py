@@ -3,26 +3,21 @@ Online rejection-sampling fine-tuning (RSFT) with LoRA: the weight phase of WHAL
 
     python rft.py --domain math --harness harnesses/math.py --model smoke --steps 4 --batch 8 --group 8 --out out/rft
     python rft.py --domain math --harness harnesses/math.py --model cpu --steps 5 --batch 4 --group 4 --max-new-tokens 96 --out out/rft-cpu
-    python rft.py --bench --model smoke      # tokens/s of sft_update vs a bare HF forward/backward loop: "ratio = X"
 
-Measured on 2 busy CPU cores (OMP_NUM_THREADS=1): the smoke math run takes ~90 s per step; the cpu run ~130 s
-per step, all of it sampling, with training reward 0.0 at every step (SmolLM2-135M never boxes a right answer in
-96 tokens, so nothing is accepted and no update is made). Bench ratio 1.03 (smoke), 1.16 (cpu, --minibatch 2).
-
-Algorithm (the paper's protocol). Each rollout step takes the next --batch prompts of the train split from a
-seeded epoch sampler (a fresh shuffle per epoch, so "0.6 epoch" is exactly 0.6 * len(train) prompts) and runs
-G = --group episodes per prompt under the current harness with the current weights. Every episode with reward
-> 0.5 is accepted (all correct ones, not best-of-n), and every llm() call of an accepted episode becomes one
-example (prompt ids, sampled completion ids). The loss is the summed NLL of the completion tokens only (the
-prompt, which holds the system and user turns and the tool outputs, is masked), divided by the number of
-completion tokens over the whole accepted set of the step. That is one SFT pass per rollout step: the examples
-go through the model in length-sorted minibatches of --minibatch with gradient accumulation, then ONE optimizer
-step (AdamW on the LoRA weights, linear warmup, gradient clipping). (The paper's "SFT minibatch 64" is read as the
-forward/backward unit: accumulating into one step keeps the normalisation over the accepted set exact, and the
-update is the gradient of the accepted set's token-mean NLL.) No replay buffer. A step with nothing
-accepted makes no update, but its rollouts still count. After every step the trainer checkpoints (adapter,
-optimizer, scheduler, sampler, RNG, counters) atomically to OUT/ckpt, rewrites OUT/metrics.jsonl and tells the
-backend about the new adapter; rerunning the same command resumes after the last finished step.
+Each rollout step (RSFT.step) is sample, filter, update:
+- sample: the next --batch prompts of the train split from a seeded epoch sampler (a fresh shuffle per epoch, so
+  "0.6 epoch" is exactly 0.6 * len(train) prompts), G = --group episodes each, under the current harness with
+  the current weights;
+- filter: keep every episode with reward > 0.5 (all correct ones, not best-of-n); every llm() call of a kept
+  episode is one example (prompt ids, sampled completion ids);
+- update: the summed NLL of the completion tokens only (the prompt, which holds the system and user turns and
+  the tool outputs, is masked), divided by the completion tokens of the whole accepted set, through the model in
+  length-sorted minibatches of --minibatch with gradient accumulation, then ONE optimizer step (AdamW on the LoRA
+  weights, linear warmup, gradient clipping). No replay buffer; a step with nothing accepted makes no update,
+  but its rollouts still count.
+After every step the trainer checkpoints (adapter, optimizer, scheduler, sampler, RNG, counters) atomically to
+OUT/ckpt, rewrites OUT/metrics.jsonl and has the policy serve the new adapter; rerunning the same command resumes
+after the last finished step. The update's speed against a bare HF loop: scripts/bench_rft.py.
 """
 import json
 import os
@@ -35,27 +30,32 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import engines
+import domains
 import rollout
-import sandbox
+from lib import sandbox
+from lib.canary import EngineError
+from lib.cli import Parser, nonnegative_float, nonnegative_int, positive_float, positive_int
+from lib.io import link_tree, read_json, swap_link, write_jsonl
+from lib.policy import add_backend_args, load_policy
+from lib.reuse import adapter_id
 
 
 def add_args(parser):
     """The RSFT, LoRA and sampling flags (whale.py reuses them). The caller adds --model and --seed."""
     # rollout step (paper: 256 prompts x G = 8)
-    parser.add_argument("--batch", type=rollout.positive_int, default=256, help="training prompts per rollout step")
-    parser.add_argument("--group", type=rollout.positive_int, default=8, help="G: rollouts per prompt")
+    parser.add_argument("--batch", type=positive_int, default=256, help="training prompts per rollout step")
+    parser.add_argument("--group", type=positive_int, default=8, help="G: rollouts per prompt")
     rollout.add_sampling_args(parser)
     # SFT update: one pass over the accepted set, one optimizer step
-    parser.add_argument("--minibatch", type=rollout.positive_int, default=8,
+    parser.add_argument("--minibatch", type=positive_int, default=8,
                         help="examples per forward/backward (gradient accumulation)")
-    parser.add_argument("--lr", type=rollout.positive_float, default=1e-4, help="AdamW lr on the LoRA weights")
-    parser.add_argument("--warmup", type=rollout.nonnegative_int, default=2, help="optimizer steps of linear lr warmup")
-    parser.add_argument("--grad-clip", type=rollout.nonnegative_float, default=1.0, help="max gradient norm (0 = off)")
+    parser.add_argument("--lr", type=positive_float, default=1e-4, help="AdamW lr on the LoRA weights")
+    parser.add_argument("--warmup", type=nonnegative_int, default=2, help="optimizer steps of linear lr warmup")
+    parser.add_argument("--grad-clip", type=nonnegative_float, default=1.0, help="max gradient norm (0 = off)")
     # LoRA
-    parser.add_argument("--lora-rank", type=rollout.positive_int, default=16)
-    parser.add_argument("--lora-alpha", type=rollout.positive_int, default=32)
-    parser.add_argument("--lora-dropout", type=rollout.nonnegative_float, default=0.0)
+    parser.add_argument("--lora-rank", type=positive_int, default=16)
+    parser.add_argument("--lora-alpha", type=positive_int, default=32)
+    parser.add_argument("--lora-dropout", type=nonnegative_float, default=0.0)
     parser.add_argument("--lora-targets", default="all-linear", help="'all-linear' or comma-separated module names")
     # GPU
     parser.add_argument("--bf16", action="store_true", help="load the base model in bf16 (LoRA weights stay fp32)")
@@ -63,7 +63,7 @@ def add_args(parser):
 
 
 # -----------------------------------------------------------------------------
-# pieces: sampler, LoRA, loss, update, stop rule
+# pieces: sampler, loss, update, stop rule
 
 class EpochSampler:
     """Prompt indices in a seeded shuffle, reshuffled every epoch; its state is two integers, so it resumes exactly."""
@@ -86,37 +86,6 @@ class EpochSampler:
 
     def state_dict(self):
         return {"epoch": self.epoch, "pos": self.pos}
-
-
-def add_lora(model, args):
-    """Wrap `model` with a fresh, trainable LoRA adapter from the flags."""
-    from peft import LoraConfig, get_peft_model
-    targets = args.lora_targets if args.lora_targets == "all-linear" else [t.strip() for t in args.lora_targets.split(",")]
-    config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-                        target_modules=targets, task_type="CAUSAL_LM")
-    try:
-        return get_peft_model(model, config)
-    except ValueError as e:  # peft: "Target modules {...} not found in the base model"
-        raise ValueError(f"--lora-targets {args.lora_targets!r} does not fit the model ({e}): "
-                         "use 'all-linear' or names of its Linear layers such as q_proj,v_proj") from None
-
-
-def load_lora(model, folder):
-    """The checkpointed adapter on `model`; a clear error when it was trained on another model."""
-    from peft import PeftModel
-    from safetensors import safe_open
-    unfit = lambda why: ValueError(f"the adapter in {folder} does not fit this model ({why}): "
-                                   "use the --model it was trained with, or a new --out")
-    with safe_open(Path(folder) / "adapter_model.safetensors", "pt") as f:
-        saved = sum("lora_" in k for k in f.keys())
-    try:
-        model = PeftModel.from_pretrained(model, folder, is_trainable=True)
-    except (ValueError, RuntimeError, KeyError) as e:  # shape mismatch
-        raise unfit(str(e).splitlines()[0][:200]) from None
-    here = sum("lora_" in k for k, _ in model.named_parameters())
-    if here != saved:  # peft only warns about missing keys (another depth)
-        raise unfit(f"{saved} LoRA tensors saved, {here} in the model")
-    return model
 
 
 def completion_nll(model, examples):
@@ -203,44 +172,44 @@ def check_checkpoint(out_dir):
 # the trainer: state that lives across steps (model, optimizer, sampler, counters) and its checkpoint
 
 class RSFT:
-    """trainer = RSFT(args, backend, domain, out_dir); row = trainer.step(harness_path). Resumes from out_dir/ckpt."""
+    """trainer = RSFT(args, policy, domain, out_dir); row = trainer.step(harness_path). Resumes from out_dir/ckpt."""
 
-    def __init__(self, args, backend, domain, out_dir, train=None):
-        from peft import PeftModel
-        self.args, self.backend, self.domain, self.out_dir = args, backend, domain, Path(out_dir)
+    def __init__(self, args, policy, domain, out_dir, train=None):
+        self.args, self.policy, self.domain, self.out_dir = args, policy, domain, Path(out_dir)
         self.train = train if train is not None else domain.load("train")
         if args.group < 1:
             raise ValueError(f"--group {args.group}: G must be >= 1 rollout per prompt")
         if not 1 <= args.batch <= len(self.train):
             raise ValueError(f"--batch {args.batch} does not fit the train split of {domain.name} "
                              f"({len(self.train)} prompts): use 1 <= --batch <= {len(self.train)}")
-        if isinstance(backend.model, PeftModel):
-            raise ValueError("backend.model already has an adapter: give RSFT the base model")
+        if policy.has_adapter:
+            raise ValueError("the policy already has an adapter: give RSFT the base model")
         check_checkpoint(self.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         ckpt = self.out_dir / "ckpt"
-        if ckpt.exists():
+        resume = ckpt.exists()
+        if resume:
             state = json.loads((ckpt / "state.json").read_text())
             if state["model"] != args.model:
                 raise ValueError(f"{ckpt} was trained on model {state['model']!r}, not {args.model!r}: "
                                  "use the same --model or a new --out")
-            model = load_lora(backend.model, ckpt / "adapter")
+            policy.load_adapter(ckpt / "adapter")
         else:
             state = {"step": 0, "rollouts": 0, "sampler": {}, "history": []}
             torch.manual_seed(args.seed)  # the LoRA init
-            model = add_lora(backend.model, args)
+            policy.add_adapter(args)
+        model = policy.model
         if args.grad_checkpointing:
             model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.eval()  # sampling mode; sft_update switches to train mode and back
-        backend.model = model
-        if ckpt.exists():  # resume: the engine serves the checkpoint's adapter (canary checked) before any rollout
-            backend.sync_adapter(str(ckpt / "adapter"))
+        if resume:  # the engine serves the checkpoint's adapter (canary checked) before any rollout
+            policy.serve_adapter(ckpt / "adapter")
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / (args.warmup + 1)))
         self.sampler = EpochSampler(len(self.train), args.seed, **state["sampler"])
         self.step_count, self.rollouts, self.history = state["step"], state["rollouts"], state["history"]
-        if ckpt.exists():
+        if resume:
             opt = torch.load(ckpt / "optimizer.pt", weights_only=False)
             self.optimizer.load_state_dict(opt["optimizer"])
             self.scheduler.load_state_dict(opt["scheduler"])
@@ -250,23 +219,24 @@ class RSFT:
     def epoch_progress(self):
         return self.sampler.epochs
 
+    @property
+    def weights_id(self):
+        """The weights, for the evaluation cache: the base model (also an adapter no step updated: a fresh
+        LoRA's B is zero), or the content of the current adapter."""
+        if all(row["skipped"] for row in self.history):
+            return "base"
+        return adapter_id(self.out_dir / "ckpt" / "adapter")
+
     def step(self, harness_path):
-        """One rollout step (batch prompts x G episodes) and one SFT pass on the accepted ones; returns the metrics row."""
-        args = self.args
-        tasks = [self.train[i] for i in self.sampler.take(args.batch)]
+        """One rollout step: sample, filter, update; then checkpoint and serve the new weights. -> the metrics row."""
+        tasks = [self.train[i] for i in self.sampler.take(self.args.batch)]
         t0 = time.time()
-        episodes = rollout.run_episodes(
-            self.domain, str(harness_path), tasks, self.backend, samples=args.group, temperature=args.temperature,
-            top_k=args.top_k, max_new_tokens=args.max_new_tokens, deadline_s=args.deadline, workers=args.workers,
-            seed=args.seed * 1_000_003 + self.step_count, desc=f"rft step {self.step_count + 1} rollouts")
+        episodes = self.sample(tasks, harness_path)
         t1 = time.time()
         accepted = [e for e in episodes if e["reward"] > 0.5]
         examples = [(c["prompt_ids"], c["completion_ids"]) for e in accepted for c in e["calls"] if c["completion_ids"]]
-        loss, lr = None, self.scheduler.get_last_lr()[0]
-        if examples:
-            if hasattr(self.backend, "sleep"):
-                self.backend.sleep()  # vllm --vllm-sleep: free the engine's memory while the trainer runs
-            loss = sft_update(self.backend.model, self.optimizer, self.scheduler, examples, args.minibatch, args.grad_clip)
+        lr = self.scheduler.get_last_lr()[0]
+        loss = self.update(examples) if examples else None
         t2 = time.time()
         self.step_count += 1
         self.rollouts += len(episodes)
@@ -290,31 +260,54 @@ class RSFT:
         }
         self.history.append(row)
         self.save()
-        self.backend.sync_adapter(str(self.out_dir / "ckpt" / "adapter"))
+        self.policy.serve_adapter(self.out_dir / "ckpt" / "adapter")
         return row
 
+    def sample(self, tasks, harness_path):
+        """G episodes per task under the harness, each seeded by (seed, step), so a resumed step samples the same."""
+        return rollout.run_episodes(
+            self.domain, str(harness_path), tasks, self.policy, samples=self.args.group,
+            **rollout.sampling_kwargs(self.args), seed=self.args.seed * 1_000_003 + self.step_count,
+            desc=f"rft step {self.step_count + 1} rollouts")
+
+    def update(self, examples):
+        self.policy.free_memory()  # vllm --vllm-sleep: the engine's memory goes to the trainer
+        return sft_update(self.policy.model, self.optimizer, self.scheduler, examples, self.args.minibatch,
+                          self.args.grad_clip)
+
     def save(self):
-        """Write the checkpoint into a fresh folder, then swap the `ckpt` symlink to it in one atomic rename, so a
-        kill at any moment leaves the previous or the new checkpoint, never a broken one."""
+        """Write the checkpoint into a fresh folder, then switch to it, so a kill at any moment leaves the previous
+        or the new checkpoint, never a broken one."""
         folder = self.out_dir / f"ckpt-{self.step_count:06d}"
         shutil.rmtree(folder, ignore_errors=True)
-        self.backend.model.save_pretrained(folder / "adapter")
+        self.policy.save_adapter(folder / "adapter")
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                     "rng": get_rng_state()}, folder / "optimizer.pt")
         state = {"model": self.args.model, "step": self.step_count, "rollouts": self.rollouts,
                  "sampler": self.sampler.state_dict(), "history": self.history}
         (folder / "state.json").write_text(json.dumps(state))
-        link = self.out_dir / "ckpt.new"
-        link.unlink(missing_ok=True)
-        link.symlink_to(folder.name)
-        os.replace(link, self.out_dir / "ckpt")
+        switch_checkpoint(self.out_dir, folder, self.history)
         for old in self.out_dir.glob("ckpt-*"):
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)
-        # metrics.jsonl is rewritten from the checkpoint, so a kill between the two writes never loses or repeats a row
-        tmp = self.out_dir / "metrics.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
-        os.replace(tmp, self.out_dir / "metrics.jsonl")
+
+    def adopt(self, snapshot):
+        """Make the checkpoint folder `snapshot` (another run's) this run's, as if its steps had run here.
+        -> a trainer on it."""
+        state = read_json(snapshot / "state.json")
+        folder = self.out_dir / f"ckpt-{state['step']:06d}"
+        shutil.rmtree(folder, ignore_errors=True)
+        link_tree(snapshot, folder)
+        switch_checkpoint(self.out_dir, folder, state["history"])
+        self.policy.drop_adapter()  # the new trainer loads the checkpoint's adapter onto the base model
+        return RSFT(self.args, self.policy, self.domain, self.out_dir, train=self.train)
+
+
+def switch_checkpoint(out_dir, folder, history):
+    """`ckpt` -> folder in one atomic rename, then metrics.jsonl rewritten from its history, so a kill between the
+    two writes never loses or repeats a row."""
+    swap_link(Path(out_dir) / "ckpt", Path(folder).name)
+    write_jsonl(Path(out_dir) / "metrics.jsonl", history)
 
 
 def get_rng_state():
@@ -330,98 +323,34 @@ def set_rng_state(state):
 
 
 # -----------------------------------------------------------------------------
-# bench: the real update against a bare forward/backward loop on the same batch and adapter
-
-def bench(args, repeats=5):
-    torch.manual_seed(args.seed)
-    model, _ = engines.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
-    model = add_lora(model, args)
-    if args.grad_checkpointing:
-        model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    vocab = model.config.vocab_size
-    rng = random.Random(args.seed)
-    examples = [([rng.randrange(vocab) for _ in range(rng.randint(64, 384))],
-                 [rng.randrange(vocab) for _ in range(rng.randint(16, 128))]) for _ in range(4 * args.minibatch)]
-    n_tokens = sum(len(p) + len(c) for p, c in examples)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    device = next(model.parameters()).device
-    padded = []  # the bare loop gets the same minibatches, already padded, with HF's own labels loss
-    for batch in length_batches(examples, args.minibatch):
-        width = max(len(p) + len(c) for p, c in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        labels = torch.full_like(ids, -100)
-        for i, (p, c) in enumerate(batch):
-            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-            labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
-        padded.append((ids.to(device), labels.to(device)))
-
-    def rsft():
-        sft_update(model, optimizer, scheduler, examples, args.minibatch, args.grad_clip)
-
-    def bare():
-        model.train()
-        for ids, labels in padded:
-            model(input_ids=ids, labels=labels).loss.backward()
-        optimizer.zero_grad(set_to_none=True)
-
-    def timed(fn):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - t
-
-    rsft()  # warm up both
-    bare()
-    times = {"rsft": [], "bare": []}
-    for _ in tqdm(range(repeats), desc="bench"):  # interleaved, best of N: robust to a busy machine
-        times["rsft"].append(timed(rsft))
-        times["bare"].append(timed(bare))
-    speed = {k: n_tokens / min(v) for k, v in times.items()}
-    print(f"model {args.model}, LoRA rank {args.lora_rank}, {len(examples)} examples, {n_tokens} tokens, "
-          f"minibatch {args.minibatch}, device {device.type}, best of {repeats}")
-    print(f"rsft update (sft_update):        {speed['rsft']:10.0f} tokens/s")
-    print(f"bare forward/backward (HF loss): {speed['bare']:10.0f} tokens/s")
-    print(f"ratio = {speed['rsft'] / speed['bare']:.2f}")
-
-
-# -----------------------------------------------------------------------------
 
 def main(argv=None):
-    import domains
-    p = rollout.Parser(description="Online RSFT with LoRA (the weight phase of WHALE).")
+    p = Parser(description="Online RSFT with LoRA (the weight phase of WHALE).")
     # run
     p.add_argument("--domain", choices=("searchqa", "math", "chess"))
     p.add_argument("--harness", help="the harness file the rollouts run under")
     p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
     p.add_argument("--out", help="run folder: config.json, metrics.jsonl, ckpt/, summary.json")
-    p.add_argument("--steps", type=rollout.positive_int, default=10, help="rollout steps in all (a rerun resumes)")
+    p.add_argument("--steps", type=positive_int, default=10, help="rollout steps in all (a rerun resumes)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bench", action="store_true", help="time the update against a bare forward/backward loop")
     # adaptive stop (paper: window = minimum phase length = patience = 0.2 epoch)
-    p.add_argument("--stop-patience", type=rollout.nonnegative_int, default=0,
+    p.add_argument("--stop-patience", type=nonnegative_int, default=0,
                    help="stop early when the N-step mean reward set no new best for N steps, after N steps (0 = off)")
     add_args(p)
-    engines.add_backend_args(p)
+    add_backend_args(p)
     domains.add_args(p)
     args = p.parse_args(argv)
     sandbox.apply_args(args)
-    if args.bench:
-        return bench(args)
     if not (args.domain and args.harness and args.out):
-        p.error("--domain, --harness and --out are required (or --bench)")
+        p.error("--domain, --harness and --out are required")
     if not os.path.isfile(args.harness):
         raise SystemExit(f"harness file {args.harness} not found: pass --harness PATH, e.g. harnesses/{args.domain}.py")
     try:
         check_checkpoint(args.out)  # before the model loads: a damaged run folder is the first thing to hear about
         domain = domains.get(args.domain, args)
         domain.load("train")
-        model, tok = engines.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
-        trainer = RSFT(args, engines.load_backend(args, model, tok), domain, args.out)
-    except (ValueError, FileNotFoundError, ImportError, engines.EngineError) as e:
+        trainer = RSFT(args, load_policy(args), domain, args.out)
+    except (ValueError, FileNotFoundError, ImportError, EngineError) as e:
         raise SystemExit(f"rft.py: error: {e}")
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(vars(args), f, indent=1)
@@ -432,7 +361,7 @@ def main(argv=None):
     while trainer.step_count < args.steps and not (n and should_stop_weight_phase(rewards, n, n, n)):
         try:
             row = trainer.step(args.harness)
-        except engines.EngineError as e:
+        except EngineError as e:
             raise SystemExit(f"rft.py: error: {e}")
         rewards.append(row["reward"])
         bar.update(1)

@@ -50,23 +50,23 @@ the resumed run ends where an uninterrupted one would have, phase for phase.
 """
 import argparse
 import gc
-import hashlib
 import json
 import math
 import os
-import re
-import shutil
 import time
 from pathlib import Path
 
 import torch
 
 import domains
-import engines
 import meta_harness
 import rft
 import rollout
-import sandbox
+from lib import reuse, sandbox
+from lib.canary import EngineError
+from lib.cli import Parser, nonnegative_int, positive_float, positive_int
+from lib.io import append_jsonl, read_json, read_jsonl, write_json
+from lib.policy import add_backend_args, load_policy
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "fast-slow")
 
@@ -100,7 +100,7 @@ PAPER_MODELS = {"searchqa": "Qwen/Qwen3.5-2B", "math": "Qwen/Qwen3.5-2B", "chess
 
 
 def parse_args(argv=None):
-    p = rollout.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # what to run
     p.add_argument("--domain", required=True, choices=sorted(domains.DOMAINS))
     p.add_argument("--method", nargs="+", default=["whale"], choices=METHODS,
@@ -111,28 +111,28 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="run folder (default results/<preset>/<domain>/<method>)")
     p.add_argument("--model", default=None, help="smoke | cpu | hub id | local path (default: the preset's)")
     p.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py)")
-    p.add_argument("--threads", type=rollout.positive_int, default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads; 1 on 2-core machines, where the harness workers need the other core")
     # budgets
-    p.add_argument("--epochs", type=rollout.positive_float, default=None, help="total weight-training budget in train epochs")
-    p.add_argument("--phase-epochs", type=rollout.positive_float, default=None,
+    p.add_argument("--epochs", type=positive_float, default=None, help="total weight-training budget in train epochs")
+    p.add_argument("--phase-epochs", type=positive_float, default=None,
                    help="E: epochs per weight phase (fixed schedule)")
-    p.add_argument("--harness-iterations", type=rollout.positive_int, default=None,
+    p.add_argument("--harness-iterations", type=positive_int, default=None,
                    help="I: harness iterations per harness phase")
-    p.add_argument("--train-limit", type=rollout.positive_int, default=None,
+    p.add_argument("--train-limit", type=positive_int, default=None,
                    help="use only the first N train tasks (small presets)")
     # adaptive schedule (paper: window = min length = patience = 0.2 epoch; P_h = 2, at least 6 iterations)
-    p.add_argument("--adaptive-epochs", type=rollout.positive_float, default=0.2,
+    p.add_argument("--adaptive-epochs", type=positive_float, default=0.2,
                    help="weight phase window, minimum length and patience")
-    p.add_argument("--harness-patience", type=rollout.nonnegative_int, default=2)
-    p.add_argument("--harness-min-iterations", type=rollout.nonnegative_int, default=6)
-    p.add_argument("--harness-max-iterations", type=rollout.positive_int, default=12)
+    p.add_argument("--harness-patience", type=nonnegative_int, default=2)
+    p.add_argument("--harness-min-iterations", type=nonnegative_int, default=6)
+    p.add_argument("--harness-max-iterations", type=positive_int, default=12)
     # evaluation
-    p.add_argument("--k", type=rollout.positive_int, default=None, help="samples per test task for mean@k")
-    p.add_argument("--test-limit", type=rollout.positive_int, default=None, help="evaluate on the first N test tasks")
+    p.add_argument("--k", type=positive_int, default=None, help="samples per test task for mean@k")
+    p.add_argument("--test-limit", type=positive_int, default=None, help="evaluate on the first N test tasks")
     p.add_argument("--seed", type=int, default=0)
     domains.add_args(p)
-    engines.add_backend_args(p)
+    add_backend_args(p)
     rft.add_args(p)
     meta_harness.add_args(p)
     # two passes: the first learns the preset and domain, the second lets any given flag override it
@@ -213,7 +213,7 @@ def load_state(out):
     fresh = {"phase": 0, "kinds": [], "running": None, "harness": None, "phase_start_step": None,
              "archive_iterations": {}, "harness_rollouts": {}}
     path = os.path.join(out, "state.json")
-    state = {**fresh, **meta_harness.read_json(path, {})}
+    state = {**fresh, **read_json(path, {})}
     if len(state["kinds"]) != state["phase"]:
         raise SystemExit(f"whale: {path} was written by an older whale.py (no phase kinds): rerun in a fresh --out "
                          f"or delete {out}")
@@ -235,165 +235,27 @@ def check_run_folder(out):
 
 
 def save_state(out, state):
-    meta_harness.write_json(os.path.join(out, "state.json"), state)
+    write_json(os.path.join(out, "state.json"), state)
 
 
-def log_row(out, row):
-    with open(os.path.join(out, "metrics.jsonl"), "a") as f:
-        f.write(json.dumps(row) + "\n")
+def read_rows(out):
+    return read_jsonl(os.path.join(out, "metrics.jsonl"), fix="a run killed while writing it? delete that line and rerun")
 
 
 def log_eval_once(out, row):
     """A run killed between logging and saving its state logs the same evaluation again on resume: skip it."""
     if not any(r.get("event") == "eval" and r["phase"] == row["phase"] for r in read_rows(out)):
-        log_row(out, row)
-
-
-def read_rows(out):
-    path = os.path.join(out, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    rows = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise ValueError(f"damaged run file {path}: line {lineno} is not JSON (a run killed while writing "
-                                 "it?): delete that line and rerun") from None
-    return rows
-
-
-# -----------------------------------------------------------------------------
-# reuse: what determines a result, and copies that a kill never leaves half made
-
-# flags that shape a run's plan but not what one RSFT step or one evaluation computes
-PLAN_FLAGS = ("method", "out", "schedule", "preset", "prompt_only", "harness", "epochs", "phase_epochs",
-              "harness_iterations", "adaptive_epochs", "harness_patience", "harness_min_iterations",
-              "harness_max_iterations")
-
-
-def result_settings(args):
-    """Every other flag: work is reused only when all of them match (as JSON, the way it is stored)."""
-    return json.loads(json.dumps({k: v for k, v in sorted(vars(args).items()) if k not in PLAN_FLAGS}))
-
-
-def file_sha(path):
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return f"missing: {path}"  # matches nothing, so nothing is reused
+        append_jsonl(os.path.join(out, "metrics.jsonl"), row)
 
 
 def weights_id(trainer):
-    """The policy's weights, for the evaluation cache: the base model (also a fresh LoRA adapter, whose B is
-    zero, and one whose every RSFT step accepted nothing and so never updated it), or the content hash of the
-    current adapter."""
-    if trainer is None or all(row["skipped"] for row in trainer.history):
-        return "base"
-    adapter = Path(trainer.out_dir, "ckpt", "adapter")
-    return "adapter " + adapter_config_sha(adapter / "adapter_config.json")[:32] + \
-        file_sha(adapter / "adapter_model.safetensors")[:32]
-
-
-def adapter_config_sha(path):
-    """The hash of a peft adapter config as a canonical JSON: peft writes target_modules from a set, in an
-    order that differs from one save of the same adapter to the next."""
-    try:
-        config = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return f"missing: {path}"
-    if isinstance(config.get("target_modules"), list):
-        config["target_modules"] = sorted(config["target_modules"])
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-
-
-def step_harnesses(trainer):
-    """The content hash of the harness each RSFT step so far ran under."""
-    return [file_sha(row["harness"]) for row in trainer.history]
-
-
-def link_tree(src, dst, copy_function=None):
-    """dst as a copy of the folder src, made of hard links (files are never rewritten in place here; pass
-    copy_function=shutil.copy2 for real copies), in a temporary folder renamed at the end, so a kill leaves
-    either nothing or the whole copy."""
-    tmp = Path(str(dst) + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, copy_function=copy_function or link_or_copy)
-    os.replace(tmp, dst)
-
-
-def link_file(src, dst):
-    """dst as a hard link of (or a copy of) src, put in place in one rename."""
-    tmp = Path(str(dst) + ".tmp")
-    tmp.unlink(missing_ok=True)
-    link_or_copy(src, tmp)
-    os.replace(tmp, dst)
-
-
-def link_or_copy(src, dst):
-    try:
-        os.link(src, dst)
-    except OSError:  # another file system, or none that has hard links
-        shutil.copy2(src, dst)
-
-
-def snapshot_weights(args, trainer):
-    """Keep the checkpoint that ends a weight phase as weights/snapshot-<step>/, with key.json saying what
-    it holds, so another run of this command can start from it instead of redoing its steps."""
-    dst = Path(args.out, "weights", f"snapshot-{trainer.step_count:06d}")
-    if (dst / "key.json").exists():
-        return
-    shutil.rmtree(dst, ignore_errors=True)
-    link_tree(Path(args.out, "weights", "ckpt").resolve(), dst)
-    key = {"settings": result_settings(args), "harnesses": step_harnesses(trainer)}
-    meta_harness.write_json(dst / "key.json", key)  # last: a snapshot counts once its key is there
-
-
-def find_snapshot(args, trainer, harness, donors, phase_over, start):
-    """The donor snapshot furthest along this weight phase: made under the same settings, its steps those
-    of this trainer so far followed by steps under `harness` only, and not past where this phase ends."""
-    mine, sha, settings = step_harnesses(trainer), file_sha(harness), result_settings(args)
-    found, reach = None, len(mine)
-    for donor in donors:
-        for key_path in sorted(Path(donor, "weights").glob("snapshot-*/key.json")):
-            key = meta_harness.read_json(key_path)
-            steps = key["harnesses"]
-            if len(steps) <= reach or key["settings"] != settings or steps[:len(mine)] != mine \
-                    or any(s != sha for s in steps[len(mine):]):
-                continue
-            rewards = [r["reward"] for r in meta_harness.read_json(key_path.parent / "state.json")["history"]][start:]
-            if not any(phase_over(rewards[:n]) for n in range(len(mine) - start, len(steps) - start)):
-                found, reach = key_path.parent, len(steps)
-    return found
-
-
-def adopt_snapshot(args, trainer, snapshot, domain, train):
-    """Make `snapshot` this run's RSFT checkpoint (as if its steps had run here) and a trainer on it."""
-    weights = Path(args.out, "weights")
-    state = meta_harness.read_json(snapshot / "state.json")
-    folder = weights / f"ckpt-{state['step']:06d}"
-    shutil.rmtree(folder, ignore_errors=True)
-    link_tree(snapshot, folder)
-    link = weights / "ckpt.new"
-    link.unlink(missing_ok=True)
-    link.symlink_to(folder.name)
-    os.replace(link, weights / "ckpt")  # the same atomic switch as rft.RSFT.save
-    tmp = weights / "metrics.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in state["history"]))
-    os.replace(tmp, weights / "metrics.jsonl")
-    backend = trainer.backend
-    backend.model = backend.model.unload()  # the base model without the adapter: RSFT loads the checkpoint's
-    print(f"weights: RSFT steps {trainer.step_count + 1}-{state['step']} taken from {snapshot}")
-    return rft.RSFT(args, backend, domain, weights, train=train)
+    return trainer.weights_id if trainer is not None else "base"
 
 
 # -----------------------------------------------------------------------------
 # phases
 
-def run_weight_phase(args, trainer, harness, state, steps, n_train, donors, domain, train):
+def run_weight_phase(args, trainer, harness, state, steps, n_train, donors):
     """RSFT steps under `harness` until this phase ends (see the docstring); resumes mid-phase from the
     trainer's history and takes finished steps from a donor run where one made exactly these. -> trainer"""
     start = state["phase_start_step"]
@@ -401,77 +263,67 @@ def run_weight_phase(args, trainer, harness, state, steps, n_train, donors, doma
                                                                 steps - start)
     window = steps_for(args.adaptive_epochs, n_train, args.batch)
     phase_over = lambda rewards: weight_phase_over(rewards, args.schedule, cap, window)
-    snapshot = find_snapshot(args, trainer, harness, donors, phase_over, start)
+    snapshot = reuse.find_snapshot(trainer.history, harness, reuse.result_settings(args), donors, phase_over, start)
     if snapshot is not None:
-        trainer = adopt_snapshot(args, trainer, snapshot, domain, train)
+        done = trainer.step_count
+        trainer = trainer.adopt(snapshot)
+        print(f"weights: RSFT steps {done + 1}-{trainer.step_count} taken from {snapshot}")
     rewards = [row["reward"] for row in trainer.history if row["step"] > start]
     while not phase_over(rewards):
         rewards.append(trainer.step(harness)["reward"])
+    reuse.snapshot_weights(trainer.out_dir, trainer.step_count, trainer.history, reuse.result_settings(args))
     return trainer
 
 
-def run_harness_phase(args, backend, domain, harness, archive, before, cap):
-    """Meta-Harness from `harness` under the current weights in `archive`, which already holds `before`
-    iterations; this phase adds at most `cap`. Fixed: all of them. Adaptive: until the archive best has
-    stalled (patience, minimum) counted from this phase's start. Returns search()'s result."""
+def run_harness_phase(args, policy, domain, harness, state, iterations_left, weights, donors):
+    """Meta-Harness from `harness` under the current weights. Harness phases with no weight phase between
+    them search one archive, harness_w<weight phases so far>; this phase adds at most its cap of iterations.
+    Fixed: all of them. Adaptive: until the archive best has stalled (patience, minimum) counted from this
+    phase's start. Updates the state's archive counters. -> (winner, the phase's metrics)"""
+    name = f"harness_w{state['kinds'].count('weight')}"
+    archive = os.path.join(args.out, name)
+    before = state["archive_iterations"].get(name, 0)
+    if before == 0:
+        key = {"weights": weights, "seed": reuse.file_sha(harness), "prompt_only": args.prompt_only,
+               "settings": reuse.result_settings(args)}
+        reuse.adopt_archive(archive, key, donors)
+    cap = args.harness_max_iterations if args.schedule == "adaptive" else args.harness_iterations
     stop = None
     if args.schedule == "adaptive":
         stop = lambda series: len(series) - 1 > before and meta_harness.should_stop_harness_phase(
             series[before:], args.harness_patience, args.harness_min_iterations)
-    return meta_harness.search(backend, domain, harness, archive, args, iterations=before + cap, stop=stop)
+    result = meta_harness.search(policy, domain, harness, archive, args,
+                                 iterations=before + min(cap, iterations_left), stop=stop)
+    state["archive_iterations"][name] = result["iterations"]
+    state["harness_rollouts"][name] = result["rollouts"]
+    return result["winner"], {"iterations": result["iterations"] - before, "archive": name,
+                              "harness_score": result["score"], "winner": result["winner"]}
 
 
-def adopt_archive(args, archive, harness, weights, donors):
-    """Before a harness phase starts a new archive: if a donor run searched from the same harness under the
-    same weights and settings (stagewise after weight phases that accepted nothing is harness-only), copy its
-    archive; search() then replays what it needs of it and goes on from there. Real copies, not hard links:
-    the index files are rewritten. whale_key.json, which says what the archive searched, is written here, by
-    whale itself (a proposer never writes into the run folder)."""
-    key = {"weights": weights, "seed": file_sha(harness), "prompt_only": args.prompt_only,
-           "settings": result_settings(args)}
-    if not os.path.exists(os.path.join(archive, "whale_key.json")):
-        for donor in sorted(p for run_dir in donors for p in Path(run_dir).glob("harness_w*")
-                            if re.fullmatch(r"harness_w\d+", p.name)):  # not a copy a kill left half-made
-            if meta_harness.read_json(donor / "whale_key.json", {}) == key:
-                shutil.rmtree(archive, ignore_errors=True)  # what a kill before the key left
-                link_tree(donor, archive, copy_function=shutil.copy2)
-                print(f"harness phase: the same search as {donor}, copied")
-                break
-        os.makedirs(archive, exist_ok=True)
-        meta_harness.write_json(os.path.join(archive, "whale_key.json"), key)
-
-
-def evaluate_test(args, backend, domain, harness, tag, weights, donors):
+def evaluate_test(args, policy, domain, harness, tag, weights, donors):
     """mean@k on the test split with the score of every task, in evals/<tag>.json. A resumed run reads it
     back; the same evaluation (weights, harness content, settings) made earlier by this run or a donor run
     is copied with its traces instead of redone."""
     folder = Path(args.out, "evals")
     path = folder / f"{tag}.json"
     if path.exists():
-        return meta_harness.read_json(path)["stats"]
+        return read_json(path)["stats"]
     folder.mkdir(parents=True, exist_ok=True)
-    key = {"weights": weights, "harness": file_sha(harness), "settings": result_settings(args)}
-    for run_dir in [args.out, *donors]:
-        for other in sorted(Path(run_dir, "evals").glob("*.json")):
-            saved = meta_harness.read_json(other)
-            if saved.get("key") == key:
-                traces = other.with_name(other.name[:-len(".json")] + ".traces.jsonl")
-                if traces.exists():
-                    link_file(traces, folder / f"{tag}.traces.jsonl")
-                meta_harness.write_json(path, {**saved, "copied_from": str(other)})  # last: marks it done
-                print(f"test mean@{args.k} ({tag}): the same as {other}, copied")
-                return saved["stats"]
+    key = {"weights": weights, "harness": reuse.file_sha(harness), "settings": reuse.result_settings(args)}
+    stats = reuse.copy_evaluation(key, [args.out, *donors], path, f"test mean@{args.k} ({tag})")
+    if stats is not None:
+        return stats
     traces = folder / f"{tag}.traces.jsonl"
     traces.unlink(missing_ok=True)  # an evaluation killed midway starts over
     tasks = domain.load("test")[: args.test_limit]
-    stats = rollout.evaluate(domain, harness, tasks, backend, k=args.k, temperature=args.temperature,
-                             top_k=args.top_k, max_new_tokens=args.max_new_tokens, deadline_s=args.deadline,
-                             seed=args.seed, traces_path=str(traces), desc=f"test mean@{args.k} ({tag})")
+    kw = {**rollout.sampling_kwargs(args), "workers": None}  # the runner's own width, as for every evaluation
+    stats = rollout.evaluate(domain, harness, tasks, policy, k=args.k, **kw, seed=args.seed,
+                             traces_path=str(traces), desc=f"test mean@{args.k} ({tag})")
     # prefixed so they never clash with the run's own counters (test rollouts are not part of the cost)
     per_task = stats["per_task"]
     stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(per_task),
              **{f"test_{name}": stats[name] for name in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
-    meta_harness.write_json(path, {"key": key, "stats": stats, "per_task": per_task})
+    write_json(path, {"key": key, "stats": stats, "per_task": per_task})
     return stats
 
 
@@ -488,85 +340,71 @@ def main(argv=None):
     for args in runs:
         try:
             run(args, donors=[other.out for other in runs if other.out != args.out])
-        except engines.EngineError as e:  # an engine that failed or serves stale weights (the canary)
+        except EngineError as e:  # an engine that failed or serves stale weights (the canary)
             raise SystemExit(f"whale.py: error: {e}")
         gc.collect()  # the finished run's model and optimizer go before the next run loads its own
 
 
-def run(args, donors=()):
-    """One method's run; `donors` are the folders of the other runs of this command, whose finished weight
-    phases and evaluations this run reuses where they are exactly its own."""
-    os.makedirs(args.out, exist_ok=True)
-    meta_harness.write_json(os.path.join(args.out, "config.json"), vars(args))
-    print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
-    print(json.dumps(vars(args), indent=None))
-
+def setup(args):
+    """-> (domain, train tasks, policy); bad data or a refused engine option is one line, before any work."""
     try:
         domain = domains.get(args.domain, args)
         train = domain.load("train")[: args.train_limit]
         domain.load("test")  # a malformed data file is an error now, before any model is loaded
     except (ValueError, FileNotFoundError, ImportError) as e:
         raise SystemExit(f"whale.py: error: {e}")
-    steps, iterations = budgets(args, len(train))
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tok = engines.load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
     try:
-        backend = engines.load_backend(args, model, tok)
+        policy = load_policy(args)
     except ValueError as e:  # an engine option the platform refuses (e.g. --vllm-sleep on CPU)
         raise SystemExit(f"whale.py: error: {e}")
-    trainer = rft.RSFT(args, backend, domain, os.path.join(args.out, "weights"), train=train) if steps else None
+    return domain, train, policy
+
+
+def run(args, donors=()):
+    """One method's run: plan the budgets, then phase after phase, each followed by a test evaluation.
+    `donors` are the folders of the other runs of this command, whose finished weight phases and evaluations
+    this run reuses where they are exactly its own."""
+    os.makedirs(args.out, exist_ok=True)
+    write_json(os.path.join(args.out, "config.json"), vars(args))
+    print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
+    print(json.dumps(vars(args), indent=None))
+    domain, train, policy = setup(args)
+    steps, iterations = budgets(args, len(train))
+    trainer = rft.RSFT(args, policy, domain, os.path.join(args.out, "weights"), train=train) if steps else None
     state = load_state(args.out)
     harness = state["harness"] or os.path.abspath(args.harness)
-
-    def step_count():
-        return trainer.step_count if trainer else 0
-
-    def rollouts():
-        return (trainer.rollouts if trainer else 0) + sum(state["harness_rollouts"].values())
-
+    step_count = lambda: trainer.step_count if trainer else 0
+    iterations_done = lambda: sum(state["archive_iterations"].values())
+    rollouts = lambda: (trainer.rollouts if trainer else 0) + sum(state["harness_rollouts"].values())
     if not any(r.get("event") == "start" for r in read_rows(args.out)):
-        log_row(args.out, {"event": "start", "weight_steps": steps, "harness_iterations": iterations,
-                           "time": time.time()})
-    stats = evaluate_test(args, backend, domain, harness, "phase_0", weights_id(trainer), donors)
+        append_jsonl(os.path.join(args.out, "metrics.jsonl"), {"event": "start", "weight_steps": steps,
+                                                               "harness_iterations": iterations, "time": time.time()})
+    stats = evaluate_test(args, policy, domain, harness, "phase_0", weights_id(trainer), donors)
     log_eval_once(args.out, {"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats})
 
-    while True:
-        iterations_done = sum(state["archive_iterations"].values())
-        kind = state["running"] or next_phase(args.method, (state["kinds"] or [None])[-1], steps - step_count(),
-                                              iterations - iterations_done)
-        if kind is None:
-            break
+    while kind := state["running"] or next_phase(args.method, (state["kinds"] or [None])[-1], steps - step_count(),
+                                                 iterations - iterations_done()):
         if state["running"] is None:  # a new phase: remember it, so a resumed run finishes this one first
             state.update(running=kind, phase_start_step=step_count())
             save_state(args.out, state)
         i, t0 = state["phase"] + 1, time.time()
         if kind == "weight":
-            trainer = run_weight_phase(args, trainer, harness, state, steps, len(train), donors, domain, train)
-            snapshot_weights(args, trainer)
+            trainer = run_weight_phase(args, trainer, harness, state, steps, len(train), donors)
             detail = {"steps": trainer.step_count - state["phase_start_step"], "epoch": trainer.epoch_progress}
         else:
-            archive = f"harness_w{state['kinds'].count('weight')}"
-            before = state["archive_iterations"].get(archive, 0)
-            if before == 0:
-                adopt_archive(args, os.path.join(args.out, archive), harness, weights_id(trainer), donors)
-            cap = args.harness_max_iterations if args.schedule == "adaptive" else args.harness_iterations
-            result = run_harness_phase(args, backend, domain, harness, os.path.join(args.out, archive), before,
-                                       min(cap, iterations - iterations_done))
-            harness = result["winner"]
-            state["archive_iterations"][archive] = result["iterations"]
-            state["harness_rollouts"][archive] = result["rollouts"]
-            detail = {"iterations": result["iterations"] - before, "archive": archive,
-                      "harness_score": result["score"], "winner": harness}
+            harness, detail = run_harness_phase(args, policy, domain, harness, state, iterations - iterations_done(),
+                                                weights_id(trainer), donors)
         state.update(phase=i, kinds=state["kinds"] + [kind], running=None, phase_start_step=None, harness=harness)
-        stats = evaluate_test(args, backend, domain, harness, f"phase_{i}", weights_id(trainer), donors)
+        stats = evaluate_test(args, policy, domain, harness, f"phase_{i}", weights_id(trainer), donors)
         log_eval_once(args.out, {"event": "eval", "phase": i, "kind": kind, "step": step_count(),
                                  "rollouts": rollouts(), "seconds": time.time() - t0, **detail, **stats})
         save_state(args.out, state)
         print(f"phase {i} {kind}: test mean@{args.k} = {stats['mean_at_k']:.4f}, RSFT steps {step_count()}/{steps}, "
-              f"harness iterations {sum(state['archive_iterations'].values())}/{iterations}, rollouts {rollouts()}")
+              f"harness iterations {iterations_done()}/{iterations}, rollouts {rollouts()}")
 
-    write_summary(args, read_rows(args.out), harness, step_count(), sum(state["archive_iterations"].values()))
+    write_summary(args, read_rows(args.out), harness, step_count(), iterations_done())
 
 
 def write_summary(args, rows, harness, steps, iterations):
@@ -577,7 +415,7 @@ def write_summary(args, rows, harness, steps, iterations):
                "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
                "total_rollouts": evals[-1]["rollouts"], "phases": len(evals) - 1, "rsft_steps": steps,
                "harness_iterations": iterations, "final_harness": harness, "test_tasks": evals[-1]["test_tasks"]}
-    meta_harness.write_json(os.path.join(args.out, "summary.json"), summary)
+    write_json(os.path.join(args.out, "summary.json"), summary)
     print(f"best mean@{args.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} rollouts; "
           f"final {summary['final_mean_at_k']:.4f}")
 

@@ -3,6 +3,7 @@ with an error that names a damaged file and its fix."""
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 
@@ -24,9 +25,11 @@ def write_json(path, obj):
     os.replace(tmp, path)  # atomic, so a killed run never leaves half a file behind
 
 
-def read_jsonl(path, what="run file", fix="delete that line and rerun"):
+def read_jsonl(path, what="run file", fix="delete that line and rerun",
+               error="damaged {what} {path}: line {lineno} is not a JSON object: {fix}"):
     """The JSON objects of a JSON Lines file ([] when there is none; blank lines skipped); a line that is not
-    a JSON object is an error naming the file, the line and the fix."""
+    a JSON object is an error naming the file, the line and the fix (`error` filled with what, path, lineno
+    and fix: a reader whose message reads otherwise passes its own)."""
     if not os.path.exists(path):
         return []
     rows = []
@@ -39,7 +42,7 @@ def read_jsonl(path, what="run file", fix="delete that line and rerun"):
             except json.JSONDecodeError:
                 row = None
             if not isinstance(row, dict):
-                raise ValueError(f"damaged {what} {path}: line {lineno} is not a JSON object: {fix}")
+                raise ValueError(error.format(what=what, path=path, lineno=lineno, fix=fix))
             rows.append(row)
     return rows
 
@@ -54,3 +57,37 @@ def write_jsonl(path, rows):
 def append_jsonl(path, row):
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def swap_link(link, target):
+    """link -> target (a name in link's folder), switched in one rename: a kill leaves the old or the new link."""
+    link = Path(link)
+    tmp = link.with_name(link.name + ".new")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
+
+
+def link_tree(src, dst, copy_function=None):
+    """dst as a copy of the folder src, made of hard links (files are never rewritten in place here; pass
+    copy_function=shutil.copy2 for real copies), in a temporary folder renamed at the end, so a kill leaves
+    either nothing or the whole copy."""
+    tmp = Path(str(dst) + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, copy_function=copy_function or link_or_copy)
+    os.replace(tmp, dst)
+
+
+def link_file(src, dst):
+    """dst as a hard link of (or a copy of) src, put in place in one rename."""
+    tmp = Path(str(dst) + ".tmp")
+    tmp.unlink(missing_ok=True)
+    link_or_copy(src, tmp)
+    os.replace(tmp, dst)
+
+
+def link_or_copy(src, dst):
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or none that has hard links
+        shutil.copy2(src, dst)

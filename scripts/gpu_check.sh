@@ -6,7 +6,7 @@
 #   cuda         a CUDA device that does bf16
 #   hf-smoke     the smoke model through the hf backend on CUDA in bf16: greedy is repeatable, sampling runs
 #   rsft-step    one RSFT step of rft.py on the smoke model (rollouts, SFT pass, checkpoint, adapter sync)
-#   rsft-update  the SFT update itself on CUDA (rft.py --bench: LoRA forward/backward against a bare loop)
+#   rsft-update  the SFT update itself on CUDA (scripts/bench_rft.py: LoRA forward/backward against a bare loop)
 #   vllm-greedy  vLLM's greedy tokens equal hf's on the same prompts (each within the canary's tolerance)
 #   vllm-lora    vLLM applies a LoRA adapter: greedy output changes and the adapter canary passes
 #   vllm-sleep   sleeping the engine frees GPU memory and the next generate wakes it
@@ -42,12 +42,12 @@ EOF
 hf_smoke() {
 python - <<'EOF'
 import torch
-import engines
-model, tok = engines.load_model("smoke")
+from lib import canary, engines, hf_backend, models
+model, tok = models.load_model("smoke")
 param = next(model.parameters())
 assert param.device.type == "cuda" and param.dtype == torch.bfloat16, f"smoke model on {param.device} in {param.dtype}"
-backend = engines.HFBackend(model, tok)
-prompts = [engines.chat_ids(tok, [{"role": "user", "content": q}]) for q in ("What is 2 + 3?", "Name a river.", "Move?")]
+backend = hf_backend.HFBackend(model, tok)
+prompts = [models.chat_ids(tok, [{"role": "user", "content": q}]) for q in ("What is 2 + 3?", "Name a river.", "Move?")]
 greedy = backend.generate(prompts, temperature=0.0, max_new_tokens=16)
 assert greedy == backend.generate(prompts, temperature=0.0, max_new_tokens=16), "greedy output differs between two calls"
 sampled = backend.generate(prompts * 8, temperature=1.0, top_k=20, max_new_tokens=16, seeds=list(range(24)))
@@ -71,7 +71,7 @@ EOF
 }
 
 rsft_update() {
-python rft.py --bench --model smoke --bf16 > "$TMP/bench.txt" || return 1
+python scripts/bench_rft.py --model smoke --bf16 > "$TMP/bench.txt" || return 1
 grep -q "device cuda" "$TMP/bench.txt" || { echo "FAIL rsft-update (did not run on cuda: $(tail -n 2 "$TMP/bench.txt"))"; return 0; }
 echo "ok rsft-update LoRA forward/backward on cuda, $(grep '^ratio' "$TMP/bench.txt")"
 }
@@ -83,19 +83,19 @@ ADAPTER="$TMP/adapter" python - <<'EOF'
 import os
 import torch
 from peft import LoraConfig, get_peft_model
-import engines
+from lib import canary, engines, hf_backend, models
 
-model, tok = engines.load_model("smoke")
-hf = engines.HFBackend(model, tok)
+model, tok = models.load_model("smoke")
+hf = hf_backend.HFBackend(model, tok)
 engine = engines.VLLMBackend(model.name_or_path, tok, model, gpu_memory=0.3, sleep=True, max_model_len=2048)
 questions = ("What is 2 + 3?", "Name a river.", "Which move wins?", "Write a haiku.")
-prompts = [engines.chat_ids(tok, [{"role": "user", "content": q}]) for q in questions]
+prompts = [models.chat_ids(tok, [{"role": "user", "content": q}]) for q in questions]
 
 want = hf.generate(prompts, temperature=0.0, max_new_tokens=16)
 got = engine.generate(prompts, temperature=0.0, max_new_tokens=16, seeds=[0] * len(prompts))
 same = sum(a == b for a, b in zip(want, got))
 try:
-    s = engines.check_canary(engine, model, tok, "none (base model)", "vllm")
+    s = canary.check_canary(engine, model, tok, "none (base model)", "vllm")
     print(f"ok vllm-greedy {same}/{len(prompts)} prompts token-identical to hf; engine vs trainer (bf16 both) "
           f"{s['noise']:.2e} nats/token on the canary")
 except RuntimeError as e:

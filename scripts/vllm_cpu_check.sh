@@ -69,7 +69,7 @@ cat > "$TMP/offline.py" <<'EOF'
 import copy, json, os
 import torch
 from peft import LoraConfig, get_peft_model
-import engines
+from lib import canary, engines, hf_backend, models
 
 
 def adapter(model, name, seed, std):
@@ -88,14 +88,14 @@ def stops(engine, trainer, path, lora):
     """Does the canary stop when the engine serves `lora` while the trainer holds `trainer`?"""
     engine.model, engine.lora = trainer, lora
     try:
-        engines.check_canary(engine, trainer, engine.tokenizer, path, "vllm")
+        canary.check_canary(engine, trainer, engine.tokenizer, path, "vllm")
         return False
     except RuntimeError:
         return True
 
 
 def main():
-    model, tok = engines.load_model(os.environ["MODEL"])
+    model, tok = models.load_model(os.environ["MODEL"])
     # errors: options the platform refuses are one line naming the flag (vLLM checks them before its start)
     refused = []
     for kw in (dict(max_model_len=10 ** 6), dict(max_lora_rank=7), dict(gpu_memory=1.5), dict(sleep=True)):
@@ -108,15 +108,15 @@ def main():
     print(f"{'ok' if len(named) == 4 else 'FAIL'} errors {len(named)}/4 refused options are one line naming the "
           f"flag, e.g. {refused[-1]!r}")
     engine = engines.VLLMBackend(model.name_or_path, tok, model, gpu_memory=0.25, max_model_len=2048)
-    hf = engines.HFBackend(model, tok)
+    hf = hf_backend.HFBackend(model, tok)
     questions = ("What is 2 + 3?", "Name a river.", "Which move wins?", "Write a haiku about rain.")
-    prompts = [engines.chat_ids(tok, [{"role": "user", "content": q}]) for q in questions]
+    prompts = [models.chat_ids(tok, [{"role": "user", "content": q}]) for q in questions]
 
     # greedy: token ids equal hf's; the canary on the base model measures the dtype noise
     want = hf.generate(prompts, temperature=0.0, max_new_tokens=24)
     got = engine.generate(prompts, temperature=0.0, max_new_tokens=24, seeds=[0] * len(prompts))
     same = sum(a == b for a, b in zip(want, got))
-    s = engines.check_canary(engine, model, tok, "none (base model)", "vllm")
+    s = canary.check_canary(engine, model, tok, "none (base model)", "vllm")
     print(f"{'ok' if same == len(prompts) else 'FAIL'} greedy {same}/{len(prompts)} prompts token-identical to hf "
           f"(24 tokens, {engines.base_dtype(model)} both sides); dtype noise {s['noise']:.2e} nats/token")
 
@@ -184,7 +184,7 @@ rft_vllm() {
 
 start_server() {
     local path port=${PORT:-18731}
-    path=$("$PY" -c "import engines; print(engines.load_model('$MODEL')[0].name_or_path)") || return 1
+    path=$("$PY" -c "from lib.models import load_model; print(load_model('$MODEL')[0].name_or_path)") || return 1
     "$PY" -m vllm.entrypoints.openai.api_server --model "$path" --dtype float32 --enable-lora --max-lora-rank 64 \
         --max-loras 1 --gpu-memory-utilization 0.25 --max-model-len 2048 --host 127.0.0.1 --port "$port" \
         > "$TMP/server.log" 2>&1 &

@@ -1,9 +1,8 @@
 """The search keeps its own truth (issue 11 items 3-5): hostile `--proposer command` scripts, one per attack,
-each followed by what the archive must still say. The proposer runs in the real OS sandbox (sandbox.py);
+each followed by what the archive must still say. The proposer runs in the real OS sandbox (lib/sandbox.py);
 scoring uses the fake rollout module of test_meta_harness (fast, deterministic: score = 0.1 * MAX_TURNS)."""
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import meta_harness as mh
-import sandbox
+from lib import sandbox
 from test_meta_harness import SEED, FakeDomain, FakeRollout, make_args, rows_of
 
 # what only the OS sandbox can give (nothing outside its folder visible, no process outliving it)

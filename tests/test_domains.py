@@ -15,6 +15,7 @@ import chess
 import pytest
 
 import domains
+from lib import sandbox
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALLOWED_IMPORTS = {"re", "json", "math", "random", "string", "collections", "itertools", "functools",
@@ -86,7 +87,7 @@ def test_cli_stats_show_and_errors(tmp_path):
         assert len(out.stderr.strip().splitlines()) == 1
     # a checkout whose data file is missing, then corrupt
     shutil.copy(os.path.join(ROOT, "domains.py"), tmp_path)
-    shutil.copy(os.path.join(ROOT, "sandbox.py"), tmp_path)  # domains.py imports it (the python tool's sandbox)
+    shutil.copytree(os.path.join(ROOT, "lib"), tmp_path / "lib")  # domains.py imports lib.hub and lib.sandbox
     (tmp_path / "data").mkdir()
     out = run_cli("show", "chess", cwd=tmp_path)
     assert out.returncode != 0 and "missing data file" in out.stderr and "python data/build.py" in out.stderr
@@ -326,9 +327,9 @@ def child_pids():
 ])
 def test_python_tool_contains_bad_code(code, expected):
     start = time.time()
-    out = domains.run_python(code, timeout_s=3)
+    out = sandbox.run_python(code, timeout_s=3)
     assert re.search(expected, out) and time.time() - start < 6
-    assert domains.run_python("print(6 * 7)", timeout_s=3) == "42\n"  # the caller is unharmed
+    assert sandbox.run_python("print(6 * 7)", timeout_s=3) == "42\n"  # the caller is unharmed
     assert child_pids() == []  # nothing left running, not even a zombie
 
 
@@ -338,8 +339,8 @@ def test_python_tool_output():
     assert "ZeroDivisionError" in tools.python("print(1 / 0)")
     assert "SyntaxError" in tools.python("print(")
     assert tools.python(12) == "error: code must be a string"
-    assert len(tools.python("print('x' * 100000)")) < domains.MAX_OUTPUT_CHARS + 100
-    assert "killed" in domains.run_python("import os\nos.abort()", timeout_s=3)
+    assert len(tools.python("print('x' * 100000)")) < sandbox.MAX_OUTPUT_CHARS + 100
+    assert "killed" in sandbox.run_python("import os\nos.abort()", timeout_s=3)
     d = domains.get("math")
     d.python_timeout_s = 3  # how tests and smoke runs shorten the 30 s limit
     assert d.tools({}).timeout_s == 3
@@ -477,7 +478,7 @@ def test_prompt_only_lets_a_candidate_change_only_prompt_text(name):
     """--prompt-only (FST): each string literal of h0 changed on its own passes static_check exactly when it is a
     prompt knob's value or a docstring; regexes, tag names, dict keys, SEARCH_SPACE entries do not. mutate's
     string-valued options are the prompt knobs, so its prompt-only candidates always pass."""
-    import meta_harness
+    from lib import contract, mutate
     source = open(os.path.join(ROOT, "harnesses", f"{name}.py")).read()
     tree = ast.parse(source)
     allowed = {id(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id.endswith(("_PROMPT", "_TEMPLATE"))
@@ -488,13 +489,13 @@ def test_prompt_only_lets_a_candidate_change_only_prompt_text(name):
     assert len(allowed) >= 4 and len(strings) > 2 * len(allowed)
     for node in strings:
         node.value, old = node.value + "!", node.value
-        verdict = meta_harness.static_check(ast.unparse(tree), source, prompt_only=True)
+        verdict = contract.static_check(ast.unparse(tree), source, prompt_only=True)
         node.value = old
         assert (verdict is None) == (id(node) in allowed), (node.lineno, old[:40], verdict)
-    for knob, old, new in meta_harness.knob_options(source):
-        verdict = meta_harness.static_check(meta_harness.set_knob(source, knob, new), source, prompt_only=True)
+    for knob, old, new in mutate.knob_options(source):
+        verdict = contract.static_check(mutate.set_knob(source, knob, new), source, prompt_only=True)
         assert (verdict is None) == isinstance(new, str), (knob, new)
-    assert meta_harness.static_check(source.replace("MAX_TURNS = ", "MAX_TURNS = 1 + "), source, prompt_only=True)
+    assert contract.static_check(source.replace("MAX_TURNS = ", "MAX_TURNS = 1 + "), source, prompt_only=True)
 
 
 def scripted_reply(messages, name, task):
@@ -510,13 +511,13 @@ def scripted_reply(messages, name, task):
 def test_every_search_space_option_runs(name):
     """Every value mutate can set yields a harness that runs on the public view with the tools (no exception,
     an answer dict); stop= reaches llm() only when STOP is set."""
-    import meta_harness
+    from lib import mutate
     d = domains.get(name)
     task = next(t for t in d.load("test") if t.get("hops", 1) == 1 and len(t.get("moves", "ab")) == 2)
     source = open(os.path.join(ROOT, "harnesses", f"{name}.py")).read()
-    for knob, old, new in meta_harness.knob_options(source):
+    for knob, old, new in mutate.knob_options(source):
         ns = {}
-        exec(compile(meta_harness.set_knob(source, knob, new), f"{name}:{knob}", "exec"), ns)
+        exec(compile(mutate.set_knob(source, knob, new), f"{name}:{knob}", "exec"), ns)
         calls = []
 
         def llm(messages, max_tokens=None, **kw):
@@ -540,10 +541,10 @@ class ScriptedLLM:
 
 def with_knobs(name, **knobs):
     """The h0 of `name` with some knobs set, as mutate would write it."""
-    import meta_harness
+    from lib import mutate
     source = open(os.path.join(ROOT, "harnesses", f"{name}.py")).read()
     for knob, value in knobs.items():
-        source = meta_harness.set_knob(source, knob, value)
+        source = mutate.set_knob(source, knob, value)
     ns = {}
     exec(compile(source, name, "exec"), ns)
     return types.SimpleNamespace(**ns)

@@ -15,7 +15,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import domains
-import engines
+from lib import canary, engines, hub, policy
 
 # -----------------------------------------------------------------------------
 # a tiny model, a byte tokenizer and trained-looking adapters
@@ -53,8 +53,8 @@ def make_adapter(base, folder, seed, std):
 @pytest.fixture(autouse=True)
 def short_canary(monkeypatch):
     """Three questions, six tokens each: enough to tell the cases apart here, and quick on a busy machine."""
-    monkeypatch.setattr(engines, "CANARY_QUESTIONS", engines.CANARY_QUESTIONS[:3])
-    monkeypatch.setattr(engines, "CANARY_TOKENS", 6)
+    monkeypatch.setattr(canary, "CANARY_QUESTIONS", canary.CANARY_QUESTIONS[:3])
+    monkeypatch.setattr(canary, "CANARY_TOKENS", 6)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ class StandIn:
         def forced(pairs):
             self.forced += len(pairs)
             return [decode(model, p, 1, t)[1][0] for p, t in pairs]
-        return engines.engine_scores(rows, lambda rows: [decode(model, p, len(c)) for p, c in rows], forced)
+        return canary.engine_scores(rows, lambda rows: [decode(model, p, len(c)) for p, c in rows], forced)
 
 
 def test_engine_scores_decode_first_and_force_after_a_divergence(base, adapter):
@@ -112,49 +112,49 @@ def test_engine_scores_decode_first_and_force_after_a_divergence(base, adapter):
 
 def test_canary_tells_served_from_base_and_stale(base, adapter, tmp_path, capsys):
     trained, _ = adapter
-    s = engines.check_canary(StandIn(trained, base), trained, ByteTok(), "step_1", "stand-in")
+    s = canary.check_canary(StandIn(trained, base), trained, ByteTok(), "step_1", "stand-in")
     assert s["effect"] > 2 * s["tol"] and s["to_trainer"] < 1e-5 and s["noise"] < 1e-6
     assert "adapter canary ok (direct)" in capsys.readouterr().out
     with pytest.raises(RuntimeError, match=r"canary FAILED \(direct\): stand-in, adapter step_1.*stale weights"):
-        engines.check_canary(StandIn(base, base), trained, ByteTok(), "step_1", "stand-in")  # adapter not applied
+        canary.check_canary(StandIn(base, base), trained, ByteTok(), "step_1", "stand-in")  # adapter not applied
     other, _ = make_adapter(base, tmp_path / "other", seed=2, std=2.0)
     with pytest.raises(RuntimeError, match=r"canary FAILED \(direct\)"):
-        engines.check_canary(StandIn(other, base), trained, ByteTok(), "step_1", "stand-in")  # another adapter
+        canary.check_canary(StandIn(other, base), trained, ByteTok(), "step_1", "stand-in")  # another adapter
 
 
 def test_canary_small_adapter_uses_the_differential(base, tmp_path, capsys):
     """An update whose effect is below the noise tolerance: the engine's own adapter effect must be the trainer's."""
     tiny, _ = make_adapter(base, tmp_path / "tiny", seed=3, std=1e-4)
-    s = engines.check_canary(StandIn(tiny, base), tiny, ByteTok(), "tiny", "stand-in")
+    s = canary.check_canary(StandIn(tiny, base), tiny, ByteTok(), "tiny", "stand-in")
     assert 0 < s["effect"] < 2 * s["tol"] and abs(s["scale"] - 1) < 1e-3
     assert "(effect below noise: differential)" in capsys.readouterr().out
     with pytest.raises(RuntimeError, match="FAILED \\(effect below noise: differential\\)"):
-        engines.check_canary(StandIn(base, base), tiny, ByteTok(), "tiny", "stand-in")
+        canary.check_canary(StandIn(base, base), tiny, ByteTok(), "tiny", "stand-in")
     half, _ = make_adapter(base, tmp_path / "half", seed=3, std=1e-4)
     for name, p in half.named_parameters():
         if "lora_B" in name:
             p.data *= 0.5  # the previous RSFT step's adapter: same direction, half the size
     with pytest.raises(RuntimeError, match="differential"):
-        engines.check_canary(StandIn(half, base), tiny, ByteTok(), "tiny", "stand-in")
+        canary.check_canary(StandIn(half, base), tiny, ByteTok(), "tiny", "stand-in")
 
 
 def test_canary_zero_adapter_and_bf16_noise(base, adapter, tmp_path, capsys):
     zero, _ = make_adapter(base, tmp_path / "zero", seed=4, std=0)
-    s = engines.check_canary(StandIn(base, base), zero, ByteTok(), "zero", "stand-in")
+    s = canary.check_canary(StandIn(base, base), zero, ByteTok(), "zero", "stand-in")
     assert s["effect"] == 0 and s["scale"] is None and "(no adapter effect)" in capsys.readouterr().out
     # an engine in bf16 against an fp32 trainer: the measured noise sets the tolerance, and a real adapter still passes
     trained, path = adapter
     half_base = copy.deepcopy(base).to(torch.bfloat16)
     served = PeftModel.from_pretrained(copy.deepcopy(half_base), path).eval()
-    s = engines.check_canary(StandIn(served, half_base), trained, ByteTok(), "step_1", "bf16 stand-in")
+    s = canary.check_canary(StandIn(served, half_base), trained, ByteTok(), "step_1", "bf16 stand-in")
     assert s["noise"] > 0 and s["tol"] >= 3 * s["noise"] and s["to_trainer"] <= s["tol"]
     with pytest.raises(RuntimeError, match="FAILED"):
-        engines.check_canary(StandIn(half_base, half_base), trained, ByteTok(), "step_1", "bf16 stand-in")
+        canary.check_canary(StandIn(half_base, half_base), trained, ByteTok(), "step_1", "bf16 stand-in")
     # an adapter whose effect bf16 cannot resolve: the canary says it cannot tell, rather than passing blindly
     tiny, tiny_path = make_adapter(base, tmp_path / "tiny", seed=3, std=1e-5)
     served = PeftModel.from_pretrained(copy.deepcopy(half_base), tiny_path).eval()
     with pytest.raises(RuntimeError, match="FAILED \\(adapter effect below the engine's precision: cannot tell"):
-        engines.check_canary(StandIn(served, half_base), tiny, ByteTok(), "tiny", "bf16 stand-in")
+        canary.check_canary(StandIn(served, half_base), tiny, ByteTok(), "tiny", "bf16 stand-in")
 
 # -----------------------------------------------------------------------------
 # vllm backend with a stand-in `vllm` module
@@ -325,14 +325,14 @@ def test_adapter_evaluation_goes_through_the_engine(base, adapter, tmp_path):
         trained, path = adapter
         args = SimpleNamespace(backend="openai", openai_url=f"http://127.0.0.1:{server.server_port}/v1",
                                openai_model="base-model", openai_workers=4, model="tiny")
-        backend = engines.load_backend(args, trained, ByteTok(), adapter=path)
+        backend = policy.load_backend(args, trained, ByteTok(), adapter=path)
         name = f"rsft-{backend.run_id}-1"
         assert log[0] == ("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
         assert backend.adapter_name == name and {r["model"] for _, r in log[1:]} == {name, "base-model"}
     finally:
         server.shutdown()
     with pytest.raises(SystemExit, match=r"^--adapter .*: no adapter_config.json there; pass a LoRA folder"):
-        rollout.adapted_backend(SimpleNamespace(adapter=str(tmp_path), model="smoke", backend="hf"))
+        rollout.adapted_policy(SimpleNamespace(adapter=str(tmp_path), model="smoke", backend="hf"))
 
 
 def test_openai_backend_unreachable_server():
@@ -353,42 +353,42 @@ def test_with_eos_keeps_the_stop_token():
 
 def test_searchqa_rows():
     flashrag = {"id": "test_7", "question": "who wrote the iliad", "golden_answers": ["Homer"]}
-    assert domains.searchqa_task(flashrag, "nq", 0) == {"id": "nq-test_7", "question": "who wrote the iliad?",
+    assert hub.searchqa_task(flashrag, "nq", 0) == {"id": "nq-test_7", "question": "who wrote the iliad?",
                                                        "answers": ["Homer"], "source": "nq"}
     verl = {"data_source": "hotpotqa", "question": "Which river is longer?", "golden_answers": None,
             "reward_model": {"ground_truth": {"target": ["the Nile", "Nile"]}, "style": "rule"}}
-    task = domains.searchqa_task(verl, "train", 12)
+    task = hub.searchqa_task(verl, "train", 12)
     assert task["answers"] == ["the Nile", "Nile"] and task["id"] == "hotpotqa-12" and task["source"] == "hotpotqa"
-    assert domains.searchqa_task({"question": "no answers?", "golden_answers": []}, "nq", 1) is None
+    assert hub.searchqa_task({"question": "no answers?", "golden_answers": []}, "nq", 1) is None
 
 
 def test_searchqa_test_is_seeded_per_set(monkeypatch):
     def rows(name, config=None, split="train", streaming=False):
-        assert name == domains.SEARCHQA_TEST and split == dict(s.split(":") for s in domains.SEARCHQA_TEST_SETS)[config]
+        assert name == hub.SEARCHQA_TEST and split == dict(s.split(":") for s in hub.SEARCHQA_TEST_SETS)[config]
         return [{"id": f"{split}_{i}", "question": f"{config} question {i}", "golden_answers": [str(i)]} for i in range(130)]
-    monkeypatch.setattr(domains, "read_rows", rows)
-    tasks = domains.load_searchqa("test")
+    monkeypatch.setattr(hub, "read_rows", rows)
+    tasks = hub.load_searchqa("test")
     assert len(tasks) == 700 and len({t["id"] for t in tasks}) == 700
-    assert {t["source"] for t in tasks} == {s.split(":")[0] for s in domains.SEARCHQA_TEST_SETS}
-    assert tasks == domains.load_searchqa("test")
-    assert len(domains.load_searchqa("test", test_sets=("bamboogle:test",), per_set=5)) == 5
+    assert {t["source"] for t in tasks} == {s.split(":")[0] for s in hub.SEARCHQA_TEST_SETS}
+    assert tasks == hub.load_searchqa("test")
+    assert len(hub.load_searchqa("test", test_sets=("bamboogle:test",), per_set=5)) == 5
 
 
 def test_math_rows(tmp_path):
     problem = "Find the sum of all integers $n$ such that $n^2 < 10$."
-    dapo = {"data_source": "math_dapo", "prompt": [{"role": "user", "content": domains.DAPO_PREFIX + problem + domains.DAPO_SUFFIX}],
+    dapo = {"data_source": "math_dapo", "prompt": [{"role": "user", "content": hub.DAPO_PREFIX + problem + hub.DAPO_SUFFIX}],
             "ability": "MATH", "reward_model": {"ground_truth": "0", "style": "rule-lighteval/MATH_v2"},
             "extra_info": {"index": "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079"}}
     path = tmp_path / "dapo.jsonl"
     path.write_text("\n".join(json.dumps(dapo) for _ in range(3)) + "\n")  # the release repeats problems
-    tasks = domains.load_math("train", train_name=str(path))
+    tasks = hub.load_math("train", train_name=str(path))
     assert tasks == [{"id": "dapo-9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079", "question": problem, "answer": "0",
                       "source": "dapo-math-17k"}]
     h4 = {"id": 60, "problem": "Every morning Aya goes for a walk ...", "solution": "...", "answer": "204", "url": "", "year": "2024"}
     arena = {"problem_idx": 3, "problem": "Find the number of ordered pairs ...", "answer": 117}
     (tmp_path / "aime_2024.jsonl").write_text(json.dumps(h4) + "\n")
     (tmp_path / "aime_2025.jsonl").write_text(json.dumps(arena) + "\n")
-    tasks = domains.load_math("test", test_names=(str(tmp_path / "aime_2024.jsonl"), str(tmp_path / "aime_2025.jsonl")))
+    tasks = hub.load_math("test", test_names=(str(tmp_path / "aime_2024.jsonl"), str(tmp_path / "aime_2025.jsonl")))
     assert [(t["id"], t["answer"]) for t in tasks] == [("aime_2024-jsonl-60", "204"), ("aime_2025-jsonl-3", "117")]
     assert "answer" not in tasks[0]["question"]
 
@@ -401,7 +401,7 @@ def test_chess_rows_filters_and_splits(tmp_path):
     path = tmp_path / "lichess_db_puzzle.csv"
     path.write_text(header + "".join(lines))
     kw = dict(name=str(path), max_rating=1500, max_solver_moves=2, test_size=3, train_size=100)
-    test, train = domains.load_chess("test", **kw), domains.load_chess("train", **kw)
+    test, train = hub.load_chess("test", **kw), hub.load_chess("train", **kw)
     assert len(test) == 3 and len(train) == 9 and not {t["id"] for t in test} & {t["id"] for t in train}
     assert all(t["rating"] <= 1500 and len(t["moves"]) in (2, 4) for t in test + train)
     assert test[0]["fen"] == fen and test[0]["themes"] == ["short", "mateIn1"]
@@ -419,7 +419,7 @@ def paper_args(*argv):
 
 def test_data_switch(tmp_path):
     assert domains.get("math", argparse.Namespace(data="bundled")).load("test")[0]["id"].startswith("gsm8k")
-    rows = [{"prompt": [{"role": "user", "content": domains.DAPO_PREFIX + f"What is {i} + {i}?" + domains.DAPO_SUFFIX}],
+    rows = [{"prompt": [{"role": "user", "content": hub.DAPO_PREFIX + f"What is {i} + {i}?" + hub.DAPO_SUFFIX}],
              "reward_model": {"ground_truth": str(2 * i)}, "extra_info": {"index": i}} for i in range(300)]
     (tmp_path / "dapo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "aime.jsonl").write_text(json.dumps({"id": 1, "problem": "Find x.", "answer": "7"}) + "\n")
@@ -463,7 +463,7 @@ def test_retriever_client_speaks_search_r1_api():
     log = []
     server = serve(retriever_handler(log))
     try:
-        client = domains.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
+        client = hub.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
         assert client.search("where does the Zarnoth flow", k=2) == [
             "Zarnoth River: The Zarnoth River flows through Kelmar and ends in the Sea of Vost.",
             "Kelmar: Kelmar is a city founded in 1342 by the weaver Oda Prell."]
@@ -472,15 +472,15 @@ def test_retriever_client_speaks_search_r1_api():
     finally:
         server.shutdown()
     with pytest.raises(RuntimeError, match="retrieval server .* --wiki"):
-        domains.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5).search("x")
+        hub.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5).search("x")
 
 
 def test_wiki_bm25_fallback(tmp_path):
     path = tmp_path / "wiki-18.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in WIKI))
-    wiki = domains.WikiBM25(str(path))
+    wiki = hub.WikiBM25(str(path))
     assert wiki.search("who founded Kelmar", k=1) == ["Kelmar: Kelmar is a city founded in 1342 by the weaver Oda Prell."]
-    again = domains.WikiBM25(str(path))  # loads the saved index
+    again = hub.WikiBM25(str(path))  # loads the saved index
     assert again.search("Oda Prell birthplace", k=3)[0].startswith("Oda Prell:")
     with pytest.raises(FileNotFoundError, match="wiki corpus .* --retriever-url"):
-        domains.WikiBM25(str(tmp_path / "missing.jsonl"))
+        hub.WikiBM25(str(tmp_path / "missing.jsonl"))

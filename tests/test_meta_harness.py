@@ -6,7 +6,6 @@ import http.server
 import json
 import os
 import shutil
-import sys
 import textwrap
 import threading
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import meta_harness as mh
-import sandbox
+from lib import contract, mutate, openai_proposer, proposers, sandbox
 
 SEED = textwrap.dedent('''\
     """Fake harness for tests: one model call."""
@@ -119,7 +118,7 @@ def test_stop_rule_patience_and_minimum():
 
 
 def test_static_check_reasons():
-    check = mh.static_check
+    check = contract.static_check
     assert check(SEED) is None
     assert check("").startswith("no code")
     assert check("def run(task, llm, tools)\n    pass").startswith("syntax error: line 1")
@@ -135,9 +134,9 @@ def test_static_check_reasons():
 
 
 def test_set_knob_rewrites_only_that_assignment():
-    src = mh.set_knob(SEED, "STYLE", "tagged")
+    src = mutate.set_knob(SEED, "STYLE", "tagged")
     assert 'STYLE = \'tagged\'' in src and src.replace("STYLE = 'tagged'", 'STYLE = "plain"') == SEED
-    assert sorted(mh.knob_options(SEED)) == [("MAX_TURNS", 1, 2), ("MAX_TURNS", 1, 3), ("STYLE", "plain", "tagged")]
+    assert sorted(mutate.knob_options(SEED)) == [("MAX_TURNS", 1, 2), ("MAX_TURNS", 1, 3), ("STYLE", "plain", "tagged")]
 
 
 # -----------------------------------------------------------------------------
@@ -321,7 +320,7 @@ def openai_args(url, **over):
 def test_openai_retries_429_and_5xx_honouring_retry_after(fake, monkeypatch, chat_server):
     fr, seed, run_dir = fake
     slept = []
-    monkeypatch.setattr(mh.time, "sleep", slept.append)
+    monkeypatch.setattr(openai_proposer.time, "sleep", slept.append)
     code = SEED.replace("MAX_TURNS = 1", "MAX_TURNS = 2")
     ChatServer.replies = [(429, {"Retry-After": "3"}, RATE_LIMITED), (503, {}, OVERLOADED),
                           (502, {}, "<html><body><h1>502 Bad Gateway</h1></body></html>"),
@@ -349,7 +348,7 @@ def test_openai_errors_no_retry_can_fix_stop_with_the_fix(fake, chat_server, sta
 
 def test_openai_timeout_per_request_then_the_failure_limit(fake, monkeypatch, chat_server):
     fr, seed, run_dir = fake
-    monkeypatch.setattr(mh.time, "sleep", lambda s: None)
+    monkeypatch.setattr(openai_proposer.time, "sleep", lambda s: None)
     ChatServer.replies = [("sleep", 2.0)]
     t0 = time.time()
     with pytest.raises(SystemExit, match=r"proposer openai failed 2 times in a row, last: no answer from .*timed "
@@ -460,8 +459,8 @@ def test_failures_count_only_in_a_row(fake, monkeypatch):
             return 1, json.dumps({"type": "result", "subtype": "success", "is_error": True,
                                   "result": "API Error: 529 Overloaded"}), ""
         return 0, json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "done"}), ""
-    monkeypatch.setattr(mh, "run_in_sandbox", fake_run)
-    monkeypatch.setattr(mh.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(proposers, "run_in_sandbox", fake_run)
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)  # meta_harness and lib.proposers
     res = mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=1, proposer="claude"), iterations=2)
     assert res["iterations"] == 2
     assert [c["error"] for c in map(json.loads, open(run_dir / "costs.jsonl"))] == \
@@ -472,7 +471,7 @@ def test_failures_count_only_in_a_row(fake, monkeypatch):
 def test_real_claude_cli_without_login_ends_the_search_with_its_message(fake, tmp_path, monkeypatch):
     fr, seed, run_dir = fake
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no login, whatever the machine has
-    for var in mh.CLAUDE_ENV + ("CLAUDE_CONFIG_DIR",):
+    for var in proposers.CLAUDE_ENV + ("CLAUDE_CONFIG_DIR",):
         monkeypatch.delenv(var, raising=False)
     args = make_args(candidates=1, proposer="claude", proposer_max_failures=2, proposer_timeout=20)
     with pytest.raises(SystemExit, match="failed 2 times in a row, last: Not logged in · Please run /login. To go on, "
@@ -556,7 +555,7 @@ def test_real_claude_cli_tools_stay_in_the_proposer_folder(fake, tmp_path, monke
     fr, seed, run_dir = fake
     scratch = tmp_path / "scratch"  # the proposer's folder, known in advance so the script can name it
     scratch.mkdir()
-    monkeypatch.setattr(mh.tempfile, "mkdtemp", lambda prefix: str(scratch))
+    monkeypatch.setattr(proposers.tempfile, "mkdtemp", lambda prefix: str(scratch))
     work = scratch / "archive"
     FakeAnthropicApi.steps = [
         ("Glob", {"pattern": "**/*.py"}),

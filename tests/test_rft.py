@@ -8,7 +8,9 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import rft
-import engines
+from lib.hf_backend import HFBackend
+from lib.models import chat_ids, load_model
+from lib.policy import Policy, add_lora
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -94,7 +96,7 @@ def test_loss_masks_the_prompt_and_is_normalised_over_all_completion_tokens():
 
 
 def test_tool_output_in_the_prompt_leaves_the_gradient_unchanged():
-    _, tok = engines.load_model("smoke")
+    _, tok = load_model("smoke")
     model = tiny_model(vocab=len(tok), layers=0)
     completion = tok("The answer is \\boxed{47}<|im_end|>", add_special_tokens=False)["input_ids"]
 
@@ -102,13 +104,13 @@ def test_tool_output_in_the_prompt_leaves_the_gradient_unchanged():
         messages = [{"role": "user", "content": "What is 12 + 35?"},
                     {"role": "assistant", "content": "```python\nprint(12 + 35)\n```"},
                     {"role": "user", "content": f"Output: {tool_output}"}]
-        return [(engines.chat_ids(tok, messages), completion)]
+        return [(chat_ids(tok, messages), completion)]
 
     assert same(grads(model, example("47")), grads(model, example("Traceback: NameError, a much longer tool text")))
 
 
 def test_update_makes_one_optimizer_step_on_the_lora_weights_only():
-    model = rft.add_lora(tiny_model(), rft_args(lora_rank=4))
+    model = add_lora(tiny_model(), rft_args(lora_rank=4))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
@@ -143,7 +145,9 @@ class FakeDomain:
 
 
 def test_bad_input_gives_clear_errors(tmp_path):
-    backend = lambda **kw: types.SimpleNamespace(model=tiny_model(**kw))
+    def backend(**kw):  # a policy whose backend only holds the model (nothing samples here)
+        model = tiny_model(**kw)
+        return Policy(model, None, types.SimpleNamespace(model=model))
     with pytest.raises(ValueError, match="--group 0"):
         rft.RSFT(rft_args(group=0), backend(), FakeDomain(), tmp_path / "a")
     with pytest.raises(ValueError, match=r"--batch 9 does not fit .*\(8 prompts\)"):
@@ -168,13 +172,13 @@ def run(task, llm, tools):
 
 def smoke_trainer(tmp_path, out, target, **kw):
     (tmp_path / "h.py").write_text(HARNESS)
-    model, tok = engines.load_model("smoke")
+    model, tok = load_model("smoke")
     kw = {"batch": 4, "group": 4, "lr": 1e-2, "warmup": 0, "workers": 8, **kw}
-    return rft.RSFT(rft_args(**kw), engines.HFBackend(model, tok), FakeDomain(8, target), tmp_path / out)
+    return rft.RSFT(rft_args(**kw), Policy(model, tok, HFBackend(model, tok)), FakeDomain(8, target), tmp_path / out)
 
 
 def lora_weights(trainer):
-    return {k: p.detach().clone() for k, p in trainer.backend.model.named_parameters() if "lora_" in k}
+    return {k: p.detach().clone() for k, p in trainer.policy.model.named_parameters() if "lora_" in k}
 
 
 def test_rollout_accounting_when_nothing_is_accepted(tmp_path):
@@ -214,7 +218,7 @@ def test_resume_matches_an_uninterrupted_run_and_counts_accepted_rollouts(tmp_pa
     assert [json.loads(r)["loss"] for r in metrics] == [r["loss"] for r in rows]
 
 
-class RecordingBackend(engines.HFBackend):
+class RecordingBackend(HFBackend):
     """The hf backend, noting every adapter sync (the engine backends load the adapter and run the canary there)."""
 
     def __init__(self, model, tok):
@@ -229,10 +233,11 @@ class RecordingBackend(engines.HFBackend):
 def test_resume_syncs_the_engine_with_the_checkpoint_adapter_first(tmp_path):
     fresh = smoke_trainer(tmp_path, "out", "")
     fresh.save()  # a checkpoint, as after a finished step
-    model, tok = engines.load_model("smoke")
-    backend = RecordingBackend(model, tok)
-    rft.RSFT(rft_args(batch=4, group=1), backend, FakeDomain(8, ""), tmp_path / "new")
-    assert backend.synced == []  # a fresh run: the engine serves the base model, as the zero-init adapter does
-    resumed = rft.RSFT(rft_args(batch=4, group=1), RecordingBackend(*engines.load_model("smoke")), FakeDomain(8, ""),
-                       tmp_path / "out")
-    assert resumed.backend.synced == [str(tmp_path / "out" / "ckpt" / "adapter")]  # before any rollout
+    def recording_policy():
+        model, tok = load_model("smoke")
+        return Policy(model, tok, RecordingBackend(model, tok))
+    policy = recording_policy()
+    rft.RSFT(rft_args(batch=4, group=1), policy, FakeDomain(8, ""), tmp_path / "new")
+    assert policy.backend.synced == []  # a fresh run: the engine serves the base model, as the zero-init adapter does
+    resumed = rft.RSFT(rft_args(batch=4, group=1), recording_policy(), FakeDomain(8, ""), tmp_path / "out")
+    assert resumed.policy.backend.synced == [str(tmp_path / "out" / "ckpt" / "adapter")]  # before any rollout

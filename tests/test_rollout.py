@@ -13,8 +13,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import engines  # noqa: E402
 import rollout  # noqa: E402
+from lib import protocol, workers  # noqa: E402
+from lib.hf_backend import HFBackend  # noqa: E402
+from lib.models import chat_ids, load_model  # noqa: E402
 
 SECRET = "zebra-secret-4821"
 
@@ -47,7 +49,7 @@ class FakeDomain:
         return float(answer == task["answer"] and tools.lookups >= 1)
 
 
-class CountingBackend(engines.HFBackend):
+class CountingBackend(HFBackend):
     def generate(self, prompts, **kw):
         self.generate_calls = getattr(self, "generate_calls", 0) + 1
         return super().generate(prompts, **kw)
@@ -55,10 +57,10 @@ class CountingBackend(engines.HFBackend):
 
 @pytest.fixture(scope="module")
 def backend():
-    # one torch thread: on 2 shared cores, two spinning OpenMP threads make tiny forwards 100x slower
+    # one torch thread: on 2 shared cores, two spinning OpenMP threads make tiny forwards far slower
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    model, tok = engines.load_model("smoke")
+    model, tok = load_model("smoke")
     yield CountingBackend(model, tok)
     torch.set_num_threads(threads)
 
@@ -191,7 +193,7 @@ def test_recorded_tokens_are_what_was_sampled(backend, tmp_path):
     for e in eps:
         assert e["answer"] == [c["completion"] for c in e["calls"]]  # the harness got exactly the recorded text
         for call in e["calls"]:
-            assert call["prompt_ids"] == engines.chat_ids(tok, call["messages"])
+            assert call["prompt_ids"] == chat_ids(tok, call["messages"])
             assert tok.decode(call["completion_ids"], skip_special_tokens=True) == call["completion"]
             assert 1 <= len(call["completion_ids"]) <= 6
         assert e["tokens"] == sum(len(c["completion_ids"]) for c in e["calls"])
@@ -212,8 +214,8 @@ def test_same_seed_same_results(backend, tmp_path):
 
 
 def test_generate_rows_do_not_depend_on_the_batch(backend):
-    p = engines.chat_ids(backend.tokenizer, [{"role": "user", "content": "hello"}])
-    q = engines.chat_ids(backend.tokenizer, [{"role": "user", "content": "a longer prompt than the other one"}])
+    p = chat_ids(backend.tokenizer, [{"role": "user", "content": "hello"}])
+    q = chat_ids(backend.tokenizer, [{"role": "user", "content": "a longer prompt than the other one"}])
     alone = backend.generate([p], max_new_tokens=8, seeds=[5])[0]
     mixed = backend.generate([q, p, q], max_new_tokens=[3, 8, 8], seeds=[1, 5, 2])
     assert mixed[1] == alone and len(mixed[0]) == 3
@@ -285,7 +287,7 @@ def test_stop_strings_end_the_reply_and_reach_the_backend(backend, tmp_path):
     assert all(c["completion_ids"] == fake.ids for c in ep["calls"])  # recorded exactly as the backend returned
     assert fake.asked == [{"caps": [5], "stop": [["</search>"]]}, {"caps": [7], "stop": [["</answer>", "</search>"]]},
                           {"caps": [7], "stop": None}]
-    assert rollout.cut_at_stop("ab</a>cd", ["d", "</a>"]) == "ab</a>" and rollout.cut_at_stop("abc", None) == "abc"
+    assert protocol.cut_at_stop("ab</a>cd", ["d", "</a>"]) == "ab</a>" and protocol.cut_at_stop("abc", None) == "abc"
 
 
 BAD_REQUESTS = '''"""'polite' asks through llm() with bad arguments; 'forged' writes a bad stop list to the pipe itself."""
@@ -316,10 +318,10 @@ def test_bad_stop_and_max_tokens_are_refused_by_the_worker_and_the_parent(backen
     assert "protocol violation" in by["forged"]["error"] and "stop" in by["forged"]["error"]
     assert fake.asked == []  # no bad request reached the backend
     with pytest.raises(ValueError, match="max_tokens must be None or an int >= 1"):
-        rollout.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 0}, 8)
+        protocol.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 0}, 8)
     with pytest.raises(ValueError, match="messages must be"):
-        rollout.llm_request({"llm": [{"role": "tool", "content": "q"}]}, 8)
-    assert rollout.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 99, "stop": "</a>"}, 8) == \
+        protocol.llm_request({"llm": [{"role": "tool", "content": "q"}]}, 8)
+    assert protocol.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 99, "stop": "</a>"}, 8) == \
         ([{"role": "user", "content": "q"}], 8, ["</a>"])
 
 
@@ -342,23 +344,23 @@ def test_pool_keeps_warm_workers_across_calls_and_uses_each_once(backend, tmp_pa
     path = write(tmp_path, "good.py", GOOD)
     tasks = FakeDomain().load("t", 3)
     rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
-    rollout.POOL.wait_ready()  # the replacements start in the background
-    warm = rollout.POOL.idle[:3]
+    workers.POOL.wait_ready()  # the replacements start in the background
+    warm = workers.POOL.idle[:3]
     assert len(warm) == 3 and all(w.proc.poll() is None for w in warm)
     eps = rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
     assert [e["reward"] for e in eps] == [1.0] * 3
     assert all(w.proc.poll() is not None for w in warm)  # each served its one episode; its sandbox was killed
-    rollout.POOL.wait_ready()
-    assert len(rollout.POOL.idle) >= 3 and not set(map(id, warm)) & set(map(id, rollout.POOL.idle))
-    dead = rollout.POOL.idle[0]  # a warm worker killed from outside is dropped, not handed an episode
+    workers.POOL.wait_ready()
+    assert len(workers.POOL.idle) >= 3 and not set(map(id, warm)) & set(map(id, workers.POOL.idle))
+    dead = workers.POOL.idle[0]  # a warm worker killed from outside is dropped, not handed an episode
     os.kill(dead.proc.pid, signal.SIGKILL)
     dead.proc.wait()
     eps = rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
-    assert [e["reward"] for e in eps] == [1.0] * 3 and dead not in rollout.POOL.idle
+    assert [e["reward"] for e in eps] == [1.0] * 3 and dead not in workers.POOL.idle
 
 
 def test_generate_with_a_cap_below_one_returns_empty_rows(backend):
-    p = engines.chat_ids(backend.tokenizer, [{"role": "user", "content": "hello"}])
+    p = chat_ids(backend.tokenizer, [{"role": "user", "content": "hello"}])
     assert backend.generate([p], max_new_tokens=0) == [[]]
     out = backend.generate([p, p], max_new_tokens=[0, 3], seeds=[1, 2])
     assert out[0] == [] and len(out[1]) == 3

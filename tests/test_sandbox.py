@@ -1,4 +1,4 @@
-"""Tests for the OS boundary around untrusted code (sandbox.py, worker.py, rollout's workers, domains.run_python):
+"""Tests for the OS boundary around untrusted code (lib/sandbox.py, lib/worker.py, lib/workers.py, run_python):
 one hostile harness or code snippet per attack class of issue 11, each asserting the real outcome.
 
     python -m pytest -q tests/test_sandbox.py
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-import domains
-import engines
 import rollout
-import sandbox
+from lib import sandbox, workers
+from lib.hf_backend import HFBackend
+from lib.models import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "zebra-secret-4821"
@@ -48,8 +48,8 @@ class SecretDomain:
 
 @pytest.fixture(scope="module")
 def backend():
-    model, tok = engines.load_model("smoke")
-    return engines.HFBackend(model, tok)
+    model, tok = load_model("smoke")
+    return HFBackend(model, tok)
 
 
 def tasks_for(*names):
@@ -113,6 +113,7 @@ def run(task, llm, tools):
         attempt(log, "write_harnesses", lambda: builtins.open("REPO/harnesses/evil.py", "w").write("x"))
         attempt(log, "proc", lambda: sorted(p for p in os.listdir("/proc") if p.isdigit()))
         attempt(log, "project", lambda: sorted(os.listdir("REPO")))
+        attempt(log, "project_lib", lambda: sorted(os.listdir("REPO/lib")))
     if q == "hidden":
         attempt(log, "tools_secret", lambda: tools._secret)
         def scan():  # every frame up to the worker's main, and every module
@@ -194,7 +195,8 @@ def test_harness_sees_no_project_data_process_or_network_with_its_audit_hook_off
     assert eval(files["proc"]) == ["1", "2"]  # bwrap's init and the worker: no other process
     # of the project folder, only the worker's own file is there (and the venv's packages when the venv is in it)
     venv = Path(sys.prefix).resolve()
-    assert eval(files["project"]) == sorted(["worker.py"] + ([venv.name] if venv.parent == REPO.resolve() else []))
+    assert eval(files["project"]) == sorted(["lib"] + ([venv.name] if venv.parent == REPO.resolve() else []))
+    assert eval(files["project_lib"]) == ["worker.py"]
     assert not (REPO / "harnesses" / "evil.py").exists()
     assert hidden["tools_secret"].startswith("error AttributeError") and hidden["memory_scan"] == "[]"
     for name in ("fork", "posix_spawn", "subprocess"):
@@ -250,9 +252,9 @@ def run(task, llm, tools):
 
 def test_memory_budget_is_shared_by_all_workers(backend, tmp_path, monkeypatch):
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert rollout.worker_memory_bytes(64) * 64 <= rollout.WORKER_MEMORY_SHARE * ram
-    assert rollout.worker_memory_bytes(1) <= rollout.WORKER_MEMORY_MAX
-    monkeypatch.setattr(rollout, "WORKER_MEMORY_SHARE", (2 * 200 << 20) / ram)  # 2 workers: 200 MB each
+    assert workers.worker_memory_bytes(64) * 64 <= workers.WORKER_MEMORY_SHARE * ram
+    assert workers.worker_memory_bytes(1) <= workers.WORKER_MEMORY_MAX
+    monkeypatch.setattr(workers, "WORKER_MEMORY_SHARE", (2 * 200 << 20) / ram)  # 2 workers: 200 MB each
     source = '''"""'raise' tries to lift its own limit first; then both try to hold 300 MB; 'small' holds 50 MB."""
 import random
 def run(task, llm, tools):
@@ -296,7 +298,7 @@ attempt("fork", os.fork)
 open("/tmp/left-behind", "w").write("state")
 '''
     try:
-        out = dict(line.split(" ", 1) for line in domains.run_python(code, timeout_s=10).splitlines())
+        out = dict(line.split(" ", 1) for line in sandbox.run_python(code, timeout_s=10).splitlines())
         with pytest.raises(BlockingIOError):
             listener.accept()
     finally:
@@ -306,7 +308,7 @@ open("/tmp/left-behind", "w").write("state")
     assert out["tcp_host"].startswith("error") and out["tcp_internet"].startswith("error"), out
     assert not (REPO / "harnesses" / "evil.py").exists()
     # a fresh sandbox per call: the last call's file is gone
-    assert "FileNotFoundError" in domains.run_python("print(open('/tmp/left-behind').read())", timeout_s=10)
+    assert "FileNotFoundError" in sandbox.run_python("print(open('/tmp/left-behind').read())", timeout_s=10)
 
 
 # -----------------------------------------------------------------------------

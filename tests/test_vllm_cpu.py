@@ -18,11 +18,11 @@ PROBE = '''
 import copy, json, os, sys
 import torch
 from peft import LoraConfig, get_peft_model
-import engines
+from lib import canary, engines, hf_backend, models
 
 
 def main():
-    model, tok = engines.load_model("smoke")
+    model, tok = models.load_model("smoke")
     out = {"refused": []}
     for kw in (dict(max_model_len=100000), dict(max_lora_rank=7), dict(gpu_memory=1.5), dict(sleep=True)):
         try:  # vLLM checks these before it starts an engine: each is one line naming the flag
@@ -31,8 +31,8 @@ def main():
         except ValueError as e:
             out["refused"].append(str(e))
     engine = engines.VLLMBackend(model.name_or_path, tok, model, gpu_memory=0.25, max_model_len=1024)
-    hf = engines.HFBackend(model, tok)
-    prompts = [engines.chat_ids(tok, [{"role": "user", "content": q}]) for q in ("What is 2 + 3?", "Name a river.")]
+    hf = hf_backend.HFBackend(model, tok)
+    prompts = [models.chat_ids(tok, [{"role": "user", "content": q}]) for q in ("What is 2 + 3?", "Name a river.")]
     out["dtype"] = str(engine.llm.model_config.dtype)
     out["hf"] = hf.generate(prompts, temperature=0.0, max_new_tokens=16)
     out["engine"] = engine.generate(prompts, temperature=0.0, max_new_tokens=16, seeds=[0, 0])
@@ -51,7 +51,7 @@ def main():
     out["canary"] = engine.sync_adapter(sys.argv[1])
     engine.lora = None  # the engine loses the adapter: stale weights
     try:
-        engines.check_canary(engine, trainer, tok, sys.argv[1], "vllm")
+        canary.check_canary(engine, trainer, tok, sys.argv[1], "vllm")
         out["stale"] = "passed"
     except RuntimeError as e:
         out["stale"] = str(e)

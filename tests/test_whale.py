@@ -13,7 +13,9 @@ import pytest
 
 import domains
 import meta_harness
+import rft
 import whale
+from lib import reuse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -204,14 +206,14 @@ def record(out):
     """What a run computed, without timings and folder names: files become their content hashes."""
     drop = ("seconds", "time", "test_seconds", "sample_s", "train_s", "copied_from")
     paths = ("winner", "harness", "final_harness")
-    clean = lambda row: {k: whale.file_sha(v) if k in paths else clean(v) if isinstance(v, dict) else v
+    clean = lambda row: {k: reuse.file_sha(v) if k in paths else clean(v) if isinstance(v, dict) else v
                          for k, v in row.items() if k not in drop}
     evals = {p.name: clean(json.loads(p.read_text())) for p in sorted((out / "evals").glob("*.json"))}
     steps = [clean(r) for r in rows(out / "weights" / "metrics.jsonl")] if (out / "weights").exists() else []
     adapter = out / "weights" / "ckpt" / "adapter" / "adapter_model.safetensors"
     return {"metrics": [clean(r) for r in rows(out / "metrics.jsonl")], "evals": evals, "steps": steps,
             "summary": clean(json.loads((out / "summary.json").read_text())),
-            "adapter": whale.file_sha(adapter) if adapter.exists() else None}
+            "adapter": reuse.file_sha(adapter) if adapter.exists() else None}
 
 
 def assert_same_record(got, want, what):
@@ -238,7 +240,7 @@ def test_methods_in_one_command_compute_shared_weight_phases_once_and_match_sepa
     for method in methods:
         assert_same_record(record(runs[method]), record(tmp_path / "alone" / method), method)
     # every distinct RSFT step (the harness content of it and of every step before it) ran once, no more
-    prefixes = {tuple(whale.file_sha(r["harness"]) for r in rows(runs[m] / "weights" / "metrics.jsonl")[:n])
+    prefixes = {tuple(reuse.file_sha(r["harness"]) for r in rows(runs[m] / "weights" / "metrics.jsonl")[:n])
                 for m in methods for n in range(1, 5)}
     assert len(executed) == len(prefixes) < 4 * 4
     assert executed[:4] == ["weight-only"] * 4 and "stagewise" not in executed  # stagewise: weight-only's phases
@@ -294,7 +296,7 @@ def test_a_run_interrupted_anywhere_resumes_to_the_same_result(tmp_path, fake, m
     executed.clear()
     out = tmp_path / "interrupted"
     points = [(whale.rft.RSFT, "step", 3, False),  # mid weight phase 3, its first step checkpointed
-              (whale, "snapshot_weights", 1, True),  # phase 3: its last RSFT step checkpointed, state not saved
+              (reuse, "snapshot_weights", 1, True),  # phase 3: its last RSFT step checkpointed, state not saved
               (whale, "log_eval_once", 2, False),  # phase 3 evaluated and logged, state not saved
               (whale.meta_harness, "search", 1, False),  # phase 4's search done, its winner not recorded
               (whale, "save_state", 1, False)]  # phase 4 saved, no summary yet
@@ -385,13 +387,14 @@ def test_weights_id_ignores_the_order_peft_writes_target_modules_in(tmp_path):
     a.write_text(json.dumps({"r": 16, "target_modules": ["q_proj", "v_proj", "o_proj"]}))
     b.write_text(json.dumps({"target_modules": ["o_proj", "q_proj", "v_proj"], "r": 16}))
     c.write_text(json.dumps({"r": 8, "target_modules": ["q_proj", "v_proj", "o_proj"]}))
-    assert whale.adapter_config_sha(a) == whale.adapter_config_sha(b) != whale.adapter_config_sha(c)
-    assert whale.adapter_config_sha(tmp_path / "none").startswith("missing: ")
+    assert reuse.adapter_config_sha(a) == reuse.adapter_config_sha(b) != reuse.adapter_config_sha(c)
+    assert reuse.adapter_config_sha(tmp_path / "none").startswith("missing: ")
 
 
 def test_weights_that_no_rsft_step_updated_count_as_the_base_model(tmp_path):
     # every step accepted nothing: the fresh adapter (B = 0) is the base model, so its evaluations are shared
     trainer = types.SimpleNamespace(out_dir=tmp_path, history=[{"skipped": True}, {"skipped": True}])
-    assert whale.weights_id(None) == whale.weights_id(trainer) == "base"
+    weights_id = rft.RSFT.weights_id.fget
+    assert whale.weights_id(None) == weights_id(trainer) == "base"
     trainer.history.append({"skipped": False})
-    assert whale.weights_id(trainer).startswith("adapter ")
+    assert weights_id(trainer).startswith("adapter ")

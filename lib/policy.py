@@ -1,0 +1,130 @@
+"""The policy: one object that owns the model being trained, its LoRA adapter and the backend that samples from it.
+
+    policy = load_policy(args)               # --model, --backend hf|vllm|openai, --bf16
+    policy.generate(prompt_ids, ...)         # what the episode runner calls (with policy.tokenizer)
+    policy.add_adapter() / load_adapter(folder) / drop_adapter()
+    policy.save_adapter(folder); policy.serve_adapter(folder)   # after an update: the backend serves it
+
+hf samples from the trainer's own module, so an update is served at once. vllm and an OpenAI-compatible server
+load the saved adapter and run the canary (lib/canary.py) against the trainer's module before the next rollout.
+"""
+from pathlib import Path
+
+import torch
+
+from lib.engines import OpenAIBackend, VLLMBackend
+from lib.hf_backend import HFBackend
+from lib.models import load_model
+
+
+def add_backend_args(p):
+    # policy backend
+    p.add_argument("--backend", default="hf", choices=("hf", "vllm", "openai"),
+                   help="hf: transformers in process; vllm: colocated vLLM engine; openai: a remote server")
+    p.add_argument("--gpu-memory", type=float, default=0.45,
+                   help="vllm: share of GPU memory for the engine (weights + KV cache; on CPU its KV-cache share "
+                        "of RAM); the trainer uses the rest")
+    p.add_argument("--vllm-sleep", action="store_true",
+                   help="vllm: offload the engine's weights and drop its KV cache while the trainer runs")
+    p.add_argument("--max-lora-rank", type=int, default=64, help="vllm: the largest LoRA rank the engine accepts")
+    p.add_argument("--max-model-len", type=int, default=8192, help="vllm: longest prompt + completion in tokens")
+    p.add_argument("--openai-url", default="http://localhost:8000/v1", help="openai: the server's /v1 base URL")
+    p.add_argument("--openai-model", default=None, help="openai: the served base model name (default --model)")
+    p.add_argument("--openai-workers", type=int, default=64, help="openai: concurrent requests")
+
+
+def load_backend(args, model, tok, adapter=None):
+    """The backend named by --backend; model is the trainer's HF model (the canary's reference). adapter: the LoRA
+    folder `model` already holds: the engine backends load it too and check the canary before the first rollout."""
+    if args.backend == "hf":
+        return HFBackend(model, tok)
+    path = getattr(model, "name_or_path", None) or args.model
+    if args.backend == "vllm":
+        backend = VLLMBackend(path, tok, model, gpu_memory=args.gpu_memory, sleep=args.vllm_sleep,
+                              max_lora_rank=args.max_lora_rank, max_model_len=args.max_model_len)
+    else:
+        backend = OpenAIBackend(args.openai_url, args.openai_model or path, tok, model, workers=args.openai_workers)
+    if adapter:
+        backend.sync_adapter(adapter)
+    return backend
+
+
+def load_policy(args, adapter=None):
+    """The policy for --model (bf16 with --bf16) on --backend; adapter: a LoRA folder to start from."""
+    dtype = torch.bfloat16 if getattr(args, "bf16", False) else None
+    model, tok = load_model(args.model, dtype=dtype, adapter=adapter)
+    return Policy(model, tok, load_backend(args, model, tok, adapter=adapter))
+
+
+class Policy:
+    """model: the trainer's module (the base model, or a PeftModel once it has an adapter); tokenizer; backend:
+    what samples. Only this object switches the model under the backend."""
+
+    def __init__(self, model, tokenizer, backend):
+        self.model, self.tokenizer, self.backend = model, tokenizer, backend
+
+    def generate(self, prompts, **kw):
+        return self.backend.generate(prompts, **kw)
+
+    @property
+    def has_adapter(self):
+        from peft import PeftModel
+        return isinstance(self.model, PeftModel)
+
+    def set_model(self, model):
+        # hf samples from it; the engines score the canary against it
+        self.model = self.backend.model = model
+
+    def add_adapter(self, args):
+        """A fresh, trainable LoRA adapter from the --lora-* flags (its init draws from torch's global RNG)."""
+        self.set_model(add_lora(self.model, args))
+
+    def load_adapter(self, folder):
+        self.set_model(load_lora(self.model, folder))
+
+    def drop_adapter(self):
+        """Back to the base weights, so another adapter can be loaded."""
+        self.set_model(self.model.unload())
+
+    def save_adapter(self, folder):
+        self.model.save_pretrained(folder)
+
+    def serve_adapter(self, folder):
+        """The backend samples from the adapter saved in `folder` from now on (the engines check the canary)."""
+        return self.backend.sync_adapter(str(folder))
+
+    def free_memory(self):
+        """vllm --vllm-sleep: the engine frees its memory while the trainer runs; the next generate wakes it."""
+        if hasattr(self.backend, "sleep"):
+            self.backend.sleep()
+
+
+def add_lora(model, args):
+    """Wrap `model` with a fresh, trainable LoRA adapter from the flags."""
+    from peft import LoraConfig, get_peft_model
+    targets = args.lora_targets if args.lora_targets == "all-linear" else [t.strip() for t in args.lora_targets.split(",")]
+    config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                        target_modules=targets, task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, config)
+    except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+        raise ValueError(f"--lora-targets {args.lora_targets!r} does not fit the model ({e}): "
+                         "use 'all-linear' or names of its Linear layers such as q_proj,v_proj") from None
+
+
+def load_lora(model, folder):
+    """The checkpointed adapter on `model`; a clear error when it was trained on another model."""
+    from peft import PeftModel
+    from safetensors import safe_open
+    unfit = lambda why: ValueError(f"the adapter in {folder} does not fit this model ({why}): "
+                                   "use the --model it was trained with, or a new --out")
+    with safe_open(Path(folder) / "adapter_model.safetensors", "pt") as f:
+        saved = sum("lora_" in k for k in f.keys())
+    try:
+        model = PeftModel.from_pretrained(model, folder, is_trainable=True)
+    except (ValueError, RuntimeError, KeyError) as e:  # shape mismatch
+        raise unfit(str(e).splitlines()[0][:200]) from None
+    here = sum("lora_" in k for k, _ in model.named_parameters())
+    if here != saved:  # peft only warns about missing keys (another depth)
+        raise unfit(f"{saved} LoRA tensors saved, {here} in the model")
+    return model

@@ -1,0 +1,377 @@
+"""The proposers that write new candidates from the archive: the instructions they get, the fresh candidate
+folders (a copy of the parent to edit), and the untrusted ones' confinement. An untrusted proposer (the
+agent CLIs `command` and `claude` here, `openai` in lib/openai_proposer.py) never works in the run folder:
+propose_in_copy gives it a copy of the harness-set material in a fresh folder and takes back only each new
+candidate's harness.py (size-capped, no symlinks), its parent / hypothesis / changed as short text, and
+notes.md. The agent CLIs run in the OS sandbox (lib/sandbox.py) with that folder as all they can write."""
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from lib import sandbox
+from lib.archive import log_cost
+from lib.contract import ALLOWED_IMPORTS, MAX_HARNESS_CHARS
+from lib.io import read_json, write_json
+
+PROJECT = Path(__file__).resolve().parent.parent  # the repository, denied to the claude proposer by name
+# what a proposer sees (a copy) and what the search takes back from it (capped)
+ARCHIVE_FILES = ("summary.jsonl", "frontier.json", "notes.md", "setup.json")
+CANDIDATE_FILES = ("harness.py", "meta.json", "scores.json", "traces.jsonl")
+MAX_HARNESS_BYTES = 4 * MAX_HARNESS_CHARS  # utf-8: up to 4 bytes a character
+MAX_META_BYTES = 64_000
+MAX_FIELD_CHARS = 2_000  # hypothesis, changed
+MAX_NOTES_CHARS = 200_000
+MAX_OUTPUT_BYTES = 8_000_000  # a proposer's stdout / stderr kept
+# Claude Code: file tools only (no shell, no web); the variables its login may come from
+CLAUDE_TOOLS = "Read,Write,Edit,Glob,Grep"
+CLAUDE_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "CLAUDE_CODE_OAUTH_TOKEN")
+
+
+# -----------------------------------------------------------------------------
+# what every proposer gets: the instructions, and fresh candidate folders to fill
+
+INSTRUCTIONS = """# Meta-Harness: propose better harnesses
+
+You improve the *harness* of a small LLM agent for the `{domain}` domain: the Python file that builds
+prompts, manages context, calls tools, loops over turns and parses the final answer. The model weights
+are fixed during this search. Each candidate is scored on a fixed harness set drawn from the training
+split (1 rollout per task); the best score wins, ties go to fewer mean turns.
+
+## The archive (this folder, a copy made for this iteration)
+- `summary.jsonl`: one row per candidate (name, iteration, parent, hypothesis, what changed, valid,
+  rejection reason, score, mean turns, tokens, rollouts).
+- `frontier.json`: the best candidate so far, its lineage and the best-score series per iteration.
+- `candidates/<name>/harness.py`: every candidate's code; `meta.json`: its parent and hypothesis;
+  `scores.json`: its harness-set score; `traces.jsonl`: one JSON line per episode with every model
+  call (messages and completion), every tool call and result, the final answer, reward (1 = correct)
+  and any error.
+- `notes.md`: what earlier iterations learned.
+
+## The harness contract (a candidate that breaks it is rejected and never scored)
+- One self-contained file: a docstring, knobs as top-level UPPER_CASE constants, a `SEARCH_SPACE` dict,
+  and `def run(task, llm, tools)` returning a dict with at least `"answer"`.
+- `task` holds only what the agent may see: {public_keys}.
+- `llm(messages, max_tokens=None) -> str`; messages are `[{{"role": "system"|"user"|"assistant", "content": str}}]`.
+- `tools` methods: {tool_methods}. They take and return JSON values.
+- Imports only from: {allowed}. No `open`, `exec`, `eval`, `getattr`, `globals`, dunder attributes.
+- Stay within the caps: at most 16 turns (SearchQA), 18 (chess), 10 retries; keep prompts short, the
+  policy is a small model with a small context.{prompt_only}
+
+## What to do
+1. Read the archive first: `summary.jsonl`, `frontier.json`, and traces of recent failures and
+   successes (reward 0 and 1) of the best candidates.
+2. Append to `notes.md` a section `## iteration {iteration}`: what the last iteration taught, and
+   falsifiable hypotheses about why episodes fail.
+3. Write the candidates below. Each starts as a copy of `{parent}` (the current best); edit it in
+   place, or replace it with another candidate's code and set `parent` accordingly. Each candidate
+   changes ONE mechanism (a prompt strategy, a parser fix, a retry policy, a context or tool-result
+   format, a turn budget), not a sweep of constants; mix exploiting the best with exploring new ideas.
+   In its `meta.json`, fill `hypothesis` (falsifiable: what will change in the score and why) and
+   `changed` (what you changed); keep the other fields.
+4. General changes only: never mention, special-case or guess dataset items or gold answers; never
+   change the model, the data, the reward or what a tool does. Touch no file other than the ones
+   named here and `notes.md`, and read nothing outside this folder.
+5. Only the candidates' `harness.py`, the `parent`, `hypothesis` and `changed` of their `meta.json`,
+   and `notes.md` are read back. The search validates and scores every candidate itself; anything
+   else written here is discarded.
+
+## This iteration ({iteration})
+Candidates to write: {targets}
+"""
+
+
+def write_instructions(run_dir, domain, names, parent, iteration, args):
+    example = domain.public(domain.load("harness")[0])
+    prompt_only = ("\n- PROMPT-ONLY RUN: change only string constants (prompts, formats); any other change "
+                   "to the code is rejected.") if args.prompt_only else ""
+    text = INSTRUCTIONS.format(domain=domain.name, public_keys=", ".join(f"`{k}`" for k in example),
+                               tool_methods=", ".join(f"`{m}`" for m in domain.TOOL_METHODS),
+                               allowed=", ".join(ALLOWED_IMPORTS), prompt_only=prompt_only, iteration=iteration,
+                               parent=parent, targets=", ".join(f"`candidates/{n}/harness.py`" for n in names))
+    path = Path(run_dir) / "INSTRUCTIONS.md"
+    path.write_text(text)
+    return path
+
+
+def prepare(run_dir, names, parent, iteration, proposer):
+    """Fresh folders for the new candidates: a copy of the parent and a meta.json to fill in."""
+    for name in names:
+        d = Path(run_dir) / "candidates" / name
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        shutil.copy(Path(run_dir) / "candidates" / parent / "harness.py", d / "harness.py")
+        write_json(d / "meta.json", {"parent": parent, "hypothesis": "", "changed": "", "proposer": proposer,
+                                     "iteration": iteration, "proposed": False, "valid": None, "reason": None})
+
+
+def finish(run_dir, name, **fields):
+    d = Path(run_dir) / "candidates" / name
+    meta = read_json(d / "meta.json", {})
+    meta.update(fields, proposed=True)
+    write_json(d / "meta.json", meta)
+
+
+# -----------------------------------------------------------------------------
+# untrusted proposers (command, claude, openai) work on a copy; the search takes back only harness.py files
+
+class ProposalFailed(Exception):
+    """A proposer call that produced nothing usable (its error message); the iteration is asked again."""
+
+
+def propose_in_copy(run_dir, names, rows, parent, iteration, domain, args, ask):
+    """Ask the proposer for `names` in a fresh copy of the archive outside the run folder, then take back only
+    the new candidates' harness.py files and text fields. ask(work, scratch) is the proposer's call: it fills
+    the candidate folders of `work` (each a copy of `parent`, the archive best) or raises ProposalFailed.
+    Returns None, or the proposer's error message."""
+    scratch = Path(tempfile.mkdtemp(prefix="whale-proposer-"))  # holds the copy, the proposer's output, settings
+    work = scratch / "archive"
+    try:
+        copy_archive(run_dir, work, rows)
+        prepare(work, names, parent, iteration, args.proposer)
+        write_instructions(work, domain, names, parent, iteration, args)
+        shutil.copyfile(work / "INSTRUCTIONS.md", run_dir / "INSTRUCTIONS.md")  # for the record
+        try:
+            ask(work, scratch)
+        except ProposalFailed as e:
+            return str(e)
+        take_candidates(work, run_dir, names, parent, iteration, args.proposer)
+        take_notes(work, run_dir)
+        return None
+    finally:
+        remove_tree(scratch)
+
+
+def copy_archive(run_dir, work, rows):
+    """The proposer's view: harness-set material only (no evals, metrics or anything of the test split)."""
+    (work / "candidates").mkdir(parents=True)
+    for name in ARCHIVE_FILES:
+        if (run_dir / name).is_file():
+            shutil.copyfile(run_dir / name, work / name)
+    for r in rows:
+        src, dst = run_dir / "candidates" / r["name"], work / "candidates" / r["name"]
+        dst.mkdir()
+        for name in CANDIDATE_FILES:
+            if (src / name).is_file():
+                shutil.copyfile(src / name, dst / name)
+
+
+def take_candidates(work, run_dir, names, parent, iteration, proposer):
+    """Each asked-for candidate's harness.py and text fields go into the archive, with our own bookkeeping;
+    scores, validity and every other file the proposer wrote stay behind."""
+    for name in names:
+        rel = f"candidates/{name}/harness.py"
+        try:
+            source, reason = read_untrusted(work, rel, MAX_HARNESS_BYTES), None
+        except FileNotFoundError:
+            source, reason = None, None  # validate() says "no code"
+        except ValueError as e:
+            source, reason = None, str(e)
+        except OSError as e:  # e.g. its folder replaced by a file
+            source, reason = None, f"{rel}: {e.strerror}"
+        fields = untrusted_fields(work, name)
+        d = run_dir / "candidates" / name
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        if source is not None:
+            (d / "harness.py").write_text(source)
+        write_json(d / "meta.json", {"parent": fields.get("parent") or parent,
+                                     "hypothesis": fields.get("hypothesis", ""), "changed": fields.get("changed", ""),
+                                     "proposer": proposer, "iteration": iteration, "proposed": True,
+                                     "valid": None if reason is None else False, "reason": reason})
+
+
+def untrusted_fields(work, name):
+    """parent / hypothesis / changed from the proposer's meta.json, as short strings (anything else: absent)."""
+    try:
+        meta = json.loads(read_untrusted(work, f"candidates/{name}/meta.json", MAX_META_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(meta, dict):
+        return {}
+    caps = {"parent": 100, "hypothesis": MAX_FIELD_CHARS, "changed": MAX_FIELD_CHARS}
+    return {k: meta[k].strip()[:cap] for k, cap in caps.items() if isinstance(meta.get(k), str)}
+
+
+def take_notes(work, run_dir):
+    try:
+        notes = read_untrusted(work, "notes.md", 4 * MAX_NOTES_CHARS)
+    except (OSError, ValueError):
+        return
+    (run_dir / "notes.md").write_text(notes[-MAX_NOTES_CHARS:])  # the newest sections are at the end
+
+
+def read_untrusted(root, rel, limit):
+    """The text of a file a proposer wrote under root: a regular file reached without symlinks, at most
+    `limit` bytes, utf-8. Raises FileNotFoundError when absent, ValueError naming what is wrong."""
+    path = root
+    for part in Path(rel).parts:
+        path = path / part
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            raise ValueError(f"{rel}: {path.relative_to(root)} is a symlink (never followed)")
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{rel}: not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"too large: {rel} has more than {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{rel}: not utf-8 text") from None
+
+
+def remove_tree(path):
+    """rmtree, after unlocking the folders a proposer made unreadable (chmod 000); symlinks are not followed."""
+    for root, dirs, _ in os.walk(path):  # top-down: each folder is unlocked before it is walked into
+        for d in dirs:
+            if not os.path.islink(os.path.join(root, d)):
+                os.chmod(os.path.join(root, d), 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def run_in_sandbox(argv, cwd, out_dir, timeout):
+    """Run a proposer in its own session; its output goes to files, so a child that keeps stdout open cannot
+    hang the search. On timeout the process group dies, and with it bwrap, whose pid namespace takes every
+    process the proposer started (double-forked or not). -> (rc or "timeout", stdout, stderr)"""
+    with open(out_dir / "stdout", "wb") as out, open(out_dir / "stderr", "wb") as err:
+        proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # stragglers in its session (all of them without the sandbox)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+    return rc, tail(out_dir / "stdout"), tail(out_dir / "stderr")
+
+
+def tail(path, limit=MAX_OUTPUT_BYTES):
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - limit))
+        return f.read().decode("utf-8", errors="replace")
+
+
+def propose_agent(work, scratch, run_dir, names, iteration, args):
+    """command / claude: a CLI edits the candidate folders of `work`, in the sandbox with the network (it calls
+    an API) and `work` as its only writable folder. Raises ProposalFailed when the call failed."""
+    if args.proposer == "claude":
+        argv, ro, env = claude_command(work, scratch, run_dir, args)
+    else:
+        cmd = args.proposer_cmd.format(workdir=shlex.quote(str(work)),
+                                       instructions=shlex.quote(str(work / "INSTRUCTIONS.md")))
+        argv, ro = ["/bin/sh", "-c", cmd], args.proposer_ro
+        env = {k: os.environ[k] for k in [args.proposer_key_env] if k in os.environ}
+    print(f"proposer {args.proposer} (sandboxed, in {work}): {shlex.join(argv)}")
+    t0 = time.time()
+    rc, out, err = run_in_sandbox(sandbox.wrap(argv, ro=ro, rw=[work], net=True, cwd=str(work), env=env),
+                                  work, scratch, args.proposer_timeout)
+    cost = {"iteration": iteration, "proposer": args.proposer, "candidates": names, "rc": rc,
+            "seconds": round(time.time() - t0, 2)}
+    if rc == "timeout":
+        error = f"timed out after {args.proposer_timeout:g}s (--proposer-timeout)"
+    elif args.proposer == "claude":
+        error, usage = claude_result(out)
+        cost.update(usage)
+        error = error or (None if rc == 0 else f"exit {rc}: {(err or out).strip()[-300:]}")
+    else:
+        error = None if rc == 0 else f"exit {rc}: {(err or out).strip()[-300:] or 'no output'}"
+    log_cost(run_dir, {**cost, "error": error})
+    if error:
+        raise ProposalFailed(error)
+
+
+def claude_command(work, scratch, run_dir, args):
+    """argv, read-only paths and environment for Claude Code in print mode, confined to `work`.
+    Every flag checked against `claude --help` of Claude Code 2.1.197."""
+    real = os.path.realpath(shutil.which("claude"))
+    install = os.path.dirname(real)
+    if os.path.basename(install) == "bin" and os.path.isfile(os.path.join(install, "..", "package.json")):
+        install = os.path.dirname(install)  # the npm package (bin/claude.exe, its install script, vendor files)
+    settings = scratch / "claude-settings.json"  # outside `work`: the agent cannot edit its own permissions
+    write_json(settings, claude_settings(work, run_dir))
+    argv = [real, "-p", "Read INSTRUCTIONS.md in the current directory and do what it says.",
+            "--output-format", "json",            # one result object: is_error, subtype, result, usage, cost
+            "--settings", str(settings),          # the scoped permissions below
+            "--setting-sources", "user",          # no project settings from the folder it can write to
+            "--tools", CLAUDE_TOOLS,              # the built-in tools it has at all: no Bash, no web
+            "--permission-mode", "dontAsk",       # what is not allowed is denied, never asked
+            "--strict-mcp-config",                # no MCP servers from the user's config (they skip permissions)
+            "--no-session-persistence"]
+    argv += ["--model", args.proposer_model] if args.proposer_model else []
+    home = os.path.expanduser("~")
+    config = os.environ.get("CLAUDE_CONFIG_DIR")
+    logins = [os.path.join(home, ".claude"), os.path.join(home, ".claude.json")] + ([config] if config else [])
+    node = shutil.which("node")  # an npm install of an older CLI runs on node
+    node_dir = [os.path.dirname(os.path.realpath(node))] if node else []
+    ro = [install, settings, *node_dir] + [p for p in logins if os.path.exists(p)]
+    env = {"HOME": home, "PATH": ":".join(node_dir + ["/usr/local/bin", "/usr/bin", "/bin"]),
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           **{k: os.environ[k] for k in CLAUDE_ENV + ("CLAUDE_CONFIG_DIR",) if k in os.environ}}
+    return argv, ro, env
+
+
+def claude_settings(work, run_dir):
+    """Claude Code settings for the proposer, checked against the published schema
+    (https://json.schemastore.org/claude-code-settings.json) and Claude Code 2.1.197: its file tools read and
+    edit only `work` ("//" starts an absolute path in a rule; Edit rules cover Write); anything else is
+    refused without asking (dontAsk); the project and the run folder are denied by name too; no shell, no web,
+    no hooks, no bypass, no memory kept between runs. The sandbox is the boundary; this keeps the agent's own
+    tools inside it as well (tests/test_meta_harness.py runs the real CLI against a scripted model to show it)."""
+    deny = ["Bash", "WebFetch", "WebSearch"]
+    for place in {str(PROJECT), str(Path(run_dir).resolve())}:
+        if not str(work).startswith(place + os.sep):
+            deny += [f"Read(/{place}/**)", f"Edit(/{place}/**)"]
+    return {"$schema": "https://json.schemastore.org/claude-code-settings.json",
+            "permissions": {"allow": [f"Read(/{work}/**)", f"Edit(/{work}/**)"], "deny": sorted(deny),
+                            "defaultMode": "dontAsk", "disableBypassPermissionsMode": "disable",
+                            "additionalDirectories": []},
+            "disableAllHooks": True, "autoMemoryEnabled": False}
+
+
+def claude_result(stdout):
+    """(error or None, usage) from `claude -p --output-format json`. A result is read, not assumed: is_error,
+    a subtype other than success, an empty result or output that is not a result object are failures."""
+    try:
+        res = json.loads(stdout)
+    except (ValueError, RecursionError):
+        return f"output is not JSON: {stdout.strip()[:200]!r}", {}
+    if not isinstance(res, dict) or res.get("type") != "result":
+        return f"output is not a result object: {stdout.strip()[:200]!r}", {}
+    usage = res.get("usage") if isinstance(res.get("usage"), dict) else {}
+    number = lambda v: v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+    fields = {"prompt_tokens": sum(number(usage.get(k)) for k in ("input_tokens", "cache_creation_input_tokens",
+                                                                   "cache_read_input_tokens")),
+              "completion_tokens": number(usage.get("output_tokens")), "cost_usd": number(res.get("total_cost_usd")),
+              "turns": number(res.get("num_turns")), "permission_denials": len(res.get("permission_denials") or []),
+              "models": sorted(res["modelUsage"]) if isinstance(res.get("modelUsage"), dict) else []}
+    result = res.get("result") if isinstance(res.get("result"), str) else ""
+    message = (result or "; ".join(map(str, res.get("errors") or [])))[:500] or "no message"
+    if res.get("subtype") != "success":
+        return f"{res.get('subtype')}: {message}", fields
+    if res.get("is_error"):
+        return message, fields
+    if not result.strip():
+        return "empty result", fields
+    return None, fields
+
+
+def failure_advice(args):
+    if args.proposer == "claude":
+        return "log in to Claude Code (run `claude`, then /login) or set ANTHROPIC_API_KEY"
+    if args.proposer == "openai":
+        return f"check that the server at {args.proposer_url} answers (and the key in ${args.proposer_key_env})"
+    return "run --proposer-cmd by hand on a copy of the archive to see why (costs.jsonl has its output)"

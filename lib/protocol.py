@@ -1,0 +1,60 @@
+"""The messages between the runner (rollout.py) and a harness worker (lib/worker.py): the limits on them and
+the parent's checks of every request a worker sends. The worker runs untrusted harness code, which can write
+to its pipe directly, so the parent checks each request in full; the worker's own checks are a courtesy.
+
+    messages, cap, stop = llm_request(msg, max_new_tokens)   # ValueError on a forged request
+    name, args, kwargs = tool_request(msg, domain.TOOL_METHODS)
+"""
+
+MAX_LLM_CALLS = 32        # per episode
+MAX_TOOL_CALLS = 64       # per episode
+MAX_CHARS = 32_000        # per message content, tool result, error text
+MAX_MESSAGES = 256        # per llm() call
+MAX_LINE = 4_000_000      # one JSON message from a worker
+STDOUT_KEEP = 10_000      # printed characters kept in the trace
+MAX_PROMPT_TOKENS = 8192
+MAX_STOPS, MAX_STOP_CHARS = 4, 32
+
+
+def exception_reply(e):
+    name = type(e).__name__ if type(e).__module__ == "builtins" else "RuntimeError"
+    return {"raise": name, "message": f"{type(e).__name__}: {e}"[:MAX_CHARS]}
+
+
+def llm_request(msg, max_new_tokens):
+    """-> (messages, token cap, stop list or None) from a worker's llm request, checked in full: the worker's
+    own checks are a courtesy that harness code can skip. Raises ValueError on a forged request."""
+    messages, max_tokens, stop = msg["llm"], msg.get("max_tokens"), msg.get("stop")
+    if set(msg) - {"llm", "max_tokens", "stop"}:
+        raise ValueError(f"unknown keys {sorted(set(msg) - {'llm', 'max_tokens', 'stop'})}")
+    if not (isinstance(messages, list) and 1 <= len(messages) <= MAX_MESSAGES and all(
+            isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ("system", "user", "assistant")
+            and isinstance(m["content"], str) and len(m["content"]) <= MAX_CHARS for m in messages)):
+        raise ValueError(f"llm messages must be 1 to {MAX_MESSAGES} {{role, content}} dicts of at most "
+                         f"{MAX_CHARS} characters")
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+        raise ValueError(f"llm max_tokens must be None or an int >= 1, not {max_tokens!r}"[:200])
+    stop = [stop] if isinstance(stop, str) else stop
+    if stop is not None and not (isinstance(stop, list) and len(stop) <= MAX_STOPS and all(
+            isinstance(s, str) and 1 <= len(s) <= MAX_STOP_CHARS for s in stop)):
+        raise ValueError(f"llm stop must be None, a string or a list of at most {MAX_STOPS} non-empty strings of "
+                         f"at most {MAX_STOP_CHARS} characters")
+    return messages, max_new_tokens if max_tokens is None else min(max_new_tokens, max_tokens), stop or None
+
+
+def tool_request(msg, methods):
+    """-> (name, args, kwargs) from a worker's tool request, checked; raises ValueError on a forged one."""
+    name, args, kwargs = msg["tool"], msg.get("args", []), msg.get("kwargs", {})
+    if set(msg) - {"tool", "args", "kwargs"}:
+        raise ValueError(f"unknown keys {sorted(set(msg) - {'tool', 'args', 'kwargs'})}")
+    if name not in methods:
+        raise ValueError(f"tool {str(name)[:100]!r} is not one of {', '.join(methods)}")
+    if not (isinstance(args, list) and isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
+        raise ValueError("tool args must be a list and kwargs a dict with str keys")
+    return name, args, kwargs
+
+
+def cut_at_stop(text, stop):
+    """The reply up to and including the first stop string to complete (the one that ends earliest)."""
+    ends = [text.find(s) + len(s) for s in stop or () if s in text]
+    return text[:min(ends)] if ends else text

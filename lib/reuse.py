@@ -1,0 +1,127 @@
+"""Cross-method reuse: several methods in one whale.py command share their first phases (whale, weight-only,
+stagewise and fast-slow all start with RSFT under h0), so a run takes what another run of the command already
+computed, exactly, instead of redoing it:
+- a weight phase's RSFT steps, from a snapshot made under the same settings with the same harness at every step;
+- a test evaluation of the same weights (adapter content) and harness (content) under the same settings;
+- a harness search from the same harness under the same weights and settings.
+Copies are hard links (or real copies) put in place by one rename, so a kill never leaves half of one."""
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from lib.io import link_file, link_tree, read_json, write_json
+
+# flags that shape a run's plan but not what one RSFT step or one evaluation computes
+PLAN_FLAGS = ("method", "out", "schedule", "preset", "prompt_only", "harness", "epochs", "phase_epochs",
+              "harness_iterations", "adaptive_epochs", "harness_patience", "harness_min_iterations",
+              "harness_max_iterations")
+
+
+def result_settings(args):
+    """Every other flag: work is reused only when all of them match (as JSON, the way it is stored)."""
+    return json.loads(json.dumps({k: v for k, v in sorted(vars(args).items()) if k not in PLAN_FLAGS}))
+
+
+def file_sha(path):
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return f"missing: {path}"  # matches nothing, so nothing is reused
+
+
+def adapter_config_sha(path):
+    """The hash of a peft adapter config as a canonical JSON: peft writes target_modules from a set, in an
+    order that differs from one save of the same adapter to the next."""
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return f"missing: {path}"
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def adapter_id(folder):
+    """The content of a saved LoRA adapter, for the evaluation cache."""
+    folder = Path(folder)
+    return "adapter " + adapter_config_sha(folder / "adapter_config.json")[:32] + \
+        file_sha(folder / "adapter_model.safetensors")[:32]
+
+
+def step_harnesses(history):
+    """The content hash of the harness each RSFT step so far ran under."""
+    return [file_sha(row["harness"]) for row in history]
+
+
+# -----------------------------------------------------------------------------
+# weight phases: snapshots of the checkpoint that ends one
+
+def snapshot_weights(weights, step, history, settings):
+    """Keep the checkpoint that ends a weight phase as weights/snapshot-<step>/, with key.json saying what
+    it holds, so another run of this command can start from it instead of redoing its steps."""
+    dst = Path(weights, f"snapshot-{step:06d}")
+    if (dst / "key.json").exists():
+        return
+    shutil.rmtree(dst, ignore_errors=True)
+    link_tree(Path(weights, "ckpt").resolve(), dst)
+    write_json(dst / "key.json", {"settings": settings, "harnesses": step_harnesses(history)})  # last: it counts now
+
+
+def find_snapshot(history, harness, settings, donors, phase_over, start):
+    """The donor snapshot furthest along this weight phase: made under the same settings, its steps those
+    of `history` (this trainer's so far) followed by steps under `harness` only, and not past where this phase
+    ends (phase_over(rewards since `start`))."""
+    mine, sha = step_harnesses(history), file_sha(harness)
+    found, reach = None, len(mine)
+    for donor in donors:
+        for key_path in sorted(Path(donor, "weights").glob("snapshot-*/key.json")):
+            key = read_json(key_path)
+            steps = key["harnesses"]
+            if len(steps) <= reach or key["settings"] != settings or steps[:len(mine)] != mine \
+                    or any(s != sha for s in steps[len(mine):]):
+                continue
+            rewards = [r["reward"] for r in read_json(key_path.parent / "state.json")["history"]][start:]
+            if not any(phase_over(rewards[:n]) for n in range(len(mine) - start, len(steps) - start)):
+                found, reach = key_path.parent, len(steps)
+    return found
+
+
+# -----------------------------------------------------------------------------
+# harness phases and test evaluations
+
+def adopt_archive(archive, key, donors):
+    """Before a harness phase starts a new archive: if a donor run searched with the same key (harness, weights,
+    settings; stagewise after weight phases that accepted nothing is harness-only), copy its archive; search()
+    then replays what it needs of it and goes on from there. Real copies, not hard links: the index files are
+    rewritten. whale_key.json, which says what the archive searched, is written here, by whale itself (a proposer
+    never writes into the run folder)."""
+    if os.path.exists(os.path.join(archive, "whale_key.json")):
+        return
+    for donor in sorted(p for run_dir in donors for p in Path(run_dir).glob("harness_w*")
+                        if re.fullmatch(r"harness_w\d+", p.name)):  # not a copy a kill left half-made
+        if read_json(donor / "whale_key.json", {}) == key:
+            shutil.rmtree(archive, ignore_errors=True)  # what a kill before the key left
+            link_tree(donor, archive, copy_function=shutil.copy2)
+            print(f"harness phase: the same search as {donor}, copied")
+            break
+    os.makedirs(archive, exist_ok=True)
+    write_json(os.path.join(archive, "whale_key.json"), key)
+
+
+def copy_evaluation(key, run_dirs, path, label):
+    """If an evaluation under `key` is in evals/ of one of run_dirs, copy it (with its traces) to `path` and
+    return its stats; else None."""
+    for run_dir in run_dirs:
+        for other in sorted(Path(run_dir, "evals").glob("*.json")):
+            saved = read_json(other)
+            if saved.get("key") == key:
+                traces = other.with_name(other.name[:-len(".json")] + ".traces.jsonl")
+                if traces.exists():
+                    link_file(traces, path.with_name(path.name[:-len(".json")] + ".traces.jsonl"))
+                write_json(path, {**saved, "copied_from": str(other)})  # last: marks it done
+                print(f"{label}: the same as {other}, copied")
+                return saved["stats"]
+    return None

@@ -1,0 +1,92 @@
+"""
+The RSFT update's speed: rft.sft_update against a bare HF forward/backward loop on the same minibatches and
+adapter, best of --repeats, interleaved. Prints tokens/s of both and "ratio = X" (1.0: the update costs no more
+than the bare loop; the README quotes the measured ratios).
+
+    python scripts/bench_rft.py --model smoke
+    python scripts/bench_rft.py --model cpu --minibatch 2
+"""
+import argparse
+import os
+import random
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import rft  # noqa: E402
+from lib.models import load_model  # noqa: E402
+from lib.policy import add_lora  # noqa: E402
+from rft import length_batches, sft_update  # noqa: E402
+
+
+def bench(args, repeats=5):
+    torch.manual_seed(args.seed)
+    model, _ = load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
+    model = add_lora(model, args)
+    if args.grad_checkpointing:
+        model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    vocab = model.config.vocab_size
+    rng = random.Random(args.seed)
+    examples = [([rng.randrange(vocab) for _ in range(rng.randint(64, 384))],
+                 [rng.randrange(vocab) for _ in range(rng.randint(16, 128))]) for _ in range(4 * args.minibatch)]
+    n_tokens = sum(len(p) + len(c) for p, c in examples)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    device = next(model.parameters()).device
+    padded = []  # the bare loop gets the same minibatches, already padded, with HF's own labels loss
+    for batch in length_batches(examples, args.minibatch):
+        width = max(len(p) + len(c) for p, c in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        labels = torch.full_like(ids, -100)
+        for i, (p, c) in enumerate(batch):
+            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+            labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
+        padded.append((ids.to(device), labels.to(device)))
+
+    def rsft():
+        sft_update(model, optimizer, scheduler, examples, args.minibatch, args.grad_clip)
+
+    def bare():
+        model.train()
+        for ids, labels in padded:
+            model(input_ids=ids, labels=labels).loss.backward()
+        optimizer.zero_grad(set_to_none=True)
+
+    def timed(fn):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    rsft()  # warm up both
+    bare()
+    times = {"rsft": [], "bare": []}
+    for _ in tqdm(range(repeats), desc="bench"):  # interleaved, best of N: robust to a busy machine
+        times["rsft"].append(timed(rsft))
+        times["bare"].append(timed(bare))
+    speed = {k: n_tokens / min(v) for k, v in times.items()}
+    print(f"model {args.model}, LoRA rank {args.lora_rank}, {len(examples)} examples, {n_tokens} tokens, "
+          f"minibatch {args.minibatch}, device {device.type}, best of {repeats}")
+    print(f"rsft update (sft_update):        {speed['rsft']:10.0f} tokens/s")
+    print(f"bare forward/backward (HF loss): {speed['bare']:10.0f} tokens/s")
+    print(f"ratio = {speed['rsft'] / speed['bare']:.2f}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=5)
+    rft.add_args(p)
+    args = p.parse_args(argv)
+    bench(args, repeats=args.repeats)
+
+
+if __name__ == "__main__":
+    main()
