@@ -8,13 +8,14 @@ Each rollout step (RSFT.step) is sample, filter, update:
 - sample: the next --batch prompts of the train split from a seeded epoch sampler (a fresh shuffle per epoch, so
   "0.6 epoch" is exactly 0.6 * len(train) prompts), G = --group episodes each, under the current harness with
   the current weights;
-- filter: keep every episode with reward > 0.5 (all correct ones, not best-of-n); every llm() call of a kept
-  episode is one example (prompt ids, sampled completion ids);
-- update: the summed NLL of the completion tokens only (the prompt, which holds the system and user turns and
-  the tool outputs, is masked), divided by the completion tokens of the whole accepted set, through the model in
-  length-sorted minibatches of --minibatch with gradient accumulation, then ONE optimizer step (AdamW on the LoRA
-  weights, linear warmup, gradient clipping). No replay buffer; a step with nothing accepted makes no update,
-  but its rollouts still count.
+- filter: keep every episode with reward > 0.5 (all correct ones, not best-of-n): an accepted trajectory, whose
+  every llm() call is one example (prompt ids, sampled completion ids);
+- update: one pass over the accepted trajectories in order, one optimizer step per SFT mini-batch of
+  --sft-batch (64) of them, so ceil(accepted / 64) steps; a mini-batch's loss is the summed NLL of its
+  completion tokens only (the prompt, which holds the system and user turns and the tool outputs, is masked)
+  over its number of completion tokens, accumulated in length-sorted micro-batches of --minibatch examples
+  (AdamW on the LoRA weights with weight decay, gradient clipping, a constant lr unless --warmup). No replay
+  buffer; a step with nothing accepted makes no update, but its rollouts still count.
 After every step the trainer checkpoints (adapter, optimizer, scheduler, sampler, RNG, counters) atomically to
 OUT/ckpt, rewrites OUT/metrics.jsonl and has the policy serve the new adapter; rerunning the same command resumes
 after the last finished step. The update's speed against a bare HF loop: scripts/bench_rft.py.
@@ -46,11 +47,15 @@ def add_args(parser):
     parser.add_argument("--batch", type=positive_int, default=256, help="training prompts per rollout step")
     parser.add_argument("--group", type=positive_int, default=8, help="G: rollouts per prompt")
     rollout.add_sampling_args(parser)
-    # SFT update: one pass over the accepted set, one optimizer step
+    # SFT update (paper: one pass over the accepted set, one optimizer step per 64 accepted trajectories)
+    parser.add_argument("--sft-batch", type=positive_int, default=64,
+                        help="accepted trajectories per optimizer step (the SFT mini-batch)")
     parser.add_argument("--minibatch", type=positive_int, default=8,
-                        help="examples per forward/backward (gradient accumulation)")
+                        help="examples per forward/backward inside an SFT mini-batch (gradient accumulation)")
     parser.add_argument("--lr", type=positive_float, default=1e-4, help="AdamW lr on the LoRA weights")
-    parser.add_argument("--warmup", type=nonnegative_int, default=2, help="optimizer steps of linear lr warmup")
+    parser.add_argument("--warmup", type=nonnegative_int, default=0,
+                        help="rollout steps of linear lr warm-up (paper: 0, a constant lr)")
+    parser.add_argument("--weight-decay", type=nonnegative_float, default=0.01, help="AdamW weight decay")
     parser.add_argument("--grad-clip", type=nonnegative_float, default=1.0, help="max gradient norm (0 = off)")
     # LoRA
     parser.add_argument("--lora-rank", type=positive_int, default=16)
@@ -114,24 +119,27 @@ def length_batches(examples, size):
     return [order[i:i + size] for i in range(0, len(order), size)]
 
 
-def sft_update(model, optimizer, scheduler, examples, minibatch, grad_clip):
-    """One SFT pass + one optimizer step; the loss is normalised by the completion tokens of ALL examples,
-    so accumulating the minibatch gradients gives exactly the gradient of the accepted set's token-mean NLL.
-    Returns that loss."""
-    n_tokens = sum(len(c) for _, c in examples)
+def sft_update(model, optimizer, trajectories, sft_batch, minibatch, grad_clip):
+    """One SFT pass over the accepted trajectories in order (each a list of examples): one optimizer step per
+    mini-batch of `sft_batch` trajectories, its loss the token mean over that mini-batch's completion tokens,
+    accumulated over forward/backward micro-batches of `minibatch` examples. Returns the mini-batch losses."""
     model.train()
-    loss = 0.0
-    for batch in length_batches(examples, minibatch):
-        part = completion_nll(model, batch) / n_tokens
-        part.backward()
-        loss += part.item()
-    if grad_clip:
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    losses = []
+    for i in range(0, len(trajectories), sft_batch):
+        examples = [e for t in trajectories[i:i + sft_batch] for e in t]
+        n_tokens = sum(len(c) for _, c in examples)
+        loss = 0.0
+        for batch in length_batches(examples, minibatch):
+            part = completion_nll(model, batch) / n_tokens
+            part.backward()
+            loss += part.item()
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss)
     model.eval()
-    return loss
+    return losses
 
 
 def should_stop_weight_phase(rewards, window, min_len, patience):
@@ -205,7 +213,7 @@ class RSFT:
         if resume:  # the engine serves the checkpoint's adapter (canary checked) before any rollout
             policy.serve_adapter(ckpt / "adapter")
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / (args.warmup + 1)))
         self.sampler = EpochSampler(len(self.train), args.seed, **state["sampler"])
         self.step_count, self.rollouts, self.history = state["step"], state["rollouts"], state["history"]
@@ -234,9 +242,10 @@ class RSFT:
         episodes = self.sample(tasks, harness_path)
         t1 = time.time()
         accepted = [e for e in episodes if e["reward"] > 0.5]
-        examples = [(c["prompt_ids"], c["completion_ids"]) for e in accepted for c in e["calls"] if c["completion_ids"]]
+        trajectories = [t for t in map(examples_of, accepted) if t]
+        examples = [e for t in trajectories for e in t]
         lr = self.scheduler.get_last_lr()[0]
-        loss = self.update(examples) if examples else None
+        losses = self.update(trajectories) if trajectories else []
         t2 = time.time()
         self.step_count += 1
         self.rollouts += len(episodes)
@@ -247,7 +256,8 @@ class RSFT:
             "prompts_accepted": len({e["task_id"] for e in accepted}),
             "examples": len(examples),
             "accepted_tokens": sum(len(c) for _, c in examples),
-            "loss": loss,
+            "loss": sum(losses) / len(losses) if losses else None,
+            "optimizer_steps": len(losses),
             "skipped": not examples,
             "blank": sum(not c["completion"].strip() for e in episodes for c in e["calls"]),
             "errors": sum(e["error"] is not None for e in episodes),
@@ -270,10 +280,13 @@ class RSFT:
             **rollout.sampling_kwargs(self.args), seed=self.args.seed * 1_000_003 + self.step_count,
             desc=f"rft step {self.step_count + 1} rollouts")
 
-    def update(self, examples):
+    def update(self, trajectories):
+        """ceil(accepted / --sft-batch) optimizer steps; the lr schedule steps once per rollout step."""
         self.policy.free_memory()  # vllm --vllm-sleep: the engine's memory goes to the trainer
-        return sft_update(self.policy.model, self.optimizer, self.scheduler, examples, self.args.minibatch,
-                          self.args.grad_clip)
+        losses = sft_update(self.policy.model, self.optimizer, trajectories, self.args.sft_batch,
+                            self.args.minibatch, self.args.grad_clip)
+        self.scheduler.step()
+        return losses
 
     def save(self):
         """Write the checkpoint into a fresh folder, then switch to it, so a kill at any moment leaves the previous
@@ -301,6 +314,11 @@ class RSFT:
         switch_checkpoint(self.out_dir, folder, state["history"])
         self.policy.drop_adapter()  # the new trainer loads the checkpoint's adapter onto the base model
         return RSFT(self.args, self.policy, self.domain, self.out_dir, train=self.train)
+
+
+def examples_of(episode):
+    """The SFT examples of one episode: (prompt ids, sampled completion ids) of each llm() call that sampled any."""
+    return [(c["prompt_ids"], c["completion_ids"]) for c in episode["calls"] if c["completion_ids"]]
 
 
 def switch_checkpoint(out_dir, folder, history):

@@ -12,25 +12,30 @@ sequence of phases, each followed by a mean@k evaluation on the test split:
     weight phase   online RSFT (rft.py) under the current harness
     harness phase  Meta-Harness search (meta_harness.py) under the current weights; the winner goes on
 
-Budgets, the same totals for every method under both schedules:
-    weight budget   S = round(epochs x |train| / batch) RSFT steps
-    harness budget  H = I x ceil(S / s) iterations, s = round(phase_epochs x |train| / batch) the length of
-                    a fixed weight phase: I iterations for every fixed weight phase
-A method spends its budgets in this order, until both are spent:
-    whale         weight, harness, weight, harness, ...
+Budgets, the same totals for every method under both schedules (the official protocol's rule):
+    weight budget   S = round(epochs x |train| / batch) RSFT steps, in fixed phases of
+                    s = round(phase_epochs x |train| / batch) steps (E), the last one what is left
+    harness budget  R = (I - 1) x (ceil(S / s) - 1) proposer rounds: a harness phase between every two
+                    weight phases, each the re-scoring of the incoming harness under the new weights (the
+                    first of its I iterations) and I - 1 rounds of M candidates; harness-only gets
+                    --harness-only-iterations rounds (default (I - 1) x ceil(S / s))
+A method spends its budgets in this order:
+    whale         weight, harness, weight, ..., weight: it ends after a weight phase
     weight-only   RSFT for the whole weight budget under h0 (no harness budget)
-    harness-only  Meta-Harness for the whole harness budget under the base weights (no weight budget)
+    harness-only  Meta-Harness for its rounds under the base weights (no weight budget)
     stagewise     all weight phases, then all harness phases
+    stagewise-hw  all harness phases, then all weight phases (separates alternation from order)
     fast-slow     the WHALE alternation, but the proposer may change only h0's prompt strings (FST)
-(whale and fast-slow: once one budget is spent, the rest of the other follows.) The schedule decides
-where a phase ends, never how much a method gets in all:
-    fixed      a weight phase is s steps, a harness phase I iterations (the last ones what is left)
+The schedule decides where a phase ends, never how much a method gets in all:
+    fixed      a weight phase is s steps, a harness phase I - 1 rounds
     adaptive   a weight phase ends when its windowed training reward has set no new phase-best for
                --adaptive-epochs (also its minimum length), a harness phase when its archive best has not
-               improved for --harness-patience iterations after --harness-min-iterations (at most
-               --harness-max-iterations); either ends early when its budget is spent
-Harness phases with no weight phase between them search one archive (the weights did not change), each
-phase adding its own iterations.
+               improved for --harness-patience rounds after --harness-min-iterations (at most
+               --harness-max-iterations); either ends early when its budget is spent, and whale never
+               ends on a harness phase (rounds left when the weight budget is spent go unused)
+Harness phases under weights that did not change since the last one continue its archive, each phase
+adding its own rounds; new weights start a new archive from the incoming harness.
+`python whale.py --plan ...` prints a run's phases, steps, rounds and rollouts without loading a model.
 
 Several methods in one command run one after another in one process, each in its own folder, and never
 compute the same thing twice: a weight phase whose steps another run of the command already made (same
@@ -68,35 +73,46 @@ from lib.cli import Parser, nonnegative_int, positive_float, positive_int
 from lib.io import append_jsonl, read_json, read_jsonl, write_json
 from lib.policy import add_backend_args, load_policy
 
-METHODS = ("whale", "weight-only", "harness-only", "stagewise", "fast-slow")
+METHODS = ("whale", "weight-only", "harness-only", "stagewise", "stagewise-hw", "fast-slow")
 
-# Named bundles of defaults; any flag given on the command line wins. smoke only checks the wiring
-# (all 18 runs in minutes); cpu is sized from measured SmolLM2-135M speed on 2 cores (README); paper
-# follows DESIGN.md section 2 (E = 0.6 epoch, I = 6, G = 8, 256 prompts, M = 3 on 256 harness tasks).
+# Named bundles of defaults; any flag given on the command line wins. I (--harness-iterations) counts the
+# re-scoring of the incoming harness, so a harness phase makes I - 1 proposer rounds.
+# smoke only checks the wiring (all runs in minutes).
+# cpu is calibrated on SmolLM2-135M, on the train and harness splits only, never on test tasks (README,
+# "Calibrating the cpu preset"): lr 3e-4 moves the training reward within 4 steps (1e-4 stays flat), with
+# the warm-up and no weight decay it was calibrated with; math tests on the held-out generated problems (1-2
+# steps), as the GSM8K originals are beyond this model, and trains on the same difficulty; temperature 0.6, as
+# at 1.0 this model's code rarely runs; an adaptive harness phase runs at least 2 rounds, as every single fix
+# scores 0 and only the second composes them.
+# paper is the official protocol (PROTOCOL.md, README "Fidelity"), with the per-domain settings in PAPER below;
+# --minibatch is the micro-batch of one forward/backward inside an SFT mini-batch of --sft-batch trajectories.
 PRESETS = {
-    "smoke": dict(model="smoke", threads=1, epochs=1.0, phase_epochs=0.5, harness_iterations=1, train_limit=8,
+    "smoke": dict(model="smoke", threads=1, epochs=1.0, phase_epochs=0.5, harness_iterations=2, train_limit=8,
                   test_limit=4, k=1, batch=2, group=2, minibatch=8, candidates=2, harness_tasks=2,
                   max_new_tokens=8, deadline=60.0, adaptive_epochs=0.5, harness_patience=1,
                   harness_min_iterations=1, harness_max_iterations=2),
-    # cpu: calibrated on SmolLM2-135M (README, "Calibrating the cpu preset"): 50 test tasks x k = 4 tell
-    # 0.25 from 0.58 apart; lr 3e-4 moves the training reward within 4 steps (1e-4 stays flat); math tests on
-    # the held-out generated problems (1-2 steps), as the GSM8K originals are beyond this model, and trains on
-    # the same difficulty; temperature 0.6, as at 1.0 this model's code rarely runs (math with worked examples:
-    # 0.06 at 1.0, 0.14 at 0.6); an adaptive harness phase runs at least 2 iterations, as every single fix
-    # scores 0 and only the second composes them
-    "cpu": dict(model="cpu", threads=2, epochs=1.0, phase_epochs=0.5, harness_iterations=2, train_limit=64,
-                test_limit=50, k=4, batch=8, group=4, minibatch=8, lr=3e-4, candidates=3, harness_tasks=24,
-                max_new_tokens=32, temperature=0.6, deadline=300.0, adaptive_epochs=0.25, harness_patience=1,
-                harness_min_iterations=2, harness_max_iterations=3, math_test_set="generated", math_max_steps=2),
-    # paper: --minibatch is the micro-batch of one forward/backward (the optimizer step still covers the
-    # whole accepted set); 2 fits a 24 GB card with a 248k vocabulary (scripts/memory_plan.py)
-    "paper": dict(model=None, threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True,
-                  grad_checkpointing=True, epochs=1.8, phase_epochs=0.6, harness_iterations=6,
-                  train_limit=None, test_limit=None, k=8, batch=256, group=8, minibatch=2, candidates=3,
-                  harness_tasks=256, proposer="claude", max_new_tokens=1024, deadline=600.0, adaptive_epochs=0.2,
-                  harness_patience=2, harness_min_iterations=6, harness_max_iterations=12),
+    "cpu": dict(model="cpu", threads=2, epochs=1.0, phase_epochs=0.5, harness_iterations=3, train_limit=64,
+                test_limit=50, k=4, batch=8, group=4, minibatch=8, lr=3e-4, warmup=2, weight_decay=0.0,
+                candidates=3, harness_tasks=24, max_new_tokens=32, temperature=0.6, deadline=300.0,
+                adaptive_epochs=0.25, harness_patience=1, harness_min_iterations=2, harness_max_iterations=3,
+                math_test_set="generated", math_max_steps=2),
+    "paper": dict(threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True, grad_checkpointing=True,
+                  phase_epochs=0.6, harness_iterations=6, train_limit=None, test_limit=None, k=8, batch=256,
+                  group=8, sft_batch=64, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
+                  harness_tasks=256, harness_samples=1, proposer="claude", temperature=1.0, top_k=20,
+                  max_new_tokens=1024, deadline=600.0, adaptive_epochs=0.2, harness_patience=2,
+                  harness_min_iterations=5, harness_max_iterations=15),
 }
-PAPER_MODELS = {"searchqa": "Qwen/Qwen3.5-2B", "math": "Qwen/Qwen3.5-2B", "chess": "Qwen/Qwen3.5-4B"}
+# the paper preset per domain: model, epochs, harness-only rounds (PROTOCOL.md 6) and the LoRA learning rate
+# (ours: 10x the official full fine-tuning rates of 1e-6 and 1e-7, as a rank-16 adapter whose B starts at
+# zero moves the model far less per step than a full update at the same rate)
+PAPER = {
+    "searchqa": dict(model="Qwen/Qwen3.5-2B", epochs=4.0, harness_only_iterations=40, lr=1e-5),
+    "math": dict(model="Qwen/Qwen3.5-2B", epochs=6.0, harness_only_iterations=60, lr=1e-6),
+    "chess": dict(model="Qwen/Qwen3.5-4B", epochs=4.0, harness_only_iterations=40, lr=1e-6),
+}
+# D_weight sizes of the paper's data (PROTOCOL.md 1), for --plan without downloading them
+PAPER_TRAIN_SIZES = {"searchqa": 18_946, "math": 17_917, "chess": 16_384}
 
 
 def parse_args(argv=None):
@@ -109,6 +125,7 @@ def parse_args(argv=None):
     p.add_argument("--schedule", default="fixed", choices=("fixed", "adaptive"))
     p.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
     p.add_argument("--out", default=None, help="run folder (default results/<preset>/<domain>/<method>)")
+    p.add_argument("--plan", action="store_true", help="print the phases, steps, rounds and rollouts, then exit")
     p.add_argument("--model", default=None, help="smoke | cpu | hub id | local path (default: the preset's)")
     p.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py)")
     p.add_argument("--threads", type=positive_int, default=None,
@@ -118,7 +135,9 @@ def parse_args(argv=None):
     p.add_argument("--phase-epochs", type=positive_float, default=None,
                    help="E: epochs per weight phase (fixed schedule)")
     p.add_argument("--harness-iterations", type=positive_int, default=None,
-                   help="I: harness iterations per harness phase")
+                   help="I: per harness phase, the re-scoring of the incoming harness plus I - 1 proposer rounds")
+    p.add_argument("--harness-only-iterations", type=positive_int, default=None,
+                   help="harness-only's proposer rounds (default (I - 1) x the number of fixed weight phases)")
     p.add_argument("--train-limit", type=positive_int, default=None,
                    help="use only the first N train tasks (small presets)")
     # adaptive schedule (paper: window = min length = patience = 0.2 epoch; P_h = 2, at least 6 iterations)
@@ -139,7 +158,7 @@ def parse_args(argv=None):
     first = p.parse_args(argv)
     preset = dict(PRESETS[first.preset])
     if first.preset == "paper":
-        preset["model"] = PAPER_MODELS[first.domain]
+        preset.update(PAPER[first.domain])
     if first.data == "paper":  # the bundled math sets' choices do not apply to the paper's data
         preset.pop("math_test_set", None), preset.pop("math_max_steps", None)
     p.set_defaults(**preset)
@@ -165,6 +184,9 @@ def check_args(args, parser):
         parser.error("--backend vllm runs one method per command: give a single --method")
     if not os.path.isfile(args.harness):
         parser.error(f"harness file {args.harness} not found: pass --harness PATH or run from the repo root")
+    if args.harness_iterations < 2:
+        parser.error(f"--harness-iterations {args.harness_iterations}: I counts the re-scoring of the incoming "
+                     "harness, so a harness phase with proposer rounds needs I >= 2")
 
 
 def method_name(args):
@@ -179,18 +201,87 @@ def steps_for(epochs, n_train, batch):
 
 
 def budgets(args, n_train):
-    """(RSFT steps, harness iterations) this method spends in all; see the docstring for the rule."""
+    """(RSFT steps, proposer rounds) this method spends in all; see the docstring for the rule."""
     steps = steps_for(args.epochs, n_train, args.batch)
-    iterations = args.harness_iterations * math.ceil(steps / steps_for(args.phase_epochs, n_train, args.batch))
-    return (0 if args.method == "harness-only" else steps), (0 if args.method == "weight-only" else iterations)
+    phases = math.ceil(steps / steps_for(args.phase_epochs, n_train, args.batch))
+    if args.method == "weight-only":
+        return steps, 0
+    if args.method == "harness-only":
+        return 0, args.harness_only_iterations or (args.harness_iterations - 1) * phases
+    return steps, (args.harness_iterations - 1) * (phases - 1)
 
 
-def next_phase(method, last, steps_left, iterations_left):
-    """The kind of the next phase, or None when both budgets are spent. whale and fast-slow alternate,
-    weight first; every other method spends its weight budget before its harness budget."""
-    if steps_left > 0 and iterations_left > 0 and method in ("whale", "fast-slow"):
-        return "harness" if last == "weight" else "weight"
-    return "weight" if steps_left > 0 else "harness" if iterations_left > 0 else None
+def next_phase(method, last, steps_left, rounds_left):
+    """The kind of the next phase, or None when the run is over. whale and fast-slow alternate, weight first,
+    and end after a weight phase; stagewise-hw spends its rounds first; every other method its steps first."""
+    if method in ("whale", "fast-slow"):
+        if steps_left <= 0:
+            return None
+        return "harness" if last == "weight" and rounds_left > 0 else "weight"
+    if method == "stagewise-hw":
+        return "harness" if rounds_left > 0 else "weight" if steps_left > 0 else None
+    return "weight" if steps_left > 0 else "harness" if rounds_left > 0 else None
+
+
+def harness_phase_cap(args):
+    return args.harness_max_iterations if args.schedule == "adaptive" else args.harness_iterations - 1
+
+
+def fixed_phases(args, n_train):
+    """[(kind, RSFT steps or proposer rounds)] of a run under the fixed schedule (an adaptive run's phases end
+    by its rules, within the same budgets)."""
+    steps, rounds = budgets(args, n_train)
+    phase_steps, cap = steps_for(args.phase_epochs, n_train, args.batch), args.harness_iterations - 1
+    phases, last = [], None
+    while kind := next_phase(args.method, last, steps, rounds):
+        size = min(phase_steps, steps) if kind == "weight" else min(cap, rounds)
+        steps, rounds = (steps - size, rounds) if kind == "weight" else (steps, rounds - size)
+        phases.append((kind, size))
+        last = kind
+    return phases
+
+
+def print_plan(args):
+    """The run's phases, steps, rounds and rollouts, from the data sizes alone (no model is loaded)."""
+    if args.data == "paper":
+        n_train = min(PAPER_TRAIN_SIZES[args.domain], args.train_limit or PAPER_TRAIN_SIZES[args.domain])
+        n_harness, n_test = args.harness_tasks, {"searchqa": 700, "math": 60, "chess": 256}[args.domain]
+    else:
+        domain = domains.get(args.domain, args)
+        n_train = len(domain.load("train")[: args.train_limit])
+        n_harness = len(domain.load("harness")[: args.harness_tasks])
+        n_test = len(domain.load("test")[: args.test_limit])
+    steps, rounds = budgets(args, n_train)
+    per_epoch = n_train / args.batch
+    print(f"plan: {method_name(args)} on {args.domain}, preset {args.preset}: {n_train} train prompts, "
+          f"{args.batch} a step ({per_epoch:.1f} steps an epoch), G = {args.group}; {steps} RSFT steps, {rounds} "
+          f"proposer rounds of M = {args.candidates} on {n_harness} harness tasks; schedule {args.schedule}")
+    score = n_harness * args.harness_samples  # one scoring of one harness
+    trained = scored = 0
+    archives = set()
+    for i, (kind, size) in enumerate(fixed_phases(args, n_train), 1):
+        if kind == "weight":
+            n = size * args.batch * args.group
+            trained += n
+            print(f"  phase {i:2d}  weight   {f'{size} steps':29s}{n:10,d} rollouts")
+            continue
+        fresh = args.method in ("whale", "fast-slow") or not archives  # new weights: a new archive
+        archives.add(i if fresh else min(archives))
+        n = fresh * score + size * args.candidates * (score + 1)  # + one smoke episode per candidate
+        scored += n
+        what = f"{'re-score + ' if fresh else ''}{size} rounds"
+        print(f"  phase {i:2d}  harness  {what:29s}{n:10,d} rollouts (of them {size * args.candidates} smoke episodes)")
+    if args.schedule == "adaptive":
+        print("  (adaptive: phases end by their rules, within these budgets; a harness phase makes "
+              f"{args.harness_min_iterations}-{args.harness_max_iterations} rounds)")
+    phases = fixed_phases(args, n_train)
+    weight = [n for kind, n in phases if kind == "weight"]
+    harness = [n for kind, n in phases if kind == "harness"]
+    print(f"{len(weight)} weight phases ({' + '.join(map(str, weight)) or 0} steps), {len(harness)} harness phases "
+          f"({' + '.join(map(str, harness)) or 0} rounds)")
+    phases = len(phases)
+    print(f"total: {trained + scored:,d} rollouts ({trained:,d} training, {scored:,d} harness scoring); test "
+          f"evaluation, not counted: {phases + 1} x {n_test} tasks x k = {args.k} = {(phases + 1) * n_test * args.k:,d}")
 
 
 def weight_phase_over(rewards, schedule, max_steps, window):
@@ -211,7 +302,7 @@ def load_state(out):
     phases); phase_start_step: the RSFT step a running weight phase started at; archive_iterations and
     harness_rollouts: per harness archive, as of the last finished phase."""
     fresh = {"phase": 0, "kinds": [], "running": None, "harness": None, "phase_start_step": None,
-             "archive_iterations": {}, "harness_rollouts": {}}
+             "archive_iterations": {}, "harness_rollouts": {}, "archive_weights": {}}
     path = os.path.join(out, "state.json")
     state = {**fresh, **read_json(path, {})}
     if len(state["kinds"]) != state["phase"]:
@@ -236,6 +327,25 @@ def check_run_folder(out):
 
 def save_state(out, state):
     write_json(os.path.join(out, "state.json"), state)
+
+
+# flags that may change between a run and its resumption: they change how fast, not what is computed
+RESUMABLE_FLAGS = ("threads", "workers", "out", "plan")
+
+
+def check_same_settings(args):
+    """A rerun resumes the folder's run only with the settings it was started with: another value of any
+    flag would put new results beside old ones under the old config. A flag the folder's config.json does not
+    know (written by an older whale.py) is not compared."""
+    old = read_json(os.path.join(args.out, "config.json"))
+    if old is None:
+        return
+    new = json.loads(json.dumps(vars(args)))  # as stored
+    changed = [k for k in new if k in old and k not in RESUMABLE_FLAGS and new[k] != old[k]]
+    if changed:
+        flags = ", ".join(f"--{k.replace('_', '-')} {old[k]} (now {new[k]})" for k in changed)
+        raise ValueError(f"{args.out} was run with other settings: {flags}: rerun with the folder's settings, "
+                         "or use a new --out")
 
 
 def read_rows(out):
@@ -275,25 +385,35 @@ def run_weight_phase(args, trainer, harness, state, steps, n_train, donors):
     return trainer
 
 
+def archive_for(state, weights):
+    """The archive a harness phase searches in: the last one if the weights have not changed since it ran
+    (whatever the method: no search is repeated or charged twice), else a new one, harness_w<weight phases>."""
+    last = list(state["archive_weights"])[-1:]
+    if last and state["archive_weights"][last[0]] == weights:
+        return last[0]
+    return f"harness_w{state['kinds'].count('weight')}"
+
+
 def run_harness_phase(args, policy, domain, harness, state, iterations_left, weights, donors):
-    """Meta-Harness from `harness` under the current weights. Harness phases with no weight phase between
-    them search one archive, harness_w<weight phases so far>; this phase adds at most its cap of iterations.
-    Fixed: all of them. Adaptive: until the archive best has stalled (patience, minimum) counted from this
-    phase's start. Updates the state's archive counters. -> (winner, the phase's metrics)"""
-    name = f"harness_w{state['kinds'].count('weight')}"
+    """Meta-Harness from `harness` under the current weights (archive_for says in which archive); a new archive
+    starts by re-scoring `harness`. This phase adds at most its cap of rounds: fixed, all of them; adaptive,
+    until the archive best has stalled (patience, minimum) counted from this phase's start. Updates the
+    state's archive counters. -> (winner, the phase's metrics)"""
+    name = archive_for(state, weights)
     archive = os.path.join(args.out, name)
     before = state["archive_iterations"].get(name, 0)
     if before == 0:
         key = {"weights": weights, "seed": reuse.file_sha(harness), "prompt_only": args.prompt_only,
                "settings": reuse.result_settings(args)}
         reuse.adopt_archive(archive, key, donors)
-    cap = args.harness_max_iterations if args.schedule == "adaptive" else args.harness_iterations
+    cap = harness_phase_cap(args)
     stop = None
     if args.schedule == "adaptive":
         stop = lambda series: len(series) - 1 > before and meta_harness.should_stop_harness_phase(
             series[before:], args.harness_patience, args.harness_min_iterations)
     result = meta_harness.search(policy, domain, harness, archive, args,
                                  iterations=before + min(cap, iterations_left), stop=stop)
+    state["archive_weights"][name] = weights
     state["archive_iterations"][name] = result["iterations"]
     state["harness_rollouts"][name] = result["rollouts"]
     return result["winner"], {"iterations": result["iterations"] - before, "archive": name,
@@ -331,10 +451,15 @@ def evaluate_test(args, policy, domain, harness, tag, weights, donors):
 
 def main(argv=None):
     runs = parse_args(argv)
+    if runs[0].plan:
+        for args in runs:
+            print_plan(args)
+        return
     try:
         sandbox.apply_args(runs[0])
         for args in runs:
             check_run_folder(args.out)
+            check_same_settings(args)
     except (ValueError, sandbox.SandboxError) as e:
         raise SystemExit(f"whale.py: error: {e}")
     for args in runs:

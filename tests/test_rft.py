@@ -109,15 +109,37 @@ def test_tool_output_in_the_prompt_leaves_the_gradient_unchanged():
     assert same(grads(model, example("47")), grads(model, example("Traceback: NameError, a much longer tool text")))
 
 
-def test_update_makes_one_optimizer_step_on_the_lora_weights_only():
+def test_update_makes_one_optimizer_step_per_sft_batch_on_the_lora_weights_only():
     model = add_lora(tiny_model(), rft_args(lora_rank=4))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
-    loss = rft.sft_update(model, opt, sched, [([1, 2, 3], [4, 5]), ([6, 7], [8, 9, 10])], 1, 1.0)
-    assert loss > 0 and opt.state_dict()["state"][0]["step"] == 1
+    trajectories = [[([1, 2, 3], [4, 5]), ([6, 7], [8, 9, 10])], [([3, 4], [5])]]
+    losses = rft.sft_update(model, opt, trajectories, 64, 1, 1.0)
+    assert len(losses) == 1 and losses[0] > 0 and opt.state_dict()["state"][0]["step"] == 1
     changed = {k for k, p in model.named_parameters() if not torch.equal(p, before[k])}
     assert changed and all("lora_" in k for k in changed)
+
+
+@pytest.mark.parametrize("accepted, sft_batch, steps", [(1, 64, 1), (64, 64, 1), (65, 64, 2), (130, 64, 3), (5, 2, 3)])
+def test_each_rollout_step_makes_ceil_accepted_over_sft_batch_optimizer_steps(accepted, sft_batch, steps):
+    model = add_lora(tiny_model(layers=1), rft_args(lora_rank=2))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    trajectories = [[([1 + i % 7, 2], [3 + i % 5])] for i in range(accepted)]
+    losses = rft.sft_update(model, opt, trajectories, sft_batch, 8, 1.0)
+    assert len(losses) == steps and opt.state_dict()["state"][0]["step"] == steps
+
+
+def test_a_mini_batch_loss_is_the_token_mean_within_that_mini_batch():
+    """Trajectories in order, 2 to a mini-batch: each step's loss is its own completion tokens' mean NLL."""
+    model = tiny_model(layers=0)
+    a, b, c = [([1, 2], [3, 4, 5])], [([6], [7])], [([8, 9], [10, 11])]
+    expected = []
+    with torch.no_grad():
+        for group in ([a, b], [c]):
+            examples = [e for t in group for e in t]
+            expected.append(rft.completion_nll(model, examples).item() / sum(len(x) for _, x in examples))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the weights stay, so each loss is comparable
+    assert rft.sft_update(model, opt, [a, b, c], 2, 8, 0.0) == pytest.approx(expected, rel=1e-5)
 
 
 # -----------------------------------------------------------------------------

@@ -20,38 +20,50 @@ from lib import reuse
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def plan(method, steps, phase_steps, iterations, phase_iterations):
-    """The phase kinds of a fixed-schedule run, as whale.run orders them with next_phase."""
-    kinds, done_steps, done_iterations = [], 0, 0
-    while kind := whale.next_phase(method, kinds[-1] if kinds else None, steps - done_steps, iterations - done_iterations):
-        kinds.append(kind)
-        if kind == "weight":
-            done_steps += min(phase_steps, steps - done_steps)
-        else:
-            done_iterations += min(phase_iterations, iterations - done_iterations)
-    return kinds
+def kinds(args, n_train):
+    return [kind for kind, _ in whale.fixed_phases(args, n_train)]
 
 
 def test_every_method_gets_the_same_budgets_in_its_own_order():
+    # smoke: 8 prompts at batch 2 = 4 steps in 2 phases of 2; I = 2 (the re-score + 1 round); harness-only gets
+    # (I - 1) x 2 rounds, the alternating methods (I - 1) x (2 - 1): a harness phase between two weight phases
     args = whale.parse_args(["--domain", "math", "--preset", "smoke", "--method", *whale.METHODS])
-    budget = {a.method: whale.budgets(a, 8) for a in args}  # 8 prompts at batch 2: 4 steps, phases of 2
-    assert budget == {"whale": (4, 2), "fast-slow": (4, 2), "stagewise": (4, 2), "weight-only": (4, 0),
-                      "harness-only": (0, 2)}
-    assert plan("whale", 4, 2, 2, 1) == ["weight", "harness", "weight", "harness"]
-    assert plan("fast-slow", 4, 2, 2, 1) == ["weight", "harness", "weight", "harness"]
-    assert plan("stagewise", 4, 2, 2, 1) == ["weight", "weight", "harness", "harness"]
-    assert plan("weight-only", 4, 2, 0, 1) == ["weight", "weight"]
-    assert plan("harness-only", 0, 2, 2, 1) == ["harness", "harness"]
-    # --phase-epochs 0.4 of 10 prompts at batch 2: 5 steps in phases of 2 (the last 1), so 3 x I iterations
-    # for every method that searches (once, whale 2, stagewise 0 and harness-only 3)
+    budget = {a.method: whale.budgets(a, 8) for a in args}
+    assert budget == {"whale": (4, 1), "fast-slow": (4, 1), "stagewise": (4, 1), "stagewise-hw": (4, 1),
+                      "weight-only": (4, 0), "harness-only": (0, 2)}
+    order = {a.method: kinds(a, 8) for a in args}
+    assert order == {"whale": ["weight", "harness", "weight"], "fast-slow": ["weight", "harness", "weight"],
+                     "stagewise": ["weight", "weight", "harness"], "stagewise-hw": ["harness", "weight", "weight"],
+                     "weight-only": ["weight", "weight"], "harness-only": ["harness", "harness"]}
+    # 10 prompts, --phase-epochs 0.4: 5 steps in phases of 2, 2, 1; I = 3: 2 rounds a phase, 2 x 2 in all
     args = whale.parse_args(["--domain", "math", "--preset", "smoke", "--phase-epochs", "0.4", "--harness-iterations",
-                             "2", "--method", *whale.METHODS])
-    assert {a.method: whale.budgets(a, 10) for a in args}["stagewise"] == (5, 6)
-    assert plan("whale", 5, 2, 6, 2) == ["weight", "harness"] * 3
-    assert plan("stagewise", 5, 2, 6, 2) == ["weight"] * 3 + ["harness"] * 3
-    # once one budget is spent, the alternation goes on with the other
-    assert plan("whale", 2, 2, 6, 2) == ["weight", "harness", "harness", "harness"]
-    assert plan("whale", 6, 2, 2, 2) == ["weight", "harness", "weight", "weight"]
+                             "3", "--method", *whale.METHODS])
+    phases = {a.method: whale.fixed_phases(a, 10) for a in args}
+    assert phases["whale"] == [("weight", 2), ("harness", 2), ("weight", 2), ("harness", 2), ("weight", 1)]
+    assert phases["stagewise"] == [("weight", 2), ("weight", 2), ("weight", 1), ("harness", 2), ("harness", 2)]
+    assert phases["harness-only"] == [("harness", 2)] * 3
+    # whale ends after a weight phase, whatever rounds are left (an adaptive run's leftover)
+    assert whale.next_phase("whale", "weight", 0, 5) is None
+    assert whale.next_phase("whale", "weight", 3, 0) == "weight"
+
+
+def test_the_paper_plan_is_the_official_schedule(capsys):
+    """PROTOCOL.md 6: 74 / 70 / 64 steps an epoch, 4 / 6 / 4 epochs, E = 0.6 epoch, I = 6 = re-score + 5 rounds,
+    harness-only 40 / 60 / 40 rounds."""
+    expect = {"searchqa": ([44] * 6 + [32], 6, 40), "math": ([42] * 10, 9, 60), "chess": ([38] * 6 + [28], 6, 40)}
+    for domain, (weight, harness_phases, harness_only) in expect.items():
+        [args] = whale.parse_args(["--domain", domain, "--preset", "paper", "--plan"])
+        n = whale.PAPER_TRAIN_SIZES[domain]
+        phases = whale.fixed_phases(args, n)
+        assert [s for k, s in phases if k == "weight"] == weight, domain
+        assert [s for k, s in phases if k == "harness"] == [5] * harness_phases, domain
+        assert phases[-1][0] == "weight" and sum(weight) == {"searchqa": 296, "math": 420, "chess": 256}[domain]
+        [only] = whale.parse_args(["--domain", domain, "--preset", "paper", "--method", "harness-only"])
+        assert whale.budgets(only, n) == (0, harness_only)
+    whale.main(["--domain", "searchqa", "--preset", "paper", "--method", "whale", "--plan"])
+    out = capsys.readouterr().out
+    assert "296 RSFT steps" in out and "7 weight phases (44 + 44 + 44 + 44 + 44 + 44 + 32 steps)" in out
+    assert "6 harness phases (5 + 5 + 5 + 5 + 5 + 5 rounds)" in out and out.count("re-score + 5 rounds") == 6
 
 
 def test_fixed_weight_phase_ends_after_its_steps_whatever_the_reward():
@@ -148,11 +160,11 @@ def test_killed_run_resumes_without_redoing_work(tmp_path):
     assert len(steps) == 4  # 1 epoch of 8 prompts at batch 2
     assert (out / "evals" / "phase_0.json").stat().st_mtime == first_eval  # the first evaluation was kept
     evals = [r for r in rows(out / "metrics.jsonl") if r["event"] == "eval"]
-    assert [r["phase"] for r in evals] == [0, 1, 2, 3, 4]
+    assert [r["phase"] for r in evals] == [0, 1, 2, 3]  # weight, harness, weight: it ends after a weight phase
     assert [r["rollouts"] for r in evals] == sorted(r["rollouts"] for r in evals)
-    assert [r["step"] for r in evals] == [0, 2, 2, 4, 4]  # cumulative RSFT steps: 2 per weight phase
+    assert [r["step"] for r in evals] == [0, 2, 2, 4]  # cumulative RSFT steps: 2 per weight phase
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["phases"] == 4 and summary["total_rollouts"] == evals[-1]["rollouts"]
+    assert summary["phases"] == 3 and summary["total_rollouts"] == evals[-1]["rollouts"]
 
 
 
@@ -273,18 +285,21 @@ def test_a_search_under_weights_that_never_moved_is_copied_from_the_run_that_mad
     # h0 earns nothing, so stagewise's weight phases accept nothing and its search runs under the base
     # weights from h0: harness-only's search, which it copies instead of redoing
     argv, _ = fake
+    argv = argv + ["--harness-iterations", "3"]  # 2 rounds: enough for the search to find the better harness
     scored = []
     monkeypatch.setattr(whale.rollout, "run_episodes", lambda *a, **kw: scored.append(kw.get("desc", "")) or
                         fake_episodes(*a, h0_reward=0.0, **kw))
     whale.main(argv + ["--method", "stagewise", "--out", str(tmp_path / "alone")])
-    searched_alone = sum("score" in d for d in scored)
-    assert searched_alone > 0
+    assert sum("score" in d for d in scored) > 0
+    scored.clear()
+    whale.main(argv + ["--method", "harness-only", "--out", str(tmp_path / "harness-only")])
+    searched_by_harness_only = sum("score" in d for d in scored)
     scored.clear()
     (tmp_path / "together").mkdir()
     monkeypatch.chdir(tmp_path / "together")
     whale.main(argv + ["--method", "harness-only", "stagewise"])
     runs = tmp_path / "together" / "results" / "smoke" / "math"
-    assert sum("score" in d for d in scored) == searched_alone  # harness-only's search only
+    assert sum("score" in d for d in scored) == searched_by_harness_only  # harness-only's search only
     assert_same_record(record(runs / "stagewise"), record(tmp_path / "alone"), "stagewise")
     assert (runs / "stagewise" / "harness_w2" / "whale_key.json").exists()
     assert json.loads((runs / "stagewise" / "summary.json").read_text())["best_mean_at_k"] > 0
@@ -295,11 +310,11 @@ def test_a_run_interrupted_anywhere_resumes_to_the_same_result(tmp_path, fake, m
     whale.main(argv + ["--out", str(tmp_path / "whole")])
     executed.clear()
     out = tmp_path / "interrupted"
-    points = [(whale.rft.RSFT, "step", 3, False),  # mid weight phase 3, its first step checkpointed
+    points = [(whale.meta_harness, "search", 1, False),  # phase 2's search done, its winner not recorded
+              (whale.rft.RSFT, "step", 1, False),  # mid weight phase 3, its first step checkpointed
               (reuse, "snapshot_weights", 1, True),  # phase 3: its last RSFT step checkpointed, state not saved
               (whale, "log_eval_once", 2, False),  # phase 3 evaluated and logged, state not saved
-              (whale.meta_harness, "search", 1, False),  # phase 4's search done, its winner not recorded
-              (whale, "save_state", 1, False)]  # phase 4 saved, no summary yet
+              (whale, "save_state", 1, False)]  # phase 3 saved, no summary yet
     for owner, name, call, before in points:
         with monkeypatch.context() as m:
             interrupt(m, owner, name, call, before)
@@ -308,7 +323,7 @@ def test_a_run_interrupted_anywhere_resumes_to_the_same_result(tmp_path, fake, m
     whale.main(argv + ["--out", str(out)])
     assert_same_record(record(out), record(tmp_path / "whole"), "resumed run")
     assert len(executed) == 4  # no RSFT step ran twice
-    assert [r["phase"] for r in rows(out / "metrics.jsonl") if r["event"] == "eval"] == [0, 1, 2, 3, 4]
+    assert [r["phase"] for r in rows(out / "metrics.jsonl") if r["event"] == "eval"] == [0, 1, 2, 3]
 
 
 def test_adaptive_schedule_spends_the_same_budgets_and_each_harness_phase_adds_iterations(tmp_path, fake,
@@ -316,7 +331,7 @@ def test_adaptive_schedule_spends_the_same_budgets_and_each_harness_phase_adds_i
     argv, executed = fake
     monkeypatch.chdir(tmp_path)
     methods = ["weight-only", "harness-only", "stagewise", "whale"]
-    argv += ["--harness-iterations", "2", "--harness-min-iterations", "1", "--harness-patience", "1",
+    argv += ["--harness-iterations", "3", "--harness-min-iterations", "1", "--harness-patience", "1",
              "--harness-max-iterations", "3"]
     for schedule in ("fixed", "adaptive"):
         whale.main(argv + ["--method", *methods, "--schedule", schedule])
@@ -325,7 +340,11 @@ def test_adaptive_schedule_spends_the_same_budgets_and_each_harness_phase_adds_i
         summary = json.loads((out / "summary.json").read_text())
         method = name.replace("-adaptive", "")
         assert summary["rsft_steps"] == (0 if method == "harness-only" else 4), name
-        assert summary["harness_iterations"] == (0 if method == "weight-only" else 4), name  # 2 x 2 phases
+        rounds = {"weight-only": 0, "harness-only": 4, "stagewise": 2, "whale": 2}[method]  # (I - 1) x phases
+        if name.endswith("-adaptive") and method == "whale":  # it ends after a weight phase: rounds may be left
+            assert 1 <= summary["harness_iterations"] <= rounds, name
+        else:
+            assert summary["harness_iterations"] == rounds, name
         evals = [r for r in rows(out / "metrics.jsonl") if r["event"] == "eval"]
         assert summary["phases"] == len(evals) - 1
         harness_phases = [r for r in evals if r["kind"] == "harness"]
@@ -398,3 +417,59 @@ def test_weights_that_no_rsft_step_updated_count_as_the_base_model(tmp_path):
     assert whale.weights_id(None) == weights_id(trainer) == "base"
     trainer.history.append({"skipped": False})
     assert weights_id(trainer).startswith("adapter ")
+
+
+def test_fast_slow_under_weights_that_never_moved_continues_its_archive_and_charges_nothing_twice(
+        tmp_path, fake, monkeypatch):
+    # h0 earns nothing, so fast-slow's weight phases accept nothing: its three harness phases (4 weight phases
+    # of 1 step) all run under the base weights and so continue one archive, each adding its own round
+    argv, _ = fake
+    scored = []
+    monkeypatch.setattr(whale.rollout, "run_episodes", lambda *a, **kw: scored.append(kw.get("desc", "")) or
+                        fake_episodes(*a, h0_reward=0.0, **kw))
+    out = tmp_path / "fst"
+    whale.main(argv + ["--method", "fast-slow", "--phase-epochs", "0.25", "--out", str(out)])
+    evals = [r for r in rows(out / "metrics.jsonl") if r["event"] == "eval"]
+    harness = [r for r in evals if r["kind"] == "harness"]
+    assert [r["archive"] for r in harness] == ["harness_w1"] * 3 and [r["iterations"] for r in harness] == [1, 1, 1]
+    assert not (out / "harness_w2").exists() and not (out / "harness_w3").exists()
+    candidates = sorted((out / "harness_w1" / "candidates").iterdir())
+    assert [c.name for c in candidates] == ["h0", "h1_1", "h1_2", "h2_1", "h2_2", "h3_1", "h3_2"]
+    sources = [(c / "harness.py").read_bytes() for c in candidates if (c / "harness.py").exists()]
+    assert len(sources) == 2 and len(set(sources)) == 2  # h0 and its one prompt variant, never proposed again
+    seed_scorings = [d for d in scored if "score" in d and "h0" in d]
+    assert len(seed_scorings) == 1  # the seed is scored once, not once per phase
+    state = json.loads((out / "state.json").read_text())
+    assert state["harness_rollouts"] == {"harness_w1": 3 + 4}  # the seed once (3 tasks), h1_1 (3 + its smoke run)
+    assert evals[-1]["rollouts"] == 4 * 2 * 2 + 7  # 4 RSFT steps of 2 prompts x G = 2, plus the search
+
+
+def test_a_rerun_with_other_settings_is_refused_with_one_line(tmp_path, fake, capsys):
+    argv, _ = fake
+    out = tmp_path / "run"
+    whale.main(argv + ["--method", "weight-only", "--out", str(out)])
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as e:
+        whale.main(argv + ["--method", "weight-only", "--out", str(out), "--k", "3", "--temperature", "0.2"])
+    assert str(e.value.code) == (f"whale.py: error: {out} was run with other settings: --k 2 (now 3), "
+                                 "--temperature 1.0 (now 0.2): rerun with the folder's settings, or use a new --out")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing rewritten
+    whale.main(argv + ["--method", "weight-only", "--out", str(out), "--threads", "2"])  # speed flags may change
+
+
+def test_acceptance_is_strict_against_the_incoming_harness_re_scored_under_the_new_weights(tmp_path, fake):
+    best = lambda *rows: meta_harness.pick_best([dict(zip(("name", "score", "mean_turns"), r)) for r in rows])["name"]
+    assert best(("h0", 0.5, 2.0), ("h1_1", 0.5, 2.0)) == "h0"  # a tie stays with the incumbent
+    assert best(("h0", 0.5, 2.0), ("h1_1", 0.5, 1.5)) == "h1_1"  # the same score in fewer turns wins
+    assert best(("h0", 0.5, 1.0), ("h1_1", 0.4, 1.0), ("h1_2", 0.6, 3.0)) == "h1_2"  # only a higher score beats it
+    # each harness phase under new weights starts a fresh archive whose h0 is the incoming winner, re-scored
+    argv, _ = fake
+    out = tmp_path / "run"
+    whale.main(argv + ["--method", "whale", "--phase-epochs", "0.25", "--out", str(out)])
+    harness = [r for r in rows(out / "metrics.jsonl") if r.get("kind") == "harness"]
+    fresh = [(before, after) for before, after in zip(harness, harness[1:]) if after["archive"] != before["archive"]]
+    assert harness[0]["archive"] == "harness_w1" and fresh  # (a weight phase that accepted nothing continues)
+    for before, after in fresh:
+        seed = out / after["archive"] / "candidates" / "h0"
+        assert (seed / "harness.py").read_bytes() == open(before["winner"], "rb").read()
+        assert json.loads((seed / "scores.json").read_text())["rollouts"] == 3  # scored again, under new weights
