@@ -10,17 +10,22 @@
     d.reward(task, answer, tools)        # 0.0 or 1.0
 
 Splits: train and test are bundled files (data/, rebuilt by data/build.py); harness is a fixed
-seeded sample of 256 training tasks, the set every harness candidate is scored on (as in the paper).
-- searchqa: BM25 (bm25s) over a synthetic encyclopedia, split by entity; reward = exact match after normalisation
-  (lower case, punctuation and the articles a/an/the removed, white space folded) with any gold answer.
+seeded sample of 256 training tasks, the set every harness candidate is scored on (as in the official code, it
+overlaps the training set; only the paper's chess has a harness split of its own, disjoint from train and test).
+Every limit (--train-limit, --test-limit, --harness-tasks, rollout.py --limit, `show -n`) is seeded_sample:
+a seeded sample keeping each `source`'s share, never the first N.
+The rewards are the official verifiers (PROTOCOL.md section 4):
+- searchqa: BM25 (bm25s) over a synthetic encyclopedia, split by entity (`source` "synthetic"); reward = exact
+  match after normalisation (lower case, punctuation and the articles a/an/the removed, white space folded)
+  with any gold answer, or with --judge-url the official LLM judge's verdict (lib/judge.py).
 - math: test = the GSM8K originals, or with --math-test-set generated 200 held-out generated problems of
   1-2 steps; --math-max-steps N keeps only the bundled training problems of at most N steps (and so the
   harness set drawn from them); `python(code)` runs in a fresh OS sandbox (lib/sandbox.py) with CPU, memory
-  and output limits; reward = the last \\boxed{...} of the answer (nested braces handled) equals the gold
-  answer after only two normalisations: white space removed and thousands separators dropped ("1,234" -> "1234").
+  and output limits; reward = the last \\boxed{...} within the answer's final 100 characters (nested braces
+  handled) equals the gold answer as a string, white space included (math_dapo's strict box check).
 - chess: Lichess puzzles; the line's first move is the opponent's and is played before the agent
   sees the position (FEN, board, legal moves in UCI and in SAN without the check and mate marks + and #);
-  a legal move off the line ends the episode (any mating move is accepted where the line mates);
+  only the reference move is right: any other legal move, an alternative mate too, ends the episode;
   reward 1.0 only for the whole line.
 
 The paper's data (--data paper: `domains.get(name, args)` with add_args' flags) loads through lib/hub.py:
@@ -37,6 +42,8 @@ from functools import lru_cache
 import chess
 
 from lib import hub
+from lib.judge import judge_from_args
+from lib.sample import seeded_sample  # also the CLIs' limit flags' sampler, as domains.seeded_sample
 from lib.sandbox import PYTHON_TIMEOUT_S, run_python
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -73,6 +80,7 @@ class Domain:
     name = ""
     TOOL_METHODS = ()
     REQUIRED = ("id",)
+    PAPER_HARNESS_SPLIT = False  # True: the paper's data has a harness split of its own, not drawn from train
 
     def __init__(self, args=None):
         self.args = args  # None: bundled data
@@ -81,7 +89,7 @@ class Domain:
     def load(self, split):
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r} for {self.name}: choose train, harness or test")
-        if split == "harness":
+        if split == "harness" and not (self.args is not None and self.PAPER_HARNESS_SPLIT):
             train = self.load("train")
             if len(train) <= HARNESS_SET_SIZE:
                 return train
@@ -153,10 +161,23 @@ class WikiSearchTools:
         return [p[:MAX_PASSAGE_CHARS] for p in self.retriever.search(str(query)[:2000], k)]
 
 
+def exact_match(answer, golds):
+    """The official EM path: 1.0 when the normalised answer equals a normalised gold answer."""
+    pred = normalize_answer(answer)
+    return 1.0 if any(pred == normalize_answer(g) for g in golds) else 0.0
+
+
 class SearchQA(Domain):
     name = "searchqa"
     TOOL_METHODS = ("search",)
     REQUIRED = ("id", "question", "answers")
+    judge = None  # lib.judge.Judge with --judge-url, else exact match
+
+    def load(self, split):
+        tasks = super().load(split)
+        if self.args is None:  # the bundled set is one benchmark; the paper's tasks name theirs
+            tasks = [{**t, "source": t.get("source", "synthetic")} for t in tasks]
+        return tasks
 
     def public(self, task):
         return {"question": task["question"]}
@@ -179,10 +200,13 @@ class SearchQA(Domain):
     def reward(self, task, answer, tools=None):
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
             answer = str(answer)
-        if not isinstance(answer, str):
-            return 0.0
-        pred = normalize_answer(answer[:10_000])
-        return 1.0 if any(pred == normalize_answer(g) for g in task["answers"]) else 0.0
+        if not isinstance(answer, str) or not answer.strip():
+            return 0.0  # no answer: 0, and the judge is not asked
+        answer = answer[:10_000]
+        em = exact_match(answer, task["answers"])
+        if self.judge is None:
+            return em
+        return float(self.judge.verdict(task.get("question", ""), task["answers"], answer, fallback=em))
 
     def gold(self, task):
         return " | ".join(task["answers"])
@@ -217,11 +241,7 @@ def last_boxed(text):
     return None
 
 
-def normalize_number(text):
-    text = "".join(text.split())
-    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", text):
-        text = text.replace(",", "")
-    return text
+MATH_TAIL_CHARS = 100  # math_dapo keeps the last 300 characters, then looks for the box in the last 100
 
 
 MATH_TEST_SETS = {"gsm8k": "math_test.jsonl", "generated": "math_test_generated.jsonl"}
@@ -256,10 +276,8 @@ class Math(Domain):
     def reward(self, task, answer, tools=None):
         if not isinstance(answer, str):
             return 0.0
-        boxed = last_boxed(answer)
-        if boxed is None:
-            return 0.0
-        return 1.0 if normalize_number(boxed) == normalize_number(task["answer"]) else 0.0
+        # strict, as the official check: no normalisation at all, so "\\boxed{ 42 }" and "\\boxed{4 2}" are not 42
+        return 1.0 if last_boxed(answer[-MATH_TAIL_CHARS:]) == task["answer"] else 0.0
 
     def gold(self, task):
         return task["answer"]
@@ -301,8 +319,7 @@ class ChessTools:
             return {"status": "unparseable", "message": f"{str(uci)[:40]!r} is not a UCI move like e2e4 or e7e8q"}
         if move not in self.board.legal_moves:
             return {"status": "illegal", "message": f"{move.uci()} is not legal in this position"}
-        expected = self.line[self.next]
-        if move != expected and not self.is_alternative_mate(move, expected):
+        if move != self.line[self.next]:  # the reference move only, as the official verifier: another mate too
             self.over = True
             return {"status": "wrong", "message": f"{move.uci()} is not the best move; the puzzle is failed"}
         self.board.push(move)
@@ -314,25 +331,19 @@ class ChessTools:
         reply_san = plain_san(self.board, reply)
         self.board.push(reply)
         self.next += 1
+        if self.next >= len(self.line):  # a line that ends on the opponent's reply (the paper's filter allows one)
+            self.solved = self.over = True
+            return {"status": "solved", "message": f"{move.uci()} is correct; the opponent replied {reply.uci()}; "
+                    "the puzzle is solved", "opponent_move": reply.uci(), "opponent_san": reply_san}
         return {"status": "ok", "message": f"{move.uci()} is correct; the opponent replied {reply.uci()}",
                 "opponent_move": reply.uci(), "opponent_san": reply_san, **board_view(self.board)}
-
-    def is_alternative_mate(self, move, expected):
-        """As on Lichess: where the line mates, any mating move is accepted."""
-        return gives_mate(self.board, expected) and gives_mate(self.board, move)
-
-
-def gives_mate(board, move):
-    board.push(move)
-    mate = board.is_checkmate()
-    board.pop()
-    return mate
 
 
 class Chess(Domain):
     name = "chess"
     TOOL_METHODS = ("move",)
     REQUIRED = ("id", "fen", "moves")
+    PAPER_HARNESS_SPLIT = True  # the official mh_val bucket, disjoint from train and test
 
     def public(self, task):
         board = chess.Board(task["fen"])
@@ -376,6 +387,8 @@ def get(name, args=None):
             raise ValueError(f"--math-max-steps {max_steps} filters the bundled generated problems: with --data paper "
                              "the train set is --math-train; drop one of the two flags")
         domain.max_steps = max_steps
+    if name == "searchqa":
+        domain.judge = judge_from_args(args)
     return domain
 
 
@@ -387,6 +400,8 @@ def add_args(p):
     p.add_argument("--searchqa-test", default=hub.SEARCHQA_TEST, help="the collection holding the seven test sets")
     p.add_argument("--searchqa-test-sets", default=",".join(hub.SEARCHQA_TEST_SETS), help="config:split, comma-separated")
     p.add_argument("--searchqa-test-per-set", type=int, default=hub.SEARCHQA_TEST_PER_SET)
+    p.add_argument("--searchqa-train-size", type=int, default=hub.SEARCHQA_TRAIN_SIZE,
+                   help="D_weight: a seeded sample of the train set keeping its NQ / HotpotQA shares (0: all of it)")
     p.add_argument("--retriever-url", default=None, help="Search-R1's retrieval server, e.g. http://127.0.0.1:8000/retrieve")
     p.add_argument("--wiki", default=None, help="without a server: bm25s over this wiki-18 .jsonl file")
     p.add_argument("--wiki-limit", type=int, default=None, help="index only the first N passages of --wiki")
@@ -397,10 +412,17 @@ def add_args(p):
     p.add_argument("--math-max-steps", type=int, default=None, choices=range(1, 5), metavar="{1..4}",
                    help="bundled math: train (and draw the harness set) on problems of at most N steps only")
     p.add_argument("--chess-puzzles", default=hub.CHESS_PUZZLES, help="hub dataset or lichess_db_puzzle.csv")
-    p.add_argument("--chess-rating", default="0-1500", help="rating band MIN-MAX")
-    p.add_argument("--chess-max-solver-moves", type=int, default=2, help="line length: 1..N moves by the solver")
-    p.add_argument("--chess-train-size", type=int, default=20000)
-    p.add_argument("--chess-test-size", type=int, default=1000)
+    p.add_argument("--chess-max-plies", type=int, default=hub.CHESS_MAX_PLIES, help="solution plies: 1..N")
+    buckets = dict(hub.CHESS_BUCKETS)  # the official split: its bucket sizes set the hash's modulus
+    p.add_argument("--chess-train-size", type=int, default=buckets["train"])
+    p.add_argument("--chess-harness-size", type=int, default=buckets["harness"])
+    p.add_argument("--chess-test-pool", type=int, default=buckets["test"], help="the test bucket")
+    p.add_argument("--chess-test-size", type=int, default=hub.CHESS_TEST_SIZE, help="a seeded sample of the test bucket")
+    # searchqa's LLM judge (the official one is off by default: exact match)
+    p.add_argument("--judge-url", default=None, help="searchqa: an OpenAI-compatible endpoint, e.g. "
+                   "https://api.openai.com/v1, for the official LLM judge's rule (default: exact match)")
+    p.add_argument("--judge-model", default="gpt-5.4-mini", help="the judge's model (the official default)")
+    p.add_argument("--judge-key-env", default="OPENAI_API_KEY", help="environment variable holding the judge's key")
 
 
 def print_stats():
@@ -415,7 +437,7 @@ def print_stats():
 
 def show(name, split, n, args=None):
     d = get(name, args)
-    for task in d.load(split)[:n]:
+    for task in seeded_sample(d.load(split), n):
         print(f"--- {name}/{split} {task['id']}")
         for key, value in d.public(task).items():
             text = value if isinstance(value, str) else json.dumps(value)

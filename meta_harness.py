@@ -64,7 +64,7 @@ def add_args(p):
     # harness search (shared with whale.py)
     p.add_argument("--candidates", type=positive_int, default=3, help="M: candidates proposed per iteration")
     p.add_argument("--harness-tasks", type=positive_int, default=None,
-                   help="score on the first N harness-set tasks (default all)")
+                   help="score on a seeded sample of N harness-set tasks (default all)")
     p.add_argument("--harness-samples", type=positive_int, default=1,
                    help="rollouts per harness-set task when scoring")
     p.add_argument("--prompt-only", action="store_true", help="candidates may change only string constants (FST)")
@@ -233,7 +233,7 @@ def propose_iteration(run_dir, names, rows, iteration, domain, args, failures):
 
 def harness_tasks(domain, args):
     tasks = domain.load("harness")
-    return tasks[: args.harness_tasks] if args.harness_tasks else tasks
+    return domains.seeded_sample(tasks, args.harness_tasks or None)
 
 
 def add_seed(run_dir, seed_harness, seed_name):

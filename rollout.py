@@ -413,7 +413,7 @@ def main():
     p.add_argument("--domain", choices=["searchqa", "math", "chess"])
     p.add_argument("--harness", help="harness file, e.g. harnesses/chess.py")
     p.add_argument("--split", default="test", choices=["train", "harness", "test"])
-    p.add_argument("--limit", type=positive_int, default=None, help="first N tasks of the split")
+    p.add_argument("--limit", type=positive_int, default=None, help="a seeded sample of N tasks of the split")
     p.add_argument("--k", type=positive_int, default=8, help="samples per task (mean@k)")
     p.add_argument("--out", default=None, help="folder for traces.jsonl and results.json")
     # model and sampling
@@ -430,7 +430,7 @@ def main():
     try:
         check_harness(args.harness)
         domain = domains.get(args.domain, args)
-        tasks = domain.load(args.split)[:args.limit]
+        tasks = domains.seeded_sample(domain.load(args.split), args.limit)
     except (FileNotFoundError, ValueError, ImportError) as e:
         raise SystemExit(f"rollout.py: error: {e}")
     policy = adapted_policy(args)

@@ -139,7 +139,7 @@ def parse_args(argv=None):
     p.add_argument("--harness-only-iterations", type=positive_int, default=None,
                    help="harness-only's proposer rounds (default (I - 1) x the number of fixed weight phases)")
     p.add_argument("--train-limit", type=positive_int, default=None,
-                   help="use only the first N train tasks (small presets)")
+                   help="use a seeded sample of N train tasks (small presets)")
     # adaptive schedule (paper: window = min length = patience = 0.2 epoch; P_h = 2, at least 6 iterations)
     p.add_argument("--adaptive-epochs", type=positive_float, default=0.2,
                    help="weight phase window, minimum length and patience")
@@ -148,7 +148,7 @@ def parse_args(argv=None):
     p.add_argument("--harness-max-iterations", type=positive_int, default=12)
     # evaluation
     p.add_argument("--k", type=positive_int, default=None, help="samples per test task for mean@k")
-    p.add_argument("--test-limit", type=positive_int, default=None, help="evaluate on the first N test tasks")
+    p.add_argument("--test-limit", type=positive_int, default=None, help="evaluate on a seeded sample of N test tasks")
     p.add_argument("--seed", type=int, default=0)
     domains.add_args(p)
     add_backend_args(p)
@@ -435,7 +435,7 @@ def evaluate_test(args, policy, domain, harness, tag, weights, donors):
         return stats
     traces = folder / f"{tag}.traces.jsonl"
     traces.unlink(missing_ok=True)  # an evaluation killed midway starts over
-    tasks = domain.load("test")[: args.test_limit]
+    tasks = domains.seeded_sample(domain.load("test"), args.test_limit)
     kw = {**rollout.sampling_kwargs(args), "workers": None}  # the runner's own width, as for every evaluation
     stats = rollout.evaluate(domain, harness, tasks, policy, k=args.k, **kw, seed=args.seed,
                              traces_path=str(traces), desc=f"test mean@{args.k} ({tag})")
@@ -474,7 +474,7 @@ def setup(args):
     """-> (domain, train tasks, policy); bad data or a refused engine option is one line, before any work."""
     try:
         domain = domains.get(args.domain, args)
-        train = domain.load("train")[: args.train_limit]
+        train = domains.seeded_sample(domain.load("train"), args.train_limit)
         domain.load("test")  # a malformed data file is an error now, before any model is loaded
     except (ValueError, FileNotFoundError, ImportError) as e:
         raise SystemExit(f"whale.py: error: {e}")

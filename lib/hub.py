@@ -2,33 +2,50 @@
 datasets through `datasets` (a GPU/paper extra, imported only when a hub name is read), parsed into tasks of
 the bundled shape, and the retrievers over Wikipedia 2018 for searchqa. Every dataset name is a flag and may
 be a local .jsonl / .csv / .parquet file, so runs work offline from copied files.
-- searchqa: train = Search-R1's NQ + HotpotQA; test = its seven test sets from the FlashRAG collection
-  (nq, triviaqa, popqa: test; hotpotqa, 2wikimultihopqa, musique: dev; bamboogle: test), a seeded 100
-  per set = 700 questions; search = Search-R1's retrieval server (e5 over Wikipedia 2018,
-  --retriever-url) or, without one, bm25s over a wiki-18 .jsonl file (--wiki).
-- math: train = DAPO-Math-17K (its prompt template stripped, repeats dropped); test = AIME 2024 + 2025.
-- chess: Lichess puzzles (CC0) in a rating band with 1..N solver moves; seeded disjoint train/test.
+- searchqa: train = a seeded sample of Search-R1's merged NQ + HotpotQA set, the docs' 18,946 questions, each
+  source keeping its share (the official builder is not public); test = its seven test sets from the FlashRAG
+  collection (nq, triviaqa, popqa: test; hotpotqa, 2wikimultihopqa, musique: dev; bamboogle: test), a seeded
+  100 per set, each task naming its set in `source`; search = Search-R1's retrieval server (e5 over Wikipedia
+  2018, --retriever-url) or, without one, bm25s over a wiki-18 .jsonl file (--wiki).
+- math: train = DAPO-Math-17K (its prompt template stripped), one row per problem id: the release stores its
+  17,917 problems 100 times over; test = AIME 2024 + AIME 2025, 30 each.
+- chess: Lichess puzzles (CC0), built as the official grpo_dataset.py does: the first move of `Moves` is the
+  trigger, the solution is the rest (1-9 plies), every move legal, no rating filter, one puzzle per position,
+  split by a hash of the position into disjoint harness / test-pool / train buckets; the test set is a seeded
+  256 of the test pool.
 
     tasks = paper_tasks("math", "train", args)       # args: domains.add_args' flags
 """
 import csv
+import hashlib
 import json
 import os
 import random
 import urllib.error
 import urllib.request
+from functools import lru_cache
+
+import chess
 
 from lib.io import read_jsonl
+from lib.sample import seeded_sample
 
 SEARCHQA_TRAIN = "PeterJinGo/nq_hotpotqa_train"
 SEARCHQA_TEST = "RUC-NLPIR/FlashRAG_datasets"
 SEARCHQA_TEST_SETS = ("nq:test", "triviaqa:test", "popqa:test", "hotpotqa:dev", "2wikimultihopqa:dev",
                       "musique:dev", "bamboogle:test")
 SEARCHQA_TEST_PER_SET = 100
+SEARCHQA_TRAIN_SIZE = 18_946  # the docs' D_weight (docs/data.md); the hub set holds 169,615
 MATH_TRAIN = "BytedTsinghua-SIA/DAPO-Math-17k"
-MATH_TEST = ("HuggingFaceH4/aime_2024:train", "MathArena/aime_2025:train")
+MATH_TEST = ("Maxwell-Jia/AIME_2024:train", "yentinglin/aime_2025:train")
 CHESS_PUZZLES = "Lichess/chess-puzzles"
 PAPER_SPLIT_SEED = 0
+# chess, as the official grpo_dataset.py: buckets in its order (its mh_val is our harness split), seed 42
+CHESS_BUCKETS = (("harness", 256), ("test", 1024), ("train", 16_384))
+CHESS_TEST_SIZE = 256  # drawn from the test bucket; the official selection rule is not public
+CHESS_SPLIT_SEED = 42
+CHESS_MAX_PLIES = 9
+CHESS_MAX_SCAN = 2_000_000  # rows of the stream read at most
 
 # DAPO-Math-17K wraps every problem in this instruction; the harness writes its own prompt
 DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your response should be of the form "
@@ -87,16 +104,51 @@ def aime_task(row, source, index):
     answer = row.get("answer", row.get("Answer"))
     if not question or answer is None:
         return None
-    uid = row.get("id", row.get("problem_idx", index))
+    uid = row.get("id", row.get("ID", row.get("problem_idx", index)))
     return {"id": f"{source}-{uid}", "question": question, "answer": str(answer).strip(), "source": source}
 
 
+def position_key(fen):
+    """FEN piece placement + side to move: one puzzle per position, whatever the castling, clocks or move number."""
+    return " ".join(fen.split()[:2])
+
+
 def lichess_task(row):
-    """A Lichess puzzle row (the puzzle CSV's columns): FEN before the opponent's first move, Moves in UCI."""
-    moves = row["Moves"].split() if isinstance(row["Moves"], str) else list(row["Moves"])
+    """A Lichess puzzle row (the puzzle CSV's columns) as a task, or None when a move is not legal. `fen` is the
+    position before the trigger (the first of `Moves`, the opponent's), `moves` the trigger then the solution."""
+    moves = row.get("Moves") or []
+    moves = [str(m).lower() for m in (moves.split() if isinstance(moves, str) else moves) if str(m).strip()]
+    fen = str(row.get("FEN") or "").strip()
+    if not fen or len(moves) < 2:
+        return None
+    try:
+        board = chess.Board(fen)
+        for i, uci in enumerate(moves):
+            move = chess.Move.from_uci(uci)
+            if move not in board.legal_moves:
+                return None
+            board.push(move)
+            if i == 0:
+                start = board.fen()  # the position the solver sees
+    except ValueError:
+        return None
     themes = row.get("Themes") or []
-    return {"id": str(row["PuzzleId"]), "fen": row["FEN"], "moves": moves, "rating": int(row["Rating"]),
-            "themes": themes.split() if isinstance(themes, str) else list(themes), "game": row.get("GameUrl", "")}
+    rating = row.get("Rating")
+    return {"id": str(row.get("PuzzleId") or hashlib.sha256(f"{fen} {' '.join(moves)}".encode()).hexdigest()[:16]),
+            "fen": fen, "moves": moves, "rating": int(rating) if str(rating).isdigit() else None,
+            "themes": themes.split() if isinstance(themes, str) else list(themes), "game": row.get("GameUrl", ""),
+            "position_key": position_key(start)}
+
+
+def chess_bucket(key, buckets=CHESS_BUCKETS, seed=CHESS_SPLIT_SEED):
+    """The bucket of a position key, as grpo_dataset.py computes it: sha256 of sha256(key + ":42")'s hex digest,
+    its first 12 hex digits mod the buckets' total, the buckets laid end to end in their order."""
+    split_key = hashlib.sha256(f"{key}:{seed}".encode()).hexdigest()
+    point = int(hashlib.sha256(split_key.encode()).hexdigest()[:12], 16) % sum(n for _, n in buckets)
+    for name, n in buckets:
+        if point < n:
+            return name
+        point -= n
 
 
 # -----------------------------------------------------------------------------
@@ -104,10 +156,12 @@ def lichess_task(row):
 
 
 def load_searchqa(split, train_name=SEARCHQA_TRAIN, test_name=SEARCHQA_TEST, test_sets=SEARCHQA_TEST_SETS,
-                  per_set=SEARCHQA_TEST_PER_SET, seed=PAPER_SPLIT_SEED):
+                  per_set=SEARCHQA_TEST_PER_SET, train_size=SEARCHQA_TRAIN_SIZE, seed=PAPER_SPLIT_SEED):
     if split == "train":
         tasks = (searchqa_task(r, "train", i) for i, r in enumerate(read_rows(train_name, split="train")))
-        return [t for t in tasks if t]
+        # the docs' D_weight is a part of the merged set whose builder is not public: a seeded sample that keeps
+        # the NQ / HotpotQA shares of the merged set
+        return seeded_sample([t for t in tasks if t], train_size or None, seed, key="source")
     tasks = []
     for spec in test_sets:
         config, _, set_split = spec.partition(":")
@@ -118,11 +172,15 @@ def load_searchqa(split, train_name=SEARCHQA_TRAIN, test_name=SEARCHQA_TEST, tes
 
 def load_math(split, train_name=MATH_TRAIN, test_names=MATH_TEST):
     if split == "train":
+        # one row per problem id (extra_info.index): the release repeats its 17,917 problems 100 times, and
+        # that count, the docs' D_weight, keeps the few problems whose text appears under two ids; a row
+        # without an id is keyed by its text
         tasks, seen = [], set()
         for i, row in enumerate(read_rows(train_name, split="train")):
             task = dapo_task(row, i)
-            if task and task["question"] not in seen:  # the released file repeats each problem
-                seen.add(task["question"])
+            key = task and (task["id"] if "index" in (row.get("extra_info") or {}) else task["question"])
+            if task and key not in seen:
+                seen.add(key)
                 tasks.append(task)
         return tasks
     tasks = []
@@ -133,19 +191,45 @@ def load_math(split, train_name=MATH_TRAIN, test_names=MATH_TEST):
     return tasks
 
 
-def load_chess(split, name=CHESS_PUZZLES, min_rating=0, max_rating=1500, max_solver_moves=2, test_size=1000,
-               train_size=20000, seed=PAPER_SPLIT_SEED):
-    """Puzzles with rating in [min_rating, max_rating] and 1..max_solver_moves solver moves; the first
-    test_size + train_size such rows in the file's order, split by a seeded shuffle (disjoint)."""
-    wanted, picked = test_size + train_size, []
+@lru_cache(maxsize=4)
+def chess_buckets(name=CHESS_PUZZLES, buckets=CHESS_BUCKETS, max_plies=CHESS_MAX_PLIES, max_scan=CHESS_MAX_SCAN):
+    """{bucket: tasks} as grpo_dataset.py fills them: puzzles in the stream's order with 1..max_plies solution
+    plies and a position not seen before go to their hash bucket, or, when it is full, to the first bucket in
+    order that is not; the scan stops once every bucket is full. Built once per process for all three splits."""
+    sizes, filled, seen, scanned = dict(buckets), {b: [] for b, _ in buckets}, set(), 0
     for row in read_rows(name, split="train", streaming=True):
+        scanned += 1
+        if scanned > max_scan:
+            break
         task = lichess_task(row)
-        if min_rating <= task["rating"] <= max_rating and 2 <= len(task["moves"]) <= 2 * max_solver_moves:
-            picked.append(task)
-            if len(picked) == wanted:
-                break
-    random.Random(seed).shuffle(picked)
-    return picked[:test_size] if split == "test" else picked[test_size:]
+        if task is None or not 1 <= len(task["moves"]) - 1 <= max_plies or task["position_key"] in seen:
+            continue
+        bucket = chess_bucket(task["position_key"], buckets)
+        if len(filled[bucket]) >= sizes[bucket]:
+            bucket = next(b for b, n in buckets if len(filled[b]) < n)  # one is left: the scan stops when none is
+        seen.add(task["position_key"])
+        filled[bucket].append(task)
+        if all(len(filled[b]) >= n for b, n in buckets):
+            break
+    short = {b: f"{len(filled[b])}/{n}" for b, n in buckets if len(filled[b]) < n}
+    if short:
+        raise ValueError(f"--chess-puzzles {name}: {scanned} rows give too few distinct legal puzzles for the "
+                         f"splits ({', '.join(f'{b} {v}' for b, v in short.items())}): use the full puzzle set or "
+                         "smaller --chess-train-size/--chess-harness-size/--chess-test-pool")
+    return filled
+
+
+def load_chess(split, name=CHESS_PUZZLES, buckets=CHESS_BUCKETS, test_size=CHESS_TEST_SIZE, max_plies=CHESS_MAX_PLIES):
+    """The paper's chess split: train and harness are their buckets (harness shuffled with Random(42), as the
+    official runner reads it), test a seeded test_size of the test bucket."""
+    filled = chess_buckets(name, tuple(buckets), max_plies)
+    if split == "test":
+        return seeded_sample(filled["test"], test_size, CHESS_SPLIT_SEED)
+    if split == "harness":
+        tasks = list(filled["harness"])
+        random.Random(CHESS_SPLIT_SEED).shuffle(tasks)
+        return tasks
+    return list(filled["train"])
 
 
 # -----------------------------------------------------------------------------
@@ -217,25 +301,17 @@ class WikiBM25:
 
 
 def paper_tasks(name, split, args):
-    """The paper's train or test tasks of a domain, with the dataset names and filters of add_args' flags."""
+    """The paper's train, test (or, for chess, harness) tasks of a domain, with the dataset names and sizes of
+    add_args' flags."""
     if name == "searchqa":
         tasks = load_searchqa(split, args.searchqa_train, args.searchqa_test, args.searchqa_test_sets.split(","),
-                              args.searchqa_test_per_set)
+                              args.searchqa_test_per_set, args.searchqa_train_size)
     elif name == "math":
         tasks = load_math(split, args.math_train, args.math_test.split(","))
     else:
-        tasks = load_chess_split(split, args)
+        buckets = (("harness", args.chess_harness_size), ("test", args.chess_test_pool), ("train", args.chess_train_size))
+        tasks = load_chess(split, args.chess_puzzles, buckets, args.chess_test_size, args.chess_max_plies)
     if not tasks:
         raise ValueError(f"--data paper: the {name} {split} data has no usable rows (every row lacks a question or "
                          f"an answer): check the {name} dataset flags (see --help)")
     return tasks
-
-
-def load_chess_split(split, args):
-    """The paper's chess puzzles in the rating band and line length of the flags."""
-    try:
-        low, high = (int(x) for x in args.chess_rating.split("-"))
-    except ValueError:
-        raise ValueError(f"--chess-rating {args.chess_rating!r} is not a band MIN-MAX, e.g. 0-1500") from None
-    return load_chess(split, args.chess_puzzles, low, high, args.chess_max_solver_moves, args.chess_test_size,
-                      args.chess_train_size)

@@ -370,45 +370,159 @@ def test_searchqa_test_is_seeded_per_set(monkeypatch):
     tasks = hub.load_searchqa("test")
     assert len(tasks) == 700 and len({t["id"] for t in tasks}) == 700
     assert {t["source"] for t in tasks} == {s.split(":")[0] for s in hub.SEARCHQA_TEST_SETS}
+    assert all(sum(t["source"] == s for t in tasks) == 100 for s in {t["source"] for t in tasks})  # 7 x 100
     assert tasks == hub.load_searchqa("test")
     assert len(hub.load_searchqa("test", test_sets=("bamboogle:test",), per_set=5)) == 5
 
 
+def search_r1_train_rows(n_nq, n_hotpot):
+    """Rows in the schema of PeterJinGo/nq_hotpotqa_train: NQ first, then HotpotQA, as the merged file is."""
+    return [{"id": f"train_{i}", "question": f"question {i}", "golden_answers": [f"answer {i}"],
+             "data_source": "nq" if i < n_nq else "hotpotqa", "ability": "fact-reasoning",
+             "reward_model": {"ground_truth": {"target": [f"answer {i}"]}, "style": "rule"},
+             "extra_info": {"index": i, "split": "train"}} for i in range(n_nq + n_hotpot)]
+
+
+def test_searchqa_train_is_a_seeded_sample_keeping_the_sources_shares(monkeypatch):
+    """D_weight: the docs' 18,946 of the merged set's 169,615, each source keeping its share (here 1/100 of each)."""
+    rows = search_r1_train_rows(792, 904)  # NQ 79,168 and HotpotQA 90,447 in the hub set
+    monkeypatch.setattr(hub, "read_rows", lambda name, config=None, split="train", streaming=False: rows)
+    tasks = hub.load_searchqa("train", train_size=189)
+    assert len(tasks) == 189 and sum(t["source"] == "nq" for t in tasks) == round(189 * 792 / 1696)
+    assert tasks == hub.load_searchqa("train", train_size=189)  # seeded
+    assert [t["id"] for t in tasks] != [f"nq-train_{i}" for i in range(189)]  # never the first N (NQ only)
+    ids = [int(t["id"].rsplit("_", 1)[1]) for t in tasks]
+    assert ids == sorted(ids)  # in the file's order
+    assert len(hub.load_searchqa("train", train_size=0)) == 1696  # 0: all of it
+    args = paper_args("--wiki", "unused.jsonl", "--searchqa-train-size", "300")
+    domain = domains.get("searchqa", args)
+    train, harness = domain.load("train"), domain.load("harness")
+    assert len(train) == 300 and len(harness) == 256 and {t["id"] for t in harness} <= {t["id"] for t in train}
+    assert hub.SEARCHQA_TRAIN_SIZE == 18_946
+
+
+def dapo_row(problem, uid, answer="0"):
+    return {"data_source": "math_dapo", "prompt": [{"role": "user", "content": hub.DAPO_PREFIX + problem + hub.DAPO_SUFFIX}],
+            "ability": "MATH", "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": uid}}
+
+
 def test_math_rows(tmp_path):
     problem = "Find the sum of all integers $n$ such that $n^2 < 10$."
-    dapo = {"data_source": "math_dapo", "prompt": [{"role": "user", "content": hub.DAPO_PREFIX + problem + hub.DAPO_SUFFIX}],
-            "ability": "MATH", "reward_model": {"ground_truth": "0", "style": "rule-lighteval/MATH_v2"},
-            "extra_info": {"index": "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079"}}
+    block = [dapo_row(problem, "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079"),
+             dapo_row("How many primes are below 20?", "1f3e0c2a-0000-4000-8000-000000000001", "8"),
+             dapo_row(problem, "77c1d2e3-0000-4000-8000-000000000002")]  # the same text under another id: kept
     path = tmp_path / "dapo.jsonl"
-    path.write_text("\n".join(json.dumps(dapo) for _ in range(3)) + "\n")  # the release repeats problems
+    path.write_text("".join(json.dumps(r) + "\n" for r in block * 3))  # the release repeats its block
     tasks = hub.load_math("train", train_name=str(path))
-    assert tasks == [{"id": "dapo-9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079", "question": problem, "answer": "0",
-                      "source": "dapo-math-17k"}]
-    h4 = {"id": 60, "problem": "Every morning Aya goes for a walk ...", "solution": "...", "answer": "204", "url": "", "year": "2024"}
-    arena = {"problem_idx": 3, "problem": "Find the number of ordered pairs ...", "answer": 117}
-    (tmp_path / "aime_2024.jsonl").write_text(json.dumps(h4) + "\n")
-    (tmp_path / "aime_2025.jsonl").write_text(json.dumps(arena) + "\n")
-    tasks = hub.load_math("test", test_names=(str(tmp_path / "aime_2024.jsonl"), str(tmp_path / "aime_2025.jsonl")))
-    assert [(t["id"], t["answer"]) for t in tasks] == [("aime_2024-jsonl-60", "204"), ("aime_2025-jsonl-3", "117")]
+    assert [t["id"] for t in tasks] == ["dapo-" + r["extra_info"]["index"] for r in block]
+    assert tasks[0] == {"id": "dapo-9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079", "question": problem, "answer": "0",
+                        "source": "dapo-math-17k"}
+    no_ids = tmp_path / "plain.jsonl"  # a copy without ids: one task per problem text
+    no_ids.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n" for q in ["a?", "b?", "a?"]))
+    assert [t["question"] for t in hub.load_math("train", train_name=str(no_ids))] == ["a?", "b?"]
+    # AIME in the schemas of Maxwell-Jia/AIME_2024 and yentinglin/aime_2025, the paper's test sets (the defaults)
+    maxwell = {"ID": "2024-II-4", "Problem": "Let $x,y$ and $z$ be positive real numbers ...", "Solution": "...",
+               "Answer": 33}
+    yentinglin = {"id": 3, "question": "Find the number of ordered pairs ...", "solution": "...", "answer": "117",
+                  "url": "", "year": 2025}
+    (tmp_path / "AIME_2024.jsonl").write_text(json.dumps(maxwell) + "\n")
+    (tmp_path / "aime_2025.jsonl").write_text(json.dumps(yentinglin) + "\n")
+    tasks = hub.load_math("test", test_names=(str(tmp_path / "AIME_2024.jsonl"), str(tmp_path / "aime_2025.jsonl")))
+    assert [(t["id"], t["answer"], t["source"]) for t in tasks] == [
+        ("aime_2024-jsonl-2024-II-4", "33", "aime_2024-jsonl"), ("aime_2025-jsonl-3", "117", "aime_2025-jsonl")]
     assert "answer" not in tasks[0]["question"]
+    assert hub.MATH_TEST == ("Maxwell-Jia/AIME_2024:train", "yentinglin/aime_2025:train")
 
 
-def test_chess_rows_filters_and_splits(tmp_path):
-    header = "PuzzleId,FEN,Moves,Rating,RatingDeviation,Popularity,NbPlays,Themes,GameUrl,OpeningTags\n"
-    fen = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
-    lines = [f"p{i:03d},{fen},{' '.join(['e1e2'] * n)},{rating},75,90,100,short mateIn1,https://lichess.org/x,\n"
-             for i, (n, rating) in enumerate([(2, 900), (4, 1200), (6, 1000), (2, 2100), (2, 1400)] * 4)]
+LICHESS_HEADER = "PuzzleId,FEN,Moves,Rating,RatingDeviation,Popularity,NbPlays,Themes,GameUrl,OpeningTags\n"
+
+
+def lichess_line(pid, fen, moves, rating=1200):
+    return f"{pid},{fen},{' '.join(moves)},{rating},75,90,100,short mateIn1,https://lichess.org/x,\n"
+
+
+def random_line(plies, seed):
+    """(fen, moves) of `plies` + 1 legal moves from the start position (a line the filter must drop or keep)."""
+    import random
+    import chess
+    rng, board, moves = random.Random(seed), chess.Board(), []
+    for _ in range(plies + 1):
+        move = rng.choice(list(board.legal_moves))
+        moves.append(move.uci())
+        board.push(move)
+    return chess.STARTING_FEN, moves
+
+
+def test_chess_rows_rules_and_split(tmp_path):
+    """The official builder's rules on real puzzles (the bundled ones, as Lichess CSV rows): 1-9 solution plies
+    after the trigger, every move legal, no rating filter, one puzzle per position, hash buckets disjoint."""
+    puzzles = domains.read_jsonl("chess_train.jsonl")[:300]
+    lines = [lichess_line(p["id"], p["fen"], p["moves"], p["rating"] + 2000 * (i % 2)) for i, p in enumerate(puzzles)]
+    fen, moves = puzzles[0]["fen"], puzzles[0]["moves"]
+    parts = fen.split()
+    lines.insert(1, lichess_line("dupe1", " ".join(parts[:4] + ["0", "77"]), moves))  # same position, other clocks
+    lines.insert(2, lichess_line("illegal", fen, [moves[0], "a1a8"]))
+    other = domains.read_jsonl("chess_test.jsonl")[0]
+    lines.insert(3, lichess_line("upper", other["fen"], [m.upper() for m in other["moves"]]))  # read lower-cased
+    lines.insert(4, lichess_line("long10", *random_line(10, 0)))  # 10 solution plies: dropped
+    lines.insert(5, lichess_line("long9", *random_line(9, 1)))  # 9: kept
     path = tmp_path / "lichess_db_puzzle.csv"
-    path.write_text(header + "".join(lines))
-    kw = dict(name=str(path), max_rating=1500, max_solver_moves=2, test_size=3, train_size=100)
-    test, train = hub.load_chess("test", **kw), hub.load_chess("train", **kw)
-    assert len(test) == 3 and len(train) == 9 and not {t["id"] for t in test} & {t["id"] for t in train}
-    assert all(t["rating"] <= 1500 and len(t["moves"]) in (2, 4) for t in test + train)
-    assert test[0]["fen"] == fen and test[0]["themes"] == ["short", "mateIn1"]
-    args = paper_args("--chess-puzzles", str(path), "--chess-rating", "1000-1300", "--chess-test-size", "1")
-    assert [t["rating"] for t in domains.get("chess", args).load("train")] == [1200] * 3  # 1000 has 3 solver moves
-    with pytest.raises(ValueError, match="--chess-rating 'easy' is not a band"):
-        domains.get("chess", paper_args("--chess-rating", "easy")).load("test")
+    path.write_text(LICHESS_HEADER + "".join(lines))
+    buckets = (("harness", 8), ("test", 20), ("train", 200))
+    filled = hub.chess_buckets(str(path), buckets)
+    every = [t for b in filled.values() for t in b]
+    ids = {t["id"] for t in every}
+    assert {b: len(v) for b, v in filled.items()} == {"harness": 8, "test": 20, "train": 200}
+    assert "dupe1" not in ids and "illegal" not in ids and "long10" not in ids
+    assert {"long9", "upper", puzzles[0]["id"]} <= ids
+    assert next(t for t in every if t["id"] == "upper")["moves"] == other["moves"]
+    assert len({t["position_key"] for t in every}) == len(every)  # disjoint by position
+    assert any(t["rating"] > 2000 for t in every)  # no rating filter
+    order = [line.split(",")[0] for line in lines]
+    count, sizes = dict.fromkeys(filled, 0), dict(buckets)
+    for t in sorted(every, key=lambda t: order.index(t["id"])):  # in the stream's order: its hash bucket, or,
+        bucket = hub.chess_bucket(t["position_key"], buckets)  # when that one is full, the first one that is not
+        if count[bucket] >= sizes[bucket]:
+            bucket = next(b for b, n in buckets if count[b] < n)
+        assert t in filled[bucket]
+        count[bucket] += 1
+    assert order.index(max(every, key=lambda t: order.index(t["id"]))["id"]) < len(order) - 1  # stopped when full
+    test = hub.load_chess("test", str(path), buckets, test_size=5)
+    harness = hub.load_chess("harness", str(path), buckets)
+    assert len(test) == 5 and {t["id"] for t in test} <= {t["id"] for t in filled["test"]}
+    assert sorted(t["id"] for t in harness) == sorted(t["id"] for t in filled["harness"])
+    assert test == hub.load_chess("test", str(path), buckets, test_size=5)  # deterministic
+    args = paper_args("--chess-puzzles", str(path), "--chess-harness-size", "8", "--chess-test-pool", "20",
+                      "--chess-train-size", "200", "--chess-test-size", "5")
+    d = domains.get("chess", args)
+    splits = {s: {t["id"] for t in d.load(s)} for s in domains.SPLITS}
+    assert [len(v) for v in splits.values()] == [200, 8, 5]
+    assert not splits["train"] & splits["harness"] and not splits["train"] & splits["test"]  # its own harness split
+    assert not splits["harness"] & splits["test"]
+    task = d.load("test")[0]
+    tools = d.tools(task)
+    for uci in task["moves"][1::2]:
+        result = tools.move(uci)
+    assert result["status"] == "solved" and d.reward(task, None, tools) == 1.0
+    with pytest.raises(ValueError, match="too few distinct legal puzzles"):
+        hub.chess_buckets(str(path), (("harness", 8), ("test", 20), ("train", 20_000)))
+
+
+def test_chess_split_rule_is_the_official_hash():
+    """sha256(sha256(key + ":42") hex) mod 17,664: [0, 256) harness (mh_val), [256, 1280) test, the rest train."""
+    import hashlib
+    keys = [p["fen"].split()[0] + " " + "wb"[i % 2] for i, p in enumerate(domains.read_jsonl("chess_train.jsonl"))]
+    seen = set()
+    for key in keys:
+        digest = hashlib.sha256(hashlib.sha256(f"{key}:42".encode()).hexdigest().encode()).hexdigest()
+        point = int(digest[:12], 16) % 17_664
+        want = "harness" if point < 256 else "test" if point < 1280 else "train"
+        assert hub.chess_bucket(key) == want
+        seen.add(want)
+    assert seen == {"harness", "test", "train"}
+    assert hub.position_key("8/8/8/8/8/8/8/K6k w - - 0 1") == hub.position_key("8/8/8/8/8/8/8/K6k w - - 12 40")
+    assert hub.position_key("8/8/8/8/8/8/8/K6k w - - 0 1") != hub.position_key("8/8/8/8/8/8/8/K6k b - - 0 1")
 
 
 def paper_args(*argv):

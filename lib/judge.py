@@ -1,0 +1,140 @@
+"""SearchQA's LLM judge, the official rule through any OpenAI-compatible chat endpoint (stdlib urllib only).
+
+    judge = Judge("https://api.openai.com/v1", "gpt-5.4-mini", key, cache_path="run/judge_cache.jsonl")
+    judge.verdict(question, gold_answers, prediction, fallback=exact_match)   # 1 or 0
+
+As the official judge (krafton-ai/WHALE, llm_judge.py): one user message, temperature 0, at most 256 completion
+tokens, 3 attempts with a backoff of 1 s then 2 s, a reply whose first word is neither CORRECT nor INCORRECT
+counts as a failed attempt, and when every attempt fails the caller's exact match decides. The prompt below
+is written from that judge's rules (PROTOCOL.md section 4), not copied. Each verdict is kept per
+(question, answer) in memory and, with cache_path, in a JSON Lines file, so a resumed run asks nothing twice;
+a fallback is not kept, so the judge is asked again next time.
+"""
+import json
+import os
+import re
+import threading
+import time
+import urllib.request
+
+ATTEMPTS = 3
+BACKOFF_S = (1.0, 2.0)  # before the second and the third attempt
+MAX_TOKENS = 256  # room for a reasoning model's hidden tokens before its one word
+TIMEOUT_S = 60.0
+
+PROMPT = """You judge answers to factual questions.
+
+Say CORRECT when the predicted answer names the same entity, value or fact as any one of the reference answers.
+These are still CORRECT:
+- a difference in case, articles or punctuation;
+- an alias, an abbreviation, a short or a full form of the same name;
+- a qualifier added or left out ("the singer X" for "X");
+- a less specific date or place that the reference contains ("1969" for "July 20, 1969", "Lyon" for
+  "Lyon, France");
+- another way to write the same number or unit ("twelve" for "12", "3 km" for "3 kilometres");
+- another description of the same place or feature;
+- an answer that weighs alternatives but settles on one that matches.
+
+Say INCORRECT when:
+- it names a different person, place, work, team, organisation or year;
+- a number or date differs and neither contains the other;
+- it contradicts the reference or means the opposite;
+- it is an entity of another type, even a related one (a country for its capital, a film for its director);
+- it commits to no answer (only an explanation or a disclaimer);
+- it lists several candidates (joined by "/", "|", commas or "or"), even when one of them matches;
+- it is a passage or a quoted document that contains the reference rather than a short answer.
+
+Question: {question}
+Reference answer(s): {gold}
+Predicted answer: {prediction}
+
+Reply with one word: CORRECT or INCORRECT."""
+
+
+def parse_verdict(text):
+    """1 for CORRECT, 0 for INCORRECT (the reply's first word), None for anything else."""
+    word = re.search(r"[A-Za-z]+", text or "")
+    return {"CORRECT": 1, "INCORRECT": 0}.get(word.group(0).upper()) if word else None
+
+
+def chat_url(url):
+    """The chat completions endpoint of a base URL (".../v1") or of the endpoint itself."""
+    url = url.rstrip("/")
+    return url if url.endswith("/chat/completions") else url + "/chat/completions"
+
+
+class Judge:
+    def __init__(self, url, model, key=None, cache_path=None, timeout=TIMEOUT_S):
+        self.url, self.model, self.key, self.timeout = chat_url(url), model, key, timeout
+        self.cache_path = cache_path
+        self.cache = {}  # (question, prediction) -> 0 or 1
+        self.lock = threading.Lock()
+        self.requests = 0  # HTTP requests sent, attempts included
+        self.fallbacks = 0  # verdicts that fell back to exact match
+        if cache_path and os.path.exists(cache_path):
+            with open(cache_path, encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a line cut by a kill: that verdict is asked again
+                    if isinstance(row, dict) and row.get("model") == model:  # another model's verdicts are not ours
+                        self.cache[(row["question"], row["answer"])] = int(row["verdict"])
+
+    def verdict(self, question, gold, prediction, fallback):
+        """1 or 0 for a prediction against the gold answers; `fallback` (exact match) when the judge fails."""
+        key = (str(question), str(prediction).strip())
+        with self.lock:
+            if key in self.cache:
+                return self.cache[key]
+        found = self.ask(PROMPT.format(question=key[0], gold=" | ".join(map(str, gold)), prediction=key[1]))
+        if found is None:
+            with self.lock:
+                self.fallbacks += 1
+                if self.fallbacks == 1 or self.fallbacks % 100 == 0:
+                    print(f"judge: {self.url} failed {ATTEMPTS} times ({self.fallbacks} so far): exact match used")
+            return int(fallback)
+        with self.lock:
+            self.cache[key] = found
+            if self.cache_path:
+                os.makedirs(os.path.dirname(os.path.abspath(self.cache_path)), exist_ok=True)
+                with open(self.cache_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"model": self.model, "question": key[0], "answer": key[1],
+                                        "verdict": found}) + "\n")
+        return found
+
+    def ask(self, prompt):
+        """The verdict of up to ATTEMPTS requests, or None when none gives one."""
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                time.sleep(BACKOFF_S[attempt - 1])
+            try:
+                found = parse_verdict(self.post(prompt))
+            except Exception:  # any failure (HTTP, network, a malformed reply) is a failed attempt, never a crash
+                found = None
+            if found is not None:
+                return found
+        return None
+
+    def post(self, prompt):
+        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0.0,
+                "max_completion_tokens": MAX_TOKENS}
+        headers = {"Content-Type": "application/json"}
+        if self.key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        request = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers)
+        with self.lock:
+            self.requests += 1
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            return json.loads(response.read())["choices"][0]["message"]["content"]
+
+
+def judge_from_args(args):
+    """The judge of --judge-url/--judge-model/--judge-key-env, caching under --out; None without --judge-url."""
+    if not getattr(args, "judge_url", None):
+        return None
+    key = os.environ.get(args.judge_key_env) if args.judge_key_env else None
+    if args.judge_key_env and not key:
+        print(f"judge: ${args.judge_key_env} is not set: requests to {args.judge_url} go without a key")
+    out = getattr(args, "out", None)
+    return Judge(args.judge_url, args.judge_model, key, os.path.join(out, "judge_cache.jsonl") if out else None)
