@@ -248,9 +248,9 @@ def print_plan(args):
         n_harness, n_test = args.harness_tasks, {"searchqa": 700, "math": 60, "chess": 256}[args.domain]
     else:
         domain = domains.get(args.domain, args)
-        n_train = len(domain.load("train")[: args.train_limit])
-        n_harness = len(domain.load("harness")[: args.harness_tasks])
-        n_test = len(domain.load("test")[: args.test_limit])
+        n_train = len(domains.seeded_sample(domain.load("train"), args.train_limit))
+        n_harness = len(domains.seeded_sample(domain.load("harness"), args.harness_tasks))
+        n_test = len(domains.seeded_sample(domain.load("test"), args.test_limit))
     steps, rounds = budgets(args, n_train)
     per_epoch = n_train / args.batch
     print(f"plan: {method_name(args)} on {args.domain}, preset {args.preset}: {n_train} train prompts, "
