@@ -3,16 +3,21 @@ Tables and plots from the result folders that whale.py writes. It only reads res
 
     python report.py --preset cpu          # reads results/cpu/, writes results/cpu/tables.md and *.png
 
-Table 1's shape: best test mean@k per method and domain (the best point over training, the paper's
-figure) with the rollouts spent to reach it, and beside it the final mean@k (the point chosen without
-looking at the test set). Every figure carries a 95 % confidence interval, bootstrapped over the test
-tasks (2,000 resamples of the per-task scores in evals/phase_<n>.json, seed 0). A second table compares
-WHALE with the best single-axis method (the better of weight-only and harness-only by final mean@k): the
-mean per-task difference on the same tasks, with its bootstrap interval. Under the paper preset the
-paper's numbers stand beside ours.
-Plots: curves.png (test mean@k against cumulative rollouts, a panel per domain, a line per method, its
-95 % interval as a band) and timeline.png (each WHALE run's phases along the rollout axis, with mean@k
-after each phase).
+Runs of --seed 0 are read from results/<preset>/<domain>/<method>/ (or seed-0/<domain>/<method>/), runs of
+--seed n from results/<preset>/seed-<n>/<domain>/<method>/.
+Table 1: per method and domain, the final test mean@k (the last evaluation, chosen without looking at the test
+set) and beside it the best over training (the best evaluation, picked on the test set) with the rollouts
+spent to reach it, each the mean over seeds with a 95 % interval from a hierarchical bootstrap: resample the
+seeds, then the test tasks within each resampled seed (2,000 resamples of the per-task scores in
+evals/phase_<n>.json, seed 0; with one seed, a bootstrap over test tasks). With several seeds, each seed's
+final point follows. The paired comparison: WHALE (and adaptive WHALE) minus fixed, named baselines
+(harness-only, and stagewise-hw where it ran), the mean per-task difference on the same tasks under the same
+seed, per seed and pooled over seeds, on the final points (the headline) and on the best points (labelled).
+Then in how many seeds each method's search found a harness better than the one it started from, and what
+RSFT and the searches did. Under the paper preset the paper's numbers stand beside ours.
+Plots: curves.png (test mean@k against cumulative rollouts, a panel per domain, a line per method and seed,
+its 95 % interval over test tasks as a band) and timeline.png (each WHALE run's phases along the rollout
+axis, with mean@k after each phase).
 """
 import argparse
 import json
@@ -27,7 +32,11 @@ import numpy as np
 from lib.io import read_json, read_jsonl
 
 DOMAINS = ("searchqa", "math", "chess")
-METHODS = ("harness-only", "weight-only", "stagewise", "fast-slow", "whale", "whale-adaptive")
+METHODS = ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale", "whale-adaptive")
+# The comparison's baselines, fixed before any result (never picked by a test score): harness-only searches
+# harnesses as WHALE does, so the difference is what the weight phases add; stagewise-hw (all harness rounds,
+# then all weight steps) has WHALE's budgets in a harness-first order, so the difference is what alternation adds
+BASELINES = ("harness-only", "stagewise-hw")
 # mean@8 %, SearchQA / Math / Chess (DESIGN.md section 2)
 PAPER = {
     "harness-only": (38.29, 0.42, 19.82),
@@ -38,25 +47,41 @@ PAPER = {
 }
 
 
+def seed_folders(root):
+    """{seed: the folders that may hold its <domain>/<method>/ runs, first found first read}: root itself is
+    seed 0 (whale.py's folder for --seed 0, and every run made before seeds), root/seed-<n>/ is seed n."""
+    seeds = {0: [root]}
+    for name in sorted(os.listdir(root)):
+        match = re.fullmatch(r"seed-(\d+)", name)
+        if match and os.path.isdir(os.path.join(root, name)):
+            seeds.setdefault(int(match.group(1)), []).append(os.path.join(root, name))
+    return dict(sorted(seeds.items()))
+
+
 def load_runs(root):
-    """{(domain, method): {"summary": ..., "evals": [...]}} for every finished or running folder; each eval row
-    carries its per-task scores ("per_task", None for runs made before whale.py stored them)."""
+    """{(domain, method): {seed: run}} for every finished or running folder, a run being {"summary": ...,
+    "evals": [...], "steps": [...], "archives": {...}}; each eval row carries its per-task scores ("per_task",
+    None for runs made before whale.py stored them)."""
     runs = {}
-    for domain in DOMAINS:
-        for method in METHODS:
-            folder = os.path.join(root, domain, method)
-            metrics = os.path.join(folder, "metrics.jsonl")
-            if not os.path.exists(metrics):
-                continue
-            evals = [r for r in read_jsonl(metrics) if r.get("event") == "eval"]
-            for row in evals:
-                scores = read_json(os.path.join(folder, "evals", f"phase_{row['phase']}.json"), {})
-                row["per_task"] = scores.get("per_task")
-            runs[domain, method] = {"summary": read_json(os.path.join(folder, "summary.json"), {}) or None,
-                                    "evals": evals,
-                                    "steps": read_jsonl(os.path.join(folder, "weights", "metrics.jsonl")),
-                                    "archives": read_archives(folder)}
+    for seed, bases in seed_folders(root).items():
+        for domain in DOMAINS:
+            for method in METHODS:
+                folder = next((f for f in (os.path.join(b, domain, method) for b in bases)
+                               if os.path.exists(os.path.join(f, "metrics.jsonl"))), None)
+                if folder is not None:
+                    runs.setdefault((domain, method), {})[seed] = load_run(folder)
     return runs
+
+
+def load_run(folder):
+    evals = [r for r in read_jsonl(os.path.join(folder, "metrics.jsonl")) if r.get("event") == "eval"]
+    for row in evals:
+        scores = read_json(os.path.join(folder, "evals", f"phase_{row['phase']}.json"), {})
+        row["per_task"] = scores.get("per_task")
+    return {"summary": read_json(os.path.join(folder, "summary.json"), {}) or None,
+            "evals": evals,
+            "steps": read_jsonl(os.path.join(folder, "weights", "metrics.jsonl")),
+            "archives": read_archives(folder)}
 
 
 def read_archives(folder):
@@ -67,8 +92,13 @@ def read_archives(folder):
                 {r["name"]: r for r in read_jsonl(os.path.join(folder, n, "summary.jsonl"))}) for n in names}
 
 
+def finished(seed_runs):
+    """{seed: run} of the runs that wrote their summary."""
+    return {seed: run for seed, run in (seed_runs or {}).items() if run["summary"]}
+
+
 # -----------------------------------------------------------------------------
-# statistics: percentile bootstrap over test tasks
+# statistics: percentile bootstraps over test tasks, and over seeds then test tasks
 
 def bootstrap_ci(values, resamples=2000, seed=0, level=0.95):
     """(mean, low, high): the mean of `values` and its percentile bootstrap interval, resampling the values
@@ -81,6 +111,24 @@ def bootstrap_ci(values, resamples=2000, seed=0, level=0.95):
     return float(x.mean()), float(low), float(high)
 
 
+def hierarchical_ci(groups, resamples=2000, seed=0, level=0.95):
+    """(mean, low, high): the mean over seeds of each seed's mean over its tasks (`groups`: one list of per-task
+    values per seed) and its two-stage percentile bootstrap interval. Each resample draws the seeds with
+    replacement, then each drawn seed's tasks with replacement (afresh for a seed drawn twice), so the
+    interval counts the spread between runs as well as between tasks. With one seed it is bootstrap_ci's,
+    draw for draw."""
+    xs = [np.asarray(g, dtype=float) for g in groups]
+    if not xs or any(x.size == 0 for x in xs):
+        raise ValueError("hierarchical_ci: a seed without values (an evaluation without per-task scores?)")
+    rng, n = np.random.default_rng(seed), len(xs)
+    # the task means of every seed for every slot of every resample, drawn before the seeds: (seeds, resamples, slots)
+    means = np.stack([x[rng.integers(0, x.size, size=(resamples, n, x.size))].mean(axis=2) for x in xs])
+    picks = rng.integers(0, n, size=(resamples, n))
+    stats = means[picks, np.arange(resamples)[:, None], np.arange(n)[None, :]].mean(axis=1)
+    low, high = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
+    return float(np.mean([x.mean() for x in xs])), float(low), float(high)
+
+
 def paired_difference(a, b, **kw):
     """(mean, low, high, tasks) of the per-task difference a - b over the tasks both scored: pairing on the
     same tasks removes the spread between tasks, which two separate intervals would count twice."""
@@ -88,13 +136,32 @@ def paired_difference(a, b, **kw):
     return (*bootstrap_ci([a[t] - b[t] for t in tasks], **kw), len(tasks))
 
 
+def pooled_difference(pairs, **kw):
+    """(mean, low, high, tasks per seed) of the per-task difference a - b pooled over seeds, `pairs` holding
+    one (a, b) of per-task scores per seed: the hierarchical interval over the seeds' paired differences."""
+    common = [sorted(set(a) & set(b)) for a, b in pairs]
+    return (*hierarchical_ci([[a[t] - b[t] for t in tasks] for (a, b), tasks in zip(pairs, common)], **kw),
+            [len(tasks) for tasks in common])
+
+
 def interval(row):
     """(mean, low, high) of one evaluation, or None when its per-task scores were not stored."""
     return bootstrap_ci(list(row["per_task"].values())) if row.get("per_task") else None
 
 
+def seeds_interval(rows):
+    """(mean, low, high) over seeds and tasks of one evaluation per seed; without per-task scores in any of
+    them, (mean over seeds, None, None)."""
+    if all(row.get("per_task") for row in rows):
+        return hierarchical_ci([list(row["per_task"].values()) for row in rows])
+    return float(np.mean([row["mean_at_k"] for row in rows])), None, None
+
+
 # -----------------------------------------------------------------------------
 # tables
+
+BEST, FINAL = 0, 1  # the two points of a run, in the order points() gives them
+
 
 def points(run):
     """(best, final) eval rows of a finished run: the summary's best phase and the last evaluation."""
@@ -102,35 +169,58 @@ def points(run):
     return by_phase[run["summary"]["best_phase"]], run["evals"][-1]
 
 
-def percent(row):
-    ci = interval(row)
-    if ci is None:
-        return f"{100 * row['mean_at_k']:.1f}"
-    return f"{100 * ci[0]:.1f} [{100 * ci[1]:.1f}, {100 * ci[2]:.1f}]"
+def percent(ci):
+    mean, low, high = ci
+    return f"{100 * mean:.1f}" if low is None else f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
 
 
-def cell(run):
-    if run is None:
+def signed(difference):
+    """A paired difference in points [95 % CI]; None: the runs stored no per-task scores."""
+    if difference is None:
+        return "no per-task scores"
+    mean, low, high = difference[:3]
+    return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+
+
+def cell(seed_runs):
+    """Table 1's cell for one method and domain: final, then best over training @ rollouts, over the seeds
+    that finished."""
+    if not seed_runs:
         return "not run"
-    if run["summary"] is None:
-        return f"running ({max(len(run['evals']) - 1, 0)} phases done)"  # evals[0] is the start, not a phase
-    best, final = points(run)
-    return f"{percent(best)} @ {best['rollouts']:,}; final {percent(final)}"
+    done = finished(seed_runs)
+    if not done:  # evals[0] is the start, not a phase
+        return f"running ({', '.join(str(max(len(run['evals']) - 1, 0)) for run in seed_runs.values())} phases done)"
+    best, final = zip(*(points(run) for run in done.values()))
+    rollouts = round(np.mean([row["rollouts"] for row in best]))
+    text = f"final {percent(seeds_interval(final))}; best {percent(seeds_interval(best))} @ {rollouts:,}"
+    return text + (f" ({len(done)} of {len(seed_runs)} seeds done)" if len(done) < len(seed_runs) else "")
+
+
+def seed_list(runs):
+    return sorted({seed for seed_runs in runs.values() for seed in seed_runs})
 
 
 def make_table(runs, preset):
-    k = next((r["summary"]["k"] for r in runs.values() if r["summary"]), 8)
+    k = next((r["summary"]["k"] for seed_runs in runs.values() for r in seed_runs.values() if r["summary"]), 8)
+    seeds = seed_list(runs)
+    if len(seeds) > 1:
+        over = (f"Mean over {len(seeds)} seeds ({', '.join(map(str, seeds))}); intervals: hierarchical bootstrap, "
+                "resampling the seeds, then the test tasks within each (2,000 resamples, seed 0).")
+    else:
+        over = "One seed; intervals: percentile bootstrap over test tasks (2,000 resamples, seed 0)."
     lines = [f"# Results: preset `{preset}`", "",
-             f"Best test mean@{k} in % [95 % CI] @ rollouts to reach it; final mean@{k} in % [95 % CI]. "
-             "Rollouts = training + harness scoring; test evaluation is not counted. Intervals: percentile "
-             "bootstrap over test tasks (2,000 resamples, seed 0).", "",
+             f"Final test mean@{k} in % [95 % CI] (the last evaluation: chosen without looking at the test set); "
+             f"best over training in % [95 % CI] (the best evaluation: picked on the test set, so biased upwards) "
+             f"@ rollouts to reach it. Rollouts = training + harness scoring; test evaluation is not counted. {over}",
+             "",
              "| method | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
-    for method in METHODS:
-        if not any((d, method) in runs for d in DOMAINS) and method == "whale-adaptive":
-            continue
+    for method in shown_methods(runs):
         lines.append(f"| {method} | " + " | ".join(cell(runs.get((d, method))) for d in DOMAINS) + " |")
     lines += ["", "Test sets: " + ", ".join(f"{d}: {tasks_of(runs, d)} tasks" for d in DOMAINS), ""]
+    if len(seeds) > 1:
+        lines += per_seed_table(runs, seeds, k)
     lines += comparison_table(runs)
+    lines += search_table(runs)
     lines += mechanism_table(runs)
     if preset == "paper":
         lines += ["", "The paper's numbers (best mean@8 %):", "",
@@ -140,33 +230,104 @@ def make_table(runs, preset):
     return "\n".join(lines) + "\n"
 
 
+def shown_methods(runs):
+    """METHODS, less the optional ones (adaptive WHALE, stagewise-hw) where no domain ran them."""
+    return [m for m in METHODS if m not in ("whale-adaptive", "stagewise-hw") or any((d, m) in runs for d in DOMAINS)]
+
+
+def per_seed_table(runs, seeds, k):
+    """Each seed's final mean@k, so a reader sees the spread between runs, seed by seed."""
+    lines = [f"## Final test mean@{k} per seed", "",
+             f"In %, seeds {' / '.join(map(str, seeds))}; - where that seed has not finished.", "",
+             "| method | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
+    for method in shown_methods(runs):
+        cells = []
+        for domain in DOMAINS:
+            done = finished(runs.get((domain, method)))
+            cells.append(" / ".join(f"{100 * points(done[s])[1]['mean_at_k']:.1f}" if s in done else "-" for s in seeds)
+                         if done else "not run")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def comparison_table(runs):
-    """WHALE (and adaptive WHALE) minus the best single-axis method, per task, at the final and best points."""
-    lines = ["## WHALE against the best single-axis method", "",
-             "Mean per-task difference in test mean@k (percentage points) on the same tasks, with its 95 % "
-             "bootstrap interval; the baseline is the better of weight-only and harness-only by final mean@k.", "",
-             "| domain | comparison | final: difference [95 % CI] | best: difference [95 % CI] | tasks |",
-             "|---|---|---|---|---|"]
+    """WHALE (and adaptive WHALE) minus each fixed baseline, per task under the same seed: per seed, then
+    pooled over the seeds both finished; the final points first (the headline), the best points beside them."""
+    lines = ["## WHALE against fixed baselines", "",
+             "Mean per-task difference in test mean@k (percentage points) on the same tasks under the same seed, "
+             "with its 95 % interval: per seed a bootstrap over test tasks, pooled a hierarchical bootstrap over "
+             "seeds, then tasks. The headline is the final points (each run's last evaluation, chosen without "
+             "looking at the test set); best over training (each run's best evaluation, picked on the test set) "
+             f"stands beside it. The baselines are fixed, not picked by a test score: {', '.join(BASELINES)}.", "",
+             "| domain | comparison | seed | final: difference [95 % CI] | best over training: difference [95 % CI] "
+             "| tasks |", "|---|---|---|---|---|---|"]
     rows = 0
     for domain in DOMAINS:
-        finished = {m: runs[domain, m] for m in METHODS if runs.get((domain, m)) and runs[domain, m]["summary"]}
-        single = [m for m in ("weight-only", "harness-only") if m in finished]
-        if not single:
-            continue
-        baseline = max(single, key=lambda m: finished[m]["summary"]["final_mean_at_k"])
         for method in ("whale", "whale-adaptive"):
-            if method not in finished:
-                continue
-            cells, tasks = [], "-"
-            for ours, theirs in zip(points(finished[method]), points(finished[baseline])):
-                if not (ours.get("per_task") and theirs.get("per_task")):
-                    cells.append("no per-task scores")
-                    continue
-                mean, low, high, tasks = paired_difference(ours["per_task"], theirs["per_task"])
-                cells.append(f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]")
-            lines.append(f"| {domain} | {method} - {baseline} | {cells[1]} | {cells[0]} | {tasks} |")
-            rows += 1
-    return lines if rows else lines[:2] + ["Not enough finished runs: it needs whale and weight-only or harness-only."]
+            for baseline in BASELINES:
+                found = comparison_rows(domain, f"{method} - {baseline}", finished(runs.get((domain, method))),
+                                        finished(runs.get((domain, baseline))))
+                lines += found
+                rows += len(found)
+    if not rows:
+        return lines[:2] + [f"Not enough finished runs: it needs whale and one of {', '.join(BASELINES)} under the "
+                            "same seed."]
+    return lines
+
+
+def paired_scores(ours, theirs, point):
+    """(ours, theirs) per-task scores at `point` (FINAL or BEST) of two finished runs; None if either lacks them."""
+    a, b = points(ours)[point], points(theirs)[point]
+    return (a["per_task"], b["per_task"]) if a.get("per_task") and b.get("per_task") else None
+
+
+def comparison_rows(domain, label, ours, theirs):
+    """A row per seed both {seed: run} finished, then the pooled row (with more than one such seed)."""
+    seeds = sorted(set(ours) & set(theirs))
+    scores = {point: [paired_scores(ours[s], theirs[s], point) for s in seeds] for point in (FINAL, BEST)}
+    lines = []
+    for i, seed in enumerate(seeds):
+        final, best = (paired_difference(*scores[p][i]) if scores[p][i] else None for p in (FINAL, BEST))
+        tasks = final[3] if final else "-"
+        lines.append(f"| {domain} | {label} | {seed} | {signed(final)} | {signed(best)} | {tasks} |")
+    if len(seeds) > 1:
+        final, best = (pooled_difference(scores[p]) if all(scores[p]) else None for p in (FINAL, BEST))
+        lines.append(f"| {domain} | {label} | pooled ({len(seeds)} seeds) | **{signed(final)}** | {signed(best)} | "
+                     f"{' + '.join(map(str, final[3])) if final else '-'} |")
+    return lines
+
+
+def better_harnesses(run):
+    """[(archive, its h0's harness-set score, its best's)] for each search of a run that found a harness beating
+    the one it started from (its h0): the archive best is not h0 and scores above it. None: no search."""
+    if not run["archives"]:
+        return None
+    series = [(name, frontier.get("best_series") or [0.0]) for name, (frontier, _) in run["archives"].items()]
+    return [(name, scores[0], scores[-1]) for name, scores in series if scores[-1] > scores[0]]
+
+
+def search_table(runs):
+    """In how many seeds each method's harness search found a better harness than its start."""
+    lines = ["", "## Did the search find a better harness?", "",
+             "Per method, the finished seeds in which a harness search found a harness that beats its start (the "
+             "archive's h0: h0 itself, or the harness the phase began from) on the harness set; then per seed the "
+             "archives (harness_w<n>: searched after n weight phases) that did, h0's score -> the best's.", "",
+             "| domain | method | seeds with a better harness | per seed |", "|---|---|---|---|"]
+    header = len(lines)
+    for key in ordered(runs):
+        found = {seed: better_harnesses(run) for seed, run in finished(runs[key]).items()}
+        found = {seed: archives for seed, archives in found.items() if archives is not None}
+        if found:
+            per_seed = "; ".join(f"seed {seed}: " + (", ".join(f"{name} ({start:.2f} -> {best:.2f})"
+                                                               for name, start, best in archives) or "none")
+                                 for seed, archives in found.items())
+            lines.append(f"| {key[0]} | {key[1]} | {sum(map(bool, found.values()))} of {len(found)} | {per_seed} |")
+    return lines if len(lines) > header else lines[:3] + ["No finished run has searched yet."]
+
+
+def ordered(runs):
+    """The (domain, method) keys of `runs` in DOMAINS, then METHODS order."""
+    return [(d, m) for d in DOMAINS for m in METHODS if (d, m) in runs]
 
 
 def mechanism_table(runs):
@@ -176,16 +337,17 @@ def mechanism_table(runs):
              "RSFT: steps, accepted examples in all, training reward of the first and last step. Harness search: "
              "per archive (harness_w<n>: searched after n weight phases), the harness-set score of its seed and "
              "after each iteration, and the best candidate's lineage.", "",
-             "| domain | method | RSFT steps | accepted | train reward first -> last | harness searches |",
-             "|---|---|---|---|---|---|"]
-    for (domain, method), run in runs.items():
-        steps = run["steps"]
-        reward = f"{steps[0]['reward']:.2f} -> {steps[-1]['reward']:.2f}" if steps else "-"
-        searches = "; ".join(f"{name}: " + ", ".join(f"{x:.2f}" for x in frontier["best_series"])
-                             + " (" + trajectory(frontier, rows) + ")"
-                             for name, (frontier, rows) in run["archives"].items())
-        lines.append(f"| {domain} | {method} | {len(steps)} | {sum(r.get('examples', 0) for r in steps)} | {reward} "
-                     f"| {searches or '-'} |")
+             "| domain | method | seed | RSFT steps | accepted | train reward first -> last | harness searches |",
+             "|---|---|---|---|---|---|---|"]
+    for domain, method in ordered(runs):
+        for seed, run in runs[domain, method].items():
+            steps = run["steps"]
+            reward = f"{steps[0]['reward']:.2f} -> {steps[-1]['reward']:.2f}" if steps else "-"
+            searches = "; ".join(f"{name}: " + ", ".join(f"{x:.2f}" for x in frontier["best_series"])
+                                 + " (" + trajectory(frontier, rows) + ")"
+                                 for name, (frontier, rows) in run["archives"].items())
+            lines.append(f"| {domain} | {method} | {seed} | {len(steps)} | {sum(r.get('examples', 0) for r in steps)} "
+                         f"| {reward} | {searches or '-'} |")
     return lines
 
 
@@ -204,7 +366,8 @@ def trajectory(frontier, rows, width=40):
 
 
 def tasks_of(runs, domain):
-    sizes = {r["evals"][0].get("test_tasks") for (d, _), r in runs.items() if d == domain and r["evals"]}
+    sizes = {r["evals"][0].get("test_tasks") for (d, _), seed_runs in runs.items() if d == domain
+             for r in seed_runs.values() if r["evals"]}
     return "/".join(str(s) for s in sorted(x for x in sizes if x is not None)) or "-"
 
 
@@ -218,18 +381,23 @@ def percent_axis(ax):
 
 
 def plot_curves(runs, path):
+    """A panel per domain, a line per method and seed (a method's seeds share its colour), each with its band."""
     fig, axes = plt.subplots(1, len(DOMAINS), figsize=(5 * len(DOMAINS), 4), squeeze=False)
     for ax, domain in zip(axes[0], DOMAINS):
         for method in METHODS:
-            run = runs.get((domain, method))
-            if run and run["evals"]:
+            color = None
+            for seed, run in (runs.get((domain, method)) or {}).items():
+                if not run["evals"]:
+                    continue
                 xs = [r["rollouts"] for r in run["evals"]]
                 ys = [100 * r["mean_at_k"] for r in run["evals"]]
-                line, = ax.plot(xs, ys, marker="o", label=method)
+                line, = ax.plot(xs, ys, marker="o", color=color, label=None if color else method)
+                color = line.get_color()
                 cis = [interval(r) or (None, np.nan, np.nan) for r in run["evals"]]
-                ax.fill_between(xs, [100 * c[1] for c in cis], [100 * c[2] for c in cis], color=line.get_color(),
+                ax.fill_between(xs, [100 * c[1] for c in cis], [100 * c[2] for c in cis], color=color,
                                 alpha=0.15, linewidth=0)
-        ax.set_title(f"{domain} (bands: 95 % CI over test tasks)")
+        seeds = sorted({seed for (d, _), seed_runs in runs.items() if d == domain for seed in seed_runs})
+        ax.set_title(f"{domain} (bands: 95 % CI over test tasks)" + (f", {len(seeds)} seeds" if len(seeds) > 1 else ""))
         percent_axis(ax)
         ax.set_xlabel("cumulative rollouts (training + harness scoring)")
         ax.grid(alpha=0.3)
@@ -243,16 +411,17 @@ def plot_curves(runs, path):
 
 
 def plot_timeline(runs, path):
-    whale_runs = [(d, m) for (d, m) in runs if m.startswith("whale") and runs[d, m]["evals"]]
+    whale_runs = [(d, m, seed) for (d, m), seed_runs in runs.items() if m.startswith("whale")
+                  for seed, run in seed_runs.items() if run["evals"]]
     fig, axes = plt.subplots(max(1, len(whale_runs)), 1, figsize=(10, 2.4 * max(1, len(whale_runs))), squeeze=False)
     colors = {"weight": "tab:blue", "harness": "tab:orange"}
-    for ax, key in zip(axes[:, 0], whale_runs):
-        evals = runs[key]["evals"]
+    for ax, (domain, method, seed) in zip(axes[:, 0], whale_runs):
+        evals = runs[domain, method][seed]["evals"]
         for prev, row in zip(evals, evals[1:]):
             ax.axvspan(prev["rollouts"], max(row["rollouts"], prev["rollouts"] + 1), color=colors[row["kind"]], alpha=0.25)
         ax.plot([r["rollouts"] for r in evals], [100 * r["mean_at_k"] for r in evals], "k-o")
         percent_axis(ax)
-        ax.set_title(f"{key[0]} / {key[1]}: weight phases blue, harness phases orange")
+        ax.set_title(f"{domain} / {method} / seed {seed}: weight phases blue, harness phases orange")
         ax.set_xlabel("cumulative rollouts")
     if not whale_runs:
         axes[0, 0].text(0.5, 0.5, "no WHALE run yet", ha="center")

@@ -2,7 +2,9 @@
 # Every domain x method, then the report:   bash run_all.sh
 # Preset: `paper` when a CUDA GPU is visible, else `cpu`; PRESET=... overrides; SMOKE=1 means `smoke`.
 # DOMAINS="searchqa math" narrows the domains; ADAPTIVE=0|1 leaves out or adds the adaptive WHALE runs (default:
-# 1, except 0 under cpu, to keep it within an hour). Finished runs are skipped, killed ones resume.
+# 1, except 0 under cpu, to keep it within an hour). SEEDS="0 1 2" runs every seed (whale.py --seed; default 0):
+# seed 0 into results/<preset>/, seed n into results/<preset>/seed-<n>/, so a finished one-seed run is seed 0 of
+# a three-seed one. Finished runs are skipped, killed ones resume.
 set -euo pipefail
 cd "$(dirname "$0")"
 # the environment install.sh filled: an active venv or conda env, else .venv/ (no activation needed)
@@ -22,6 +24,10 @@ fi
 if [ "$PRESET" = cpu ]; then DOMAINS=${DOMAINS:-"searchqa math"}; else DOMAINS=${DOMAINS:-"searchqa math chess"}; fi
 if [ "$PRESET" = cpu ]; then ADAPTIVE=${ADAPTIVE:-0}; else ADAPTIVE=${ADAPTIVE:-1}; fi
 case $ADAPTIVE in 0|1) ;; *) echo "run_all.sh: ADAPTIVE=$ADAPTIVE: write ADAPTIVE=0 or ADAPTIVE=1" >&2; exit 2 ;; esac
+SEEDS=${SEEDS:-0}
+for seed in $SEEDS; do
+  case $seed in ''|*[!0-9]*) echo "run_all.sh: SEEDS=\"$SEEDS\": write whole numbers, e.g. SEEDS=\"0 1 2\"" >&2; exit 2 ;; esac
+done
 METHODS="harness-only weight-only stagewise fast-slow whale"
 case $PRESET in  # measured on the 2-core machine with the default DOMAINS
   smoke) eta="about 2 min" ;;  # fresh clone, 2026-11-30: 1 min 20 s
@@ -29,32 +35,37 @@ case $PRESET in  # measured on the 2-core machine with the default DOMAINS
   paper) eta="days: hours per run (README: the paper preset on one GPU)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu or paper" >&2; exit 2 ;;
 esac
-n=$(( $(wc -w <<< "$DOMAINS") * ($(wc -w <<< "$METHODS") + ADAPTIVE) ))
-echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS]$([ "$ADAPTIVE" = 1 ] && echo " + adaptive WHALE")"
-echo "run_all.sh: $n runs; with the default domains and none done yet, $eta in all; results in results/$PRESET/"
+n=$(( $(wc -w <<< "$SEEDS") * $(wc -w <<< "$DOMAINS") * ($(wc -w <<< "$METHODS") + ADAPTIVE) ))
+echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS]$([ "$ADAPTIVE" = 1 ] && echo " + adaptive WHALE"), seeds [$SEEDS]"
+echo "run_all.sh: $n runs; with the default domains and none done yet, $eta a seed; results in results/$PRESET/"
 
-needs_run() {  # needs_run DOMAIN RUN_DIR: false (and says so) when the run is finished
-  if [ -f "results/$PRESET/$1/$2/summary.json" ]; then
-    echo "== $1 / $2: done, skipped" >&2
+needs_run() {  # needs_run SEED DOMAIN RUN_DIR: false (and says so) when the run is finished
+  local dir="results/$PRESET"
+  [ "$1" = 0 ] || dir="results/$PRESET/seed-$1"  # whale.py's folder rule (run_args)
+  if [ -f "$dir/$2/$3/summary.json" ]; then
+    echo "== seed $1: $2 / $3: done, skipped" >&2
     return 1
   fi
 }
 
-for domain in $DOMAINS; do
-  todo=()
-  for method in $METHODS; do
-    if needs_run "$domain" "$method"; then todo+=("$method"); fi
+for seed in $SEEDS; do
+  for domain in $DOMAINS; do
+    todo=()
+    for method in $METHODS; do
+      if needs_run "$seed" "$domain" "$method"; then todo+=("$method"); fi
+    done
+    # the methods of a domain share one process: the imports, and the weight phases and evaluations they have
+    # in common, are paid once; a vllm engine holds the GPU until its process ends, so the paper preset runs
+    # one method per process
+    run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed")
+    if [ ${#todo[@]} -gt 0 ] && [ "$PRESET" = paper ]; then
+      for method in "${todo[@]}"; do "${run[@]}" --method "$method"; done
+    elif [ ${#todo[@]} -gt 0 ]; then
+      "${run[@]}" --method "${todo[@]}"
+    fi
+    if [ "$ADAPTIVE" = 1 ] && needs_run "$seed" "$domain" whale-adaptive; then
+      "${run[@]}" --method whale --schedule adaptive
+    fi
   done
-  # the methods of a domain share one process: the imports, and the weight phases and evaluations they have
-  # in common, are paid once; a vllm engine holds the GPU until its process ends, so the paper preset runs
-  # one method per process
-  if [ ${#todo[@]} -gt 0 ] && [ "$PRESET" = paper ]; then
-    for method in "${todo[@]}"; do python whale.py --preset "$PRESET" --domain "$domain" --method "$method"; done
-  elif [ ${#todo[@]} -gt 0 ]; then
-    python whale.py --preset "$PRESET" --domain "$domain" --method "${todo[@]}"
-  fi
-  if [ "$ADAPTIVE" = 1 ] && needs_run "$domain" whale-adaptive; then
-    python whale.py --preset "$PRESET" --domain "$domain" --method whale --schedule adaptive
-  fi
 done
 python report.py --preset "$PRESET"

@@ -45,7 +45,8 @@ the same phase under h0) starts from that run's snapshot; a test evaluation of t
 under the same settings is copied, not redone; so is a harness search from the same harness under the
 same weights and settings (stagewise after weight phases that accepted nothing is harness-only's search).
 
-Everything lands in results/<preset>/<domain>/<method>/: config.json, metrics.jsonl (one row per
+Everything lands in results/<preset>/<domain>/<method>/ (results/<preset>/seed-<n>/<domain>/<method>/ for
+--seed n other than 0): config.json, metrics.jsonl (one row per
 event, with the cumulative RSFT step and rollouts = training + harness scoring; test evaluation is not
 counted), weights/ (the RSFT checkpoint, and snapshot-<step>/ at the end of every weight phase, hard
 links of it), harness_w<n>/ (the harness archive after n weight phases), evals/ (test scores per task
@@ -124,7 +125,8 @@ def parse_args(argv=None):
                         "test evaluation are paid once)")
     p.add_argument("--schedule", default="fixed", choices=("fixed", "adaptive"))
     p.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
-    p.add_argument("--out", default=None, help="run folder (default results/<preset>/<domain>/<method>)")
+    p.add_argument("--out", default=None, help="run folder (default results/<preset>/<domain>/<method>; "
+                                               "results/<preset>/seed-<n>/<domain>/<method> for --seed n, n != 0)")
     p.add_argument("--plan", action="store_true", help="print the phases, steps, rounds and rollouts, then exit")
     p.add_argument("--model", default=None, help="smoke | cpu | hub id | local path (default: the preset's)")
     p.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py)")
@@ -172,7 +174,9 @@ def run_args(args, method):
     """The flags of one method's run: the shared ones plus its method, folder and FST switch."""
     one = argparse.Namespace(**vars(args))
     one.method = method
-    one.out = args.out or os.path.join("results", args.preset, args.domain, method_name(one))
+    # seed 0 keeps the one-seed layout, so a finished one-seed run is seed 0 of a multi-seed one (report.py reads both)
+    seed_dir = os.path.join(args.preset, f"seed-{args.seed}") if args.seed else args.preset
+    one.out = args.out or os.path.join("results", seed_dir, args.domain, method_name(one))
     one.prompt_only = args.prompt_only or method == "fast-slow"  # FST: prompt strings only
     return one
 

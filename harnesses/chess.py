@@ -29,8 +29,9 @@ SHOW_PIECES = False  # True: also list each side's pieces by square ("White: Kg1
 ACCEPT_SAN = False  # True: a reply with no UCI move may name a listed SAN move instead
 LEGAL_ONLY = False  # True: moves named in the reply that are not legal are ignored before the ambiguity check
 
-# literal values only: the offline proposer reads this with ast.literal_eval; in its order of priority
-# (mutate tries knobs in this order): the fixes for the failures named above first, prompt wording last
+# literal values only: the offline proposer reads this with ast.literal_eval; in its order of priority (mutate
+# tries knobs in this order with --mutate-order listed, by default in an order drawn from --seed): the fixes
+# for the failures named above first, prompt wording last
 SEARCH_SPACE = {
     "SHOW_PIECES": [False, True],
     "LEGAL_ONLY": [False, True],

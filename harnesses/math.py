@@ -7,7 +7,8 @@ h0's values are the paper's; SEARCH_SPACE also holds what a coding agent would t
 answer directly (RUN_CODE = False, with a prompt that asks for the number), take the number the code
 printed as the answer (ANSWER_FROM_OUTPUT), box the reply's last number (BOX_LAST_NUMBER), worked
 examples shown as earlier turns (EXAMPLES: three that print an expression, three that answer directly, or
-one; invented problems, none in the bundled sets). String knobs are prompt text only (what --prompt-only may
+one; invented problems, worded by hand rather than in data/build.py's sentence templates, none in the
+bundled sets). String knobs are prompt text only (what --prompt-only may
 change); every other knob is a bool, number, list or None.
 """
 import re
@@ -24,25 +25,28 @@ ANSWER_FROM_OUTPUT = False  # True: the last number the code printed is the answ
 BOX_LAST_NUMBER = False  # True: a reply without \\boxed{} answers with its last number
 EXAMPLES = []  # worked examples [question, reply], shown as an earlier user/assistant turn
 
-# literal values only: the offline proposer reads this with ast.literal_eval; in its order of priority
-# (mutate tries knobs in this order): the fixes for the failures named above first, prompt wording last
+# literal values only: the offline proposer reads this with ast.literal_eval; in its order of priority (mutate
+# tries knobs in this order with --mutate-order listed, by default in an order drawn from --seed): the fixes
+# for the failures named above first, prompt wording last
 SEARCH_SPACE = {
     "EXAMPLES": [
         [],
-        [["Lena has 12 shells. Then Lena gets 7 more shells. How many shells does Lena have now?",
-          "```python\nprint(12 + 7)\n```"],
-         ["Tom has 30 marbles. Then Tom gives away 8 marbles. Then Tom buys 2 bags with 5 marbles in each bag. "
-          "How many marbles does Tom have now?", "```python\nprint(30 - 8 + 2 * 5)\n```"],
-         ["Ada has 18 cards. Then Ada splits the cards into 3 equal groups and keeps one group. "
-          "How many cards does Ada have now?", "```python\nprint(18 // 3)\n```"]],
-        [["Lena has 12 shells. Then Lena gets 7 more shells. How many shells does Lena have now?",
-          "12 + 7 = 19. The answer is \\boxed{19}."],
-         ["Tom has 30 marbles. Then Tom gives away 8 marbles. Then Tom buys 2 bags with 5 marbles in each bag. "
-          "How many marbles does Tom have now?", "30 - 8 = 22 and 22 + 2 * 5 = 32. The answer is \\boxed{32}."],
-         ["Ada has 18 cards. Then Ada splits the cards into 3 equal groups and keeps one group. "
-          "How many cards does Ada have now?", "18 / 3 = 6. The answer is \\boxed{6}."]],
-        [["Lena has 12 shells. Then Lena gets 7 more shells. Then Lena gives away 5 shells. "
-          "How many shells does Lena have now?", "```python\nshells = 12 + 7 - 5\nprint(shells)\n```"]],
+        [["A jar on the shelf held 12 shells. After a walk on the beach, Lena dropped in the 7 she had found. "
+          "How many shells are in the jar?", "```python\nprint(12 + 7)\n```"],
+         ["Tom took 30 marbles to school and lost 8 of them at break. On the way home he bought 2 bags of "
+          "marbles, 5 to a bag. How many marbles did he end the day with?",
+          "```python\nprint(30 - 8 + 2 * 5)\n```"],
+         ["Ada deals a pile of 18 cards out evenly to 3 friends. How many cards does each friend get?",
+          "```python\nprint(18 // 3)\n```"]],
+        [["A jar on the shelf held 12 shells. After a walk on the beach, Lena dropped in the 7 she had found. "
+          "How many shells are in the jar?", "12 + 7 = 19. The answer is \\boxed{19}."],
+         ["Tom took 30 marbles to school and lost 8 of them at break. On the way home he bought 2 bags of "
+          "marbles, 5 to a bag. How many marbles did he end the day with?",
+          "30 - 8 = 22 and 22 + 2 * 5 = 32. The answer is \\boxed{32}."],
+         ["Ada deals a pile of 18 cards out evenly to 3 friends. How many cards does each friend get?",
+          "18 / 3 = 6. The answer is \\boxed{6}."]],
+        [["A baker made 12 rolls before sunrise and 7 more at noon. By evening 5 of them were sold. "
+          "How many rolls were left?", "```python\nrolls = 12 + 7 - 5\nprint(rolls)\n```"]],
     ],
     "ANSWER_FROM_OUTPUT": [False, True],
     "MAX_TURNS": [1, 2, 3, 4],

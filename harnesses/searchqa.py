@@ -23,8 +23,9 @@ EXAMPLES = []  # worked examples [question, passage, answer], shown as earlier t
 ANSWER_FROM = ["tag"]  # where the answer is read, first hit wins: "tag" (<answer>), "first_line", "last_line"
 STOP = ["</search>", "</answer>"]  # as Search-R1: generation ends at the first (kept as the reply's end)
 
-# literal values only: the offline proposer reads this with ast.literal_eval; in its order of priority
-# (mutate tries knobs in this order): the fixes for the failures named above first, prompt wording last
+# literal values only: the offline proposer reads this with ast.literal_eval; in its order of priority (mutate
+# tries knobs in this order with --mutate-order listed, by default in an order drawn from --seed): the fixes
+# for the failures named above first, prompt wording last
 SEARCH_SPACE = {
     "SEARCH_FIRST": [False, True],
     "EXAMPLES": [

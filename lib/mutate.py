@@ -4,6 +4,8 @@ its candidates straight into the archive. The knob helpers read and rewrite a ha
 tree, so a rewritten file differs from its parent only in that one assignment."""
 
 import ast
+import hashlib
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -20,8 +22,8 @@ def propose_mutate(run_dir, names, rows, iteration, args):
        score equal (plateaus are crossed by combinations);
     2. step: the best with one knob set to another value: the knob least tried from that parent first and
        within it the least-tried value, so from each best every knob is tried once before any knob twice;
-       ties in SEARCH_SPACE order, which is the harness author's priority (the fixes for the failures its
-       docstring names first, prompt wording last); when the best has no new step left, the next best's steps.
+       ties in the search order (search_order: by default drawn from --seed, with --mutate-order listed
+       SEARCH_SPACE's own order); when the best has no new step left, the next best's steps.
     Deterministic: a resumed run proposes the same."""
     cand_root = Path(run_dir) / "candidates"
     rows = rows + [r for r in candidate_rows(run_dir) if r["iteration"] == iteration and r["name"] not in names]
@@ -37,8 +39,10 @@ def propose_mutate(run_dir, names, rows, iteration, args):
     ranked = sorted((r for r in rows if r["score"] is not None and r["name"] in sources),
                     key=lambda r: (-r["score"], r["mean_turns"]))
     gains, improved = best_changes(rows, changes)
+    seed_name = next(r["name"] for r in rows if r["parent"] is None)
+    order = search_order(sources[seed_name], args.seed, args.mutate_order)
     for name in names:
-        options = mutate_options(ranked, sources, gains, knob_tries, value_tries)
+        options = mutate_options(ranked, sources, gains, knob_tries, value_tries, order)
         parent, source = next(((p, s) for p, s in options if normalized(s) not in seen
                                and static_check(s, sources[p], args.prompt_only) is None), (None, None))
         prepare(run_dir, [name], parent or ranked[0]["name"], iteration, "mutate")
@@ -60,10 +64,26 @@ def propose_mutate(run_dir, names, rows, iteration, args):
     log_cost(run_dir, {"iteration": iteration, "proposer": "mutate", "candidates": names, "seconds": 0.0})
 
 
-def mutate_options(ranked, sources, gains, knob_tries, value_tries):
+def search_order(seed_source, seed, order="seeded"):
+    """{(knob, repr(value)): rank}: the order in which ties between untried knob values are broken. "listed":
+    SEARCH_SPACE's order, the harness author's priority. "seeded": the knobs, and each knob's values, shuffled
+    by --seed, so no one chose the order the search finds things in. Drawn from the seed and the archive's
+    seed harness (not the archive's folder name), so an archive copied into another run goes on in its order."""
+    space = [(knob, list(values)) for knob, values in (knob_values(seed_source).get("SEARCH_SPACE") or {}).items()]
+    if order == "seeded":
+        rng = random.Random(f"{seed}/{hashlib.sha256(seed_source.encode()).hexdigest()}")
+        rng.shuffle(space)
+        for _, values in space:
+            rng.shuffle(values)
+    elif order != "listed":
+        raise ValueError(f"mutate: unknown search order {order!r}: choose seeded or listed")
+    return {(knob, repr(value)): i for i, (knob, value) in enumerate((k, v) for k, vs in space for v in vs)}
+
+
+def mutate_options(ranked, sources, gains, knob_tries, value_tries, order):
     """(parent, source) in mutate's order of preference: the best with all of `gains`, then one-knob steps from
-    the best (the knob least tried from it, then its least-tried value, ties in SEARCH_SPACE order), then from
-    the next best..."""
+    the best (the knob least tried from it, then its least-tried value, ties in `order`), then from the next
+    best..."""
     best = ranked[0]["name"]
     composed, knobs = sources[best], knob_values(sources[best])
     for knob, value in gains.items():
@@ -71,8 +91,9 @@ def mutate_options(ranked, sources, gains, knob_tries, value_tries):
     yield best, composed
     for r in ranked:
         parent = r["name"]
-        options = sorted(knob_options(sources[parent]),  # stable: ties keep SEARCH_SPACE order
-                         key=lambda o: (knob_tries[parent, o[0]], value_tries[parent, o[0], repr(o[2])]))
+        options = sorted(knob_options(sources[parent]),  # stable: a knob h0 lacks keeps its own listed place
+                         key=lambda o: (knob_tries[parent, o[0]], value_tries[parent, o[0], repr(o[2])],
+                                        order.get((o[0], repr(o[2])), len(order))))
         for knob, _, value in options:
             yield parent, set_knob(sources[parent], knob, value)
 

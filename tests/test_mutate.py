@@ -73,7 +73,8 @@ def search(work, monkeypatch, iterations, candidates=2, fake=None, **over):
     mh.add_args(p)
     args = p.parse_args([])
     vars(args).update(candidates=candidates, temperature=1.0, top_k=20, max_new_tokens=8, deadline=30.0,
-                      workers=None, seed=0, **over)
+                      workers=None, seed=0)
+    vars(args).update(over)
     result = mh.search(None, FakeDomain(), str(seed), work / "run", args, iterations=iterations)
     proposals = [r for r in map(json.loads, open(work / "run" / "summary.jsonl")) if r["iteration"] > 0]
     return result, proposals, work / "run"
@@ -90,11 +91,12 @@ def test_mutate_reaches_the_combination_of_two_good_knobs_within_budget(tmp_path
 
 def test_mutate_climbs_a_chain_of_knobs_that_each_pay_only_after_the_one_before(tmp_path, monkeypatch):
     # as searchqa on SmolLM2-135M: the example pays a little alone, search-first only with the example, the
-    # first-line answer only with both. From every new best the knobs are tried again in SEARCH_SPACE order,
-    # so 3 candidates per iteration climb it in 3 iterations (counting tries over the whole archive would
-    # spend iterations 2 and 3 on the untried knobs D, E, F instead)
+    # first-line answer only with both. From every new best the knobs are tried again in SEARCH_SPACE order
+    # (--mutate-order listed), so 3 candidates per iteration climb it in 3 iterations (counting tries over the
+    # whole archive would spend iterations 2 and 3 on the untried knobs D, E, F instead)
     chain = lambda v: 0.1 * v["A"] + 0.2 * v["A"] * v["B"] + 0.3 * v["A"] * v["B"] * v["C"]
-    result, proposals, run_dir = search(tmp_path, monkeypatch, iterations=3, candidates=3, fake=FakeRollout(score=chain))
+    result, proposals, run_dir = search(tmp_path, monkeypatch, iterations=3, candidates=3, fake=FakeRollout(score=chain),
+                                        mutate_order="listed")
     assert result["score"] == pytest.approx(0.6)
     assert {k: knobs(result["winner"])[k] for k in "ABC"} == {"A": 1, "B": 1, "C": 1}
     lineage = json.loads((run_dir / "frontier.json").read_text())["lineage"]
@@ -110,7 +112,8 @@ def test_mutate_tries_every_knob_once_before_any_twice(tmp_path, monkeypatch):
 def test_mutate_crosses_a_plateau_by_combining_the_changes_that_left_the_score_equal(tmp_path, monkeypatch):
     # as searchqa on SmolLM2-135M under h0: every single fix scores 0, only A and B together pay
     both = lambda v: 0.5 * v["A"] * v["B"]
-    result, proposals, run_dir = search(tmp_path, monkeypatch, iterations=2, candidates=2, fake=FakeRollout(score=both))
+    result, proposals, run_dir = search(tmp_path, monkeypatch, iterations=2, candidates=2, fake=FakeRollout(score=both),
+                                        mutate_order="listed")
     assert [r["changed"] for r in proposals[:2]] == ["A: 0 -> 1", "B: 0 -> 1"]  # SEARCH_SPACE order, both 0
     assert proposals[2]["changed"] == "A: 0 -> 1; B: 0 -> 1" and proposals[2]["score"] == pytest.approx(0.5)
     assert "alone each left it equal" in proposals[2]["hypothesis"]
@@ -141,3 +144,24 @@ def test_mutate_is_deterministic_per_archive_and_respects_prompt_only(tmp_path, 
                                   prompt_only=True)
     assert [r["changed"] for r in proposals if r["valid"]] == ["PROMPT: 'Answer: ' -> 'Reply: '"]  # strings only
     assert result["score"] == pytest.approx(0.4)
+
+
+def first_round(work, monkeypatch, **over):
+    """The knobs iteration 1 steps, in order, when it has a candidate for every knob (nothing improves)."""
+    _, proposals, _ = search(work, monkeypatch, iterations=1, candidates=len(ALL), fake=FakeRollout(gain=0.0), **over)
+    return [r["changed"].split(":")[0] for r in proposals]
+
+
+def test_mutate_draws_its_knob_order_from_the_seed(tmp_path, monkeypatch):
+    from lib.mutate import search_order
+    rank = lambda order: list(dict.fromkeys(knob for knob, _ in sorted(order, key=order.get)))
+    assert rank(search_order(SEED, 0)) == rank(search_order(SEED, 0))  # a function of the seed: resumes the same
+    assert len({tuple(rank(search_order(SEED, seed))) for seed in range(5)}) > 1
+    assert rank(search_order(SEED, 0, "listed")) == list(ALL) == rank(search_order(SEED, 7, "listed"))
+    assert sorted(search_order(SEED, 3)) == sorted(search_order(SEED, 3, "listed"))  # a reordering: every value kept
+    # through the search: iteration 1 tries every knob once, in the seed's order
+    seeded = [first_round(tmp_path / f"s{seed}", monkeypatch, seed=seed) for seed in (0, 1)]
+    assert seeded[0] == rank(search_order(SEED, 0)) and seeded[1] == rank(search_order(SEED, 1))
+    assert seeded[0] != seeded[1] and sorted(seeded[0]) == sorted(ALL)
+    assert first_round(tmp_path / "again", monkeypatch, seed=0) == seeded[0]
+    assert first_round(tmp_path / "listed", monkeypatch, seed=1, mutate_order="listed") == list(ALL)
