@@ -93,10 +93,21 @@ PRESETS = {
     "paper": dict(model=None, threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True,
                   grad_checkpointing=True, epochs=1.8, phase_epochs=0.6, harness_iterations=6,
                   train_limit=None, test_limit=None, k=8, batch=256, group=8, minibatch=2, candidates=3,
-                  harness_tasks=256, proposer="claude", max_new_tokens=1024, deadline=600.0, adaptive_epochs=0.2,
-                  harness_patience=2, harness_min_iterations=6, harness_max_iterations=12),
+                  harness_tasks=256, proposer="claude", max_new_tokens=8192, deadline=600.0, adaptive_epochs=0.2,
+                  harness_patience=2, harness_min_iterations=6, harness_max_iterations=12,
+                  # generation (PROTOCOL section 2): Qwen3.5 thinks (its template's enable_thinking), no per-call
+                  # cap but the episode's assistant-token budget (PAPER_DOMAIN), the official model length
+                  thinking="on", max_model_len=32768),
 }
 PAPER_MODELS = {"searchqa": "Qwen/Qwen3.5-2B", "math": "Qwen/Qwen3.5-2B", "chess": "Qwen/Qwen3.5-4B"}
+# paper, per domain: the official h0s (PROTOCOL section 3: searchqa and math call their tools natively; chess has
+# no tools and keeps harnesses/chess.py), the assistant-token budget of an episode (chess: 8,129, as the official
+# chess config has it) and the limit on an episode's first prompt (section 2)
+PAPER_DOMAIN = {
+    "searchqa": dict(harness="harnesses/paper/searchqa.py", episode_tokens=8192, max_prompt_tokens=2048),
+    "math": dict(harness="harnesses/paper/math.py", episode_tokens=8192, max_prompt_tokens=2048),
+    "chess": dict(harness="harnesses/chess.py", episode_tokens=8129, max_prompt_tokens=4096),
+}
 
 
 def parse_args(argv=None):
@@ -110,7 +121,8 @@ def parse_args(argv=None):
     p.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
     p.add_argument("--out", default=None, help="run folder (default results/<preset>/<domain>/<method>)")
     p.add_argument("--model", default=None, help="smoke | cpu | hub id | local path (default: the preset's)")
-    p.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py)")
+    p.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py; "
+                   "the paper preset: harnesses/paper/<domain>.py for searchqa and math)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads; 1 on 2-core machines, where the harness workers need the other core")
     # budgets
@@ -140,6 +152,7 @@ def parse_args(argv=None):
     preset = dict(PRESETS[first.preset])
     if first.preset == "paper":
         preset["model"] = PAPER_MODELS[first.domain]
+        preset.update(PAPER_DOMAIN[first.domain])
     if first.data == "paper":  # the bundled math sets' choices do not apply to the paper's data
         preset.pop("math_test_set", None), preset.pop("math_max_steps", None)
     p.set_defaults(**preset)
