@@ -7,14 +7,17 @@ The batched, sandboxed episode runner and mean@k evaluation (the policy and its 
 Algorithm. A harness is untrusted Python: `run(task, llm, tools)`. Each episode runs it in its own worker
 (lib/worker.py) inside the OS sandbox (lib/sandbox.py: no project folder, no data, no other process, no
 network), so it holds no answers and no hidden tool state. The worker talks JSON lines over its own pipes:
-it asks for `llm(messages, max_tokens, stop)` or a tool call and waits for the reply. The parent process
-holds the tasks, the tools and the model; it checks every request (lib/protocol.py), answers tool calls
-from a thread pool and collects the llm() requests of all episodes, and when every live episode is waiting
-(or the rest are busy for a while) it samples them all in ONE batched `backend.generate` call. It records
-the exact prompt and completion token ids of every call, and cuts the reply text after the first stop
-string. When an episode ends (done, error, its deadline, a forged request: reward 0, error in the trace)
-its sandbox is killed with every process and thread in it, and a fresh one starts in its place: every
-episode gets a fresh interpreter (started ones wait in a pool across calls, so an episode rarely waits).
+it asks for `llm(messages, tools, max_tokens, stop)` or a tool call and waits for the reply. The parent
+process holds the tasks, the tools and the model; it checks every request (lib/protocol.py), renders it
+through the model's chat template (tool schemas in the model's native format, thinking per --thinking),
+answers tool calls from a thread pool and collects the llm() requests of all episodes, and when every live
+episode is waiting (or the rest are busy for a while) it samples them all in ONE batched `backend.generate`
+call. It records the exact prompt and completion token ids of every call, and cuts the reply text after
+the first stop string. Each call's token cap is the harness's and --max-new-tokens, cut to what is left of
+the episode's assistant-token budget (--episode-tokens) and of the model length; once nothing is left, the
+reply is empty (PROTOCOL §2). When an episode ends (done, error, its deadline, a forged request: reward 0,
+error in the trace) its sandbox is killed with every process and thread in it, and a fresh one starts in its
+place: every episode gets a fresh interpreter (started ones wait in a pool across calls, so an episode rarely waits).
 Seeds: each call's sampling seed and the harness's `random` seed come from (--seed, the episode's index,
 task id, sample, call number): the same prompt twice in one batch gets two rollouts, a rerun the same ones.
 The parent computes the reward from the returned answer. mean@k = per-task success rate over k samples,
@@ -36,7 +39,7 @@ from tqdm import tqdm
 from lib import sandbox
 from lib.cli import Parser, nonnegative_float, nonnegative_int, positive_float, positive_int
 from lib.contract import ALLOWED_IMPORTS, check_harness
-from lib.models import chat_ids
+from lib.models import chat_ids, thinking_switch
 from lib.policy import add_backend_args, load_policy
 from lib.protocol import (MAX_CHARS, MAX_LINE, MAX_LLM_CALLS, MAX_PROMPT_TOKENS, MAX_TOOL_CALLS, STDOUT_KEEP,
                           cut_at_stop, exception_reply, llm_request, tool_request)
@@ -48,10 +51,20 @@ from lib.workers import POOL, worker_memory_bytes
 
 def add_sampling_args(p):
     """Sampling and runner flags, shared by every script that runs episodes."""
-    # sampling (paper: temperature 1.0, top-k 20) and the runner
+    # sampling (paper: temperature 1.0, top-k 20, for training and test alike; its top-p 1.0 is no filter,
+    # which is every backend's default, so there is no flag for it) and the runner
     p.add_argument("--temperature", type=nonnegative_float, default=1.0, help="0 = greedy")
     p.add_argument("--top-k", type=nonnegative_int, default=20, help="0 = off")
     p.add_argument("--max-new-tokens", type=positive_int, default=256, help="cap per llm() call")
+    p.add_argument("--thinking", default="auto", choices=("on", "off", "auto"),
+                   help="the chat template's enable_thinking switch; auto: on where the template has it (Qwen3.5 "
+                        "thinks only when it is on), else not passed")
+    p.add_argument("--episode-tokens", type=positive_int, default=None,
+                   help="assistant-token budget per episode: each llm() call gets at most what is left, then an "
+                        "empty reply (paper: 8192; default: none)")
+    p.add_argument("--max-prompt-tokens", type=positive_int, default=None,
+                   help=f"longest first prompt of an episode (paper: 2048, chess 4096); a longer one is refused "
+                        f"(default {MAX_PROMPT_TOKENS})")
     p.add_argument("--deadline", type=positive_float, default=120.0, help="seconds of harness time per episode")
     p.add_argument("--workers", type=positive_int, default=None, help="concurrent episodes (default min(64, episodes))")
     sandbox.add_args(p)
@@ -59,14 +72,21 @@ def add_sampling_args(p):
 
 def sampling_kwargs(args):
     """The add_sampling_args flags as run_episodes/evaluate keyword arguments."""
+    # the generation flags by getattr: callers that build args by hand (tests) set only the ones above
     return dict(temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
-                deadline_s=args.deadline, workers=args.workers)
+                deadline_s=args.deadline, workers=args.workers, thinking=getattr(args, "thinking", "auto"),
+                episode_tokens=getattr(args, "episode_tokens", None),
+                max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
+                max_model_len=getattr(args, "max_model_len", None))
 
 
 # -----------------------------------------------------------------------------
 # the runner: parent side
 
 BATCH_WAIT_S = 0.1        # least time a busy episode may hold back a batch (see Runner.hold_s)
+# domains whose episode scores 0 once it asks for a call that its token budget or the model length cannot
+# hold: the official chess agent loop forces the reward to 0; searchqa and math score the last turn
+OUT_OF_TOKENS_SCORES_ZERO = ("chess",)
 
 
 def call_seed(*parts):
@@ -78,6 +98,7 @@ class Episode:
     def __init__(self, index, task, sample, public):
         self.index, self.task, self.sample, self.public = index, task, sample, public
         self.calls, self.tool_calls, self.record = [], [], None
+        self.asked, self.out_of_tokens = 0, False  # llm() requests so far; whether one found no tokens left
         self.tools = self.request = self.future = None
         self.state, self.start, self.since, self.waited = "todo", 0.0, 0.0, 0.0
 
@@ -91,12 +112,17 @@ class Runner:
     """The parent's event loop over worker pipes, tool threads and batched generation."""
 
     def __init__(self, domain, harness_path, backend, *, temperature, top_k, max_new_tokens, deadline_s, workers,
-                 seed):
+                 seed, thinking="auto", episode_tokens=None, max_prompt_tokens=None, max_model_len=None):
         sandbox.check()  # once per process: fails closed, naming --unsafe-no-sandbox
         self.source = check_harness(harness_path)
         self.domain, self.path, self.backend, self.seed = domain, str(harness_path), backend, seed
         self.gen_kw = dict(temperature=temperature, top_k=top_k)
         self.max_new_tokens, self.deadline_s, self.n_workers = max_new_tokens, deadline_s, workers
+        self.thinking = thinking_switch(backend.tokenizer, thinking)
+        self.episode_tokens = episode_tokens
+        self.max_prompt_tokens = max_prompt_tokens or MAX_PROMPT_TOKENS
+        # the model length bounds prompt + completion; unknown (tests), room for any first prompt and a full cap
+        self.window = max_model_len or MAX_PROMPT_TOKENS + max_new_tokens
         self.generate_calls = self.llm_calls = 0
         self.generate_s = 0.0
         self.last_generate_s = 10.0  # before the first call: let freshly started episodes hold a batch for 1 s
@@ -152,10 +178,12 @@ class Runner:
                 reward = float(self.domain.reward(ep.task, answer, ep.tools))
             except Exception as e:  # the domain promises not to raise; keep the run alive if it does
                 error = f"reward failed: {type(e).__name__}: {e}"
+        if ep.out_of_tokens and getattr(self.domain, "name", None) in OUT_OF_TOKENS_SCORES_ZERO:
+            reward = 0.0
         ep.record = {"task_id": ep.task["id"], "sample": ep.sample, "reward": reward, "answer": answer,
                      "error": error, "turns": len(ep.calls), "tokens": sum(len(c["completion_ids"]) for c in ep.calls),
                      "seconds": round(now - ep.start, 3), "calls": ep.calls, "tool_calls": ep.tool_calls,
-                     "stdout": stdout}
+                     "stdout": stdout, "out_of_tokens": ep.out_of_tokens}
         ep.state = "done"
         self.running.discard(ep)
         self.bar.update(1)
@@ -180,16 +208,24 @@ class Runner:
                 self.finish(ep, result=msg["done"], stdout=stdout)
             return self.retire(w)  # one episode per sandbox: nothing it left behind reaches the next one
         if "llm" in msg:
-            messages, cap, stop = llm_request(msg, self.max_new_tokens)
-            if len(ep.calls) >= MAX_LLM_CALLS:
+            messages, cap, stop, tools = llm_request(msg, self.max_new_tokens)
+            if ep.asked >= MAX_LLM_CALLS:  # empty replies count too: a harness cannot spin on them
                 return self.send(w, {"raise": "RuntimeError", "message": f"llm() call limit {MAX_LLM_CALLS} reached"})
+            ep.asked += 1
             try:
-                ids = chat_ids(self.backend.tokenizer, messages)
+                ids = chat_ids(self.backend.tokenizer, messages, tools=tools, thinking=self.thinking)
             except Exception as e:
                 return self.send(w, exception_reply(e))
-            if len(ids) > MAX_PROMPT_TOKENS:
+            # the episode's first prompt, as verl's max_prompt_length with truncation='error' (later prompts hold
+            # the episode's own turns: the budget and the model length bound them); official drops such a task
+            # from the data, here the harness gets the error
+            if not ep.calls and len(ids) > self.max_prompt_tokens:
                 return self.send(w, {"raise": "ValueError",
-                                     "message": f"prompt of {len(ids)} tokens; the limit is {MAX_PROMPT_TOKENS}"})
+                                     "message": f"prompt of {len(ids)} tokens; the limit is {self.max_prompt_tokens}"})
+            cap = self.tokens_left(ep, ids, cap)
+            if cap < 1:  # the budget or the window is spent: no sample, an empty reply, the harness ends the episode
+                ep.out_of_tokens = True
+                return self.send(w, {"value": ""})
             ep.request, ep.state, ep.since = (messages, ids, cap, stop), "llm", now
             self.llm_calls += 1
         elif "tool" in msg:
@@ -202,6 +238,13 @@ class Runner:
             ep.future.add_done_callback(self.wake)
         else:
             raise ValueError(f"unknown message {str(msg)[:200]}")
+
+    def tokens_left(self, ep, ids, cap):
+        """This call's token cap: `cap` (the harness's and --max-new-tokens) cut to what is left of the episode's
+        assistant-token budget (the sampled tokens of its calls; prompt and tool tokens do not count, as
+        official) and of the model length after this prompt. The harness cannot raise either."""
+        budget = self.episode_tokens - sum(len(c["completion_ids"]) for c in ep.calls) if self.episode_tokens else cap
+        return min(cap, budget, self.window - len(ids))
 
     def on_tool_done(self, ep, now):
         try:
@@ -357,13 +400,15 @@ class Runner:
 
 
 def run_episodes(domain, harness_path, tasks, backend, *, samples=1, temperature=1.0, top_k=20, max_new_tokens=256,
-                 deadline_s=120.0, workers=None, seed=0, traces_path=None, desc="episodes"):
+                 deadline_s=120.0, workers=None, seed=0, traces_path=None, desc="episodes", thinking="auto",
+                 episode_tokens=None, max_prompt_tokens=None, max_model_len=None):
     """Run the harness on every (task, sample); -> episode dicts, task-major (see INTERFACES.md)."""
     episodes = [Episode(i * samples + s, t, s, domain.public(t)) for i, t in enumerate(tasks)
                 for s in range(samples)]
     runner = Runner(domain, harness_path, backend, temperature=temperature, top_k=top_k,
                     max_new_tokens=max_new_tokens, deadline_s=deadline_s, workers=workers or min(64, len(episodes)),
-                    seed=seed)
+                    seed=seed, thinking=thinking, episode_tokens=episode_tokens,
+                    max_prompt_tokens=max_prompt_tokens, max_model_len=max_model_len)
     records = runner.run(episodes, desc) if episodes else []
     run_episodes.last_counts = {"generate_calls": runner.generate_calls, "llm_calls": runner.llm_calls,
                                 "generate_s": runner.generate_s}

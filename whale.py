@@ -97,20 +97,27 @@ PRESETS = {
                 candidates=3, harness_tasks=24, max_new_tokens=32, temperature=0.6, deadline=300.0,
                 adaptive_epochs=0.25, harness_patience=1, harness_min_iterations=2, harness_max_iterations=3,
                 math_test_set="generated", math_max_steps=2),
+    # generation (PROTOCOL.md 2): Qwen3.5 thinks (its template's enable_thinking), no per-call cap but the
+    # episode's assistant-token budget (PAPER), the official model length
     "paper": dict(threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True, grad_checkpointing=True,
                   phase_epochs=0.6, harness_iterations=6, train_limit=None, test_limit=None, k=8, batch=256,
                   group=8, sft_batch=64, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
                   harness_tasks=256, harness_samples=1, proposer="claude", temperature=1.0, top_k=20,
-                  max_new_tokens=1024, deadline=600.0, adaptive_epochs=0.2, harness_patience=2,
-                  harness_min_iterations=5, harness_max_iterations=15),
+                  max_new_tokens=8192, thinking="on", max_model_len=32768, deadline=600.0, adaptive_epochs=0.2,
+                  harness_patience=2, harness_min_iterations=5, harness_max_iterations=15),
 }
-# the paper preset per domain: model, epochs, harness-only rounds (PROTOCOL.md 6) and the LoRA learning rate
-# (ours: 10x the official full fine-tuning rates of 1e-6 and 1e-7, as a rank-16 adapter whose B starts at
-# zero moves the model far less per step than a full update at the same rate)
+# the paper preset per domain: model; epochs and harness-only rounds (PROTOCOL.md 6); the official h0s
+# (section 3: searchqa and math call their tools natively; chess has no tools); the assistant-token budget of an
+# episode (chess: 8,129, as the official chess config has it) and the limit on its first prompt (section 2); and
+# the LoRA learning rate (ours: 10x the official full fine-tuning rates of 1e-6 and 1e-7, as a rank-16 adapter
+# whose B starts at zero moves the model far less per step than a full update at the same rate)
 PAPER = {
-    "searchqa": dict(model="Qwen/Qwen3.5-2B", epochs=4.0, harness_only_iterations=40, lr=1e-5),
-    "math": dict(model="Qwen/Qwen3.5-2B", epochs=6.0, harness_only_iterations=60, lr=1e-6),
-    "chess": dict(model="Qwen/Qwen3.5-4B", epochs=4.0, harness_only_iterations=40, lr=1e-6),
+    "searchqa": dict(model="Qwen/Qwen3.5-2B", epochs=4.0, harness_only_iterations=40, lr=1e-5,
+                     harness="harnesses/paper/searchqa.py", episode_tokens=8192, max_prompt_tokens=2048),
+    "math": dict(model="Qwen/Qwen3.5-2B", epochs=6.0, harness_only_iterations=60, lr=1e-6,
+                 harness="harnesses/paper/math.py", episode_tokens=8192, max_prompt_tokens=2048),
+    "chess": dict(model="Qwen/Qwen3.5-4B", epochs=4.0, harness_only_iterations=40, lr=1e-6,
+                  harness="harnesses/chess.py", episode_tokens=8129, max_prompt_tokens=4096),
 }
 # D_weight sizes of the paper's data (PROTOCOL.md 1), for --plan without downloading them
 PAPER_TRAIN_SIZES = {"searchqa": 18_946, "math": 17_917, "chess": 16_384}
@@ -129,7 +136,8 @@ def parse_args(argv=None):
                                                "results/<preset>/seed-<n>/<domain>/<method> for --seed n, n != 0)")
     p.add_argument("--plan", action="store_true", help="print the phases, steps, rounds and rollouts, then exit")
     p.add_argument("--model", default=None, help="smoke | cpu | hub id | local path (default: the preset's)")
-    p.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py)")
+    p.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py; "
+                   "the paper preset: harnesses/paper/<domain>.py for searchqa and math)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads; 1 on 2-core machines, where the harness workers need the other core")
     # budgets

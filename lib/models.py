@@ -113,7 +113,21 @@ def load_model(name, dtype=None, adapter=None):
     return model, tok
 
 
-def chat_ids(tok, messages):
-    """The prompt token ids of a chat: the template with the assistant turn opened."""
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def chat_ids(tok, messages, tools=None, thinking=None):
+    """The prompt token ids of a chat: the template with the assistant turn opened. tools: OpenAI-style function
+    schemas, rendered by the template in the model's own tool format (a template without tool support ignores
+    them); thinking: the template's enable_thinking switch (None: not passed, the template's default)."""
+    kw = {} if thinking is None else {"enable_thinking": thinking}
+    if tools:  # only when given: without them the call is the one every backend and test tokenizer knows
+        kw["tools"] = tools
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kw)
     return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def thinking_switch(tok, mode):
+    """--thinking as chat_ids' thinking: on -> True, off -> False, auto -> True where the template has the
+    enable_thinking switch (Qwen3 and Qwen3.5; Qwen3.5 thinks only when it is passed), else None: the smoke and
+    cpu templates have none, so they render as they always did."""
+    if mode == "auto":
+        return True if "enable_thinking" in str(tok.chat_template or "") else None
+    return {"on": True, "off": False, None: None}[mode]

@@ -2,9 +2,10 @@
 the parent's checks of every request a worker sends. The worker runs untrusted harness code, which can write
 to its pipe directly, so the parent checks each request in full; the worker's own checks are a courtesy.
 
-    messages, cap, stop = llm_request(msg, max_new_tokens)   # ValueError on a forged request
+    messages, cap, stop, tools = llm_request(msg, max_new_tokens)   # ValueError on a forged request
     name, args, kwargs = tool_request(msg, domain.TOOL_METHODS)
 """
+import json
 
 MAX_LLM_CALLS = 32        # per episode
 MAX_TOOL_CALLS = 64       # per episode
@@ -12,8 +13,10 @@ MAX_CHARS = 32_000        # per message content, tool result, error text
 MAX_MESSAGES = 256        # per llm() call
 MAX_LINE = 4_000_000      # one JSON message from a worker
 STDOUT_KEEP = 10_000      # printed characters kept in the trace
-MAX_PROMPT_TOKENS = 8192
+MAX_PROMPT_TOKENS = 8192  # per llm() call when the run sets no --max-prompt-tokens / --max-model-len
 MAX_STOPS, MAX_STOP_CHARS = 4, 32
+MAX_TOOLS, MAX_TOOLS_CHARS = 16, 32_000  # function schemas per llm() call, and their JSON size
+ROLES = ("system", "user", "assistant", "tool")  # "tool": a tool's result, as native tool calls expect it
 
 
 def exception_reply(e):
@@ -22,16 +25,16 @@ def exception_reply(e):
 
 
 def llm_request(msg, max_new_tokens):
-    """-> (messages, token cap, stop list or None) from a worker's llm request, checked in full: the worker's
-    own checks are a courtesy that harness code can skip. Raises ValueError on a forged request."""
-    messages, max_tokens, stop = msg["llm"], msg.get("max_tokens"), msg.get("stop")
-    if set(msg) - {"llm", "max_tokens", "stop"}:
-        raise ValueError(f"unknown keys {sorted(set(msg) - {'llm', 'max_tokens', 'stop'})}")
+    """-> (messages, token cap, stop list or None, tools or None) from a worker's llm request, checked in full: the
+    worker's own checks are a courtesy that harness code can skip. Raises ValueError on a forged request."""
+    messages, max_tokens, stop, tools = msg["llm"], msg.get("max_tokens"), msg.get("stop"), msg.get("tools")
+    if set(msg) - {"llm", "max_tokens", "stop", "tools"}:
+        raise ValueError(f"unknown keys {sorted(set(msg) - {'llm', 'max_tokens', 'stop', 'tools'})}")
     if not (isinstance(messages, list) and 1 <= len(messages) <= MAX_MESSAGES and all(
-            isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ("system", "user", "assistant")
+            isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ROLES
             and isinstance(m["content"], str) and len(m["content"]) <= MAX_CHARS for m in messages)):
-        raise ValueError(f"llm messages must be 1 to {MAX_MESSAGES} {{role, content}} dicts of at most "
-                         f"{MAX_CHARS} characters")
+        raise ValueError(f"llm messages must be 1 to {MAX_MESSAGES} {{role, content}} dicts (role one of "
+                         f"{', '.join(ROLES)}) of at most {MAX_CHARS} characters")
     if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
         raise ValueError(f"llm max_tokens must be None or an int >= 1, not {max_tokens!r}"[:200])
     stop = [stop] if isinstance(stop, str) else stop
@@ -39,7 +42,23 @@ def llm_request(msg, max_new_tokens):
             isinstance(s, str) and 1 <= len(s) <= MAX_STOP_CHARS for s in stop)):
         raise ValueError(f"llm stop must be None, a string or a list of at most {MAX_STOPS} non-empty strings of "
                          f"at most {MAX_STOP_CHARS} characters")
-    return messages, max_new_tokens if max_tokens is None else min(max_new_tokens, max_tokens), stop or None
+    cap = max_new_tokens if max_tokens is None else min(max_new_tokens, max_tokens)
+    return messages, cap, stop or None, check_tools(tools)
+
+
+def check_tools(tools):
+    """tools: None or a list of OpenAI-style function schemas {"type": "function", "function": {"name": ...}};
+    the chat template renders them into the prompt, so their size is capped."""
+    if tools is None:
+        return None
+    if not (isinstance(tools, list) and len(tools) <= MAX_TOOLS and all(
+            isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str) for t in tools)):
+        raise ValueError(f"llm tools must be None or a list of at most {MAX_TOOLS} function schemas "
+                         '{"type": "function", "function": {"name": str, ...}}')
+    if len(json.dumps(tools)) > MAX_TOOLS_CHARS:
+        raise ValueError(f"llm tools: {len(json.dumps(tools))} characters of JSON; the limit is {MAX_TOOLS_CHARS}")
+    return tools or None
 
 
 def tool_request(msg, methods):

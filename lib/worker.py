@@ -103,13 +103,20 @@ def call(msg):
 
 
 def make_llm(max_chars):
-    def llm(messages, max_tokens=None, stop=None):
+    def llm(messages, tools=None, max_tokens=None, stop=None):
         """One chat completion from the policy; it ends at the first stop string, kept as the reply's end.
-        stop: None, a string, or a list of at most 4 non-empty strings of at most 32 characters."""
+        messages: [{"role": system|user|assistant|tool, "content": str}] ("tool": a tool's result; an assistant
+        turn that called a tool keeps the text the model wrote). tools: None or a list of OpenAI-style function
+        schemas, which the model's chat template renders into the prompt (its native tool format); the reply is
+        the raw text, tool calls included, for the harness to parse. stop: None, a string, or a list of at most
+        4 non-empty strings of at most 32 characters. Once the episode's token budget is spent, the reply is ''."""
         if not isinstance(messages, list) or not all(isinstance(m, dict) and m.get("role") in ("system", "user",
-                "assistant") and isinstance(m.get("content"), str) for m in messages):
-            raise TypeError("llm(messages): messages must be a list of {'role': system|user|assistant, "
+                "assistant", "tool") and isinstance(m.get("content"), str) for m in messages):
+            raise TypeError("llm(messages): messages must be a list of {'role': system|user|assistant|tool, "
                             "'content': str}")
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise TypeError("llm(tools=...) must be None or a list of function schemas {'type': 'function', "
+                            "'function': {'name': ..., 'parameters': ...}} (max_tokens is a keyword argument)")
         if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
             raise TypeError("llm(max_tokens=...) must be a positive int")
         stop = [stop] if isinstance(stop, str) else stop
@@ -118,7 +125,10 @@ def make_llm(max_chars):
             raise TypeError("llm(stop=...) must be None, a string or a list of at most 4 non-empty strings of "
                             "at most 32 characters")
         messages = [{"role": m["role"], "content": m["content"][:max_chars]} for m in messages]
-        return call({"llm": messages, "max_tokens": max_tokens, "stop": stop or None})
+        request = {"llm": messages, "max_tokens": max_tokens, "stop": stop or None}
+        if tools:
+            request["tools"] = tools
+        return call(request)
     return llm
 
 

@@ -320,9 +320,9 @@ def test_bad_stop_and_max_tokens_are_refused_by_the_worker_and_the_parent(backen
     with pytest.raises(ValueError, match="max_tokens must be None or an int >= 1"):
         protocol.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 0}, 8)
     with pytest.raises(ValueError, match="messages must be"):
-        protocol.llm_request({"llm": [{"role": "tool", "content": "q"}]}, 8)
+        protocol.llm_request({"llm": [{"role": "function", "content": "q"}]}, 8)
     assert protocol.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 99, "stop": "</a>"}, 8) == \
-        ([{"role": "user", "content": "q"}], 8, ["</a>"])
+        ([{"role": "user", "content": "q"}], 8, ["</a>"], None)
 
 
 def test_same_prompt_twice_in_one_batch_gets_different_rollouts(backend, tmp_path):
