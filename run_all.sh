@@ -28,7 +28,7 @@ SEEDS=${SEEDS:-0}
 for seed in $SEEDS; do
   case $seed in ''|*[!0-9]*) echo "run_all.sh: SEEDS=\"$SEEDS\": write whole numbers, e.g. SEEDS=\"0 1 2\"" >&2; exit 2 ;; esac
 done
-METHODS="harness-only weight-only stagewise fast-slow whale"
+METHODS="harness-only weight-only stagewise stagewise-hw fast-slow whale"
 case $PRESET in  # measured on the 2-core machine with the default DOMAINS
   smoke) eta="about 2 min" ;;  # fresh clone, 2026-11-30: 1 min 20 s
   cpu)   eta="about 36 min" ;;  # fresh clone, 2026-11-30, idle: 36 min 4 s (temperature 0.6)
