@@ -103,7 +103,8 @@ PRESETS = {
     "paper": dict(threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True, grad_checkpointing=True,
                   phase_epochs=0.6, harness_iterations=6, train_limit=None, test_limit=None, k=8, batch=256,
                   group=8, sft_batch=64, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
-                  harness_tasks=256, harness_samples=1, proposer="claude", temperature=1.0, top_k=20,
+                  harness_tasks=256, harness_samples=1, proposer="claude", proposer_model="claude-opus-4-7",
+                  proposer_timeout=2400.0, temperature=1.0, top_k=20,
                   max_new_tokens=8192, thinking="on", max_model_len=32768, deadline=600.0, adaptive_epochs=0.2,
                   harness_patience=2, harness_min_iterations=5, harness_max_iterations=15),
 }
