@@ -77,7 +77,7 @@ def load_run(folder):
     evals = [r for r in read_jsonl(os.path.join(folder, "metrics.jsonl")) if r.get("event") == "eval"]
     for row in evals:
         scores = read_json(os.path.join(folder, "evals", f"phase_{row['phase']}.json"), {})
-        row["per_task"] = scores.get("per_task")
+        row["per_task"], row["sources"] = scores.get("per_task"), scores.get("sources") or {}
     return {"summary": read_json(os.path.join(folder, "summary.json"), {}) or None,
             "evals": evals,
             "steps": read_jsonl(os.path.join(folder, "weights", "metrics.jsonl")),
@@ -219,6 +219,7 @@ def make_table(runs, preset):
     lines += ["", "Test sets: " + ", ".join(f"{d}: {tasks_of(runs, d)} tasks" for d in DOMAINS), ""]
     if len(seeds) > 1:
         lines += per_seed_table(runs, seeds, k)
+    lines += benchmark_table(runs, k)
     lines += comparison_table(runs)
     lines += search_table(runs)
     lines += mechanism_table(runs)
@@ -228,6 +229,38 @@ def make_table(runs, preset):
         for method, values in PAPER.items():
             lines.append(f"| {method} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in values) + " |")
     return "\n".join(lines) + "\n"
+
+
+def benchmark_table(runs, k):
+    """Per domain whose test tasks come from several benchmarks (the paper's searchqa: 7 x 100), each method's
+    final mean@k per benchmark and their average, over the seeds and tasks."""
+    lines = []
+    for domain in DOMAINS:
+        done = {m: finished(runs.get((domain, m))) for m in shown_methods(runs)}
+        finals = {m: [run["evals"][-1] for run in d.values()] for m, d in done.items() if d}
+        names = sorted({s for rows in finals.values() for row in rows for s in row["sources"].values()})
+        if len(names) < 2:
+            continue
+        lines += [f"## {domain}: final test mean@{k} per benchmark, % [95 % CI]", "",
+                  "| method | " + " | ".join(names) + " | average of benchmarks |", "|---|" + "---|" * (len(names) + 1)]
+        for method, rows in finals.items():
+            per = [percent(hierarchical_ci([[v for t, v in row["per_task"].items() if row["sources"].get(t) == name]
+                                            for row in rows])) for name in names]
+            lines.append(f"| {method} | " + " | ".join(per) + f" | {percent(benchmarks_ci(rows, names))} |")
+        lines.append("")
+    return lines
+
+
+def benchmarks_ci(rows, names, resamples=2000, seed=0, level=0.95):
+    """(mean, low, high) of the average over benchmarks of each benchmark's mean, over seeds: each resample
+    draws the seeds with replacement, then each benchmark's tasks within each drawn seed."""
+    by = [[np.asarray([v for t, v in row["per_task"].items() if row["sources"].get(t) == name], dtype=float)
+           for name in names] for row in rows]
+    rng = np.random.default_rng(seed)
+    stats = [np.mean([np.mean([x[rng.integers(0, x.size, x.size)].mean() for x in by[i]])
+                      for i in rng.integers(0, len(by), len(by))]) for _ in range(resamples)]
+    low, high = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
+    return float(np.mean([[x.mean() for x in seed_rows] for seed_rows in by])), float(low), float(high)
 
 
 def shown_methods(runs):

@@ -465,7 +465,8 @@ def evaluate_test(args, policy, domain, harness, tag, weights, donors):
     per_task = stats["per_task"]
     stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(per_task),
              **{f"test_{name}": stats[name] for name in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
-    write_json(path, {"key": key, "stats": stats, "per_task": per_task})
+    sources = {t["id"]: t["source"] for t in tasks if "source" in t}  # the report's per-benchmark columns
+    write_json(path, {"key": key, "stats": stats, "per_task": per_task, "sources": sources})
     return stats
 
 

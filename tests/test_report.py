@@ -266,3 +266,24 @@ def test_a_running_cell_counts_the_phases_done():
     assert report.cell({0: {"summary": None, "evals": [{}, {}]}, 1: {"summary": None, "evals": []}}) == \
         "running (1, 0 phases done)"
     assert report.cell(None) == report.cell({}) == "not run"
+
+
+def test_a_test_set_of_several_benchmarks_gets_a_column_each_and_their_average(tmp_path):
+    """The paper's searchqa test set is 7 x 100 questions: the report gives each benchmark's final mean@k and
+    the average of the benchmarks, each with its interval."""
+    folder = tmp_path / "paper" / "searchqa" / "whale"
+    (folder / "evals").mkdir(parents=True)
+    per_task = {f"nq-{i}": float(i < 3) for i in range(4)} | {f"hq-{i}": float(i < 1) for i in range(4)}
+    sources = {t: "nq" if t.startswith("nq") else "hotpotqa" for t in per_task}
+    rows = [{"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, "mean_at_k": 0.5, "k": 1,
+             "test_tasks": 8}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "evals" / "phase_0.json").write_text(json.dumps({"per_task": per_task, "sources": sources}))
+    (folder / "summary.json").write_text(json.dumps({"best_phase": 0, "k": 1}))
+    runs = report.load_runs(str(tmp_path / "paper"))
+    lines = report.benchmark_table(runs, 1)
+    assert lines[0] == "## searchqa: final test mean@1 per benchmark, % [95 % CI]"
+    assert lines[2] == "| method | hotpotqa | nq | average of benchmarks |"
+    whale_row = next(line for line in lines if line.startswith("| whale |"))
+    cells = [c.strip() for c in whale_row.strip("|").split("|")]
+    assert cells[1].startswith("25.0 [") and cells[2].startswith("75.0 [") and cells[3].startswith("50.0 [")
