@@ -35,6 +35,11 @@ case $PRESET in  # measured on the 2-core machine with the default DOMAINS
   paper) eta="days: hours per run (README: the paper preset on one GPU)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu or paper" >&2; exit 2 ;;
 esac
+
+# the preflight, before any run: every resource these runs need (retriever, data, model, engine, proposer, sandbox,
+# GPU memory) in seconds, before any model loads; a failure is one line naming its fix, and the table does not start
+check_domains=($DOMAINS)
+python whale.py --check "${check_domains[@]}" --preset "$PRESET" --domain "${check_domains[0]}" || exit 1
 n=$(( $(wc -w <<< "$SEEDS") * $(wc -w <<< "$DOMAINS") * ($(wc -w <<< "$METHODS") + ADAPTIVE) ))
 echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS]$([ "$ADAPTIVE" = 1 ] && echo " + adaptive WHALE"), seeds [$SEEDS]"
 echo "run_all.sh: $n runs; with the default domains and none done yet, $eta a seed; results in results/$PRESET/"

@@ -59,6 +59,7 @@ import gc
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -68,7 +69,7 @@ import domains
 import meta_harness
 import rft
 import rollout
-from lib import reuse, sandbox
+from lib import preflight, reporting, reuse, sandbox
 from lib.canary import EngineError
 from lib.cli import Parser, nonnegative_int, positive_float, positive_int
 from lib.io import append_jsonl, read_json, read_jsonl, write_json
@@ -164,6 +165,10 @@ def parse_args(argv=None):
     p.add_argument("--test-holdout", type=nonnegative_int, default=0,
                    help="never draw the first N test tasks (the cpu preset: the 50 looked at while it was built)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--check", nargs="*", default=None, choices=sorted(domains.DOMAINS), metavar="DOMAIN",
+                   help="check every resource this run needs (and those of the same run on these domains) in "
+                        "seconds, before any model loads, then exit: one line per check, 0 when all pass")
+    reporting.add_args(p)
     domains.add_args(p)
     add_backend_args(p)
     rft.add_args(p)
@@ -346,7 +351,7 @@ def save_state(out, state):
 
 
 # flags that may change between a run and its resumption: they change how fast, not what is computed
-RESUMABLE_FLAGS = ("threads", "workers", "out", "plan")
+RESUMABLE_FLAGS = ("threads", "workers", "out", "plan", "check", "report_to")
 
 
 def check_same_settings(args):
@@ -478,6 +483,9 @@ def main(argv=None):
         for args in runs:
             print_plan(args)
         return
+    if runs[0].check is not None:  # the preflight (lib/preflight.py): each --check domain parsed as its own run
+        argv = sys.argv[1:] if argv is None else list(argv)
+        raise SystemExit(preflight.main(runs + [parse_args([*argv, "--domain", d])[0] for d in runs[0].check]))
     try:
         sandbox.apply_args(runs[0])
         for args in runs:
@@ -487,7 +495,8 @@ def main(argv=None):
         raise SystemExit(f"whale.py: error: {e}")
     for args in runs:
         try:
-            run(args, donors=[other.out for other in runs if other.out != args.out])
+            with reporting.watch(args):  # --report-to: the rows of its files, live
+                run(args, donors=[other.out for other in runs if other.out != args.out])
         except EngineError as e:  # an engine that failed or serves stale weights (the canary)
             raise SystemExit(f"whale.py: error: {e}")
         gc.collect()  # the finished run's model and optimizer go before the next run loads its own

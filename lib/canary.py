@@ -4,7 +4,9 @@ After every adapter load, the trainer's own greedy continuations of fixed chat p
 (each token forced, its log-prob read back) and under the trainer, with and without the adapter. The engine must
 be closer to the adapted trainer than to the base model by more than the measured dtype noise (or, for an adapter
 whose effect is below that noise, show the trainer's adapter effect itself), else the run stops naming the adapter
-and the engine. It prints the noise and the effect it measured.
+and the engine. An adapter whose effect not even that can resolve (an early update under bf16) is not a failure:
+served or stale, the engine samples the trainer's model within its own precision, so the canary says so and the
+run goes on. It prints the noise and the effect it measured.
 """
 import time
 
@@ -111,13 +113,22 @@ def canary_stats(t, b, e, e0):
             "residual": float((de - dt).norm()) / size if size else None}  # what the engine misses of it
 
 
+BELOW_NOISE = "adapter effect below the dtype noise: served or not, the engine samples the trainer's model " \
+              "within its precision; going on"
+
+
 def canary_verdict(s):
-    """-> (ok, how). tol (>= 3x the measured dtype noise) bounds what numerics alone explain. Direct: the engine sits
-    within tol of the adapted trainer and further than that from the base model. An adapter too small for that (an
-    early RSFT update) is judged by the differential: the engine's own adapter effect (served minus its base, where
-    the common dtype noise cancels) must be the trainer's in direction and size, within CANARY_REL or what the
-    noise explains (3x noise/effect). Where even that
-    cannot separate served from missing (noise/effect >= 1/6), the canary says so and fails: never a blind pass."""
+    """-> (ok, how). tol (>= 3x the measured dtype noise) bounds what numerics alone explain.
+    direct: the engine sits within tol of the adapted trainer and further than that from the base model.
+    An adapter too small for that (effect <= 2 tol: an early RSFT update) is judged by what the engine resolves:
+    differential: where the noise is small against the effect (fp32), the engine's own adapter effect (served minus
+        its base, where the common dtype noise cancels) must be the trainer's in direction and size, within CANARY_REL
+        or what the noise explains (3x noise/effect);
+    below noise: where even that cannot separate served from missing (noise/effect >= 1/6, as bf16 gives early on),
+        the difference cannot matter either: the engine passes when it sits within tol of the trainer, as any engine
+        serving the trainer's weights does, and the line says so. An engine further than that serves other weights
+        (another adapter), and an adapter whose effect grows past 2 tol is judged directly again, so stale or base
+        weights stop the run as soon as they make a difference the engine can resolve."""
     tol = s["tol"] = max(CANARY_NOISE_X * s["noise"], CANARY_FLOOR)
     if s["to_trainer"] <= tol and s["to_base"] - s["to_trainer"] > tol:
         return True, "direct"
@@ -127,7 +138,8 @@ def canary_verdict(s):
         return False, "direct"
     allowed = max(CANARY_REL, CANARY_NOISE_X * s["noise"] / s["effect"])
     if allowed >= 0.5:
-        return False, "adapter effect below the engine's precision: cannot tell it from the base model"
+        ok = s["to_trainer"] <= tol
+        return ok, BELOW_NOISE if ok else "direct"
     return abs(s["scale"] - 1) <= allowed and s["residual"] <= allowed, "effect below noise: differential"
 
 
@@ -158,10 +170,6 @@ def check_canary(engine, model, tok, adapter, engine_name):
             f"{fmt(s['to_trainer'])}, to base {fmt(s['to_base'])}, tolerance {fmt(s['tol'])}, engine/trainer "
             f"adapter effect {fmt(s['scale'])} (residual {fmt(s['residual'])}), {time.time() - start:.0f} s")
     print(line, flush=True)
-    if not ok and "cannot tell" in how:
-        raise EngineError(f"{line}. This update changes the model by less than the engine's numerics resolve, so the "
-                           "canary cannot confirm the engine serves it (run trainer and engine in fp32, without "
-                           "--bf16, or take larger updates with --lr); stopping rather than sampling unchecked.")
     if not ok:
         raise EngineError(f"{line}. The engine does not serve the trainer's adapter (check its LoRA support for this "
                            "model, --max-lora-rank and the adapter's target modules); stopping rather than sampling "

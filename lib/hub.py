@@ -17,6 +17,7 @@ be a local .jsonl / .csv / .parquet file, so runs work offline from copied files
     tasks = paper_tasks("math", "train", args)       # args: domains.add_args' flags
 """
 import csv
+import gzip
 import hashlib
 import json
 import os
@@ -264,18 +265,25 @@ class RetrieverClient:
         return self.search_batch([query], k)[0]
 
 
+def open_text(path):
+    """A text file, read through gzip when it is one (Search-R1 ships the corpus as wiki-18.jsonl.gz)."""
+    with open(path, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rt", encoding="utf-8") if gzipped else open(path, encoding="utf-8")
+
+
 class WikiBM25:
-    """bm25s over a wiki-18 style .jsonl file ({"id", "contents": '"Title"\\ntext'}); the index is built once
-    (slow for the full 21M passages: use `limit` for a slice) and saved beside the file."""
+    """bm25s over a wiki-18 style .jsonl file, or the .jsonl.gz as downloaded ({"id", "contents": '"Title"\\ntext'});
+    the index is built once (slow for the full 21M passages: use `limit` for a slice) and saved beside the file."""
 
     def __init__(self, path, limit=None):
         import bm25s
         if not os.path.exists(path):
-            raise FileNotFoundError(f"wiki corpus {path} not found: download Search-R1's wiki-18.jsonl or pass "
+            raise FileNotFoundError(f"wiki corpus {path} not found: download Search-R1's wiki-18.jsonl.gz or pass "
                                     "--retriever-url for a retrieval server")
         index_dir = f"{path}.bm25s" + (f"-{limit}" if limit else "")
         self.passages = []
-        with open(path, encoding="utf-8") as f:
+        with open_text(path) as f:
             for line in f:
                 if limit and len(self.passages) >= limit:
                     break

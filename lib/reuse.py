@@ -14,10 +14,11 @@ from pathlib import Path
 
 from lib.io import link_file, link_tree, read_json, write_json
 
-# flags that shape a run's plan but not what one RSFT step or one evaluation computes
+# flags that shape a run's plan, or only how it is checked and watched, but not what one RSFT step or one
+# evaluation computes
 PLAN_FLAGS = ("method", "out", "schedule", "preset", "prompt_only", "harness", "epochs", "phase_epochs",
               "harness_iterations", "adaptive_epochs", "harness_patience", "harness_min_iterations",
-              "harness_max_iterations")
+              "harness_max_iterations", "check", "report_to")
 
 
 def result_settings(args):

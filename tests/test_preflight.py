@@ -1,0 +1,353 @@
+"""The preflight (`python whale.py --check`, run_all.sh's first step): each resource a run needs, checked before any
+model loads, each failure one line naming its fix. The retriever, the proposer's endpoints and the hub are
+stand-ins on loopback or in a temp folder; nothing here reaches the network."""
+import gzip
+import http.server
+import importlib.machinery
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+import torch
+
+import whale
+from lib import hub, preflight, sandbox
+
+ROOT = Path(__file__).resolve().parent.parent
+WIKI = [{"id": "0", "contents": '"Zarnoth River"\nThe Zarnoth River flows through Kelmar and ends in the Sea of Vost.'},
+        {"id": "1", "contents": '"Kelmar"\nKelmar is a city founded in 1342 by the weaver Oda Prell.'}]
+PAPER_DATASETS = ("PeterJinGo/nq_hotpotqa_train", "RUC-NLPIR/FlashRAG_datasets", "BytedTsinghua-SIA/DAPO-Math-17k",
+                  "HuggingFaceH4/aime_2024", "MathArena/aime_2025", "Lichess/chess-puzzles")
+
+
+def run_args(*argv, preset="paper", domain="searchqa"):
+    return whale.parse_args(["--preset", preset, "--domain", domain, *argv])[0]
+
+
+def check(fn, *args):
+    """(ok, line): what one check says."""
+    try:
+        return True, fn(*args)
+    except preflight.Failed as e:
+        return False, str(e)
+
+
+def fake_hub_cache(root, models=(), datasets=()):
+    """A Hugging Face hub cache holding these repos, as `hf download` leaves it (refs/main -> snapshots/<commit>)."""
+    for kind, names in (("models", models), ("datasets", datasets)):
+        for name in names:
+            repo = root / f"{kind}--{name.replace('/', '--')}"
+            (repo / "refs").mkdir(parents=True)
+            (repo / "refs" / "main").write_text("abc123")
+            snap = repo / "snapshots" / "abc123"
+            snap.mkdir(parents=True)
+            if kind == "models":
+                (snap / "config.json").write_text("{}")
+                (snap / "model.safetensors").write_bytes(b"\0" * 4096)
+            else:
+                (snap / "train.parquet").write_bytes(b"PAR1")
+    return root
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+    """An empty hub cache and HF_HUB_OFFLINE=1: a repo counts as there only if the test caches it."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    return cache
+
+
+def fake_cli(folder, name, script):
+    """An executable `name` in `folder` (a shell script)."""
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+    return path
+
+
+CLAUDE_LOGGED_IN = """case "$1" in
+  --version) echo "2.1.197 (Claude Code)" ;;
+  auth) echo '{"loggedIn": true, "authMethod": "claude.ai"}' ;;
+esac
+"""
+
+
+def serve(handler):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def json_handler(answer, log=None):
+    """A server answering every GET and POST with answer(path, request) as JSON."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def reply(self, req):
+            if log is not None:
+                log.append((self.path, req))
+            body = json.dumps(answer(self.path, req)).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self.reply(None)
+
+        def do_POST(self):
+            self.reply(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+    return Handler
+
+
+def search_r1(path, req):
+    """Search-R1's /retrieve: with return_scores each hit is {"document": {...}, "score": s}."""
+    hits = [[{"document": WIKI[i % 2], "score": 1.0 / (i + 1)} for i in range(req["topk"])] for _ in req["queries"]]
+    return {"result": hits if req["return_scores"] else [[h["document"] for h in q] for q in hits]}
+
+# -----------------------------------------------------------------------------
+# done when: the paper preset without a retriever stops in seconds with one line, before any model loads
+
+
+def test_paper_run_all_without_a_retriever_exits_in_seconds_with_one_line(tmp_path):
+    """run_all.sh with PRESET=paper where everything else is in place (models and datasets cached, vllm importable,
+    Claude Code logged in): the preflight's one line, exit 1, no traceback, no run folder."""
+    bin_dir, stubs = tmp_path / "bin", tmp_path / "stubs"
+    fake_cli(bin_dir, "claude", CLAUDE_LOGGED_IN)
+    for package in ("vllm", "datasets"):  # importable stand-ins of the GPU extra
+        (stubs / package).mkdir(parents=True)
+        (stubs / package / "__init__.py").write_text('__version__ = "0.33.0"\n')
+    cache = fake_hub_cache(tmp_path / "hub", models=set(whale.PAPER_MODELS.values()),
+                           datasets=PAPER_DATASETS)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX")}
+    env.update(PRESET="paper", PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{env['PATH']}",
+               PYTHONPATH=str(stubs), HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    start = time.time()
+    done = subprocess.run(["bash", str(ROOT / "run_all.sh")], env=env, capture_output=True, text=True, timeout=120)
+    seconds = time.time() - start
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 1 and seconds < 60, (done.returncode, seconds)
+    assert len(lines) == 1 and lines[0].startswith("FAIL retriever: searchqa on the paper's data needs a retriever"), lines
+    assert "retrieval_server.py --index_path" in lines[0] and 'DOMAINS="math chess"' in lines[0]
+    assert "Traceback" not in done.stderr
+
+
+def test_bundled_presets_pass_with_one_ok_line_per_resource(capsys):
+    with pytest.raises(SystemExit) as e:
+        whale.main(["--check", "searchqa", "math", "chess", "--preset", "smoke", "--domain", "math"])
+    out = capsys.readouterr().out.splitlines()
+    assert e.value.code == 0 and all(line.startswith("ok   ") for line in out)
+    names = [line[5:].split(":")[0] for line in out]
+    assert names == ["data (math)", "data (searchqa)", "data (chess)", "model (smoke)", "engine (hf)",
+                     "proposer (mutate)", "sandbox", "gpu"]  # the shared resources once
+
+
+def test_every_failure_is_a_line_and_a_broken_check_too(monkeypatch, capsys):
+    monkeypatch.setattr(preflight, "check_data", lambda args: {}["boom"])
+    monkeypatch.setattr(preflight, "check_proposer", lambda args: (_ for _ in ()).throw(preflight.Failed("fix it")))
+    assert preflight.main([run_args(preset="smoke", domain="math")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["FAIL data (math): the check itself failed (KeyError: 'boom')", "FAIL proposer (mutate): fix it"]
+
+
+def test_weight_only_needs_no_proposer_and_report_to_needs_its_package(monkeypatch):
+    names = [name for name, _ in preflight.plan([run_args("--method", "weight-only", "--report-to", "wandb")])]
+    assert "proposer (claude)" not in names and "report-to (wandb)" in names
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)
+    monkeypatch.setattr(preflight.reporting.importlib.util, "find_spec", lambda name: None)
+    assert check(preflight.check_report, "wandb") == (False, "--report-to wandb needs the wandb package: pip install wandb")
+
+# -----------------------------------------------------------------------------
+# searchqa: Search-R1's server, or the wiki file as downloaded
+
+
+def test_retriever_server_answering_search_r1s_api():
+    log = []
+    server = serve(json_handler(search_r1, log))
+    url = f"http://127.0.0.1:{server.server_port}/retrieve"
+    try:
+        ok, line = check(preflight.check_retriever, run_args("--retriever-url", url))
+        assert ok and line.startswith(f"Search-R1 retrieval server {url} answers; top passage 'Zarnoth River:")
+        assert log == [("/retrieve", {"queries": ["who wrote the iliad"], "topk": 1, "return_scores": True})]
+    finally:
+        server.shutdown()
+    wrong = serve(json_handler(lambda path, req: {"passages": ["a"]}))  # some other service on that port
+    try:
+        ok, line = check(preflight.check_retriever_url, f"http://127.0.0.1:{wrong.server_port}/retrieve")
+        assert not ok and "answered, but not as Search-R1's /retrieve does (KeyError" in line and '{"result"' in line
+    finally:
+        wrong.shutdown()
+    ok, line = check(preflight.check_retriever_url, "http://127.0.0.1:9/retrieve")
+    assert not ok and "retrieval server http://127.0.0.1:9/retrieve failed" in line
+    assert "retrieval_server.py --index_path" in line and 'DOMAINS="math chess"' in line and "\n" not in line
+
+
+def test_no_retriever_names_the_server_the_wiki_and_the_skip():
+    ok, line = check(preflight.check_retriever, run_args())
+    assert not ok and "--retriever-url http://127.0.0.1:8000/retrieve" in line and "--wiki wiki-18.jsonl.gz" in line
+    assert "--retriever_name e5 --retriever_model intfloat/e5-base-v2 --faiss_gpu" in line
+
+
+def test_wiki_is_read_as_downloaded_gzip(tmp_path):
+    path = tmp_path / "wiki-18.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("".join(json.dumps(d) + "\n" for d in WIKI))
+    ok, line = check(preflight.check_retriever, run_args("--wiki", str(path)))
+    assert ok and "reads ('Zarnoth River: The Zarnoth" in line and "built at the first search" in line
+    wiki = hub.WikiBM25(str(path))  # the run's bm25s over the .gz itself
+    assert wiki.search("who founded Kelmar", k=1) == ["Kelmar: Kelmar is a city founded in 1342 by the weaver Oda Prell."]
+    assert "index is cached" in check(preflight.check_wiki, str(path))[1]
+    ok, line = check(preflight.check_wiki, str(tmp_path / "missing.jsonl.gz"))
+    assert not ok and "hf download PeterJinGo/wiki-18-corpus wiki-18.jsonl.gz" in line
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    ok, line = check(preflight.check_wiki, str(tmp_path / "bad.jsonl"))
+    assert not ok and "is not a wiki-18 .jsonl or .jsonl.gz file" in line
+
+# -----------------------------------------------------------------------------
+# data and model: local, cached, or on the hub, without downloading
+
+
+def test_paper_datasets_cached_local_or_missing(tmp_path, offline_hub):
+    fake_hub_cache(offline_hub, datasets=PAPER_DATASETS[2:5])
+    assert check(preflight.check_data, run_args(domain="math")) == (
+        True, "--math-train BytedTsinghua-SIA/DAPO-Math-17k, --math-test HuggingFaceH4/aime_2024, --math-test "
+              "MathArena/aime_2025: cached")
+    ok, line = check(preflight.check_data, run_args(domain="searchqa"))
+    assert not ok and line.startswith("--searchqa-train PeterJinGo/nq_hotpotqa_train, --searchqa-test "
+                                      "RUC-NLPIR/FlashRAG_datasets: not cached, and HF_HUB_OFFLINE=1 forbids the hub")
+    puzzles = tmp_path / "lichess_db_puzzle.csv"
+    puzzles.write_text("PuzzleId,FEN,Moves,Rating\n")
+    assert check(preflight.check_data, run_args("--chess-puzzles", str(puzzles), domain="chess")) == (
+        True, f"--chess-puzzles {puzzles}: local file")
+    ok, line = check(preflight.check_data, run_args("--chess-puzzles", str(tmp_path / "gone.csv"), domain="chess"))
+    assert not ok and "gone.csv: no such file" in line
+    assert check(preflight.check_data, run_args(preset="cpu", domain="chess")) == (True, "bundled data/chess_*.jsonl")
+
+
+def test_hub_down_is_asked_once(monkeypatch, offline_hub):
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(preflight, "HUB_DOWN", {})
+    calls = []
+
+    class Down:
+        def model_info(self, name, timeout):
+            calls.append(name)
+            raise ConnectionError("no route to huggingface.co")
+    monkeypatch.setattr(huggingface_hub, "HfApi", Down)
+    for name in ("Qwen/Qwen3.5-2B", "Qwen/Qwen3.5-4B"):
+        ok, line = check(preflight.check_model, name)
+        assert not ok and "the hub is unreachable (ConnectionError: no route" in line and f"hf download {name}" in line
+    assert calls == ["Qwen/Qwen3.5-2B"]  # the second look-up does not wait for another timeout
+
+
+def test_models_built_cached_or_local(tmp_path, offline_hub):
+    assert check(preflight.check_model, "smoke")[0]
+    fake_hub_cache(offline_hub, models=["Qwen/Qwen3.5-2B"])
+    assert check(preflight.check_model, "Qwen/Qwen3.5-2B") == (True, "cached (0.0 GiB of weights)")
+    ok, line = check(preflight.check_model, "Qwen/Qwen3.5-4B")
+    assert not ok and "HF_HUB_OFFLINE=1" in line and "`hf download Qwen/Qwen3.5-4B`" in line
+    ok, line = check(preflight.check_model, str(tmp_path))
+    assert not ok and "no config.json there" in line
+
+# -----------------------------------------------------------------------------
+# engine and proposer
+
+
+def test_engine_vllm_imports_or_names_the_gpu_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.33.0"))
+    assert check(preflight.check_engine, run_args()) == (True, "vllm 0.33.0 imports")
+    monkeypatch.setitem(sys.modules, "vllm", None)  # what Python does for a package that is not there
+    ok, line = check(preflight.check_engine, run_args())
+    assert not ok and "vllm does not import" in line and "bash install.sh --gpu" in line
+
+
+def test_engine_openai_server_serves_the_model():
+    server = serve(json_handler(lambda path, req: {"object": "list", "data": [{"id": "Qwen/Qwen3.5-2B"}]}))
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    try:
+        assert check(preflight.check_engine, run_args("--backend", "openai", "--openai-url", url))[0]
+        ok, line = check(preflight.check_engine, run_args("--backend", "openai", "--openai-url", url, domain="chess"))
+        assert not ok and "serves ['Qwen/Qwen3.5-2B'], not Qwen/Qwen3.5-4B: pass --openai-model" in line
+        ok, line = check(preflight.check_proposer, run_args("--proposer", "openai", "--proposer-url", url))
+        assert ok and line == f"{url} answers /models (1 models)"
+    finally:
+        server.shutdown()
+    ok, line = check(preflight.check_engine, run_args("--backend", "openai", "--openai-url", "http://127.0.0.1:9/v1"))
+    assert not ok and "does not answer" in line and "--openai-url" in line
+
+
+def test_claude_present_and_logged_in(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for key in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "CLAUDE_CONFIG_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    ok, line = check(preflight.check_claude)
+    assert not ok and "npm install -g @anthropic-ai/claude-code" in line
+    fake_cli(bin_dir, "claude", CLAUDE_LOGGED_IN)
+    assert check(preflight.check_claude) == (True, "Claude Code 2.1.197, logged in")
+    fake_cli(bin_dir, "claude", CLAUDE_LOGGED_IN.replace('"loggedIn": true', '"loggedIn": false'))
+    assert check(preflight.check_claude) == (False, "Claude Code is not logged in: run `claude` and /login (or set "
+                                                    "ANTHROPIC_API_KEY)")
+    # an older CLI has no `auth status` (it would take it for a prompt): never called; the credentials file decides
+    fake_cli(bin_dir, "claude", f'[ "$1" = --version ] && echo "2.0.5 (Claude Code)" || touch {tmp_path}/asked\n')
+    ok, line = check(preflight.check_claude)
+    assert not ok and "shows no login" in line
+    (tmp_path / "home" / ".claude").mkdir(parents=True)
+    (tmp_path / "home" / ".claude" / ".credentials.json").write_text("{}")
+    ok, line = check(preflight.check_claude)
+    assert ok and "a login in" in line and not (tmp_path / "asked").exists()
+
+
+def test_command_proposer_program_as_the_sandbox_finds_it(tmp_path, monkeypatch):
+    assert check(preflight.check_proposer, run_args("--proposer", "command", "--proposer-cmd", "cat {instructions}"))[0]
+    ok, line = check(preflight.check_proposer, run_args("--proposer", "command"))
+    assert not ok and "needs --proposer-cmd" in line
+    ok, line = check(preflight.check_proposer, run_args("--proposer", "command", "--proposer-cmd", "no-such-agent {workdir}"))
+    assert not ok and "'no-such-agent' is not on PATH" in line
+    agent = fake_cli(tmp_path / "tools", "my-agent", "exit 0\n")
+    monkeypatch.setenv("PATH", f"{agent.parent}:{os.environ['PATH']}")
+    ok, line = check(preflight.check_proposer, run_args("--proposer", "command", "--proposer-cmd", "my-agent {workdir}"))
+    assert not ok and f"outside the sandbox's PATH" in line and f"--proposer-ro {agent.parent}" in line
+    ok, line = check(preflight.check_proposer, run_args("--proposer", "command", "--proposer-cmd", f"{agent} {{workdir}}"))
+    assert not ok and f"add --proposer-ro {agent.parent}" in line
+    assert check(preflight.check_proposer, run_args("--proposer", "command", "--proposer-cmd", f"{agent} {{workdir}}",
+                                                    "--proposer-ro", str(agent.parent))) == (True, str(agent))
+
+# -----------------------------------------------------------------------------
+# sandbox and GPU memory
+
+
+def test_sandbox_refused_is_the_line_naming_the_opt_out(monkeypatch):
+    def refused():
+        raise sandbox.SandboxError(sandbox.unavailable("bwrap: setting up uid map: Permission denied"))
+    monkeypatch.setattr(sandbox, "check", refused)
+    ok, line = check(preflight.check_sandbox, run_args())
+    assert not ok and "Permission denied" in line and "--unsafe-no-sandbox" in line
+
+
+def test_gpu_memory_against_the_runs_need(monkeypatch, offline_hub):
+    fake_hub_cache(offline_hub, models=["Qwen/Qwen3.5-2B"])
+    assert check(preflight.check_gpu, [run_args()]) == (True, "no GPU") or torch.cuda.is_available()
+    GiB = preflight.GiB
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "Stand-in GPU")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(20 * GiB), int(80 * GiB)))
+    ok, line = check(preflight.check_gpu, [run_args(), run_args("--backend", "hf", domain="math")])
+    assert not ok and line.startswith("Stand-in GPU: 20.0 GiB free of 80.0, these runs need 37.0 (CUDA context 1.0 + "
+                                      "Qwen/Qwen3.5-2B weights 0.0 + vllm share 0.45 x 80.0)")
+    assert "or lower --gpu-memory" in line
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(79 * GiB), int(80 * GiB)))
+    assert check(preflight.check_gpu, [run_args()])[0]
