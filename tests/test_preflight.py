@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WIKI = [{"id": "0", "contents": '"Zarnoth River"\nThe Zarnoth River flows through Kelmar and ends in the Sea of Vost.'},
         {"id": "1", "contents": '"Kelmar"\nKelmar is a city founded in 1342 by the weaver Oda Prell.'}]
 PAPER_DATASETS = ("PeterJinGo/nq_hotpotqa_train", "RUC-NLPIR/FlashRAG_datasets", "BytedTsinghua-SIA/DAPO-Math-17k",
-                  "HuggingFaceH4/aime_2024", "MathArena/aime_2025", "Lichess/chess-puzzles")
+                  "Maxwell-Jia/AIME_2024", "yentinglin/aime_2025", "Lichess/chess-puzzles")
 
 
 def run_args(*argv, preset="paper", domain="searchqa"):
@@ -129,7 +129,7 @@ def test_paper_run_all_without_a_retriever_exits_in_seconds_with_one_line(tmp_pa
     for package in ("vllm", "datasets"):  # importable stand-ins of the GPU extra
         (stubs / package).mkdir(parents=True)
         (stubs / package / "__init__.py").write_text('__version__ = "0.33.0"\n')
-    cache = fake_hub_cache(tmp_path / "hub", models=set(whale.PAPER_MODELS.values()),
+    cache = fake_hub_cache(tmp_path / "hub", models={d["model"] for d in whale.PAPER.values()},
                            datasets=PAPER_DATASETS)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX")}
     env.update(PRESET="paper", PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{env['PATH']}",
@@ -222,8 +222,8 @@ def test_wiki_is_read_as_downloaded_gzip(tmp_path):
 def test_paper_datasets_cached_local_or_missing(tmp_path, offline_hub):
     fake_hub_cache(offline_hub, datasets=PAPER_DATASETS[2:5])
     assert check(preflight.check_data, run_args(domain="math")) == (
-        True, "--math-train BytedTsinghua-SIA/DAPO-Math-17k, --math-test HuggingFaceH4/aime_2024, --math-test "
-              "MathArena/aime_2025: cached")
+        True, "--math-train BytedTsinghua-SIA/DAPO-Math-17k, --math-test Maxwell-Jia/AIME_2024, --math-test "
+              "yentinglin/aime_2025: cached")
     ok, line = check(preflight.check_data, run_args(domain="searchqa"))
     assert not ok and line.startswith("--searchqa-train PeterJinGo/nq_hotpotqa_train, --searchqa-test "
                                       "RUC-NLPIR/FlashRAG_datasets: not cached, and HF_HUB_OFFLINE=1 forbids the hub")
@@ -280,7 +280,8 @@ def test_engine_openai_server_serves_the_model():
         assert check(preflight.check_engine, run_args("--backend", "openai", "--openai-url", url))[0]
         ok, line = check(preflight.check_engine, run_args("--backend", "openai", "--openai-url", url, domain="chess"))
         assert not ok and "serves ['Qwen/Qwen3.5-2B'], not Qwen/Qwen3.5-4B: pass --openai-model" in line
-        ok, line = check(preflight.check_proposer, run_args("--proposer", "openai", "--proposer-url", url))
+        ok, line = check(preflight.check_proposer, run_args("--proposer", "openai", "--proposer-url", url,
+                                                          "--proposer-model", "Qwen/Qwen3.5-2B"))
         assert ok and line == f"{url} answers /models (1 models)"
     finally:
         server.shutdown()
