@@ -26,7 +26,6 @@ seeded sample of 256 training tasks, the set every harness candidate is scored o
 The paper's data (--data paper: `domains.get(name, args)` with add_args' flags) loads through lib/hub.py:
 the hub datasets (or local copies of them) in the bundled tasks' shape, and Wikipedia 2018 for search.
 """
-import argparse
 import json
 import os
 import random
@@ -37,6 +36,7 @@ from functools import lru_cache
 import chess
 
 from lib import hub
+from lib.cli import Parser, one_line_errors, positive_int
 from lib.sandbox import PYTHON_TIMEOUT_S, run_python
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -386,10 +386,10 @@ def add_args(p):
     p.add_argument("--searchqa-train", default=hub.SEARCHQA_TRAIN, help="Search-R1's NQ + HotpotQA train set")
     p.add_argument("--searchqa-test", default=hub.SEARCHQA_TEST, help="the collection holding the seven test sets")
     p.add_argument("--searchqa-test-sets", default=",".join(hub.SEARCHQA_TEST_SETS), help="config:split, comma-separated")
-    p.add_argument("--searchqa-test-per-set", type=int, default=hub.SEARCHQA_TEST_PER_SET)
+    p.add_argument("--searchqa-test-per-set", type=positive_int, default=hub.SEARCHQA_TEST_PER_SET)
     p.add_argument("--retriever-url", default=None, help="Search-R1's retrieval server, e.g. http://127.0.0.1:8000/retrieve")
     p.add_argument("--wiki", default=None, help="without a server: bm25s over this wiki-18 .jsonl file")
-    p.add_argument("--wiki-limit", type=int, default=None, help="index only the first N passages of --wiki")
+    p.add_argument("--wiki-limit", type=positive_int, default=None, help="index only the first N passages of --wiki")
     p.add_argument("--math-train", default=hub.MATH_TRAIN)
     p.add_argument("--math-test", default=",".join(hub.MATH_TEST), help="name:split, comma-separated")
     p.add_argument("--math-test-set", default="gsm8k", choices=sorted(MATH_TEST_SETS),
@@ -398,9 +398,29 @@ def add_args(p):
                    help="bundled math: train (and draw the harness set) on problems of at most N steps only")
     p.add_argument("--chess-puzzles", default=hub.CHESS_PUZZLES, help="hub dataset or lichess_db_puzzle.csv")
     p.add_argument("--chess-rating", default="0-1500", help="rating band MIN-MAX")
-    p.add_argument("--chess-max-solver-moves", type=int, default=2, help="line length: 1..N moves by the solver")
-    p.add_argument("--chess-train-size", type=int, default=20000)
-    p.add_argument("--chess-test-size", type=int, default=1000)
+    p.add_argument("--chess-max-solver-moves", type=positive_int, default=2, help="line length: 1..N moves by the solver")
+    p.add_argument("--chess-train-size", type=positive_int, default=20000)
+    p.add_argument("--chess-test-size", type=positive_int, default=1000)
+
+
+def check_tools(name, args):
+    """The episode tools can be served, before any model loads: the paper's searchqa needs a retriever (a
+    --wiki file must be JSON Lines of wiki-18 passages; its first line is read here, the rest as it is indexed)."""
+    if name != "searchqa" or getattr(args, "data", "bundled") != "paper":
+        return
+    if not (args.retriever_url or args.wiki):
+        raise ValueError("--data paper: searchqa's search tool needs a retriever: pass --retriever-url URL "
+                         "(Search-R1's retrieval server) or --wiki PATH (a wiki-18 .jsonl file for bm25s), or leave "
+                         "searchqa out (run_all.sh: DOMAINS=\"math chess\")")
+    if args.wiki:
+        try:
+            with open(args.wiki, encoding="utf-8") as f:
+                first = json.loads(f.readline())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            first = None
+        if not (isinstance(first, dict) and isinstance(first.get("contents"), str)):
+            raise ValueError(f"--wiki {args.wiki}: line 1 is not a JSON object with a 'contents' string: pass "
+                             "Search-R1's wiki-18.jsonl, or a file of its shape")
 
 
 def print_stats():
@@ -423,20 +443,22 @@ def show(name, split, n, args=None):
         print(f"gold: {d.gold(task)}")
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Inspect the bundled domains.")
+def main(argv=None):
+    parser = Parser(description="Inspect the bundled domains.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("stats", help="every split's size per domain")
     p = sub.add_parser("show", help="tasks as a harness sees them, then the gold answer")
     p.add_argument("domain")
     p.add_argument("--split", default="test")
-    p.add_argument("-n", type=int, default=3)
+    p.add_argument("-n", type=positive_int, default=3)
     add_args(p)  # `show DOMAIN --data paper` reads the paper's sets
-    args = parser.parse_args()
-    try:
+    args = parser.parse_args(argv)
+    with one_line_errors("domains.py"):
         if args.command == "stats":
             print_stats()
         else:
             show(args.domain, args.split, args.n, args)
-    except (ValueError, FileNotFoundError, ImportError) as e:
-        raise SystemExit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()
