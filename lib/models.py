@@ -119,8 +119,9 @@ def check_model(name):
                 why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     finally:
         hub_logging.set_verbosity(level)
-    raise ValueError(f"--model {name}: not cached here{' (HF_HUB_OFFLINE=1)' if offline else ''} and not "
-                     f"fetched from the hub ({why[:200]}): {fix}")
+    if offline:
+        raise ValueError(f"--model {name}: not in this machine's hub cache, and HF_HUB_OFFLINE=1 fetches nothing: {fix}")
+    raise ValueError(f"--model {name}: not cached here and not fetched from the hub ({why[:200]}): {fix}")
 
 
 def load_model(name, dtype=None, adapter=None):

@@ -358,7 +358,7 @@ def test_a_resume_with_another_model_or_harness_set_is_refused_and_changes_nothi
 def test_a_model_or_engine_that_is_not_here(monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for cli in CLIS:
-        refused(cli, ["--model", "no/such-model"], "--model no/such-model: not cached here (HF_HUB_OFFLINE=1)", capsys)
+        refused(cli, ["--model", "no/such-model"], "--model no/such-model: not in this machine's hub cache, and HF_HUB_OFFLINE=1", capsys)
         refused(cli, ["--model", "./no/such/folder"], "no such folder", capsys)
         if importlib.util.find_spec("vllm") is None:
             refused(cli, ["--backend", "vllm"], "--backend vllm: the vllm package is not installed here", capsys)
