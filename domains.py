@@ -31,7 +31,6 @@ The rewards are the official verifiers (PROTOCOL.md section 4):
 The paper's data (--data paper: `domains.get(name, args)` with add_args' flags) loads through lib/hub.py:
 the hub datasets (or local copies of them) in the bundled tasks' shape, and Wikipedia 2018 for search.
 """
-import argparse
 import json
 import os
 import random
@@ -44,6 +43,7 @@ import chess
 from lib import hub
 from lib.judge import judge_from_args
 from lib.sample import seeded_sample  # also the CLIs' limit flags' sampler, as domains.seeded_sample
+from lib.cli import Parser, one_line_errors, positive_int
 from lib.sandbox import PYTHON_TIMEOUT_S, run_python
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -399,12 +399,12 @@ def add_args(p):
     p.add_argument("--searchqa-train", default=hub.SEARCHQA_TRAIN, help="Search-R1's NQ + HotpotQA train set")
     p.add_argument("--searchqa-test", default=hub.SEARCHQA_TEST, help="the collection holding the seven test sets")
     p.add_argument("--searchqa-test-sets", default=",".join(hub.SEARCHQA_TEST_SETS), help="config:split, comma-separated")
-    p.add_argument("--searchqa-test-per-set", type=int, default=hub.SEARCHQA_TEST_PER_SET)
+    p.add_argument("--searchqa-test-per-set", type=positive_int, default=hub.SEARCHQA_TEST_PER_SET)
     p.add_argument("--searchqa-train-size", type=int, default=hub.SEARCHQA_TRAIN_SIZE,
                    help="D_weight: a seeded sample of the train set keeping its NQ / HotpotQA shares (0: all of it)")
     p.add_argument("--retriever-url", default=None, help="Search-R1's retrieval server, e.g. http://127.0.0.1:8000/retrieve")
     p.add_argument("--wiki", default=None, help="without a server: bm25s over this wiki-18 .jsonl file")
-    p.add_argument("--wiki-limit", type=int, default=None, help="index only the first N passages of --wiki")
+    p.add_argument("--wiki-limit", type=positive_int, default=None, help="index only the first N passages of --wiki")
     p.add_argument("--math-train", default=hub.MATH_TRAIN)
     p.add_argument("--math-test", default=",".join(hub.MATH_TEST), help="name:split, comma-separated")
     p.add_argument("--math-test-set", default="gsm8k", choices=sorted(MATH_TEST_SETS),
@@ -412,17 +412,37 @@ def add_args(p):
     p.add_argument("--math-max-steps", type=int, default=None, choices=range(1, 5), metavar="{1..4}",
                    help="bundled math: train (and draw the harness set) on problems of at most N steps only")
     p.add_argument("--chess-puzzles", default=hub.CHESS_PUZZLES, help="hub dataset or lichess_db_puzzle.csv")
-    p.add_argument("--chess-max-plies", type=int, default=hub.CHESS_MAX_PLIES, help="solution plies: 1..N")
+    p.add_argument("--chess-max-plies", type=positive_int, default=hub.CHESS_MAX_PLIES, help="solution plies: 1..N")
     buckets = dict(hub.CHESS_BUCKETS)  # the official split: its bucket sizes set the hash's modulus
-    p.add_argument("--chess-train-size", type=int, default=buckets["train"])
-    p.add_argument("--chess-harness-size", type=int, default=buckets["harness"])
-    p.add_argument("--chess-test-pool", type=int, default=buckets["test"], help="the test bucket")
-    p.add_argument("--chess-test-size", type=int, default=hub.CHESS_TEST_SIZE, help="a seeded sample of the test bucket")
+    p.add_argument("--chess-train-size", type=positive_int, default=buckets["train"])
+    p.add_argument("--chess-harness-size", type=positive_int, default=buckets["harness"])
+    p.add_argument("--chess-test-pool", type=positive_int, default=buckets["test"], help="the test bucket")
+    p.add_argument("--chess-test-size", type=positive_int, default=hub.CHESS_TEST_SIZE, help="a seeded sample of the test bucket")
     # searchqa's LLM judge (the official one is off by default: exact match)
     p.add_argument("--judge-url", default=None, help="searchqa: an OpenAI-compatible endpoint, e.g. "
                    "https://api.openai.com/v1, for the official LLM judge's rule (default: exact match)")
     p.add_argument("--judge-model", default="gpt-5.4-mini", help="the judge's model (the official default)")
     p.add_argument("--judge-key-env", default="OPENAI_API_KEY", help="environment variable holding the judge's key")
+
+
+def check_tools(name, args):
+    """The episode tools can be served, before any model loads: the paper's searchqa needs a retriever (a
+    --wiki file must be JSON Lines of wiki-18 passages; its first line is read here, the rest as it is indexed)."""
+    if name != "searchqa" or getattr(args, "data", "bundled") != "paper":
+        return
+    if not (args.retriever_url or args.wiki):
+        raise ValueError("--data paper: searchqa's search tool needs a retriever: pass --retriever-url URL "
+                         "(Search-R1's retrieval server) or --wiki PATH (a wiki-18 .jsonl file for bm25s), or leave "
+                         "searchqa out (run_all.sh: DOMAINS=\"math chess\")")
+    if args.wiki:
+        try:
+            with hub.open_text(args.wiki) as f:  # .jsonl, or the .jsonl.gz as downloaded
+                first = json.loads(f.readline())
+        except (json.JSONDecodeError, UnicodeDecodeError, EOFError, OSError):
+            first = None
+        if not (isinstance(first, dict) and isinstance(first.get("contents"), str)):
+            raise ValueError(f"--wiki {args.wiki}: line 1 is not a JSON object with a 'contents' string: pass "
+                             "Search-R1's wiki-18.jsonl, or a file of its shape")
 
 
 def print_stats():
@@ -445,20 +465,22 @@ def show(name, split, n, args=None):
         print(f"gold: {d.gold(task)}")
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Inspect the bundled domains.")
+def main(argv=None):
+    parser = Parser(description="Inspect the bundled domains.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("stats", help="every split's size per domain")
     p = sub.add_parser("show", help="tasks as a harness sees them, then the gold answer")
     p.add_argument("domain")
     p.add_argument("--split", default="test")
-    p.add_argument("-n", type=int, default=3)
+    p.add_argument("-n", type=positive_int, default=3)
     add_args(p)  # `show DOMAIN --data paper` reads the paper's sets
-    args = parser.parse_args()
-    try:
+    args = parser.parse_args(argv)
+    with one_line_errors("domains.py"):
         if args.command == "stats":
             print_stats()
         else:
             show(args.domain, args.split, args.n, args)
-    except (ValueError, FileNotFoundError, ImportError) as e:
-        raise SystemExit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

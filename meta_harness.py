@@ -48,13 +48,17 @@ import domains
 import rollout
 from lib import sandbox
 from lib.archive import candidate_rows, proposer_costs
-from lib.cli import Parser, nonnegative_int, positive_float, positive_int
-from lib.contract import normalized, static_check
-from lib.io import read_json, write_json, write_jsonl  # read_json, write_json: also whale's, through here
+from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors, positive_float,
+                     positive_int, seed_int)
+from lib.contract import check_harness_fits, normalized, static_check
+from lib.io import read_json, read_jsonl, write_json, write_jsonl  # read_json, write_json: also whale's, through here
+from lib.models import check_model
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
-from lib.policy import add_backend_args, load_policy
+from lib.policy import add_backend_args, check_backend, load_policy
 from lib.proposers import failure_advice, propose_agent, propose_in_copy
+from lib.reuse import file_sha
+from lib.runfolder import check_same_model, damaged, json_object, whole_jsonl
 from rollout import sampling_kwargs  # by name: the tests swap the module `rollout` for a fake scorer
 
 PROPOSERS = ("mutate", "command", "claude", "openai")
@@ -110,11 +114,52 @@ def should_stop_harness_phase(best_series, patience, min_iters):
 # -----------------------------------------------------------------------------
 # the archive: the candidate folders are its truth; summary.jsonl and frontier.json an index rebuilt from them
 
-def check_run_files(folder):
-    """Every JSON file of a run folder parses (read_json's error otherwise), checked before any work starts."""
+def check_run_files(folder, skip=()):
+    """Every JSON file of a run folder parses (read_json's error otherwise), checked before any work starts;
+    skip: folders whose files the caller checks (and rebuilds) itself."""
     for path in sorted(Path(folder).glob("**/*.json")):
-        if path.name != "config.json":  # rewritten at every start
+        if path.name != "config.json" and path.parent.name not in skip:  # config.json: rewritten at every start
             read_json(path)
+
+
+def check_archive(run_dir, fix, iterations=None, candidates=None):
+    """The archive as a whole, before a search resumes or a finished one is read: every valid candidate has its
+    harness.py, every score its scores.json and all the traces it counted; given the iterations finished and
+    the candidates per iteration, each of their candidates is there and judged. Raises naming the file and
+    `fix`. -> whether the seed's harness.py is lost (restore_seed copies it back)."""
+    run_dir = Path(run_dir)
+    seed_lost = False
+    for meta_path in sorted((run_dir / "candidates").glob("*/meta.json")):
+        d, meta = meta_path.parent, json_object(meta_path, fix)
+        if meta.get("valid") and not (d / "harness.py").is_file():
+            if meta.get("proposer") != "seed":
+                raise ValueError(f"{d / 'harness.py'} is missing, but {meta_path} says it is a valid candidate: {fix}")
+            seed_lost = True
+        if (d / "scores.json").exists():
+            scores = json_object(d / "scores.json", fix, keys=("score", "mean_turns", "rollouts"))
+            if not whole_jsonl(d / "traces.jsonl", scores["rollouts"]):
+                raise damaged(d / "traces.jsonl", f"not the {scores['rollouts']} episodes of its score", fix)
+    for it in range(iterations + 1 if iterations is not None else 0):
+        for name in ["h0"] if it == 0 else [f"h{it}_{j}" for j in range(1, candidates + 1)]:
+            d = run_dir / "candidates" / name
+            meta = json_object(d / "meta.json", fix)
+            if meta.get("valid") is None:
+                raise damaged(d / "meta.json", f"iteration {it} is finished, but {name} was never judged", fix)
+            if meta["valid"] and not (d / "scores.json").exists():
+                raise ValueError(f"{d / 'scores.json'} is missing, but iteration {it} is finished: {fix}")
+    return seed_lost
+
+
+def restore_seed(run_dir, sources, fix):
+    """The seed's harness.py copied back from the first of `sources` that holds its recorded content (the
+    sha256 in its meta.json, or whale's key of the archive), exactly as add_seed copied it."""
+    d = Path(run_dir) / "candidates" / "h0"
+    sha = read_json(d / "meta.json").get("seed_sha256") or read_json(Path(run_dir) / "whale_key.json", {}).get("seed")
+    source = next((s for s in sources if sha and file_sha(s) == sha), None)
+    if source is None:
+        raise ValueError(f"{d / 'harness.py'} is missing, and no harness at hand holds the seed it was: {fix}")
+    shutil.copy(source, d / "harness.py")
+    print(f"{d / 'harness.py'}: lost, copied back from {source} (the same content)")
 
 
 def best_series_of(rows, iterations):
@@ -132,8 +177,28 @@ def lineage(rows, name):
 
 def write_index(run_dir, iterations):
     """Rebuild summary.jsonl and frontier.json from the candidate folders (so resume stays consistent)."""
-    rows = candidate_rows(run_dir)
+    rows, frontier = index_of(run_dir, iterations)
     write_jsonl(Path(run_dir) / "summary.jsonl", rows)  # atomic: a report reading a running search sees whole rows
+    write_json(Path(run_dir) / "frontier.json", frontier)
+    return rows, frontier
+
+
+def rebuild_index(run_dir, iterations):
+    """summary.jsonl and frontier.json written again where they are not what the candidate folders say (lost,
+    cut or edited): the index is always rebuilt exactly from them."""
+    rows, frontier = index_of(run_dir, iterations)
+    try:
+        same = read_jsonl(Path(run_dir) / "summary.jsonl") == rows and read_json(Path(run_dir) / "frontier.json") == frontier
+    except ValueError:
+        same = False
+    if not same:
+        write_index(run_dir, iterations)
+        print(f"{run_dir}: summary.jsonl and frontier.json rebuilt from its candidate folders")
+
+
+def index_of(run_dir, iterations):
+    """(summary rows, frontier) of the archive as of `iterations`."""
+    rows = candidate_rows(run_dir)
     done = [r for r in rows if r["iteration"] <= iterations]  # as of this iteration (resume replays)
     best = pick_best(done)
     frontier = {"best": best["name"], "score": best["score"], "mean_turns": best["mean_turns"],
@@ -142,7 +207,6 @@ def write_index(run_dir, iterations):
                 "candidates": len(done), "valid": sum(bool(r["valid"]) for r in done),
                 "rollouts": sum(r["rollouts"] for r in done),
                 "proposer": proposer_costs(run_dir)}
-    write_json(Path(run_dir) / "frontier.json", frontier)
     return rows, frontier
 
 
@@ -246,20 +310,29 @@ def add_seed(run_dir, seed_harness, seed_name):
     d.mkdir(parents=True, exist_ok=True)
     shutil.copy(seed_harness, d / "harness.py")
     write_json(d / "meta.json", {"parent": None, "hypothesis": "the seed harness",
-                                 "changed": f"copied from {seed_harness}",
+                                 "changed": f"copied from {seed_harness}", "seed_sha256": file_sha(d / "harness.py"),
                                  "proposer": "seed", "iteration": 0, "proposed": True, "valid": True, "reason": None})
 
 
 def check_setup(run_dir, domain, tasks, args, policy_kw):
     """Scores are only comparable under one harness set and one sampling setup: a resumed run must match."""
-    setup = {"domain": domain.name, "tasks": [t["id"] for t in tasks], "samples": args.harness_samples,
-             "prompt_only": args.prompt_only, **{k: v for k, v in policy_kw.items() if k != "workers"}}
-    old = read_json(run_dir / "setup.json")
+    setup = search_setup(domain, tasks, args, policy_kw)
+    check_same_setup(run_dir, setup)
+    write_json(run_dir / "setup.json", setup)
+
+
+def search_setup(domain, tasks, args, policy_kw):
+    return {"domain": domain.name, "tasks": [t["id"] for t in tasks], "samples": args.harness_samples,
+            "prompt_only": args.prompt_only, **{k: v for k, v in policy_kw.items() if k != "workers"}}
+
+
+def check_same_setup(run_dir, setup):
+    """Also called before any model loads, by the CLIs, on the archives a run would resume."""
+    old = read_json(Path(run_dir) / "setup.json")
     if old is not None and old != setup:
         diff = ", ".join(k for k in setup if old.get(k) != setup[k])
         raise ValueError(f"{run_dir} was scored under another setup ({diff} differ): rerun with the same "
                          f"flags or use a fresh run folder")
-    write_json(run_dir / "setup.json", setup)
 
 
 def check_proposer(args):
@@ -267,13 +340,10 @@ def check_proposer(args):
     if args.proposer == "command" and not args.proposer_cmd:
         raise ValueError("--proposer command needs --proposer-cmd 'CLI ... {workdir}'")
     if args.proposer == "claude" and shutil.which("claude") is None:
-        raise SystemExit("--proposer claude: no `claude` on PATH; install Claude Code "
+        raise ValueError("--proposer claude: no `claude` on PATH; install Claude Code "
                          "(npm install -g @anthropic-ai/claude-code) or use --proposer command / openai")
     if args.proposer in ("command", "claude"):
-        try:
-            sandbox.check()  # these proposers run only inside it (or with the documented opt-out)
-        except sandbox.SandboxError as e:
-            raise SystemExit(str(e))
+        sandbox.check()  # these proposers run only inside it (or with the documented opt-out)
 
 
 def judge(run_dir, name, backend, domain, tasks, args, policy_kw):
@@ -338,22 +408,40 @@ def main(argv=None):
     p.add_argument("--min-iterations", type=nonnegative_int, default=6,
                    help="with --patience: run at least N iterations")
     rollout.add_sampling_args(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     add_args(p)
     add_backend_args(p)
     domains.add_args(p)
     args = p.parse_args(argv)
     if args.proposer == "command" and not args.proposer_cmd:
-        raise SystemExit("--proposer command needs --proposer-cmd 'CLI ... {workdir}' (a command template)")
-    if not os.path.isfile(args.harness):
-        raise SystemExit(f"harness file {args.harness} not found: pass --harness PATH, e.g. harnesses/{args.domain}.py")
-    try:
-        domain = domains.get(args.domain, args)
-        domain.load("harness")  # a malformed data file is an error now, before any model is loaded
-        check_run_files(args.out)
-        sandbox.apply_args(args)
-    except (ValueError, FileNotFoundError, ImportError, sandbox.SandboxError) as e:
-        raise SystemExit(f"meta_harness.py: error: {e}")
+        p.error("--proposer command needs --proposer-cmd 'CLI ... {workdir}' (a command template)")
+    if conflicting_flags(args):
+        p.error(conflicting_flags(args))
+    with one_line_errors("meta_harness.py"):
+        search_cli(args)
+
+
+def search_cli(args):
+    """meta_harness.py's run: every check before the model loads (bad input, a damaged archive), then the search."""
+    sandbox.apply_args(args)
+    check_out(args.out)
+    domain = domains.get(args.domain, args)
+    domains.check_tools(args.domain, args)
+    check_harness_fits(args.harness, args.domain, domain.TOOL_METHODS)
+    tasks = harness_tasks(domain, args)  # a malformed data file is an error now, before any model is loaded
+    check_run_files(args.out)
+    fix = f"restore it, or delete {args.out} to start the search over"
+    if list(Path(args.out).glob("candidates/*/scores.json")):
+        check_same_model(args.out, args.model)  # scores made by another model do not compare
+    frontier = read_json(Path(args.out) / "frontier.json", {})  # the iterations it finished
+    seed_lost = check_archive(args.out, fix, frontier.get("iterations") if isinstance(frontier, dict) else None,
+                              args.candidates)
+    check_same_setup(args.out, search_setup(domain, tasks, args, dict(sampling_kwargs(args), seed=args.seed)))
+    check_proposer(args)
+    check_backend(args)
+    check_model(args.model)
+    if seed_lost:
+        restore_seed(args.out, [args.harness], fix)
     os.makedirs(args.out, exist_ok=True)
     write_json(Path(args.out) / "config.json", vars(args))
     stop = (lambda s: should_stop_harness_phase(s, args.patience, args.min_iterations)) if args.patience else None

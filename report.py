@@ -20,7 +20,6 @@ its 95 % interval over test tasks as a band) and timeline.png (each WHALE run's 
 axis, with mean@k after each phase).
 """
 import argparse
-import json
 import os
 import re
 
@@ -29,6 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from lib.cli import Parser, one_line_errors
 from lib.io import read_json, read_jsonl
 
 DOMAINS = ("searchqa", "math", "chess")
@@ -78,10 +78,25 @@ def load_run(folder):
     for row in evals:
         scores = read_json(os.path.join(folder, "evals", f"phase_{row['phase']}.json"), {})
         row["per_task"], row["sources"] = scores.get("per_task"), scores.get("sources") or {}
-    return {"summary": read_json(os.path.join(folder, "summary.json"), {}) or None,
+    return {"summary": read_summary(folder, evals),
             "evals": evals,
             "steps": read_jsonl(os.path.join(folder, "weights", "metrics.jsonl")),
             "archives": read_archives(folder)}
+
+
+def read_summary(folder, evals):
+    """A run's summary.json (None while it runs); a damaged one is an error naming it and the fix."""
+    path = os.path.join(folder, "summary.json")
+    fix = "rerun the run's whale.py command (a finished run only writes its summary again), then report.py"
+    try:
+        summary = read_json(path, {})
+    except ValueError:
+        raise ValueError(f"damaged run file {path}: {fix}") from None
+    keys = ("k", "best_phase", "best_mean_at_k", "rollouts_to_best", "final_mean_at_k")
+    if summary != {} and not (isinstance(summary, dict) and all(k in summary for k in keys)
+                              and summary["best_phase"] in {r["phase"] for r in evals}):
+        raise ValueError(f"damaged run file {path} (not the summary of the phases in metrics.jsonl): {fix}")
+    return summary or None
 
 
 def read_archives(folder):
@@ -464,14 +479,23 @@ def plot_timeline(runs, path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="cpu")
     p.add_argument("--results", default="results", help="the results root folder")
     args = p.parse_args(argv)
+    with one_line_errors("report.py"):
+        write_report(args)
+
+
+def write_report(args):
     root = os.path.join(args.results, args.preset)
+    fill = (f"run `PRESET={args.preset} bash run_all.sh` (or `python whale.py --preset {args.preset} --domain D "
+            "--method M`) first")
     if not os.path.isdir(root):
-        raise SystemExit(f"report: no results in {root}: run `bash run_all.sh` (or whale.py --preset {args.preset}) first")
+        raise ValueError(f"no results in {root}: {fill}")
     runs = load_runs(root)
+    if not runs:
+        raise ValueError(f"no runs in {root} (no <domain>/<method>/metrics.jsonl): {fill}")
     table = make_table(runs, args.preset)
     with open(os.path.join(root, "tables.md"), "w") as f:
         f.write(table)

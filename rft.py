@@ -34,11 +34,15 @@ from tqdm import tqdm
 import domains
 import rollout
 from lib import sandbox
-from lib.canary import EngineError
-from lib.cli import Parser, nonnegative_float, nonnegative_int, positive_float, positive_int
-from lib.io import link_tree, read_json, swap_link, write_jsonl
-from lib.policy import add_backend_args, load_policy
+from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int, one_line_errors,
+                     positive_float, positive_int, probability, seed_int)
+from lib.contract import check_harness_fits
+from lib.io import link_tree, read_json, swap_link, write_json, write_jsonl
+from lib.models import check_model
+from lib.policy import add_backend_args, check_backend, load_policy
 from lib.reuse import adapter_id
+from lib.runfolder import (check_recorded_sha, check_safetensors, check_torch_file, json_object, resolved_path, sha256,
+                           stored_path)
 
 
 def add_args(parser):
@@ -60,7 +64,7 @@ def add_args(parser):
     # LoRA
     parser.add_argument("--lora-rank", type=positive_int, default=16)
     parser.add_argument("--lora-alpha", type=positive_int, default=32)
-    parser.add_argument("--lora-dropout", type=nonnegative_float, default=0.0)
+    parser.add_argument("--lora-dropout", type=probability, default=0.0)
     parser.add_argument("--lora-targets", default="all-linear", help="'all-linear' or comma-separated module names")
     # GPU
     parser.add_argument("--bf16", action="store_true", help="load the base model in bf16 (LoRA weights stay fp32)")
@@ -156,11 +160,12 @@ def should_stop_weight_phase(rewards, window, min_len, patience):
     return len(means) - 1 - best_at >= patience
 
 
-def check_checkpoint(out_dir):
-    """A damaged run folder is an error naming the file and the fix, never a silent restart from step 0."""
+def check_checkpoint(out_dir, start_over=None):
+    """A damaged run folder is an error naming the file and the fix (start_over: the caller's words for
+    starting over), never a silent restart from step 0."""
     out_dir = Path(out_dir)
     ckpt, metrics = out_dir / "ckpt", out_dir / "metrics.jsonl"
-    start_over = f"restore it, or delete {out_dir} to train from step 0"
+    start_over = start_over or f"restore it, or delete {out_dir} to train from step 0"
     if ckpt.is_symlink() and not ckpt.exists():
         raise ValueError(f"checkpoint link {ckpt} points to {os.readlink(ckpt)}, which is missing: {start_over}")
     if not ckpt.exists():
@@ -174,6 +179,44 @@ def check_checkpoint(out_dir):
         json.loads((ckpt / "state.json").read_text())
     except json.JSONDecodeError:
         raise ValueError(f"damaged checkpoint: {ckpt / 'state.json'} is not valid JSON: {start_over}") from None
+    check_checkpoint_files(ckpt.resolve(), start_over)
+
+
+def check_batch(batch, n_train, domain_name):
+    if not 1 <= batch <= n_train:
+        raise ValueError(f"--batch {batch} does not fit the train split of {domain_name} ({n_train} prompts): "
+                         f"use 1 <= --batch <= {n_train}")
+
+
+def check_same_model(out_dir, model):
+    """A checkpoint resumes only on the model it was trained on (checked before the model loads)."""
+    ckpt = Path(out_dir) / "ckpt"
+    state = read_json(ckpt / "state.json") if ckpt.exists() else None
+    if state is not None and state["model"] != model:
+        raise ValueError(f"{ckpt} was trained on model {state['model']!r}, not {model!r}: "
+                         "use the same --model or a new --out")
+
+
+CHECKPOINT_FILES = ("adapter/adapter_model.safetensors", "optimizer.pt")  # their sha256 is saved in state.json
+
+
+def check_checkpoint_files(folder, fix):
+    """Every file a resume reads from a checkpoint folder (ckpt-<step>/ or a snapshot of one) is whole, before
+    the model loads: state.json (its counters and history agree), adapter_config.json, the adapter weights
+    (safetensors laid out as its header says, finite) and optimizer.pt (a whole torch file), each holding the
+    sha256 recorded at save time where the save recorded one. -> the checkpoint's state"""
+    folder = Path(folder)
+    state = json_object(folder / "state.json", fix, keys=("model", "step", "rollouts", "sampler", "history"))
+    history = state["history"]
+    if not isinstance(history, list) or len(history) != state["step"] or \
+            [row.get("step") if isinstance(row, dict) else None for row in history] != list(range(1, len(history) + 1)):
+        raise ValueError(f"damaged run file {folder / 'state.json'} (its history is not steps 1-{state['step']}): {fix}")
+    json_object(folder / "adapter" / "adapter_config.json", fix)
+    check_safetensors(folder / CHECKPOINT_FILES[0], fix)
+    check_torch_file(folder / CHECKPOINT_FILES[1], fix)
+    for name in CHECKPOINT_FILES:
+        check_recorded_sha(folder / name, state.get("sha256", {}).get(name), fix)
+    return state
 
 
 # -----------------------------------------------------------------------------
@@ -182,25 +225,22 @@ def check_checkpoint(out_dir):
 class RSFT:
     """trainer = RSFT(args, policy, domain, out_dir); row = trainer.step(harness_path). Resumes from out_dir/ckpt."""
 
-    def __init__(self, args, policy, domain, out_dir, train=None):
+    def __init__(self, args, policy, domain, out_dir, train=None, run_dir=None):
         self.args, self.policy, self.domain, self.out_dir = args, policy, domain, Path(out_dir)
+        self.run_dir = Path(run_dir or out_dir)  # the history's harness paths inside it are stored relative to it
         self.train = train if train is not None else domain.load("train")
         if args.group < 1:
             raise ValueError(f"--group {args.group}: G must be >= 1 rollout per prompt")
-        if not 1 <= args.batch <= len(self.train):
-            raise ValueError(f"--batch {args.batch} does not fit the train split of {domain.name} "
-                             f"({len(self.train)} prompts): use 1 <= --batch <= {len(self.train)}")
+        check_batch(args.batch, len(self.train), domain.name)
         if policy.has_adapter:
             raise ValueError("the policy already has an adapter: give RSFT the base model")
         check_checkpoint(self.out_dir)
+        check_same_model(self.out_dir, args.model)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         ckpt = self.out_dir / "ckpt"
         resume = ckpt.exists()
         if resume:
             state = json.loads((ckpt / "state.json").read_text())
-            if state["model"] != args.model:
-                raise ValueError(f"{ckpt} was trained on model {state['model']!r}, not {args.model!r}: "
-                                 "use the same --model or a new --out")
             policy.load_adapter(ckpt / "adapter")
         else:
             state = {"step": 0, "rollouts": 0, "sampler": {}, "history": []}
@@ -266,7 +306,7 @@ class RSFT:
             "lr": lr,
             "sample_s": round(t1 - t0, 2),
             "train_s": round(t2 - t1, 2),
-            "harness": str(harness_path),
+            "harness": stored_path(harness_path, self.run_dir),
         }
         self.history.append(row)
         self.save()
@@ -298,6 +338,7 @@ class RSFT:
                     "rng": get_rng_state()}, folder / "optimizer.pt")
         state = {"model": self.args.model, "step": self.step_count, "rollouts": self.rollouts,
                  "sampler": self.sampler.state_dict(), "history": self.history}
+        state["sha256"] = {name: sha256(folder / name) for name in CHECKPOINT_FILES}  # what a resume checks
         (folder / "state.json").write_text(json.dumps(state))
         switch_checkpoint(self.out_dir, folder, self.history)
         for old in self.out_dir.glob("ckpt-*"):
@@ -311,9 +352,14 @@ class RSFT:
         folder = self.out_dir / f"ckpt-{state['step']:06d}"
         shutil.rmtree(folder, ignore_errors=True)
         link_tree(snapshot, folder)
+        # the donor's history names harness files in its own folder: they stay its files here
+        donor = Path(snapshot).parent.parent
+        for row in state["history"]:
+            row["harness"] = stored_path(resolved_path(row["harness"], donor), self.run_dir)
+        write_json(folder / "state.json", state)  # a new file, not the donor's hard link
         switch_checkpoint(self.out_dir, folder, state["history"])
         self.policy.drop_adapter()  # the new trainer loads the checkpoint's adapter onto the base model
-        return RSFT(self.args, self.policy, self.domain, self.out_dir, train=self.train)
+        return RSFT(self.args, self.policy, self.domain, self.out_dir, train=self.train, run_dir=self.run_dir)
 
 
 def examples_of(episode):
@@ -350,7 +396,7 @@ def main(argv=None):
     p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
     p.add_argument("--out", help="run folder: config.json, metrics.jsonl, ckpt/, summary.json")
     p.add_argument("--steps", type=positive_int, default=10, help="rollout steps in all (a rerun resumes)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     # adaptive stop (paper: window = minimum phase length = patience = 0.2 epoch)
     p.add_argument("--stop-patience", type=nonnegative_int, default=0,
                    help="stop early when the N-step mean reward set no new best for N steps, after N steps (0 = off)")
@@ -358,18 +404,28 @@ def main(argv=None):
     add_backend_args(p)
     domains.add_args(p)
     args = p.parse_args(argv)
-    sandbox.apply_args(args)
     if not (args.domain and args.harness and args.out):
         p.error("--domain, --harness and --out are required")
-    if not os.path.isfile(args.harness):
-        raise SystemExit(f"harness file {args.harness} not found: pass --harness PATH, e.g. harnesses/{args.domain}.py")
-    try:
-        check_checkpoint(args.out)  # before the model loads: a damaged run folder is the first thing to hear about
-        domain = domains.get(args.domain, args)
-        domain.load("train")
-        trainer = RSFT(args, load_policy(args), domain, args.out)
-    except (ValueError, FileNotFoundError, ImportError, EngineError) as e:
-        raise SystemExit(f"rft.py: error: {e}")
+    if conflicting_flags(args):
+        p.error(conflicting_flags(args))
+    with one_line_errors("rft.py"):
+        train(args)
+
+
+def train(args):
+    """rft.py's run: every check before the model loads (the first thing to hear about is a bad input or a
+    damaged run folder), then RSFT steps until --steps or the early stop."""
+    sandbox.apply_args(args)
+    check_out(args.out)
+    check_checkpoint(args.out)
+    check_same_model(args.out, args.model)
+    domain = domains.get(args.domain, args)
+    domains.check_tools(args.domain, args)
+    check_harness_fits(args.harness, args.domain, domain.TOOL_METHODS)
+    check_batch(args.batch, len(domain.load("train")), domain.name)
+    check_backend(args)
+    check_model(args.model)
+    trainer = RSFT(args, load_policy(args), domain, args.out)
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(vars(args), f, indent=1)
 
@@ -377,10 +433,7 @@ def main(argv=None):
     n = args.stop_patience
     bar = tqdm(total=args.steps, initial=trainer.step_count, desc="rft steps")
     while trainer.step_count < args.steps and not (n and should_stop_weight_phase(rewards, n, n, n)):
-        try:
-            row = trainer.step(args.harness)
-        except EngineError as e:
-            raise SystemExit(f"rft.py: error: {e}")
+        row = trainer.step(args.harness)
         rewards.append(row["reward"])
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward']:.3f}", accept=f"{row['accept_rate']:.2f}",

@@ -37,10 +37,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from lib import sandbox
-from lib.cli import Parser, nonnegative_float, nonnegative_int, positive_float, positive_int
-from lib.contract import ALLOWED_IMPORTS, check_harness
-from lib.models import chat_ids, thinking_switch
-from lib.policy import add_backend_args, load_policy
+from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int, one_line_errors,
+                     positive_float, positive_int, seed_int)
+from lib.contract import ALLOWED_IMPORTS, check_harness, check_harness_fits
+from lib.models import chat_ids, check_model, thinking_switch
+from lib.policy import add_backend_args, check_backend, load_policy
 from lib.protocol import (MAX_CHARS, MAX_LINE, MAX_LLM_CALLS, MAX_PROMPT_TOKENS, MAX_TOOL_CALLS, STDOUT_KEEP,
                           cut_at_stop, exception_reply, llm_request, tool_request)
 from lib.workers import POOL, worker_memory_bytes
@@ -451,7 +452,7 @@ def adapted_policy(args):
         raise SystemExit(str(e).splitlines()[0])
 
 
-def main():
+def main(argv=None):
     import domains
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # what to evaluate
@@ -466,18 +467,27 @@ def main():
     p.add_argument("--adapter", default=None, help="LoRA adapter folder")
     add_sampling_args(p)
     add_backend_args(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     domains.add_args(p)  # --data paper, --math-test-set ...
-    args = p.parse_args()
-    sandbox.apply_args(args)
+    args = p.parse_args(argv)
     if not args.domain or not args.harness:
         p.error("pass --domain and --harness")
-    try:
-        check_harness(args.harness)
-        domain = domains.get(args.domain, args)
-        tasks = domains.seeded_sample(domain.load(args.split), args.limit)
-    except (FileNotFoundError, ValueError, ImportError) as e:
-        raise SystemExit(f"rollout.py: error: {e}")
+    if conflicting_flags(args):
+        p.error(conflicting_flags(args))
+    with one_line_errors("rollout.py"):
+        evaluate_cli(args, domains)
+
+
+def evaluate_cli(args, domains):
+    """rollout.py's run: every check before the model loads, then mean@k with traces and results in --out."""
+    sandbox.apply_args(args)
+    check_out(args.out)
+    domain = domains.get(args.domain, args)
+    check_harness_fits(args.harness, args.domain, domain.TOOL_METHODS)
+    domains.check_tools(args.domain, args)
+    tasks = domains.seeded_sample(domain.load(args.split), args.limit)
+    check_backend(args)
+    check_model(args.model)
     policy = adapted_policy(args)
     out = Path(args.out) if args.out else None
     traces = None

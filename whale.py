@@ -70,10 +70,14 @@ import meta_harness
 import rft
 import rollout
 from lib import preflight, reporting, reuse, sandbox
-from lib.canary import EngineError
-from lib.cli import Parser, nonnegative_int, positive_float, positive_int
-from lib.io import append_jsonl, read_json, read_jsonl, write_json
-from lib.policy import add_backend_args, load_policy
+from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors, positive_float,
+                     positive_int, seed_int)
+from lib.contract import check_harness_fits
+from lib.io import append_jsonl, read_json, read_jsonl, write_json, write_jsonl
+from lib.models import check_model
+from lib.policy import add_backend_args, check_backend, load_policy
+from lib.runfolder import (check_same_model, damaged, json_object, resolved_path, start_over, stored_path,
+                           whole_jsonl)
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "stagewise-hw", "fast-slow")
 
@@ -164,7 +168,7 @@ def parse_args(argv=None):
     p.add_argument("--test-limit", type=positive_int, default=None, help="evaluate on a seeded sample of N test tasks")
     p.add_argument("--test-holdout", type=nonnegative_int, default=0,
                    help="never draw the first N test tasks (the cpu preset: the 50 looked at while it was built)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--check", nargs="*", default=None, choices=sorted(domains.DOMAINS), metavar="DOMAIN",
                    help="check every resource this run needs (and those of the same run on these domains) in "
                         "seconds, before any model loads, then exit: one line per check, 0 when all pass")
@@ -208,6 +212,8 @@ def check_args(args, parser):
     if args.harness_iterations < 2:
         parser.error(f"--harness-iterations {args.harness_iterations}: I counts the re-scoring of the incoming "
                      "harness, so a harness phase with proposer rounds needs I >= 2")
+    if conflicting_flags(args):
+        parser.error(conflicting_flags(args))
 
 
 def method_name(args):
@@ -325,25 +331,185 @@ def load_state(out):
     fresh = {"phase": 0, "kinds": [], "running": None, "harness": None, "phase_start_step": None,
              "archive_iterations": {}, "harness_rollouts": {}, "archive_weights": {}}
     path = os.path.join(out, "state.json")
-    state = {**fresh, **read_json(path, {})}
-    if len(state["kinds"]) != state["phase"]:
-        raise SystemExit(f"whale: {path} was written by an older whale.py (no phase kinds): rerun in a fresh --out "
+    saved = read_json(path, {})
+    if not isinstance(saved, dict):
+        raise damaged(path, f"a JSON {type(saved).__name__}, not an object", start_over(out))
+    state = {**fresh, **saved}
+    if not isinstance(state["kinds"], list) or len(state["kinds"]) != state["phase"]:
+        raise ValueError(f"{path} was written by an older whale.py (no phase kinds): rerun in a fresh --out "
                          f"or delete {out}")
+    counters = [state[k] for k in ("archive_iterations", "harness_rollouts")]
+    if not (isinstance(state["phase"], int) and set(state["kinds"]) <= {"weight", "harness"}
+            and state["running"] in (None, "weight", "harness") and isinstance(state["harness"], (str, type(None)))
+            and isinstance(state["phase_start_step"], (int, type(None)))
+            and all(isinstance(c, dict) and all(isinstance(v, int) for v in c.values()) for c in counters)):
+        raise damaged(path, "not the state of a whale run", start_over(out))
     return state
 
 
-def check_run_folder(out):
-    """A damaged run folder is an error naming the file and the fix, before any work: never a silent restart.
-    state.json is written before the first RSFT step and after phase 1's evaluation, so RSFT steps or a phase-2
-    evaluation without it mean it was lost."""
-    meta_harness.check_run_files(out)
-    rft.check_checkpoint(os.path.join(out, "weights"))
+def check_run_folder(out, args=None):
+    """The run folder as a whole, before any work: every file a resume reads is there and whole, as state.json
+    says it must be, else one line naming the file and the fix (never a silent restart, never a summary with
+    phases missing). What can be rebuilt exactly is left for repair_run_folder to rebuild (lost_seeds,
+    lost_evaluations). state.json is written before the first RSFT step and after phase 1's evaluation, so RSFT
+    steps or a phase-2 evaluation without it mean it was lost. args: the resuming command, whose model and
+    harness set must be the run's (checked where it has them). -> the state, None for a run not yet started"""
+    meta_harness.check_run_files(out, skip=("evals",))  # a damaged evaluation is rerun (lost_evaluations)
+    rft.check_checkpoint(os.path.join(out, "weights"), start_over(out))
     path = os.path.join(out, "state.json")
     steps = os.path.join(out, "weights", "ckpt")
     phases = [r["phase"] for r in read_rows(out) if r.get("event") == "eval"]
     if not os.path.exists(path) and (os.path.exists(steps) or max(phases, default=0) >= 2):
         raise ValueError(f"{path} is missing but {out} holds finished phases or RSFT steps: restore it, or delete "
                          f"{out} to start the run over")
+    if args is not None:
+        rft.check_same_model(os.path.join(out, "weights"), args.model)
+        if os.path.exists(path) or any(Path(out, "evals").glob("*.json")):  # work done: by the model config.json
+            check_same_model(out, args.model)  # names (harness-only has no checkpoint that would say)
+    if not os.path.exists(path):
+        return None
+    state, fix = load_state(out), start_over(out)
+    rows = phase_rows(out, state)
+    if "weight" in state["kinds"] and not os.path.exists(steps):
+        raise ValueError(f"{steps} is missing, but {path} records finished weight phases: {fix}")
+    for snapshot in Path(out, "weights").glob("snapshot-*"):  # what another run of the command may adopt
+        if (snapshot / "key.json").exists():
+            rft.check_checkpoint_files(snapshot, fix)
+    for name, iterations in state["archive_iterations"].items():
+        if not os.path.isdir(os.path.join(out, name)):
+            raise ValueError(f"{os.path.join(out, name)} is missing, but {path} records its search of {iterations} "
+                             f"iterations: {fix}")
+        meta_harness.check_archive(os.path.join(out, name), fix, iterations, args.candidates if args else None)
+    current = os.path.join(out, f"harness_w{state['kinds'].count('weight')}")
+    if state["running"] == "harness" and os.path.isdir(current):
+        meta_harness.check_archive(current, fix)
+    harness = resolved_path(state["harness"], out)
+    if harness and not os.path.isfile(harness) and harness not in lost_seeds(out, state):
+        raise ValueError(f"{harness} is missing, but {path} names it as the run's harness: {fix}")
+    for i in lost_evaluations(out, state) if args is not None else ():
+        if i <= state["phase"]:
+            evaluation_inputs(out, state, rows, i, args)  # raises if the lost evaluation cannot be rerun
+    return state
+
+
+def phase_rows(out, state):
+    """{phase: its eval row} of metrics.jsonl, which must hold every phase that state.json records as finished:
+    the summary and the report are built from these rows."""
+    rows = {}
+    for r in read_rows(out):
+        if r.get("event") == "eval":
+            rows.setdefault(r["phase"], r)
+    path = os.path.join(out, "metrics.jsonl")
+    lacking = [str(i) for i in range(state["phase"] + 1) if i not in rows]
+    if lacking:
+        raise ValueError(f"{path} holds no row for phase {', '.join(lacking)}, which "
+                         f"{os.path.join(out, 'state.json')} records as finished: {start_over(out)}")
+    for i in range(state["phase"] + 1):
+        keys = ("kind", "step", "rollouts", "mean_at_k") + (("winner",) if rows[i].get("kind") == "harness" else ())
+        if any(k not in rows[i] for k in keys):
+            raise damaged(path, f"its row of phase {i} lacks {', '.join(k for k in keys if k not in rows[i])}",
+                          start_over(out))
+    return rows
+
+
+def evaluation_whole(path):
+    """A test evaluation evals/<tag>.json is whole: its key, stats and per-task scores, and every trace it counted."""
+    try:
+        saved = json_object(path, "")
+        return isinstance(saved.get("stats"), dict) and "key" in saved and "per_task" in saved and \
+            whole_jsonl(str(path)[:-len(".json")] + ".traces.jsonl", saved["stats"].get("test_rollouts"))
+    except ValueError:
+        return False
+
+
+def lost_evaluations(out, state):
+    """The phases (0 .. the running one) whose evaluation is missing, damaged or has traces missing; the running
+    phase's only when it was made (it is redone as the phase ends); without state.json, phase 0's only when it
+    was made (no phase has started: the run evaluates it first)."""
+    started = os.path.exists(os.path.join(out, "state.json"))
+    lost = []
+    for i in range(state["phase"] + 2):
+        path = Path(out, "evals", f"phase_{i}.json")
+        made = path.exists() or path.with_name(f"phase_{i}.traces.jsonl").exists()
+        if ((started and i <= state["phase"]) or made) and not evaluation_whole(path):
+            lost.append(i)
+    return lost
+
+
+def evaluation_inputs(out, state, rows, i, args):
+    """(weights id, adapter folder or None, harness) of finished phase i, from its row and the weights that
+    ended it (weights/snapshot-<step>, or the checkpoint at that step): what reruns its evaluation exactly."""
+    fix = f"restore {out}/evals/phase_{i}.json and its traces, or delete {out} to start the run over"
+    step = rows[i]["step"]
+    harness = os.path.abspath(args.harness)
+    for j in range(1, i + 1):
+        if rows[j]["kind"] == "harness":
+            harness = resolved_path(rows[j]["winner"], out)
+    if not (os.path.isfile(harness) or harness in lost_seeds(out, state)):
+        raise ValueError(f"{out}/evals/phase_{i}.json is lost, and so is the harness it evaluated: {fix}")
+    if step == 0:
+        return "base", None, harness
+    ckpt = Path(out, "weights", "ckpt")
+    folder = Path(out, "weights", f"snapshot-{step:06d}")
+    if not (folder / "key.json").exists():
+        folder = ckpt.resolve()
+    saved = rft.check_checkpoint_files(folder, fix) if folder.exists() else {}
+    if saved.get("step") != step:
+        raise ValueError(f"{out}/evals/phase_{i}.json is lost, and no snapshot holds the weights of RSFT step {step} "
+                         f"it evaluated: {fix}")
+    if all(row["skipped"] for row in saved["history"]):
+        return "base", None, harness
+    return reuse.adapter_id(folder / "adapter"), folder / "adapter", harness
+
+
+def lost_seeds(out, state):
+    """The seed harness files (candidates/h0/harness.py) of the run's archives that are lost; repair copies each
+    back from a harness with its recorded content: h0, or a candidate of another archive."""
+    names = list(state["archive_iterations"]) + [f"harness_w{state['kinds'].count('weight')}"]
+    seeds = [Path(out, name, "candidates", "h0", "harness.py") for name in dict.fromkeys(names)]
+    return {os.path.abspath(s) for s in seeds if s.parent.joinpath("meta.json").exists() and not s.exists()}
+
+
+def repair_run_folder(args, policy, domain, state, donors):
+    """Rebuild, exactly, what check_run_folder found lost or damaged and rebuildable, before the run goes on: a
+    seed harness copy, an archive's index (summary.jsonl, frontier.json), weights/metrics.jsonl (the checkpoint's
+    history), and test evaluations (rerun from the same weights, harness and seeds, they give the same scores)."""
+    out = args.out
+    lost = lost_evaluations(out, state)
+    for i in lost:
+        for name in (f"phase_{i}.json", f"phase_{i}.traces.jsonl"):
+            Path(out, "evals", name).unlink(missing_ok=True)
+    if not os.path.exists(os.path.join(out, "state.json")):
+        return  # no phase started: phase 0 is evaluated first, as in a fresh run
+    sources = [os.path.abspath(args.harness)] + sorted(str(p) for run_dir in [out, *donors]
+                                                       for p in Path(run_dir).glob("harness_w*/candidates/*/harness.py"))
+    for seed in sorted(lost_seeds(out, state)):
+        meta_harness.restore_seed(Path(seed).parent.parent.parent, sources, start_over(out))
+    running = f"harness_w{state['kinds'].count('weight')}" if state["running"] == "harness" else None
+    for name, iterations in state["archive_iterations"].items():
+        if name != running:  # a running search rebuilds its own index as it resumes
+            meta_harness.rebuild_index(Path(out, name), iterations)
+    ckpt = Path(out, "weights", "ckpt")
+    if ckpt.exists():
+        history = read_json(ckpt / "state.json")["history"]
+        try:
+            same = read_jsonl(ckpt.parent / "metrics.jsonl") == history
+        except ValueError:  # a cut line
+            same = False
+        if not same:
+            write_jsonl(ckpt.parent / "metrics.jsonl", history)
+            print(f"{ckpt.parent / 'metrics.jsonl'}: rebuilt from the checkpoint's history")
+    rows = phase_rows(out, state)
+    redo = [(i, *evaluation_inputs(out, state, rows, i, args)) for i in lost if i <= state["phase"]]
+    for i, weights, adapter, harness in sorted(redo, key=lambda r: r[2] is not None):  # an engine: base first
+        print(f"evals/phase_{i}: lost or damaged, evaluated again (the same weights, harness and seeds)")
+        if adapter is not None:
+            policy.load_adapter(adapter)
+            policy.model.eval()
+            policy.serve_adapter(adapter)
+        evaluate_test(args, policy, domain, harness, f"phase_{i}", weights, donors)
+        if adapter is not None:
+            policy.drop_adapter()  # the trainer loads the checkpoint onto the base model
 
 
 def save_state(out, state):
@@ -394,7 +560,8 @@ def run_weight_phase(args, trainer, harness, state, steps, n_train, donors):
                                                                 steps - start)
     window = steps_for(args.adaptive_epochs, n_train, args.batch)
     phase_over = lambda rewards: weight_phase_over(rewards, args.schedule, cap, window)
-    snapshot = reuse.find_snapshot(trainer.history, harness, reuse.result_settings(args), donors, phase_over, start)
+    snapshot = reuse.find_snapshot(trainer.history, harness, reuse.result_settings(args), donors, phase_over, start,
+                                   run_dir=args.out)
     if snapshot is not None:
         done = trainer.step_count
         trainer = trainer.adopt(snapshot)
@@ -438,7 +605,7 @@ def run_harness_phase(args, policy, domain, harness, state, iterations_left, wei
     state["archive_iterations"][name] = result["iterations"]
     state["harness_rollouts"][name] = result["rollouts"]
     return result["winner"], {"iterations": result["iterations"] - before, "archive": name,
-                              "harness_score": result["score"], "winner": result["winner"]}
+                              "harness_score": result["score"], "winner": stored_path(result["winner"], args.out)}
 
 
 def test_tasks(domain, args):
@@ -486,52 +653,67 @@ def main(argv=None):
     if runs[0].check is not None:  # the preflight (lib/preflight.py): each --check domain parsed as its own run
         argv = sys.argv[1:] if argv is None else list(argv)
         raise SystemExit(preflight.main(runs + [parse_args([*argv, "--domain", d])[0] for d in runs[0].check]))
-    try:
+    with one_line_errors("whale.py"):  # bad input, a damaged run folder, a refused engine: one line
         sandbox.apply_args(runs[0])
+        domain = check_inputs(runs)
         for args in runs:
-            check_run_folder(args.out)
-            check_same_settings(args)
-    except (ValueError, sandbox.SandboxError) as e:
-        raise SystemExit(f"whale.py: error: {e}")
-    for args in runs:
-        try:
             with reporting.watch(args):  # --report-to: the rows of its files, live
-                run(args, donors=[other.out for other in runs if other.out != args.out])
-        except EngineError as e:  # an engine that failed or serves stale weights (the canary)
-            raise SystemExit(f"whale.py: error: {e}")
-        gc.collect()  # the finished run's model and optimizer go before the next run loads its own
+                run(args, donors=[other.out for other in runs if other.out != args.out], domain=domain)
+            gc.collect()  # the finished run's model and optimizer go before the next run loads its own
 
 
-def setup(args):
-    """-> (domain, train tasks, policy); bad data or a refused engine option is one line, before any work."""
-    try:
-        domain = domains.get(args.domain, args)
-        train = domains.seeded_sample(domain.load("train"), args.train_limit)
-        domain.load("test")  # a malformed data file is an error now, before any model is loaded
-    except (ValueError, FileNotFoundError, ImportError) as e:
-        raise SystemExit(f"whale.py: error: {e}")
+def check_inputs(runs):
+    """Every input refused before any model loads or any run file is written: the data, the harness against its
+    domain, the engine, the model, the proposer, and each run folder as a whole (a resume with another model or
+    harness set included). -> the domain, its data loaded (the paper's sets are slow to load twice)"""
+    args = runs[0]
+    domain = domains.get(args.domain, args)
+    domains.check_tools(args.domain, args)
+    check_harness_fits(args.harness, args.domain, domain.TOOL_METHODS)
+    train = domains.seeded_sample(domain.load("train"), args.train_limit)
+    domain.load("test")  # a malformed data file is an error now, before any model is loaded
+    check_backend(args)
+    check_model(args.model)
+    for one in runs:
+        check_out(one.out)
+        steps, iterations = budgets(one, len(train))
+        if steps:
+            rft.check_batch(one.batch, len(train), domain.name)
+        if iterations:
+            meta_harness.check_proposer(one)
+        check_run_folder(one.out, one)
+        check_same_settings(one)
+        setup = meta_harness.search_setup(domain, meta_harness.harness_tasks(domain, one), one,
+                                          dict(rollout.sampling_kwargs(one), seed=one.seed))
+        for archive in sorted(Path(one.out).glob("harness_w*")):
+            meta_harness.check_same_setup(archive, setup)
+    return domain
+
+
+def setup(args, domain=None):
+    """-> (domain, train tasks, policy); bad input was refused before (check_inputs)."""
+    domain = domain or domains.get(args.domain, args)
+    train = domains.seeded_sample(domain.load("train"), args.train_limit)
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
-        policy = load_policy(args)
-    except ValueError as e:  # an engine option the platform refuses (e.g. --vllm-sleep on CPU)
-        raise SystemExit(f"whale.py: error: {e}")
-    return domain, train, policy
+    return domain, train, load_policy(args)
 
 
-def run(args, donors=()):
+def run(args, donors=(), domain=None):
     """One method's run: plan the budgets, then phase after phase, each followed by a test evaluation.
     `donors` are the folders of the other runs of this command, whose finished weight phases and evaluations
-    this run reuses where they are exactly its own."""
+    this run reuses where they are exactly its own. domain: the one check_inputs loaded, else loaded here."""
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "config.json"), vars(args))
     print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
     print(json.dumps(vars(args), indent=None))
-    domain, train, policy = setup(args)
+    domain, train, policy = setup(args, domain)
     steps, iterations = budgets(args, len(train))
-    trainer = rft.RSFT(args, policy, domain, os.path.join(args.out, "weights"), train=train) if steps else None
     state = load_state(args.out)
-    harness = state["harness"] or os.path.abspath(args.harness)
+    repair_run_folder(args, policy, domain, state, donors)
+    trainer = rft.RSFT(args, policy, domain, os.path.join(args.out, "weights"), train=train,
+                       run_dir=args.out) if steps else None
+    harness = resolved_path(state["harness"], args.out) or os.path.abspath(args.harness)
     step_count = lambda: trainer.step_count if trainer else 0
     iterations_done = lambda: sum(state["archive_iterations"].values())
     rollouts = lambda: (trainer.rollouts if trainer else 0) + sum(state["harness_rollouts"].values())
@@ -553,7 +735,8 @@ def run(args, donors=()):
         else:
             harness, detail = run_harness_phase(args, policy, domain, harness, state, iterations - iterations_done(),
                                                 weights_id(trainer), donors)
-        state.update(phase=i, kinds=state["kinds"] + [kind], running=None, phase_start_step=None, harness=harness)
+        state.update(phase=i, kinds=state["kinds"] + [kind], running=None, phase_start_step=None,
+                     harness=stored_path(harness, args.out))
         stats = evaluate_test(args, policy, domain, harness, f"phase_{i}", weights_id(trainer), donors)
         log_eval_once(args.out, {"event": "eval", "phase": i, "kind": kind, "step": step_count(),
                                  "rollouts": rollouts(), "seconds": time.time() - t0, **detail, **stats})
@@ -571,7 +754,8 @@ def write_summary(args, rows, harness, steps, iterations):
                "k": args.k, "best_mean_at_k": best["mean_at_k"], "rollouts_to_best": best["rollouts"],
                "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
                "total_rollouts": evals[-1]["rollouts"], "phases": len(evals) - 1, "rsft_steps": steps,
-               "harness_iterations": iterations, "final_harness": harness, "test_tasks": evals[-1]["test_tasks"]}
+               "harness_iterations": iterations, "final_harness": stored_path(harness, args.out),
+               "test_tasks": evals[-1]["test_tasks"]}
     write_json(os.path.join(args.out, "summary.json"), summary)
     print(f"best mean@{args.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} rollouts; "
           f"final {summary['final_mean_at_k']:.4f}")

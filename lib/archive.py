@@ -2,10 +2,9 @@
 candidate folder (candidates/<name>/meta.json and scores.json) and the proposer-call log (costs.jsonl).
 The index built from them (summary.jsonl, frontier.json) is the search's own: meta_harness.write_index."""
 
-import json
 from pathlib import Path
 
-from lib.io import append_jsonl, read_json
+from lib.io import append_jsonl, read_json, read_jsonl
 
 
 def candidate_rows(run_dir):
@@ -37,6 +36,6 @@ def log_cost(run_dir, row):
 def proposer_costs(run_dir):
     """The proposer calls so far and their summed seconds, tokens and dollars."""
     path = Path(run_dir) / "costs.jsonl"
-    rows = [json.loads(l) for l in open(path)] if path.exists() else []
+    rows = read_jsonl(path)
     keys = ("seconds", "prompt_tokens", "completion_tokens", "cost_usd")
     return {"calls": len(rows), **{k: round(sum(r.get(k) or 0 for r in rows), 4) for k in keys}}

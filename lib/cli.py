@@ -1,8 +1,16 @@
-"""Command lines: an argparse whose errors are one line naming the flag and the fix, and the number checks
-every CLI shares (argparse `type=`)."""
+"""Command lines: an argparse whose errors are one line naming the flag and the fix, the number checks
+every CLI shares (argparse `type=`), the checks of --out and of flags that contradict each other, and
+`one_line_errors`, the one place that turns the project's own errors into one-line exits."""
 
 import argparse
+import contextlib
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
 
+from lib.sandbox import SandboxError
 
 
 class Parser(argparse.ArgumentParser):
@@ -12,14 +20,61 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def number(text, kind, minimum, strict):
-    """`text` as int or float, at least (strict: above) `minimum`; else argparse's error names the flag."""
+# -----------------------------------------------------------------------------
+# the project's own errors as one line
+
+def project_errors():
+    """What the project raises for bad input: ValueError (also JSON and decoding errors), the OSError family
+    (FileNotFoundError, PermissionError, IsADirectoryError ...), ImportError of an optional package, the
+    sandbox's and the engines' errors. EngineError lives beside torch (lib/canary.py): it can only have been
+    raised once that module is loaded, so report.py and domains.py never pay for the torch import."""
+    errors = [ValueError, OSError, ImportError, SandboxError]
+    canary = sys.modules.get("lib.canary")
+    if canary is not None:
+        errors.append(canary.EngineError)
+    return tuple(errors)
+
+
+def one_line(e):
+    """An error as the one line a person reads: an OSError by its file and reason, else its first line."""
+    if isinstance(e, OSError) and e.filename and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    text = str(e).strip().splitlines()
+    line = text[0] if text else type(e).__name__
+    if isinstance(e, ModuleNotFoundError) and e.name:
+        line += f": {e.name} is an optional package (pip install -r requirements-gpu.txt, or see README)"
+    return line
+
+
+@contextlib.contextmanager
+def one_line_errors(prog):
+    """with one_line_errors("whale.py"): main's body. The project's own errors (project_errors) leave as
+    `PROG: error: message` on one line, exit status 1, no traceback; anything else (a bug) keeps its
+    traceback. WHALE_TRACEBACK=1 shows the traceback of every error, to debug one."""
+    try:
+        yield
+    except Exception as e:
+        if not isinstance(e, project_errors()) or os.environ.get("WHALE_TRACEBACK") == "1":
+            raise
+        raise SystemExit(f"{prog}: error: {one_line(e)}") from None
+
+
+# -----------------------------------------------------------------------------
+# numbers (argparse type=): every number finite, range-checked
+
+def number(text, kind, minimum, strict, maximum=None, strict_max=False):
+    """`text` as int or float, at least (strict: above) `minimum` and, given `maximum`, at most (strict_max:
+    below) it; never inf or nan; else argparse's error names the flag."""
     try:
         value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     if not (value > minimum if strict else value >= minimum):  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {minimum}, got {text}")
+    if maximum is not None and not (value < maximum if strict_max else value <= maximum):
+        raise argparse.ArgumentTypeError(f"must be {'<' if strict_max else '<='} {maximum}, got {text}")
     return value
 
 
@@ -37,3 +92,66 @@ def positive_float(text):
 
 def nonnegative_float(text):
     return number(text, float, 0, strict=False)
+
+
+def unit_interval(text):
+    """A share in (0, 1], e.g. of GPU memory."""
+    return number(text, float, 0, strict=True, maximum=1)
+
+
+def probability(text):
+    """A probability in [0, 1), e.g. a dropout rate (1 would drop everything)."""
+    return number(text, float, 0, strict=False, maximum=1, strict_max=True)
+
+
+def seed_int(text):
+    """A seed torch, random and numpy all take."""
+    return number(text, int, 0, strict=False, maximum=2 ** 32 - 1)
+
+
+# -----------------------------------------------------------------------------
+# flags checked before any work
+
+def check_out(path, flag="--out"):
+    """Refuse an output folder that names a file, or lies where nothing can be written (/proc, a read-only or
+    unwritable folder), before any work. The probe is an unnamed temporary file in the folder or its nearest
+    existing parent, so nothing is left behind."""
+    if path is None:
+        return
+    base = Path(os.path.abspath(path))
+    while not os.path.lexists(base):
+        base = base.parent
+    if not base.is_dir():
+        what = "a file" if base.exists() else "a broken link"
+        raise ValueError(f"{flag} {path}: {base} is {what}, not a folder: pass a folder (new or existing)")
+    try:
+        with tempfile.TemporaryFile(dir=base):
+            pass
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot write in {base} ({e.strerror}): pass a folder you can write "
+                         "to") from None
+
+
+def conflicting_flags(args):
+    """The first two flags of `args` that contradict each other (one cannot act under the other), as the line
+    naming both and the fix; None when there are none. The CLIs share the flags, so they share this check."""
+    get = lambda name, default=None: getattr(args, name, default)
+    methods = get("method") if isinstance(get("method"), list) else [get("method")]
+    if get("prompt_only") and "weight-only" in methods:
+        return ("--prompt-only limits the harness search, and --method weight-only searches no harness: drop "
+                "--prompt-only, or use --method fast-slow")
+    if get("proposer_cmd") and get("proposer") != "command":
+        return f"--proposer-cmd is the command of --proposer command, not of --proposer {get('proposer')}: drop one"
+    if get("retriever_url") and get("wiki"):
+        return "--retriever-url and --wiki name two retrievers for searchqa: give one of them"
+    if (get("retriever_url") or get("wiki")) and get("data") != "paper":
+        return "--retriever-url and --wiki serve the paper's searchqa data: add --data paper, or drop them"
+    if get("backend") == "vllm" and get("lora_rank") is not None and get("lora_rank") > get("max_lora_rank"):
+        return (f"--lora-rank {get('lora_rank')} is above --max-lora-rank {get('max_lora_rank')}: the vllm engine "
+                "could not load the adapter; raise --max-lora-rank or lower --lora-rank")
+    if get("openai_model") and get("backend") != "openai":
+        return f"--openai-model names the served model of --backend openai, not of --backend {get('backend')}: drop one"
+    if get("schedule") == "adaptive" and get("harness_min_iterations", 0) > get("harness_max_iterations", math.inf):
+        return (f"--harness-min-iterations {get('harness_min_iterations')} is above --harness-max-iterations "
+                f"{get('harness_max_iterations')}: an adaptive harness phase could never run its minimum")
+    return None

@@ -36,7 +36,11 @@ def check_harness(path):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such harness file; pass an existing .py file such as harnesses/chess.py")
-    source = path.read_text()
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:  # unreadable, or not text
+        why = e.strerror if isinstance(e, OSError) else f"not UTF-8 text: {e.reason} at byte {e.start}"
+        raise ValueError(f"{path}: cannot read the harness ({why}): pass a readable Python file") from None
     try:
         tree = ast.parse(source, str(path))
     except SyntaxError as e:
@@ -51,6 +55,71 @@ def check_harness(path):
         raise ValueError(f"{path}:1: no top-level function run; define run(task, llm, tools) returning "
                          "{'answer': ...}")
     return source
+
+
+def check_harness_fits(path, domain_name, tool_methods):
+    """-> the harness source; check_harness's checks, then the harness against its domain, before any model
+    loads (each CLI calls it with its --domain): raises ValueError naming the file, the line and the fix."""
+    source = check_harness(path)
+    found = domain_misfit(ast.parse(source), tool_methods)
+    if found:
+        lineno, why = found
+        raise ValueError(f"{path}:{lineno}: {why}, but {domain_name} offers {tool_list(tool_methods)}: pass a "
+                         f"{domain_name} harness such as harnesses/{domain_name}.py")
+    return source
+
+
+def tool_list(tool_methods):
+    return " and ".join(f"tools.{m}" for m in tool_methods) or "no tools"
+
+
+def domain_misfit(tree, tool_methods):
+    """(line, what) of the first thing a harness does that its domain cannot serve, else None. Static and
+    exact on what the file spells out: (1) every attribute it reads off the tools object (run's third
+    parameter, or a name `tools` anywhere, as helpers are passed it) is one of the domain's TOOL_METHODS
+    (searchqa: search, math: python, chess: move); (2) run() answers with a dict holding 'answer': every
+    return in run's own body that is written out as a literal is such a dict (a name or a call may be one,
+    so it passes), and run has a return at all."""
+    run = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"][-1]
+    names = {"tools"} | ({run.args.args[2].arg} if len(run.args.args) >= 3 else set())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in names \
+                and node.attr not in tool_methods:
+            return node.lineno, f"calls tools.{node.attr}"
+    returns = [n for n in own_nodes(run) if isinstance(n, ast.Return)]
+    if not returns:
+        return run.lineno, "run() never returns, so it answers None instead of {'answer': ...}"
+    for node in returns:
+        why = not_an_answer(node.value)
+        if why:
+            return node.lineno, f"run() returns {why}, not a dict with an 'answer' key"
+    return None
+
+
+def own_nodes(function):
+    """The nodes of a function's body, without those of the functions and classes defined inside it."""
+    todo = list(function.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def not_an_answer(value):
+    """What a literal return value is when it cannot be {'answer': ...}; None when it is one or may be one."""
+    if value is None or isinstance(value, ast.Constant):
+        return repr(value.value) if value is not None else "nothing"
+    if isinstance(value, ast.IfExp):
+        return not_an_answer(value.body) or not_an_answer(value.orelse)
+    if isinstance(value, ast.Dict):
+        keys = [k.value if isinstance(k, ast.Constant) else None for k in value.keys]
+        spread = any(k is None for k in value.keys)  # {**other}: may bring the key
+        return None if spread or "answer" in keys or None in keys else f"a dict of {', '.join(map(repr, keys))}"
+    if isinstance(value, (ast.List, ast.Tuple, ast.Set, ast.JoinedStr, ast.ListComp, ast.SetComp,
+                          ast.GeneratorExp)):
+        return f"a {type(value).__name__.lower()}"
+    return None
 
 
 def static_check(source, parent_source=None, prompt_only=False):

@@ -284,10 +284,14 @@ class WikiBM25:
         index_dir = f"{path}.bm25s" + (f"-{limit}" if limit else "")
         self.passages = []
         with open_text(path) as f:
-            for line in f:
+            for lineno, line in enumerate(f, 1):
                 if limit and len(self.passages) >= limit:
                     break
-                self.passages.append(passage_text(json.loads(line)["contents"]))
+                try:
+                    self.passages.append(passage_text(json.loads(line)["contents"]))
+                except (ValueError, TypeError, KeyError):
+                    raise ValueError(f"wiki corpus {path}: line {lineno} is not a JSON object with a 'contents' "
+                                     "string: fix or remove that line") from None
         if os.path.isdir(index_dir):
             self.retriever = bm25s.BM25.load(index_dir)
         else:

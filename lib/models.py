@@ -92,6 +92,38 @@ def cached(name, build):
     return str(folder)
 
 
+def check_model(name):
+    """--model names a model that loads, before any work: smoke, cpu, a local model folder, or a hub id this
+    machine has cached or can fetch (only its config.json is read here). Offline (HF_HUB_OFFLINE=1) a hub id
+    must be in the cache."""
+    if name in ("smoke", "cpu"):
+        return
+    fix = "pass smoke, cpu, a local model folder or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct"
+    if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise ValueError(f"--model {name}: the folder holds no config.json: {fix}")
+        return
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ValueError(f"--model {name}: no such folder: {fix}")
+    from huggingface_hub.utils import logging as hub_logging
+    from transformers import AutoConfig
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    level = hub_logging.get_verbosity()
+    hub_logging.set_verbosity_error()  # no retry warnings: the error below is the one line
+    try:
+        for local in (True,) if offline else (True, False):
+            try:
+                AutoConfig.from_pretrained(name, local_files_only=local)
+                return
+            except (OSError, ValueError) as e:
+                why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    finally:
+        hub_logging.set_verbosity(level)
+    if offline:
+        raise ValueError(f"--model {name}: not in this machine's hub cache, and HF_HUB_OFFLINE=1 fetches nothing: {fix}")
+    raise ValueError(f"--model {name}: not cached here and not fetched from the hub ({why[:200]}): {fix}")
+
+
 def load_model(name, dtype=None, adapter=None):
     """-> (model, tokenizer). name: smoke | cpu | hub id | local path; adapter: optional LoRA folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -8,9 +8,12 @@
 hf samples from the trainer's own module, so an update is served at once. vllm and an OpenAI-compatible server
 load the saved adapter and run the canary (lib/canary.py) against the trainer's module before the next rollout.
 """
+import importlib.util
 from pathlib import Path
 
 import torch
+
+from lib.cli import positive_int, unit_interval
 
 from lib.engines import OpenAIBackend, VLLMBackend
 from lib.hf_backend import HFBackend
@@ -21,16 +24,23 @@ def add_backend_args(p):
     # policy backend
     p.add_argument("--backend", default="hf", choices=("hf", "vllm", "openai"),
                    help="hf: transformers in process; vllm: colocated vLLM engine; openai: a remote server")
-    p.add_argument("--gpu-memory", type=float, default=0.45,
+    p.add_argument("--gpu-memory", type=unit_interval, default=0.45,
                    help="vllm: share of GPU memory for the engine (weights + KV cache; on CPU its KV-cache share "
                         "of RAM); the trainer uses the rest")
     p.add_argument("--vllm-sleep", action="store_true",
                    help="vllm: offload the engine's weights and drop its KV cache while the trainer runs")
-    p.add_argument("--max-lora-rank", type=int, default=64, help="vllm: the largest LoRA rank the engine accepts")
-    p.add_argument("--max-model-len", type=int, default=8192, help="vllm: longest prompt + completion in tokens")
+    p.add_argument("--max-lora-rank", type=positive_int, default=64, help="vllm: the largest LoRA rank the engine accepts")
+    p.add_argument("--max-model-len", type=positive_int, default=8192, help="vllm: longest prompt + completion in tokens")
     p.add_argument("--openai-url", default="http://localhost:8000/v1", help="openai: the server's /v1 base URL")
     p.add_argument("--openai-model", default=None, help="openai: the served base model name (default --model)")
-    p.add_argument("--openai-workers", type=int, default=64, help="openai: concurrent requests")
+    p.add_argument("--openai-workers", type=positive_int, default=64, help="openai: concurrent requests")
+
+
+def check_backend(args):
+    """--backend names an engine this machine has, before any model loads (vllm is the GPU extra)."""
+    if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ValueError("--backend vllm: the vllm package is not installed here: bash install.sh --gpu (or pip "
+                         "install -r requirements-gpu.txt) on a CUDA machine, or use --backend hf")
 
 
 def load_backend(args, model, tok, adapter=None):

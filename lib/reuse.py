@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from lib.io import link_file, link_tree, read_json, write_json
+from lib.runfolder import resolved_path, whole_jsonl
 
 # flags that shape a run's plan, or only how it is checked and watched, but not what one RSFT step or one
 # evaluation computes
@@ -52,9 +53,10 @@ def adapter_id(folder):
         file_sha(folder / "adapter_model.safetensors")[:32]
 
 
-def step_harnesses(history):
-    """The content hash of the harness each RSFT step so far ran under."""
-    return [file_sha(row["harness"]) for row in history]
+def step_harnesses(history, run_dir):
+    """The content hash of the harness each RSFT step so far ran under (history paths inside the run folder
+    run_dir are relative to it)."""
+    return [file_sha(resolved_path(row["harness"], run_dir)) for row in history]
 
 
 # -----------------------------------------------------------------------------
@@ -68,14 +70,15 @@ def snapshot_weights(weights, step, history, settings):
         return
     shutil.rmtree(dst, ignore_errors=True)
     link_tree(Path(weights, "ckpt").resolve(), dst)
-    write_json(dst / "key.json", {"settings": settings, "harnesses": step_harnesses(history)})  # last: it counts now
+    write_json(dst / "key.json", {"settings": settings,  # last: it counts now
+                                  "harnesses": step_harnesses(history, Path(weights).parent)})
 
 
-def find_snapshot(history, harness, settings, donors, phase_over, start):
+def find_snapshot(history, harness, settings, donors, phase_over, start, run_dir="."):
     """The donor snapshot furthest along this weight phase: made under the same settings, its steps those
-    of `history` (this trainer's so far) followed by steps under `harness` only, and not past where this phase
-    ends (phase_over(rewards since `start`))."""
-    mine, sha = step_harnesses(history), file_sha(harness)
+    of `history` (this trainer's so far, in the run folder run_dir) followed by steps under `harness` only, and
+    not past where this phase ends (phase_over(rewards since `start`))."""
+    mine, sha = step_harnesses(history, run_dir), file_sha(harness)
     found, reach = None, len(mine)
     for donor in donors:
         for key_path in sorted(Path(donor, "weights").glob("snapshot-*/key.json")):
@@ -118,8 +121,8 @@ def copy_evaluation(key, run_dirs, path, label):
     for run_dir in run_dirs:
         for other in sorted(Path(run_dir, "evals").glob("*.json")):
             saved = read_json(other)
-            if saved.get("key") == key:
-                traces = other.with_name(other.name[:-len(".json")] + ".traces.jsonl")
+            traces = other.with_name(other.name[:-len(".json")] + ".traces.jsonl")
+            if saved.get("key") == key and whole_jsonl(traces, saved["stats"].get("test_rollouts")):  # never a cut copy
                 if traces.exists():
                     link_file(traces, path.with_name(path.name[:-len(".json")] + ".traces.jsonl"))
                 write_json(path, {**saved, "copied_from": str(other)})  # last: marks it done

@@ -108,12 +108,16 @@ def test_malformed_paper_data_file_names_the_file_and_line(tmp_path):
 
 
 def fake_checkpoint(weights, step=2):
-    """The files of an RSFT checkpoint (only their presence and state.json are read before the model loads)."""
+    """The files of an RSFT checkpoint, whole but tiny (all of them are checked before the model loads)."""
+    import torch
+    from safetensors.torch import save_file
     folder = weights / f"ckpt-{step:06d}"
     (folder / "adapter").mkdir(parents=True)
-    (folder / "adapter" / "adapter_model.safetensors").write_bytes(b"")
-    (folder / "optimizer.pt").write_bytes(b"")
-    (folder / "state.json").write_text(json.dumps({"model": "smoke", "step": step}))
+    (folder / "adapter" / "adapter_config.json").write_text("{}")
+    save_file({"lora_A": torch.zeros(2, 2)}, str(folder / "adapter" / "adapter_model.safetensors"))
+    torch.save({"optimizer": {}}, folder / "optimizer.pt")
+    (folder / "state.json").write_text(json.dumps({"model": "smoke", "step": step, "rollouts": 0, "sampler": {},
+                                                   "history": [{"step": s + 1} for s in range(step)]}))
     (weights / "ckpt").symlink_to(folder.name)
     (weights / "metrics.jsonl").write_text("".join(json.dumps({"step": s + 1}) + "\n" for s in range(step)))
     return folder
@@ -135,10 +139,14 @@ def test_rft_checkpoint_link_to_a_missing_folder(tmp_path):
         rft.check_checkpoint(tmp_path)
 
 
+PHASE_0_ROW = {"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, "mean_at_k": 0.0}
+
+
 def test_whale_missing_state_json_after_finished_steps(tmp_path, capsys):
     out = tmp_path / "run"
     fake_checkpoint(out / "weights")
     (out / "state.json").write_text(json.dumps({"phase": 0}))
+    (out / "metrics.jsonl").write_text(json.dumps(PHASE_0_ROW) + "\n")
     whale.check_run_folder(str(out))  # intact
     (out / "state.json").unlink()
     with pytest.raises(SystemExit) as e:
@@ -174,3 +182,222 @@ def test_empty_meta_json_in_an_archive(tmp_path):
     with pytest.raises(SystemExit) as e:
         CLIS["whale.py"](["--out", str(tmp_path / "w")])
     assert str(e.value.code).startswith(f"whale.py: error: damaged run file {meta} (Expecting value)")
+
+
+# -----------------------------------------------------------------------------
+# issue 25: every bad input is one line, `PROG: error: message`, and a refused input changes no run folder
+
+import hashlib
+import importlib.util
+
+import report
+from lib import sandbox
+from lib.canary import EngineError
+from lib.cli import one_line_errors
+from lib.contract import check_harness_fits
+
+SEARCHQA = os.path.join(ROOT, "harnesses", "searchqa.py")
+
+
+def listing(folder):
+    """Every path under folder with its content hash: what a refused input must leave as it was."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "folder"
+            for p in sorted(folder.rglob("*"))} if folder.exists() else None
+
+
+def refused(cli, argv, words, capsys, folder=None):
+    """CLIS[cli](argv) stops with one line `cli: error: ...` holding `words` (argparse's exit 2, the others 1),
+    nothing else on stderr, no traceback, and `folder` unchanged. -> the line"""
+    before = listing(folder) if folder else None
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        CLIS[cli](argv)
+    err = capsys.readouterr().err
+    line = err.strip() if e.value.code == 2 else str(e.value.code)
+    assert e.value.code == 2 or (isinstance(e.value.code, str) and err == ""), (cli, e.value.code, err)
+    assert line.startswith(f"{cli}: error: ") and "\n" not in line and words in line, (cli, line)
+    if folder:
+        assert listing(folder) == before, cli
+    return line
+
+
+def test_one_place_turns_the_project_errors_into_one_line():
+    for error in (ValueError("bad value\nsecond line"), FileNotFoundError(2, "No such file or directory", "x.json"),
+                  PermissionError(13, "Permission denied", "/root/x"), IsADirectoryError(21, "Is a directory", "d"),
+                  NotADirectoryError(20, "Not a directory", "f/x"), OSError(30, "Read-only file system", "/ro"),
+                  sandbox.SandboxError("no sandbox here"), EngineError("engine serves stale weights"),
+                  ModuleNotFoundError("No module named 'vllm'", name="vllm")):
+        with pytest.raises(SystemExit) as e:
+            with one_line_errors("prog.py"):
+                raise error
+        assert str(e.value.code).startswith("prog.py: error: ") and "\n" not in str(e.value.code), error
+    assert str(e.value.code) == ("prog.py: error: No module named 'vllm': vllm is an optional package (pip install "
+                                 "-r requirements-gpu.txt, or see README)")
+    with pytest.raises(KeyError):  # a bug keeps its traceback
+        with one_line_errors("prog.py"):
+            raise KeyError("bug")
+
+
+NOT_FINITE = [  # (flag, value, the CLIs that have it): accepted silently or an OverflowError before
+    ("--epochs", "inf", ("whale.py",)), ("--phase-epochs", "inf", ("whale.py",)),
+    ("--adaptive-epochs", "inf", ("whale.py",)), ("--temperature", "inf", tuple(CLIS)),
+    ("--lr", "inf", ("rft.py", "whale.py")), ("--deadline", "inf", tuple(CLIS)),
+    ("--proposer-timeout", "inf", ("meta_harness.py", "whale.py")),
+    ("--gpu-memory", "-1", tuple(CLIS)), ("--gpu-memory", "1.5", tuple(CLIS)), ("--max-model-len", "0", tuple(CLIS)),
+    ("--max-lora-rank", "-4", tuple(CLIS)), ("--openai-workers", "0", tuple(CLIS)), ("--wiki-limit", "-1", tuple(CLIS)),
+    ("--lora-dropout", "1", ("rft.py", "whale.py")), ("--seed", "-1", tuple(CLIS)),
+    ("--chess-test-size", "0", tuple(CLIS)),
+]
+
+
+@pytest.mark.parametrize("flag,value,clis", NOT_FINITE, ids=[f"{f}={v}" for f, v, _ in NOT_FINITE])
+def test_every_number_is_range_checked_and_finite(flag, value, clis, capsys):
+    for cli in clis:
+        refused(cli, [flag, value], f"argument {flag}: must be", capsys)
+
+
+def test_domains_show_refuses_a_negative_count(capsys):
+    with pytest.raises(SystemExit) as e:
+        as_cli("domains.py", domains.main)(["show", "searchqa", "-n", "-1"])
+    assert e.value.code == 2 and capsys.readouterr().err == "domains.py show: error: argument -n: must be >= 1, got -1\n"
+
+
+def test_every_h0_fits_its_own_domain_only():
+    for harness in domains.DOMAINS:
+        for name, domain in domains.DOMAINS.items():
+            path = os.path.join(ROOT, "harnesses", f"{harness}.py")
+            if name == harness:
+                check_harness_fits(path, name, domain.TOOL_METHODS)
+            else:
+                with pytest.raises(ValueError, match=rf"calls tools\.{domains.DOMAINS[harness].TOOL_METHODS[0]}, but "
+                                                     rf"{name} offers tools\.{domain.TOOL_METHODS[0]}"):
+                    check_harness_fits(path, name, domain.TOOL_METHODS)
+
+
+def test_a_harness_is_checked_against_its_domain_before_any_model_loads(tmp_path, capsys):
+    bad = {"syntax.py": ("def run(task, llm, tools)\n    pass\n", "syntax.py:1: syntax error"),
+           "norun.py": ("def solve(task):\n    return {'answer': 1}\n", "no top-level function run"),
+           "text.py": ("def run(task, llm, tools):\n    return 'an answer'\n", "run() returns 'an answer', not a dict"),
+           "keys.py": ("def run(task, llm, tools):\n    return {'reply': llm([])}\n", "not a dict with an 'answer' key"),
+           "latin1.py": (b"# caf\xe9\ndef run(task, llm, tools):\n    return {'answer': 1}\n", "cannot read the harness")}
+    for name, (source, _) in bad.items():
+        (tmp_path / name).write_bytes(source if isinstance(source, bytes) else source.encode())
+    for cli in CLIS:
+        refused(cli, ["--domain", "chess", "--harness", SEARCHQA], "harnesses/searchqa.py:120: calls tools.search, "
+                "but chess offers tools.move: pass a chess harness such as harnesses/chess.py", capsys)
+        for name, (_, words) in bad.items():
+            refused(cli, ["--harness", str(tmp_path / name)], words, capsys)
+        refused(cli, ["--harness", str(tmp_path)], f"{tmp_path}", capsys)  # a folder: no such harness file
+
+
+CONFLICTS = [  # (flags, words, the CLIs that have them)
+    (["--method", "weight-only", "--prompt-only"], "--prompt-only limits the harness search", ("whale.py",)),
+    (["--proposer-cmd", "agent {workdir}"], "--proposer-cmd is the command of --proposer command",
+     ("meta_harness.py", "whale.py")),
+    (["--data", "paper", "--retriever-url", "http://x", "--wiki", "w.jsonl"], "give one of them", tuple(CLIS)),
+    (["--wiki", "w.jsonl"], "add --data paper", tuple(CLIS)),
+    (["--backend", "vllm", "--lora-rank", "128"], "--lora-rank 128 is above --max-lora-rank 64", ("rft.py", "whale.py")),
+    (["--openai-model", "m"], "--openai-model names the served model of --backend openai", tuple(CLIS)),
+    (["--schedule", "adaptive", "--harness-min-iterations", "5", "--harness-max-iterations", "2"],
+     "--harness-min-iterations 5 is above --harness-max-iterations 2", ("whale.py",)),
+]
+
+
+@pytest.mark.parametrize("flags,words,clis", CONFLICTS, ids=[c[0][0] for c in CONFLICTS])
+def test_flags_that_contradict_each_other_are_refused(flags, words, clis, capsys):
+    for cli in clis:
+        refused(cli, flags, words, capsys)
+
+
+def test_an_out_folder_nothing_can_be_written_in(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    for cli in CLIS:
+        refused(cli, ["--out", str(tmp_path / "file")], f"{tmp_path}/file is a file, not a folder", capsys)
+        refused(cli, ["--out", str(tmp_path / "file" / "run")], f"{tmp_path}/file is a file, not a folder", capsys)
+        refused(cli, ["--out", "/proc/whale-run"], "--out /proc/whale-run: cannot write in /proc", capsys)
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "locked").mkdir(mode=0o500)
+        for cli in CLIS:
+            refused(cli, ["--out", str(tmp_path / "locked" / "run")], "cannot write in", capsys)
+
+
+def test_unreadable_data_file_and_a_batch_beyond_the_training_set(tmp_path, monkeypatch, capsys):
+    refused("whale.py", ["--preset", "smoke", "--batch", "100"], "--batch 100 does not fit the train split of math "
+            "(8 prompts): use 1 <= --batch <= 8", capsys)
+    refused("rft.py", ["--batch", "100000"], "--batch 100000 does not fit the train split of math", capsys)
+    monkeypatch.setattr(domains, "DATA_DIR", str(tmp_path))
+    (tmp_path / "math_train.jsonl").mkdir()  # there, but not a file that reads
+    for cli in CLIS:
+        refused(cli, ["--split", "train"] if cli == "rollout.py" else [], f"{tmp_path}/math_train.jsonl: Is a directory",
+                capsys)
+
+
+def test_a_resume_with_another_model_or_harness_set_is_refused_and_changes_nothing(tmp_path, capsys):
+    weights = tmp_path / "rft"
+    fake_checkpoint(weights)
+    refused("rft.py", ["--model", "cpu", "--out", str(weights)], "was trained on model 'smoke', not 'cpu'", capsys,
+            folder=weights)
+    run = tmp_path / "whale"
+    fake_checkpoint(run / "weights")
+    (run / "state.json").write_text(json.dumps({"phase": 0}))
+    (run / "metrics.jsonl").write_text(json.dumps(PHASE_0_ROW) + "\n")
+    refused("whale.py", ["--model", "cpu", "--preset", "smoke", "--out", str(run)], "not 'cpu': use the same --model",
+            capsys, folder=run)
+    archive = run / "harness_w1"
+    archive.mkdir()
+    (archive / "setup.json").write_text(json.dumps({"domain": "math", "tasks": ["math-train-0"]}))
+    refused("whale.py", ["--preset", "smoke", "--out", str(run)], f"{archive} was scored under another setup (tasks",
+            capsys, folder=run)
+    search = tmp_path / "search"
+    search.mkdir()
+    (search / "setup.json").write_text(json.dumps({"domain": "math", "tasks": ["math-train-0"]}))
+    refused("meta_harness.py", ["--harness-tasks", "3", "--out", str(search)], "scored under another setup", capsys,
+            folder=search)
+
+
+def test_a_model_or_engine_that_is_not_here(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for cli in CLIS:
+        refused(cli, ["--model", "no/such-model"], "--model no/such-model: not in this machine's hub cache, and HF_HUB_OFFLINE=1", capsys)
+        refused(cli, ["--model", "./no/such/folder"], "no such folder", capsys)
+        if importlib.util.find_spec("vllm") is None:
+            refused(cli, ["--backend", "vllm"], "--backend vllm: the vllm package is not installed here", capsys)
+
+
+def test_the_paper_searchqa_needs_a_retriever_before_any_model_loads(tmp_path, capsys):
+    (tmp_path / "wiki.txt").write_text("Kelmar is a city.\n")
+    for cli in CLIS:
+        argv = ["--domain", "searchqa", "--harness", SEARCHQA, "--data", "paper"]
+        refused(cli, argv, 'or leave searchqa out (run_all.sh: DOMAINS="math chess")', capsys)
+        refused(cli, argv + ["--wiki", str(tmp_path / "wiki.txt")], "line 1 is not a JSON object with a 'contents'",
+                capsys)
+
+
+def test_report_on_a_damaged_summary_or_an_empty_preset_folder(tmp_path, capsys):
+    CLIS["report.py"] = as_cli("report.py", report.main)
+    try:
+        (tmp_path / "cpu").mkdir()
+        refused("report.py", ["--results", str(tmp_path), "--preset", "cpu"], f"no runs in {tmp_path}/cpu (no "
+                "<domain>/<method>/metrics.jsonl): run `PRESET=cpu bash run_all.sh`", capsys, folder=tmp_path)
+        refused("report.py", ["--results", str(tmp_path), "--preset", "paper"], f"no results in {tmp_path}/paper",
+                capsys)
+        run = tmp_path / "cpu" / "math" / "whale"
+        (run / "evals").mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"event": "eval", "phase": 0, "rollouts": 0, "mean_at_k": 0.5,
+                                                       "kind": "start", "test_tasks": 2}) + "\n")
+        (run / "summary.json").write_text('{"k": 2, "best_pha')
+        refused("report.py", ["--results", str(tmp_path), "--preset", "cpu"], f"damaged run file {run}/summary.json: "
+                "rerun the run's whale.py command", capsys, folder=tmp_path)
+        (run / "summary.json").write_text("[1, 2]")
+        refused("report.py", ["--results", str(tmp_path), "--preset", "cpu"], "not the summary of the phases", capsys)
+    finally:
+        del CLIS["report.py"]
+
+
+def test_a_refused_input_is_one_line_end_to_end():
+    """One subprocess for the path of one_line_errors (exit 1), as test_the_cli_exits_with_one_line_and_no_traceback
+    is for argparse's (exit 2)."""
+    out = subprocess.run([sys.executable, "rft.py", "--domain", "chess", "--harness", "harnesses/searchqa.py",
+                          "--out", "/proc/x"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and out.stderr == ("rft.py: error: --out /proc/x: cannot write in /proc (No such file "
+                                                  "or directory): pass a folder you can write to\n"), out.stderr

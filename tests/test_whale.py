@@ -217,8 +217,9 @@ def fake(tmp_path, monkeypatch):
 def record(out):
     """What a run computed, without timings and folder names: files become their content hashes."""
     drop = ("seconds", "time", "test_seconds", "sample_s", "train_s", "copied_from")
-    paths = ("winner", "harness", "final_harness")
-    clean = lambda row: {k: reuse.file_sha(v) if k in paths else clean(v) if isinstance(v, dict) else v
+    paths = ("winner", "harness", "final_harness")  # stored relative to the run folder when inside it
+    content = lambda v: reuse.file_sha(os.path.join(out, v)) if os.path.isfile(os.path.join(out, v)) else v
+    clean = lambda row: {k: content(v) if k in paths else clean(v) if isinstance(v, dict) else v
                          for k, v in row.items() if k not in drop}
     evals = {p.name: clean(json.loads(p.read_text())) for p in sorted((out / "evals").glob("*.json"))}
     steps = [clean(r) for r in rows(out / "weights" / "metrics.jsonl")] if (out / "weights").exists() else []
@@ -252,7 +253,7 @@ def test_methods_in_one_command_compute_shared_weight_phases_once_and_match_sepa
     for method in methods:
         assert_same_record(record(runs[method]), record(tmp_path / "alone" / method), method)
     # every distinct RSFT step (the harness content of it and of every step before it) ran once, no more
-    prefixes = {tuple(reuse.file_sha(r["harness"]) for r in rows(runs[m] / "weights" / "metrics.jsonl")[:n])
+    prefixes = {tuple(reuse.file_sha(runs[m] / r["harness"]) for r in rows(runs[m] / "weights" / "metrics.jsonl")[:n])
                 for m in methods for n in range(1, 5)}
     assert len(executed) == len(prefixes) < 4 * 4
     assert executed[:4] == ["weight-only"] * 4 and "stagewise" not in executed  # stagewise: weight-only's phases
@@ -368,7 +369,7 @@ def test_an_evaluation_is_reused_only_when_weights_harness_and_settings_match(tm
 
     def evaluate(domain, harness, tasks, backend, k=1, traces_path=None, **kw):
         made.append((harness, k))
-        open(traces_path, "a").write('{"task_id": "a"}\n')
+        open(traces_path, "a").write('{"task_id": "a"}\n' * 2 * k)  # one trace per rollout
         return {"mean_at_k": 0.5, "k": k, "per_task": {"a": 1.0, "b": 0.0}, "mean_turns": 1.0, "tokens": 4,
                 "rollouts": 2 * k, "errors": 0, "seconds": 0.1}
 
@@ -388,7 +389,7 @@ def test_an_evaluation_is_reused_only_when_weights_harness_and_settings_match(tm
     assert whale.evaluate_test(a, None, Domain(), str(harness), "phase_0", "base", []) == stats and len(made) == 1
     # another run of the command: the same evaluation is copied with its traces, not redone
     assert whale.evaluate_test(b, None, Domain(), str(harness), "phase_0", "base", [a.out]) == stats
-    assert len(made) == 1 and (tmp_path / "b" / "evals" / "phase_0.traces.jsonl").read_text() == '{"task_id": "a"}\n'
+    assert len(made) == 1 and (tmp_path / "b" / "evals" / "phase_0.traces.jsonl").read_text() == '{"task_id": "a"}\n' * 4
     # and within the run: the same state after a later phase
     whale.evaluate_test(a, None, Domain(), str(harness), "phase_1", "base", [])
     assert len(made) == 1
