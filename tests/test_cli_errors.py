@@ -283,7 +283,7 @@ def test_a_harness_is_checked_against_its_domain_before_any_model_loads(tmp_path
     for name, (source, _) in bad.items():
         (tmp_path / name).write_bytes(source if isinstance(source, bytes) else source.encode())
     for cli in CLIS:
-        refused(cli, ["--domain", "chess", "--harness", SEARCHQA], "harnesses/searchqa.py:120: calls tools.search, "
+        refused(cli, ["--domain", "chess", "--harness", SEARCHQA], "harnesses/searchqa.py:121: calls tools.search, "
                 "but chess offers tools.move: pass a chess harness such as harnesses/chess.py", capsys)
         for name, (_, words) in bad.items():
             refused(cli, ["--harness", str(tmp_path / name)], words, capsys)

@@ -279,7 +279,8 @@ def test_a_test_set_of_several_benchmarks_gets_a_column_each_and_their_average(t
              "test_tasks": 8}]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "evals" / "phase_0.json").write_text(json.dumps({"per_task": per_task, "sources": sources}))
-    (folder / "summary.json").write_text(json.dumps({"best_phase": 0, "k": 1}))
+    (folder / "summary.json").write_text(json.dumps({"best_phase": 0, "k": 1, "best_mean_at_k": 0.5,
+                                                     "rollouts_to_best": 0, "final_mean_at_k": 0.5}))
     runs = report.load_runs(str(tmp_path / "paper"))
     lines = report.benchmark_table(runs, 1)
     assert lines[0] == "## searchqa: final test mean@1 per benchmark, % [95 % CI]"

@@ -128,19 +128,28 @@ def test_a_damaged_file_that_can_be_rebuilt_is_rebuilt_exactly(runs, tmp_path, d
 def test_a_finished_run_rebuilds_what_no_later_phase_would_write_again(runs, tmp_path, stand_in):
     argv, out = copy_of(runs, tmp_path, finished=True)
     (out / "weights/metrics.jsonl").unlink()  # rewritten only by RSFT steps, and none is left
-    (out / "evals/phase_4.json").unlink()  # the last phase: under the adapter of RSFT step 4
-    cut(out / "harness_w2/summary.jsonl", 10)
+    (out / "evals/phase_3.json").unlink()  # the last phase (weight, harness, weight): the adapter of RSFT step 4
+    cut(out / "harness_w1/summary.jsonl", 10)
     whale.main(argv + ["--out", str(out)])
     assert record(out) == runs[2]
 
 
-def test_a_lost_evaluation_after_a_weight_phase_is_rerun_under_the_snapshot_that_ended_it(runs, tmp_path, stand_in):
-    argv, out = copy_of(runs, tmp_path)
-    key = json.loads((out / "evals/phase_1.json").read_text())["key"]
+def test_a_lost_evaluation_after_a_weight_phase_is_rerun_under_the_snapshot_that_ended_it(tmp_path, monkeypatch):
+    # h0 earns 0.9 here, so the first weight phase's RSFT steps surely accept and update the adapter
+    monkeypatch.setattr(whale.rollout, "run_episodes", lambda *a, **kw: fake_episodes(*a, h0_reward=0.9, **kw))
+    (tmp_path / "h0.py").write_text(HARNESS)
+    argv = ["--domain", "math", "--preset", "smoke", "--harness", str(tmp_path / "h0.py"), "--test-limit", "3",
+            "--k", "2", "--harness-tasks", "3", "--candidates", "2", "--out", str(tmp_path / "run")]
+    with monkeypatch.context() as stop:
+        interrupt(stop, whale.rft.RSFT, "step", 3, before=True)  # killed in weight phase 3, after phases 1 and 2
+        with pytest.raises(Interrupt):
+            whale.main(argv)
+    path = tmp_path / "run" / "evals" / "phase_1.json"
+    key = json.loads(path.read_text())["key"]
     assert key["weights"].startswith("adapter ")  # RSFT steps 1-2 updated the adapter
-    (out / "evals/phase_1.json").unlink()
-    whale.main(argv + ["--out", str(out)])
-    assert json.loads((out / "evals/phase_1.json").read_text())["key"] == key
+    path.unlink()
+    whale.main(argv)
+    assert json.loads(path.read_text())["key"] == key
 
 
 def test_a_moved_run_folder_resumes(runs, tmp_path, stand_in):

@@ -472,5 +472,5 @@ def test_acceptance_is_strict_against_the_incoming_harness_re_scored_under_the_n
     assert harness[0]["archive"] == "harness_w1" and fresh  # (a weight phase that accepted nothing continues)
     for before, after in fresh:
         seed = out / after["archive"] / "candidates" / "h0"
-        assert (seed / "harness.py").read_bytes() == open(before["winner"], "rb").read()
+        assert (seed / "harness.py").read_bytes() == (out / before["winner"]).read_bytes()  # stored relative to out
         assert json.loads((seed / "scores.json").read_text())["rollouts"] == 3  # scored again, under new weights
