@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every domain x method, then the report:   bash run_all.sh
-# Preset: `paper` when a CUDA GPU is visible, else `cpu`; PRESET=... overrides; SMOKE=1 means `smoke`.
+# Preset: `gpu` when a CUDA GPU is visible, else `cpu`; PRESET=... overrides (PRESET=paper: the official budgets,
+# GPU-days); SMOKE=1 means `smoke`.
 # DOMAINS="searchqa math" narrows the domains; ADAPTIVE=0|1 leaves out or adds the adaptive WHALE runs (default:
-# 1, except 0 under cpu, to keep it within an hour). SEEDS="0 1 2" runs every seed (whale.py --seed; default 0):
+# 1, except 0 under cpu, to keep it within an hour; never on chess, as in the paper). SEEDS="0 1 2" runs every seed (whale.py --seed; default 0):
 # seed 0 into results/<preset>/, seed n into results/<preset>/seed-<n>/, so a finished one-seed run is seed 0 of
 # a three-seed one. Finished runs are skipped, killed ones resume.
 set -euo pipefail
@@ -15,7 +16,7 @@ if [ "${SMOKE:-0}" = "1" ]; then
   PRESET=smoke
 elif [ -z "${PRESET:-}" ]; then
   if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    PRESET=paper
+    PRESET=gpu
   else
     PRESET=cpu
   fi
@@ -32,15 +33,16 @@ METHODS="harness-only weight-only stagewise stagewise-hw fast-slow whale"
 case $PRESET in  # measured on the 2-core machine with the default DOMAINS
   smoke) eta="about 2 min" ;;  # fresh clone, 2026-11-30: 1 min 20 s
   cpu)   eta="about 36 min" ;;  # fresh clone, 2026-11-30, idle: 36 min 4 s (temperature 0.6)
-  paper) eta="days: hours per run (README: the paper preset on one GPU)" ;;
-  *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu or paper" >&2; exit 2 ;;
+  gpu)   eta="about 12 h on one 80 GB card (estimated: python scripts/memory_plan.py)" ;;
+  paper) eta="GPU-days: hours per run (README: the paper and gpu presets on one GPU)" ;;
+  *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu, gpu or paper" >&2; exit 2 ;;
 esac
 
 # the preflight, before any run: every resource these runs need (retriever, data, model, engine, proposer, sandbox,
 # GPU memory) in seconds, before any model loads; a failure is one line naming its fix, and the table does not start
 check_domains=($DOMAINS)
 python whale.py --check "${check_domains[@]}" --preset "$PRESET" --domain "${check_domains[0]}" || exit 1
-n=$(( $(wc -w <<< "$SEEDS") * $(wc -w <<< "$DOMAINS") * ($(wc -w <<< "$METHODS") + ADAPTIVE) ))
+n=$(( $(wc -w <<< "$SEEDS") * ($(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") + ADAPTIVE * $(wc -w <<< "${DOMAINS/chess/}")) ))
 echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS]$([ "$ADAPTIVE" = 1 ] && echo " + adaptive WHALE"), seeds [$SEEDS]"
 echo "run_all.sh: $n runs; with the default domains and none done yet, $eta a seed; results in results/$PRESET/"
 
@@ -60,15 +62,15 @@ for seed in $SEEDS; do
       if needs_run "$seed" "$domain" "$method"; then todo+=("$method"); fi
     done
     # the methods of a domain share one process: the imports, and the weight phases and evaluations they have
-    # in common, are paid once; a vllm engine holds the GPU until its process ends, so the paper preset runs
-    # one method per process
+    # in common, are paid once; a vllm engine holds the GPU until its process ends, so the gpu and paper presets
+    # run one method per process
     run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed")
-    if [ ${#todo[@]} -gt 0 ] && [ "$PRESET" = paper ]; then
+    if [ ${#todo[@]} -gt 0 ] && [[ "$PRESET" = gpu || "$PRESET" = paper ]]; then
       for method in "${todo[@]}"; do "${run[@]}" --method "$method"; done
     elif [ ${#todo[@]} -gt 0 ]; then
       "${run[@]}" --method "${todo[@]}"
     fi
-    if [ "$ADAPTIVE" = 1 ] && needs_run "$seed" "$domain" whale-adaptive; then
+    if [ "$ADAPTIVE" = 1 ] && [ "$domain" != chess ] && needs_run "$seed" "$domain" whale-adaptive; then
       "${run[@]}" --method whale --schedule adaptive
     fi
   done

@@ -69,7 +69,7 @@ import domains
 import meta_harness
 import rft
 import rollout
-from lib import preflight, reporting, reuse, sandbox
+from lib import gpu_plan, preflight, reporting, reuse, sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors, positive_float,
                      positive_int, seed_int)
 from lib.contract import check_harness_fits
@@ -112,6 +112,23 @@ PRESETS = {
                   proposer_timeout=2400.0, temperature=1.0, top_k=20,
                   max_new_tokens=8192, thinking="on", max_model_len=32768, deadline=600.0, adaptive_epochs=0.2,
                   harness_patience=2, harness_min_iterations=5, harness_max_iterations=15),
+    # gpu: the paper preset's shape on seeded subsets, sized so that the whole table (run_all.sh: 3 domains x 6
+    # methods + adaptive WHALE on searchqa and math, one process each) fits in 12 h on one 80 GB card by
+    # lib/gpu_plan.py's estimate (README "The paper and gpu presets on one GPU"). The proposer's own time (a
+    # round is a Claude Code session) bounds the rounds, so: the paper's (E, I) = (0.6, 2) ablation cell on 1.2
+    # epochs (weight, harness of re-score + 1 round, weight); 224 train prompts, 64 a step (the official searchqa
+    # driver's batch) = 2 + 2 RSFT steps; M = 3 on 128 harness tasks; G = 8, mean@8 on the test subsets in GPU
+    # (SearchQA 15 per benchmark); the adaptive harness phase scaled with I - 1 (min 1, max 3, patience 1);
+    # 256 concurrent episodes (the test evaluation keeps the runner's 64); the official h0s (PAPER), but without
+    # thinking and with 1,024 tokens a call and 2,048 an episode: at the official 8,192 thinking tokens the
+    # table takes about 6x longer
+    "gpu": dict(threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True, grad_checkpointing=True,
+                epochs=1.2, phase_epochs=0.6, harness_iterations=2, train_limit=224, test_limit=None, k=8, batch=64,
+                group=8, sft_batch=64, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
+                harness_tasks=128, harness_samples=1, workers=256, proposer="claude", proposer_model="claude-opus-4-7",
+                proposer_timeout=2400.0, temperature=1.0, top_k=20, thinking="off", max_new_tokens=1024,
+                episode_tokens=2048, max_model_len=8192, deadline=600.0, adaptive_epochs=0.2, harness_patience=1,
+                harness_min_iterations=1, harness_max_iterations=3),
 }
 # the paper preset per domain: model; epochs and harness-only rounds (PROTOCOL.md 6); the official h0s
 # (section 3: searchqa and math call their tools natively; chess has no tools); the assistant-token budget of an
@@ -126,6 +143,14 @@ PAPER = {
     "chess": dict(model="Qwen/Qwen3.5-4B", epochs=4.0, harness_only_iterations=40, lr=1e-6,
                   harness="harnesses/chess.py", episode_tokens=8129, max_prompt_tokens=4096),
 }
+# the gpu preset per domain: the paper's model and learning rate; the test subset (seeded: SearchQA's sample per
+# benchmark, the first of chess's shuffled test puzzles; all 60 AIME problems); the engine's share of the card,
+# the most that fits beside the trainer on 24, 48 and 80 GB alike (scripts/memory_plan.py; searchqa's retriever
+# index takes 32 GiB of the 80 GB card)
+GPU = {"searchqa": dict(searchqa_test_per_set=15, gpu_memory=0.45), "math": dict(gpu_memory=0.7),
+       "chess": dict(test_limit=80, gpu_memory=0.5)}
+GPU = {domain: dict(model=PAPER[domain]["model"], lr=PAPER[domain]["lr"], harness=PAPER[domain]["harness"],
+                     max_prompt_tokens=PAPER[domain]["max_prompt_tokens"], **GPU[domain]) for domain in GPU}
 # D_weight sizes of the paper's data (PROTOCOL.md 1), for --plan without downloading them
 PAPER_TRAIN_SIZES = {"searchqa": 18_946, "math": 17_917, "chess": 16_384}
 
@@ -180,8 +205,8 @@ def parse_args(argv=None):
     # two passes: the first learns the preset and domain, the second lets any given flag override it
     first = p.parse_args(argv)
     preset = dict(PRESETS[first.preset])
-    if first.preset == "paper":
-        preset.update(PAPER[first.domain])
+    if first.preset in ("paper", "gpu"):
+        preset.update((PAPER if first.preset == "paper" else GPU)[first.domain])
     if first.data == "paper":  # the bundled math sets' choices do not apply to the paper's data
         preset.pop("math_test_set", None), preset.pop("math_max_steps", None)
     p.set_defaults(**preset)
@@ -205,7 +230,7 @@ def run_args(args, method):
 def check_args(args, parser):
     if args.out and len(args.method) > 1:
         parser.error("--out names one run folder: give a single --method, or drop --out")
-    if args.backend == "vllm" and len(args.method) > 1:  # a vllm engine keeps its GPU memory until the process ends
+    if args.backend == "vllm" and len(args.method) > 1 and not args.plan:  # an engine keeps the GPU till it exits
         parser.error("--backend vllm runs one method per command: give a single --method")
     if not os.path.isfile(args.harness):
         parser.error(f"harness file {args.harness} not found: pass --harness PATH or run from the repo root")
@@ -268,11 +293,14 @@ def fixed_phases(args, n_train):
     return phases
 
 
-def print_plan(args):
-    """The run's phases, steps, rounds and rollouts, from the data sizes alone (no model is loaded)."""
+def print_plan(args, card_gb=80):
+    """The run's phases, steps, rounds and rollouts, from the data sizes alone (no model is loaded), and its
+    estimated hours on one card of card_gb (lib/gpu_plan.py); -> that estimate, or None."""
     if args.data == "paper":
         n_train = min(PAPER_TRAIN_SIZES[args.domain], args.train_limit or PAPER_TRAIN_SIZES[args.domain])
-        n_harness, n_test = args.harness_tasks, {"searchqa": 700, "math": 60, "chess": 256}[args.domain]
+        n_test = {"searchqa": len(args.searchqa_test_sets.split(",")) * args.searchqa_test_per_set, "math": 60,
+                  "chess": args.chess_test_size}[args.domain]
+        n_harness, n_test = args.harness_tasks, min(n_test, args.test_limit or n_test)
     else:
         domain = domains.get(args.domain, args)
         n_train = len(domains.seeded_sample(domain.load("train"), args.train_limit))
@@ -309,6 +337,9 @@ def print_plan(args):
     phases = len(phases)
     print(f"total: {trained + scored:,d} rollouts ({trained:,d} training, {scored:,d} harness scoring); test "
           f"evaluation, not counted: {phases + 1} x {n_test} tasks x k = {args.k} = {(phases + 1) * n_test * args.k:,d}")
+    est = gpu_plan.estimate(args, fixed_phases(args, n_train), n_harness, n_test, card_gb)  # None: a model it lacks
+    print(gpu_plan.describe(est, card_gb) if est else f"no time estimate for --model {args.model} (lib/gpu_plan.py)")
+    return est
 
 
 def weight_phase_over(rewards, schedule, max_steps, window):
@@ -647,8 +678,10 @@ def evaluate_test(args, policy, domain, harness, tag, weights, donors):
 def main(argv=None):
     runs = parse_args(argv)
     if runs[0].plan:
-        for args in runs:
-            print_plan(args)
+        estimates = [print_plan(args) for args in runs]
+        if len(runs) > 1 and all(estimates):
+            print(f"estimated {sum(e['total'] for e in estimates):.2f} h for these {len(runs)} runs, one process each "
+                  "(nothing shared)")
         return
     if runs[0].check is not None:  # the preflight (lib/preflight.py): each --check domain parsed as its own run
         argv = sys.argv[1:] if argv is None else list(argv)

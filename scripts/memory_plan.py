@@ -1,211 +1,188 @@
-"""The paper preset's GPU memory plan and expected hours, computed from the model configs.
+"""The GPU plan of the gpu and paper presets: memory per card and hours per run, the README's tables.
 
-    python scripts/memory_plan.py                  # the README tables (24 / 48 / 80 GB)
-    python scripts/memory_plan.py --lora-rank 32 --markdown
+    python scripts/memory_plan.py                # every table
+    python scripts/memory_plan.py --markdown     # the same, as markdown (README "The paper and gpu presets")
 
-Setting: one GPU holds the trainer (transformers + peft, bf16 base weights, fp32 LoRA weights, AdamW)
-and the vLLM engine (its own bf16 copy of the weights + KV cache), colocated (rollout.py --backend vllm).
-With --vllm-sleep the engine offloads its weights and drops its KV cache while the trainer runs, so the
-two phases peak separately:
-    rollout peak = trainer weights + LoRA/optimizer + engine share (engine weights + overhead + KV cache)
-    train peak   = trainer weights + LoRA/optimizer + activations (gradient checkpointing) + sleeping engine
-Parameter counts come from instantiating the real transformers classes on the meta device.
-Model configs: Qwen3.5-2B / Qwen3.5-4B text configs (hybrid: Gated DeltaNet layers with one full
-attention layer every 4th, head_dim 256, vocab 248320, tied embeddings). Sources: layer counts and sizes
-from THUDM/slime scripts/models/qwen3.5-{2B,4B}.sh (num-layers, hidden-size, ffn-hidden-size,
-num-attention-heads, num-query-groups, kv-channels); linear-attention head counts from the released
-config.json files (2B: 16 key / 16 value heads; 4B: 16 key / 32 value heads, each 128 wide);
-everything else from transformers' Qwen3_5TextConfig defaults.
-
-Estimates (stated, not measured): activations per checkpointed layer ~ tokens x (8h + 3I) x 2 bytes,
-twice for the recompute and its gradients; the loss holds bf16 logits + fp32 log-softmax + fp32 grad
-(10 bytes x vocab per token: with a 248k vocab this is the largest activation term); vLLM overhead
-(CUDA graphs, sampler, activations) 2 GiB; a sleeping engine keeps 1 GiB; CUDA context 1 GiB; 8% of
-the card is left free. Hours: decode is memory-bound (weights + KV + DeltaNet state read per step,
-at most 256 sequences), prefill and training are FLOP-bound (2P and 6P FLOPs per token, LoRA
-training still back-propagates through the frozen weights, checkpointing adds one forward), at 50%
-(inference) and 40% (training) of the card's peak; token counts per rollout are per-domain assumptions
-printed with the table. No GPU ran these numbers: they are a plan to check against scripts/gpu_check.sh.
+Memory and time come from lib/gpu_plan.py (model configs, stated token lengths, bandwidth and FLOP rates);
+each run's phases, steps, rounds and test size from whale.py's own plan, exactly what
+`python whale.py --plan --preset P --domain D --method M` prints. No GPU, model or dataset is needed.
 """
 import argparse
-import math
+import contextlib
+import io
+import os
+import sys
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import whale  # noqa: E402
+from lib import gpu_plan as g  # noqa: E402
 
-GiB = 1024 ** 3
-
-# model configs (see the docstring for sources)
-QWEN35_COMMON = dict(vocab_size=248320, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
-                     linear_conv_kernel_dim=4, tie_word_embeddings=True)
-MODELS = {
-    "Qwen3.5-2B": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=24, num_attention_heads=8,
-                       num_key_value_heads=2, linear_num_key_heads=16, linear_num_value_heads=16),
-    "Qwen3.5-4B": dict(hidden_size=2560, intermediate_size=9216, num_hidden_layers=32, num_attention_heads=16,
-                       num_key_value_heads=4, linear_num_key_heads=16, linear_num_value_heads=32),
-}
-DOMAIN_MODEL = {"searchqa": "Qwen3.5-2B", "math": "Qwen3.5-2B", "chess": "Qwen3.5-4B"}
-
-# one card per memory class: (memory GiB, HBM GB/s, dense bf16 TFLOPS) from the vendors' spec sheets
-GPUS = {"24 GB (RTX 4090)": (24, 1008, 165), "48 GB (L40S)": (48, 864, 362), "80 GB (A100 80GB)": (80, 2039, 312)}
-
-# per domain: train tasks, test tasks, and per rollout: generated tokens, prompt tokens the engine
-# must prefill (not in the prefix cache), context length, and the share of rollouts RSFT accepts.
-# Train/test sizes: Search-R1 NQ + HotpotQA train (79,168 + 90,447), its 7 x 100 test questions;
-# DAPO-Math-17K after de-duplication (~17.9k), AIME 2024 + 2025; chess as domains' paper loader draws.
-DOMAINS = {
-    "searchqa": dict(train=169_615, test=700, gen=300, prefill=500, ctx=2048, accept=0.45),
-    "math": dict(train=17_900, test=60, gen=1500, prefill=300, ctx=4096, accept=0.20),
-    "chess": dict(train=20_000, test=1000, gen=300, prefill=2000, ctx=4096, accept=0.25),
-}
-OVERHEAD_ENGINE, SLEEP_RESIDUAL, CUDA_CONTEXT, FREE_SHARE = 2 * GiB, 1 * GiB, 1 * GiB, 0.08
-MAX_NUM_SEQS, EFF_INFER, EFF_TRAIN = 256, 0.5, 0.4
+GiB = g.GiB
+THINKING_FLAGS = ("--max-new-tokens", "8192", "--max-model-len", str(g.MODEL_LEN))  # the official episode
 
 
-def build_config(name):
-    from transformers import Qwen3_5TextConfig
-    return Qwen3_5TextConfig(**QWEN35_COMMON, **MODELS[name])
+def run_args(preset, domain, method, schedule, extra=()):
+    [args] = whale.parse_args(["--plan", "--preset", preset, "--domain", domain, "--method", method,
+                               "--schedule", schedule, *extra])
+    return args
 
 
-def count_params(cfg, lora_rank):
-    """(all parameters, LoRA parameters on every decoder Linear = peft's 'all-linear') on the meta device."""
-    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
-    with torch.device("meta"):
-        model = Qwen3_5ForCausalLM(cfg)
-    total = sum(p.numel() for p in model.parameters())
-    lora = sum(lora_rank * (m.in_features + m.out_features) for n, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and not n.startswith("lm_head"))
-    return total, lora
+def table_estimates(preset, card_gb, extra=(), domains=None, **kw):
+    """[(domain, run name, estimate)] of run_all.sh's table under `preset` on one card (whale.print_plan's)."""
+    rows = []
+    for domain, method, schedule in g.TABLE:
+        if domains and domain not in domains:
+            continue
+        args = run_args(preset, domain, method, schedule, extra)
+        with contextlib.redirect_stdout(io.StringIO()):
+            est = whale.print_plan(args, card_gb)
+        if kw:  # the same run under other assumptions (proposer time, fla)
+            est = g.hours(g.model_name(args.model), domain, est["counts"], card_gb, args.max_new_tokens,
+                          args.workers, args.gpu_memory, **kw)
+        rows.append((domain, whale.method_name(args), est))
+    return rows
 
 
-def cache_sizes(cfg):
-    """(KV bytes per token over the full-attention layers, DeltaNet state bytes per sequence)."""
-    full = cfg.layer_types.count("full_attention")
-    linear = cfg.num_hidden_layers - full
-    kv_per_token = full * 2 * cfg.num_key_value_heads * cfg.head_dim * 2  # K and V in bf16
-    conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim
-    recurrent = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4  # fp32 state
-    state_per_seq = linear * (recurrent + conv_dim * (cfg.linear_conv_kernel_dim - 1) * 2)
-    return kv_per_token, state_per_seq
+def total(rows):
+    return sum(est["total"] for _, _, est in rows)
 
 
-def activation_bytes(cfg, tokens):
-    checkpoints = cfg.num_hidden_layers * tokens * cfg.hidden_size * 2
-    one_layer = 2 * tokens * (8 * cfg.hidden_size + 3 * cfg.intermediate_size) * 2
-    loss = tokens * cfg.vocab_size * 10
-    return checkpoints + one_layer + loss
+# -----------------------------------------------------------------------------
+# the tables
+
+def memory_rows():
+    """Per domain and card: the trainer, the retriever, the engine at the gpu preset's --gpu-memory and at the
+    most the trainer leaves, and the micro-batches that fit, for the gpu preset's calls and thinking ones."""
+    rows = []
+    for domain, name in g.DOMAIN_MODEL.items():
+        share = run_args("gpu", domain, "whale", "fixed").gpu_memory
+        for card in g.CARDS:
+            where = g.CARD_RETRIEVER[card] if domain == "searchqa" else None
+            capped, thinking = g.LONGEST["capped"][domain], g.LONGEST["thinking"][domain]
+            at = g.memory(name, card, where, share, *capped, minibatch=2)
+            most = g.memory(name, card, where, None, *capped)
+            deep = g.memory(name, card, where, None, *thinking)
+            long_seqs = g.memory(name, card, where, share, context=g.MODEL_LEN)["seqs"]
+            retriever = {"gpu": f"GPU {at['retriever'] / GiB:.0f}", "cpu": f"CPU ({g.RETRIEVER_CPU_RAM / GiB:.0f} RAM)",
+                         None: "-"}[where]
+            rows.append([domain, name, f"{card} GB", f"{(at['weights'] + at['lora_opt']) / GiB:.1f}", retriever,
+                         f"{share}: {at['engine'] / GiB:.0f} GiB, {at['seqs']} / {long_seqs}",
+                         f"{most['max_gpu_memory']:.2f}", f"{at['act'] / GiB:.1f} ({'yes' if at['fits'] else 'NO'})",
+                         most["largest"],
+                         f"{deep['largest'] or 'NO'} ({g.activation_bytes(name, 1, *thinking) / GiB:.0f} GiB for 1)"])
+    head = ["domain", "model", "card", "trainer GiB", "retriever GiB", "engine (--gpu-memory): seqs at 8k / 32k",
+            "most --gpu-memory", "SFT, 2 calls of 8k (1k trained): GiB", "largest --minibatch",
+            "thinking calls that fit"]
+    return head, rows
 
 
-def plan(name, gpu, lora_rank, ctx, sleep):
-    """Memory per phase on one card, the engine's share and the largest micro-batch that fits."""
-    cfg = build_config(name)
-    params, lora = count_params(cfg, lora_rank)
-    mem_gib, bandwidth, tflops = GPUS[gpu]
-    card = mem_gib * GiB
-    usable = card * (1 - FREE_SHARE) - CUDA_CONTEXT
-    weights, lora_opt = params * 2, lora * 16  # fp32 weight + grad + Adam m and v
-    micro = 256  # micro-batch tokens per forward/backward: the largest power of two that fits
-    if sleep:
-        engine = usable - weights - lora_opt  # the engine gets all that is left while it samples
-        train_room = usable - weights - lora_opt - SLEEP_RESIDUAL
-    else:  # engine and trainer coexist: give the trainer room for a 4k-token micro-batch
-        train_room = activation_bytes(cfg, 4096)
-        engine = usable - weights - lora_opt - train_room
-    while activation_bytes(cfg, micro * 2) <= train_room and micro < 16384:
-        micro *= 2
-    kv_per_token, state = cache_sizes(cfg)
-    kv = engine - weights - OVERHEAD_ENGINE
-    seqs = max(0, int(kv // (ctx * kv_per_token + state)))
-    return dict(cfg=cfg, params=params, lora=lora, weights=weights, lora_opt=lora_opt, engine=engine, kv=kv,
-                seqs=seqs, micro=micro, act=activation_bytes(cfg, micro), gpu_util=engine / card,
-                fits=kv > 0 and activation_bytes(cfg, micro) <= train_room, bandwidth=bandwidth, tflops=tflops,
-                kv_per_token=kv_per_token, state=state)
+def run_rows(rows):
+    head = ["domain", "run", "rollouts", "test", "SFT", "engine", "proposer", "total h"]
+    out = [[d, run, *(f"{est[k]:.2f}" for k in g.PARTS), f"{est['total']:.2f}"] for d, run, est in rows]
+    sums = [f"{sum(est[k] for _, _, est in rows):.1f}" for k in g.PARTS]
+    return head, out + [["all", f"{len(rows)} runs", *sums, f"**{total(rows):.1f}**"]]
 
 
-def hours(p, d, method, epochs, phases, iterations, candidates, harness_tasks, group, k):
-    """Expected wall-clock hours of one run (rollouts of every kind + RSFT passes)."""
-    weight_phases = phases if method != "harness-only" else 0
-    harness_phases = phases if method != "weight-only" else 0
-    train_rollouts = epochs * d["train"] * group if weight_phases else 0
-    evals = (weight_phases + harness_phases + 1) * d["test"] * k  # mean@k after every phase and at the start
-    rollouts = train_rollouts + harness_phases * iterations * candidates * harness_tasks + evals
-    batch = max(1, min(MAX_NUM_SEQS, p["seqs"]))
-    step_bytes = p["weights"] + batch * (d["ctx"] / 2 * p["kv_per_token"] + p["state"])
-    step_s = max(step_bytes / (p["bandwidth"] * 1e9), 2 * p["params"] * batch / (p["tflops"] * 1e12)) / EFF_INFER
-    decode_s = rollouts * d["gen"] / (batch / step_s)
-    prefill_s = rollouts * d["prefill"] * 2 * p["params"] / (p["tflops"] * 1e12 * EFF_INFER)
-    train_s = train_rollouts * d["accept"] * d["ctx"] / 2 * 8 * p["params"] / (p["tflops"] * 1e12 * EFF_TRAIN)
-    return (decode_s + prefill_s + train_s) / 3600
+def domain_rows(cards, preset, extra=(), **kw):
+    """Hours per domain (its runs of the table) and in all, on each card."""
+    per = {card: table_estimates(preset, card, extra, **kw) for card in cards}
+    head = ["card"] + list(g.DOMAIN_MODEL) + ["all (h)", "days"]
+    out = []
+    for card, rows in per.items():
+        sums = [sum(e["total"] for d, _, e in rows if d == domain) for domain in g.DOMAIN_MODEL]
+        out.append([f"{card} GB ({g.CARDS[card][0]})", *(f"{s:.1f}" for s in sums), f"{sum(sums):.1f}",
+                    f"{sum(sums) / 24:.1f}"])
+    return head, out
+
+
+def width_rows():
+    """95 % half-widths of one cell's mean@8 at the gpu and paper presets' test sizes."""
+    head = ["domain", "test tasks (gpu / paper)", "p = 0.1", "p = 0.3", "p = 0.5", "paper, p = 0.3"]
+    out = []
+    for domain in g.DOMAIN_MODEL:
+        n_gpu = table_estimates("gpu", 80, domains=[domain])[0][2]["counts"]["n_test"]
+        n_paper = table_estimates("paper", 80, domains=[domain])[0][2]["counts"]["n_test"]
+        half = lambda n, p: f"±{100 * g.interval_halfwidth(n, 8, p):.1f}"
+        out.append([domain, f"{n_gpu} / {n_paper}", half(n_gpu, 0.1), half(n_gpu, 0.3), half(n_gpu, 0.5),
+                    half(n_paper, 0.3)])
+    return head, out
+
+
+def print_table(head, rows, markdown):
+    if markdown:
+        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        for r in rows:
+            print("| " + " | ".join(map(str, r)) + " |")
+    else:
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+        for r in [head] + rows:
+            print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)))
+    print()
+
+
+def shared_hours(card_gb=80):
+    """What one process per domain would not compute twice (whale.py's reuse; not in the estimate): the phase-0
+    evaluation of all but one run; weight-only's first weight phase and its evaluation for whale, stagewise
+    and fast-slow; its second for stagewise; harness-only's first round and its evaluation for stagewise-hw."""
+    saved = 0.0
+    for domain in g.DOMAIN_MODEL:
+        rows = {run: est for d, run, est in table_estimates("gpu", card_gb, domains=[domain])}
+        only, search = rows["weight-only"], rows["harness-only"]
+        per_eval = only["test"] / only["counts"]["evals"]
+        phase = (only["rollouts"] + only["sft"] + only["engine"] - g.START_S / 3600) / 2  # one of its two phases
+        round_h = (search["rollouts"] + search["proposer"]) / search["counts"]["rounds"]
+        saved += (len(rows) - 1) * per_eval + 3 * (phase + per_eval) + (phase + per_eval) + round_h + per_eval
+    return saved
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # LoRA and engine
-    p.add_argument("--lora-rank", type=int, default=16, help="rft.py --lora-rank (targets: all-linear)")
-    p.add_argument("--no-sleep", action="store_true", help="plan without --vllm-sleep (engine and trainer coexist)")
-    # run budget (whale.py's paper preset: 1.8 epochs in phases of 0.6, I = 6, M = 3, 256 tasks, G = 8, mean@8)
-    p.add_argument("--epochs", type=float, default=1.8)
-    p.add_argument("--phase-epochs", type=float, default=0.6)
-    p.add_argument("--iterations", type=int, default=6)
-    p.add_argument("--candidates", type=int, default=3)
-    p.add_argument("--harness-tasks", type=int, default=256)
-    p.add_argument("--group", type=int, default=8)
-    p.add_argument("--k", type=int, default=8)
-    p.add_argument("--markdown", action="store_true", help="print markdown tables (for the README)")
+    p.add_argument("--markdown", action="store_true", help="markdown tables (for the README)")
     args = p.parse_args()
+    md = args.markdown
 
-    phases = math.ceil(args.epochs / args.phase_epochs - 1e-9)
-    sep = " | " if args.markdown else "  "
-    gb = lambda x: f"{x / GiB:.1f}"
-    print(f"memory plan, LoRA rank {args.lora_rank} (all-linear), engine {'sleeps' if not args.no_sleep else 'stays awake'} "
-          f"during training; GiB per phase")
-    head = ["model", "GPU", "params", "weights x2", "LoRA+Adam", "engine share (gpu_memory)", "KV cache (seqs at ctx)",
-            "activations (micro tokens)", "fits"]
-    rows = []
-    plans = {}
-    for name in MODELS:
-        ctx = max(d["ctx"] for dom, d in DOMAINS.items() if DOMAIN_MODEL[dom] == name)
-        for gpu in GPUS:
-            q = plan(name, gpu, args.lora_rank, ctx, not args.no_sleep)
-            plans[name, gpu] = q
-            rows.append([name, gpu, f"{q['params'] / 1e9:.2f}B", f"{gb(q['weights'])} x2", gb(q["lora_opt"]),
-                         f"{gb(q['engine'])} ({q['gpu_util']:.2f})", f"{gb(max(q['kv'], 0))} ({q['seqs']} at {ctx})",
-                         f"{gb(q['act'])} ({q['micro']})", "yes" if q["fits"] else "NO"])
-    print_table(head, rows, args.markdown, sep)
-    for name in MODELS:
-        q = plans[name, next(iter(GPUS))]
-        print(f"{name}: LoRA {q['lora'] / 1e6:.1f}M params; KV {q['kv_per_token'] / 1024:.0f} KiB/token "
-              f"({q['cfg'].layer_types.count('full_attention')} full-attention layers); DeltaNet state "
-              f"{q['state'] / 2**20:.1f} MiB/sequence")
+    print("memory per card (LoRA rank 16 on all linear layers, bf16, gradient checkpointing, the engine asleep "
+          "while the trainer trains; searchqa's retriever on the card where it fits):")
+    print_table(*memory_rows(), md)
+    for name in g.MODELS:
+        params, lora = g.param_counts(name)
+        kv, state = g.cache_sizes(name)
+        delta, full = g.layer_counts(g.config(name))
+        print(f"{name}: {params / 1e9:.2f}B parameters, LoRA {lora / 1e6:.1f}M; KV {kv / 1024:.0f} KiB a token "
+              f"({full} full-attention layers); GatedDeltaNet state {state / 2**20:.1f} MiB a sequence "
+              f"({delta} layers)")
+    print()
 
-    print(f"\nexpected hours per run ({phases} weight + {phases} harness phases, G = {args.group}, "
-          f"M = {args.candidates} x {args.harness_tasks} tasks x {args.iterations} iterations, mean@{args.k} after every phase)")
-    head = ["domain", "model", "tokens/rollout (gen, prefill, ctx)", "accept"]
-    head += [f"{g.split(' (')[0]} {m}" for g in GPUS for m in ("whale", "harness-only")]
-    rows = []
-    for dom, d in DOMAINS.items():
-        name = DOMAIN_MODEL[dom]
-        cells = []
-        for gpu in GPUS:
-            budget = dict(epochs=args.epochs, phases=phases, iterations=args.iterations, candidates=args.candidates,
-                          harness_tasks=args.harness_tasks, group=args.group, k=args.k)
-            w = hours(plans[name, gpu], d, "whale", **budget)
-            h = hours(plans[name, gpu], d, "harness-only", **budget)
-            cells += [f"{w:.0f} h", f"{h:.1f} h"]
-        rows.append([dom, name, f"{d['gen']}, {d['prefill']}, {d['ctx']}", f"{d['accept']:.2f}"] + cells)
-    print_table(head, rows, args.markdown, sep)
-    print("weight-only, stagewise and fast-slow spend the same weight budget as whale and take about as long;\n"
-          "harness phases add the proposer's own time (a coding agent), not counted here.")
-
-
-def print_table(head, rows, markdown, sep):
-    if markdown:
-        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-        for r in rows:
-            print("| " + " | ".join(r) + " |")
-        return
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    for r in [head] + rows:
-        print(sep.join(str(x).ljust(w) for x, w in zip(r, widths)))
+    rows = table_estimates("gpu", 80)
+    print(f"the gpu preset on one 80 GB card ({g.CARDS[80][0]}), hours per run (one process each):")
+    print_table(*run_rows(rows), md)
+    slow = total(table_estimates("gpu", 80, proposer_s=2 * g.PROPOSER_S))
+    no_fla = total(table_estimates("gpu", 80, fla=False))
+    print(f"with {2 * g.PROPOSER_S // 60} min a proposer round instead of {g.PROPOSER_S // 60}: {slow:.1f} h; "
+          f"without fla-core (SFT x {g.NO_FLA_SFT_FACTOR:g}): {no_fla:.1f} h; one process per domain would not "
+          f"redo about {shared_hours():.1f} h of it (whale.py's reuse, not counted)\n")
+    print("the gpu preset on each card, hours per domain (run_all.sh's runs of it):")
+    print_table(*domain_rows(g.CARDS, "gpu"), md)
+    for card in (24, 48):
+        elsewhere = total(table_estimates("gpu", card, domains=["searchqa"], retriever="other-gpu"))
+        print(f"searchqa on {card} GB with the retriever's index on a second GPU: {elsewhere:.1f} h")
+    print()
+    paper = table_estimates("paper", 80)
+    thinking = table_estimates("paper", 80, THINKING_FLAGS)
+    print("the paper preset (1,024 tokens a call), then the official thinking-length episode "
+          "(--max-new-tokens 8192 --max-model-len 32768), on each card:")
+    print_table(*domain_rows(g.CARDS, "paper"), md)
+    print_table(*domain_rows(g.CARDS, "paper", THINKING_FLAGS), md)
+    wide = table_estimates("paper", 80, (*THINKING_FLAGS, "--workers", "256"))
+    for label, rows in (("paper", paper), ("thinking", thinking), ("thinking, --workers 256", wide)):
+        engine = sum(e["rollouts"] + e["test"] for _, _, e in rows)
+        rest = total(rows) - engine
+        print(f"{label} on 80 GB: {total(rows) / 24:.0f} GPU-days, of them {engine / 24:.0f} days of rollouts "
+              f"(what N engine GPUs share) and {rest / 24:.0f} of SFT, engine start and proposer; with the rollouts "
+              f"on 7 more cards (vllm serve --data-parallel-size 7): {(rest + engine / 7) / 24:.0f} days")
+    print()
+    print("95 % half-width of one cell's mean@8 (points), Var = p (1 - p) (rho + (1 - rho) / k) / n, rho = 0.5:")
+    print_table(*width_rows(), md)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,340 @@
+"""The GPU plan of the Qwen3.5 runs (paper and gpu presets): memory per phase and hours per run on one card,
+from the model configs and stated token lengths. No GPU, model or dataset is needed: whale.py --plan and
+scripts/memory_plan.py (the README tables) call in here; nothing here imports a top-level script.
+
+    mem = memory("Qwen3.5-2B", 80, retriever="gpu", gpu_memory=0.45, context=8192, completion=1024)
+    counts = run_counts(whale.fixed_phases(args, n_train), batch=64, group=8, candidates=3, harness_tasks=128,
+                        harness_samples=1, n_test=105, k=8)
+    est = hours("Qwen3.5-2B", "searchqa", counts, card_gb=80)   # {"rollouts": h, ..., "total": h, "counts": ...}
+    est = estimate(args, phases, n_harness, n_test)             # the same from a whale.py run's flags
+    half = interval_halfwidth(n_test, 8, p=0.4)                 # 95 % half-width of one cell's mean@8
+
+Setting: one card holds the trainer (transformers + peft: bf16 base weights, fp32 LoRA weights and AdamW),
+the vLLM engine (its own bf16 weights, KV cache for the full-attention layers, a GatedDeltaNet state per
+sequence) and, for searchqa on the 80 GB card, Search-R1's retriever (e5 + a flat FAISS index in fp16).
+With --vllm-sleep the engine frees its memory while the trainer runs, so the two phases peak apart:
+    rollout peak = trainer weights + LoRA/Adam + retriever + engine share (weights + overhead + KV + states)
+    train peak   = trainer weights + LoRA/Adam + retriever + activations (checkpointed) + sleeping engine
+Time of a run = its rollouts (decode: bandwidth-bound; prefill: FLOP-bound; the harness's tool waits) + its
+SFT passes (FLOP-bound) + per RSFT step the engine's sleep, wake, adapter load and canary + per process
+the model load and engine start + per proposer round the coding agent's own time. A run is one process: on
+a GPU run_all.sh starts one whale.py per method (a vllm engine keeps the card until its process ends), so
+no two runs share a phase (whale.py's in-process reuse does not apply), and none is counted.
+Every constant below is a stated assumption (with its source where there is one), not a measurement: the
+plan is to be checked against scripts/gpu_check.sh and the first real run's metrics.jsonl.
+"""
+import math
+
+GiB = 1024 ** 3
+
+# Qwen3.5 text configs: layer counts and sizes from THUDM/slime scripts/models/qwen3.5-{2B,4B}.sh; the
+# linear-attention head counts from the released config.json files; the rest transformers' Qwen3_5TextConfig
+# defaults. Hybrid: three Gated DeltaNet layers, then one full (gated) attention layer, repeated.
+QWEN35_COMMON = dict(vocab_size=248320, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
+                     linear_conv_kernel_dim=4, tie_word_embeddings=True)
+MODELS = {
+    "Qwen3.5-2B": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=24, num_attention_heads=8,
+                       num_key_value_heads=2, linear_num_key_heads=16, linear_num_value_heads=16),
+    "Qwen3.5-4B": dict(hidden_size=2560, intermediate_size=9216, num_hidden_layers=32, num_attention_heads=16,
+                       num_key_value_heads=4, linear_num_key_heads=16, linear_num_value_heads=32),
+}
+FULL_ATTENTION_EVERY = 4
+DOMAIN_MODEL = {"searchqa": "Qwen3.5-2B", "math": "Qwen3.5-2B", "chess": "Qwen3.5-4B"}
+
+# one card per memory class: (name, GiB, HBM GB/s, dense bf16 TFLOPS), from the vendors' spec sheets
+CARDS = {24: ("RTX 4090", 24, 1008, 165), 48: ("L40S", 48, 864, 362), 80: ("A100 80GB", 80, 2039, 312)}
+
+# Search-R1's retriever (its retrieval_server.py): e5-base-v2 (110M parameters) over wiki-18, 21,015,324
+# passages x 768 dims in a flat inner-product index. On the GPU in fp16: 30 GiB of index + the encoder + faiss's
+# scratch; on the CPU in fp32: 60 GiB of RAM, and each query (one per request: hub.RetrieverClient sends one)
+# scans all of it at the machine's memory bandwidth.
+WIKI_PASSAGES, E5_DIMS = 21_015_324, 768
+RETRIEVER_GPU_BYTES = WIKI_PASSAGES * E5_DIMS * 2 + 2 * GiB  # + e5 fp16, faiss temp memory, its CUDA context
+RETRIEVER_CPU_RAM = WIKI_PASSAGES * E5_DIMS * 4
+RETRIEVER_QUERY_S = {"gpu": 0.03,        # 30 GiB at ~1 TB/s effective
+                     "other-gpu": 0.03,  # the same on a second card, off this one
+                     "cpu": 1.0}         # 60 GiB at ~60 GB/s (a 16-core host); queries queue at the server
+CARD_RETRIEVER = {24: "cpu", 48: "cpu", 80: "gpu"}  # where the index goes on each card (30 GiB fits only on 80)
+
+# Token lengths of one episode, stated, not measured (no Qwen3.5 run yet): prompt = the first call's prompt
+# tokens; calls = llm() calls per episode; gen = assistant tokens per episode (thinking included); longest =
+# the longest completion in a batch of calls at temperature 1 (the per-call cap where a share of calls reach
+# it); tool = tokens the episode adds between calls (passages, code output, the next position); accept =
+# share of rollouts with reward 1 (RSFT trains on those); searches = retriever queries per episode; tool_s =
+# seconds a call waits on something else than the engine (a sandboxed python run).
+# CAPPED: --max-new-tokens 1024 a call (the gpu preset), thinking as the template does, h0 harnesses.
+#   searchqa: h0 caps a turn at 500 tokens and stops at </search>; a short think + a query, then the answer;
+#   one 150-word passage. math: the first call thinks to the cap, a code block in about half of them.
+#   chess: a 650-token position (FEN, board, 30-40 legal moves in UCI and SAN), 1-2 solver moves and the
+#   wrong-move stop; the 4B thinks to the cap on most calls.
+# THINKING: the official episode (PROTOCOL.md 2): 8,192 assistant tokens an episode (chess 8,129), no
+#   per-call cap but what is left of it; AIME-level math spends most of it, searchqa and chess less.
+CAPPED = {
+    "searchqa": dict(prompt=160, calls=1.8, gen=650, longest=500, tool=220, accept=0.35, searches=0.9, tool_s=0.0),
+    "math": dict(prompt=170, calls=1.4, gen=1250, longest=1024, tool=120, accept=0.15, searches=0.0, tool_s=0.5),
+    "chess": dict(prompt=650, calls=1.4, gen=1300, longest=1024, tool=260, accept=0.10, searches=0.0, tool_s=0.0),
+}
+THINKING = {
+    "searchqa": dict(prompt=350, calls=1.9, gen=1600, longest=4096, tool=250, accept=0.40, searches=0.95, tool_s=0.0),
+    "math": dict(prompt=400, calls=1.6, gen=5000, longest=8192, tool=150, accept=0.30, searches=0.0, tool_s=0.5),
+    "chess": dict(prompt=650, calls=1.5, gen=4000, longest=8129, tool=260, accept=0.15, searches=0.0, tool_s=0.0),
+}
+# the longest model call of each regime, for the memory plan: (context, trained completion) tokens. Capped:
+# vLLM's --max-model-len 8192 and one call's cap. Thinking: the official prompt cap + response window
+# (searchqa 2,048 + 10,240, math 2,048 + 8,192, chess 4,096 + 16,384), within --max-model-len 32,768
+LONGEST = {"capped": {"searchqa": (8192, 1024), "math": (8192, 1024), "chess": (8192, 1024)},
+           "thinking": {"searchqa": (12288, 8192), "math": (10240, 8192), "chess": (20480, 8129)}}
+MODEL_LEN = 32768
+
+# memory: vLLM's own overhead (CUDA graphs, sampler, activations); what a sleeping engine keeps; the trainer's
+# CUDA context; the share of the card left free for fragmentation
+OVERHEAD_ENGINE, SLEEP_RESIDUAL, CUDA_CONTEXT, FREE_SHARE = 2 * GiB, 1 * GiB, 1 * GiB, 0.08
+# time: the share of peak bandwidth / FLOPs reached (decode and prefill, SFT); vLLM's fixed cost per decode
+# step (scheduler, sampler, Python); the least wait of a generate call for its batch (rollout.BATCH_WAIT_S)
+EFF_INFER, EFF_TRAIN, STEP_OVERHEAD_S, BATCH_WAIT_S = 0.5, 0.4, 0.004, 0.1
+DEFAULT_WORKERS = 64  # rollout.py: concurrent episodes, min(64, episodes) unless --workers
+MAX_NUM_SEQS = 256    # vLLM's default cap on sequences in a batch
+SYNC_S = 20           # per RSFT step: engine sleep + wake (weights over PCIe), adapter save + load, the canary
+START_S = 180         # per process: trainer model load, vLLM start (profiling, CUDA graphs), data, worker pool
+PROPOSER_S = 600      # per proposer round: one Claude Code session writing M candidates with file tools, no
+                      # shell (PROTOCOL.md 7: the paper's timeout is 2,400 s with --effort max; ours: 10 min)
+NO_FLA_SFT_FACTOR = 3.0  # SFT time without fla-core: transformers' torch path for the chunked gated delta rule
+                         # (a Python loop over 64-token chunks in fp32) in 3 of every 4 layers
+
+# the runs of run_all.sh's table: every domain x method, and adaptive WHALE where the paper reports it
+TABLE = [(d, m, "fixed") for d in DOMAIN_MODEL
+         for m in ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale")]
+TABLE += [(d, "whale", "adaptive") for d in ("searchqa", "math")]
+
+
+def tokens(domain, max_new_tokens=1024):
+    """The token lengths of the regime these settings run in: a per-call cap of up to 1024 tokens, or the
+    thinking-length episode."""
+    return (CAPPED if max_new_tokens <= 1024 else THINKING)[domain]
+
+
+# -----------------------------------------------------------------------------
+# model sizes
+
+def config(name):
+    return {**QWEN35_COMMON, **MODELS[name]}
+
+
+def layer_counts(c):
+    """(Gated DeltaNet layers, full-attention layers)."""
+    full = c["num_hidden_layers"] // FULL_ATTENTION_EVERY
+    return c["num_hidden_layers"] - full, full
+
+
+def linear_shapes(c):
+    """(in, out) of every decoder Linear (peft's 'all-linear' targets; the tied head is not one)."""
+    h, inter = c["hidden_size"], c["intermediate_size"]
+    nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
+    heads, kv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    mlp = [(h, inter), (h, inter), (inter, h)]
+    delta = [(h, 2 * nk * dk + nv * dv), (h, nv * dv), (h, nv), (h, nv), (nv * dv, h)]  # qkv, z, b, a, out
+    attention = [(h, 2 * heads * hd), (h, kv * hd), (h, kv * hd), (heads * hd, h)]  # q (with its gate), k, v, o
+    n_delta, n_full = layer_counts(c)
+    return (delta + mlp) * n_delta + (attention + mlp) * n_full
+
+
+def param_counts(name, lora_rank=16):
+    """(all parameters, LoRA parameters), the same as instantiating Qwen3_5ForCausalLM (tests check it)."""
+    c = config(name)
+    h = c["hidden_size"]
+    n_delta, n_full = layer_counts(c)
+    nv, dk, dv = c["linear_num_value_heads"], c["linear_key_head_dim"], c["linear_value_head_dim"]
+    conv = (2 * c["linear_num_key_heads"] * dk + nv * dv) * c["linear_conv_kernel_dim"]
+    small = n_delta * (conv + 2 * nv + dv) + n_full * 2 * c["head_dim"] + c["num_hidden_layers"] * 2 * h + h
+    linear = sum(i * o for i, o in linear_shapes(c))
+    lora = sum(lora_rank * (i + o) for i, o in linear_shapes(c))
+    return c["vocab_size"] * h + linear + small, lora
+
+
+def cache_sizes(name):
+    """(KV bytes per token over the full-attention layers, GatedDeltaNet state bytes per sequence: the fp32
+    recurrent state and the conv window of every linear layer)."""
+    c = config(name)
+    n_delta, n_full = layer_counts(c)
+    kv_per_token = n_full * 2 * c["num_key_value_heads"] * c["head_dim"] * 2  # K and V in bf16
+    nv, dk, dv = c["linear_num_value_heads"], c["linear_key_head_dim"], c["linear_value_head_dim"]
+    conv_dim = 2 * c["linear_num_key_heads"] * dk + nv * dv
+    state = n_delta * (nv * dk * dv * 4 + conv_dim * (c["linear_conv_kernel_dim"] - 1) * 2)
+    return kv_per_token, state
+
+
+def activation_bytes(name, examples, context, completion):
+    """Peak training activations of one micro-batch of `examples` model calls, `context` tokens each of which
+    `completion` are trained: a bf16 hidden state per checkpointed layer, one layer recomputed with its
+    gradients (~ (8h + 3I) x 2 bytes a token, twice), the chunk states one GatedDeltaNet layer keeps for its
+    backward (one fp32 state per 64 tokens), and the loss: rft.completion_nll runs the head on the completion
+    tokens only, but all of them at once (bf16 logits + fp32 log-softmax + fp32 grad: 10 bytes x vocab each)."""
+    c = config(name)
+    tokens = examples * context
+    checkpoints = c["num_hidden_layers"] * tokens * c["hidden_size"] * 2
+    one_layer = 2 * tokens * (8 * c["hidden_size"] + 3 * c["intermediate_size"]) * 2
+    delta = tokens / 64 * c["linear_num_value_heads"] * c["linear_key_head_dim"] * c["linear_value_head_dim"] * 4
+    loss = examples * completion * c["vocab_size"] * 10
+    return checkpoints + one_layer + delta + loss
+
+
+# -----------------------------------------------------------------------------
+# memory
+
+def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, completion=1024, minibatch=None,
+           sleep=True):
+    """The plan of one card: the engine's share (--gpu-memory; default: all the trainer leaves), the sequences
+    its KV cache holds at `context` tokens, and the largest micro-batch (--minibatch, model calls) of
+    `context`-token calls with `completion` trained tokens that fits beside the trainer (or `minibatch`,
+    checked). retriever: "gpu" puts Search-R1's index on this card; "cpu" or None leave it off."""
+    params, lora = param_counts(name)
+    card = CARDS[card_gb][1] * GiB
+    on_card = RETRIEVER_GPU_BYTES if retriever == "gpu" else 0
+    usable = card * (1 - FREE_SHARE) - CUDA_CONTEXT - on_card
+    weights, lora_opt = params * 2, lora * 16  # bf16 base; fp32 LoRA weight + grad + Adam m and v
+    act = lambda m: activation_bytes(name, m, context, completion)
+    room = usable - weights - lora_opt  # what the trainer leaves for the engine (asleep while it trains)
+    if sleep:
+        engine = gpu_memory * card if gpu_memory else room
+        train_room = room - SLEEP_RESIDUAL
+    else:  # both awake: keep room for one micro-batch of 2 calls
+        engine = gpu_memory * card if gpu_memory else room - act(2)
+        train_room = room - engine
+    largest = 0
+    while act(largest + 1) <= train_room and largest < 64:
+        largest += 1
+    micro = minibatch or largest
+    kv_per_token, state = cache_sizes(name)
+    kv = engine - weights - OVERHEAD_ENGINE
+    return dict(params=params, lora=lora, weights=weights, lora_opt=lora_opt, retriever=on_card, engine=engine,
+                gpu_memory=engine / card, max_gpu_memory=room / card, kv=kv,
+                seqs=max(0, int(kv // (context * kv_per_token + state))), kv_per_token=kv_per_token, state=state,
+                minibatch=micro, largest=largest, act=act(max(micro, 1)), context=context, completion=completion,
+                fits=0 < kv and engine <= room and 1 <= micro <= largest)
+
+
+# -----------------------------------------------------------------------------
+# what a run does, from its phases
+
+def run_counts(phases, batch, group, candidates, harness_tasks, harness_samples, n_test, k):
+    """Work of a run with these [(kind, RSFT steps or proposer rounds)] phases (whale.fixed_phases), as
+    whale.print_plan counts it: a harness phase right after a weight phase (or the first) starts a new
+    archive by re-scoring its incoming harness; each round scores M candidates (+ one smoke episode each);
+    the test set is evaluated before the first phase and after every phase."""
+    score = harness_tasks * harness_samples
+    steps = sum(n for kind, n in phases if kind == "weight")
+    rounds = sum(n for kind, n in phases if kind == "harness")
+    rescores = sum(1 for i, (kind, _) in enumerate(phases)
+                   if kind == "harness" and (i == 0 or phases[i - 1][0] == "weight"))
+    return dict(steps=steps, train=steps * batch * group, rounds=rounds,
+                scorings=rescores + rounds * candidates, harness=rescores * score + rounds * candidates * (score + 1),
+                evals=len(phases) + 1, n_test=n_test, test=(len(phases) + 1) * n_test * k)
+
+
+# -----------------------------------------------------------------------------
+# time
+
+def decode_costs(mem, card_gb, mean_context):
+    """(seconds every decode step pays whatever its batch: the weights through HBM + vLLM's fixed cost,
+    seconds per generated token on top: its sequence's KV and DeltaNet state (read and written) through HBM,
+    or its FLOPs if that is slower)."""
+    _, _, bandwidth, tflops = CARDS[card_gb]
+    step = mem["weights"] / (bandwidth * 1e9 * EFF_INFER) + STEP_OVERHEAD_S
+    per_token = max((mean_context * mem["kv_per_token"] + 2 * mem["state"]) / (bandwidth * 1e9),
+                    2 * mem["params"] / (tflops * 1e12)) / EFF_INFER
+    return step, per_token
+
+
+def episode_tokens(t):
+    """(tokens prefilled, tokens in the SFT examples) of one episode. Prefill: the prompt and what the
+    episode adds between calls (the prefix cache holds the rest). SFT: rft.py trains one example per call,
+    each its whole context so far + its completion."""
+    calls, gen_call = t["calls"], t["gen"] / t["calls"]
+    added = t["tool"] / max(calls - 1, 1)
+    trained = calls * t["prompt"] + gen_call * calls * (calls + 1) / 2 + added * calls * (calls - 1) / 2
+    return t["prompt"] + t["tool"], trained
+
+
+def rollout_s(name, t, card_gb, episodes, batches, workers=DEFAULT_WORKERS, gpu_memory=None, retriever=None):
+    """Seconds to run `episodes` of token lengths `t` in `batches` runner calls (rollout.Runner). The runner
+    keeps `workers` episodes live (at most what the KV cache holds) and samples their pending calls in one
+    blocking generate call, which lasts as long as its longest completion (t["longest"]). So a generate call
+    costs that many steps of the fixed step cost + its tokens, and waits for the slowest tool of its batch
+    first; each runner call drains its last episodes in `calls` extra, emptier generate calls. The prefill
+    FLOPs come on top, and the retriever's queue (one query at a time at the server) bounds it all where it
+    is slower."""
+    if not episodes:
+        return 0.0
+    prefill, _ = episode_tokens(t)
+    mean_context = t["prompt"] + (t["gen"] + t["tool"]) / 2
+    mem = memory(name, card_gb, retriever, gpu_memory, context=int(mean_context) + 1)
+    slots = max(1, min(workers, MAX_NUM_SEQS, mem["seqs"]))
+    step, per_token = decode_costs(mem, card_gb, mean_context)
+    generate_calls = episodes * t["calls"] / slots + batches * math.ceil(t["calls"])
+    decode = generate_calls * (t["longest"] * step + BATCH_WAIT_S + t["tool_s"]) + episodes * t["gen"] * per_token
+    prefill_s = episodes * prefill * 2 * mem["params"] / (CARDS[card_gb][3] * 1e12 * EFF_INFER)
+    search = episodes * t["searches"] * RETRIEVER_QUERY_S[retriever or "gpu"]
+    return max(decode, search) + prefill_s
+
+
+def sft_s(name, t, card_gb, trajectories, fla=True):
+    """Seconds of the SFT passes over `trajectories` accepted episodes: 6 FLOPs per parameter and trained token
+    (forward + backward; LoRA's saving on weight gradients not counted) + 2 for the checkpointed recompute."""
+    _, trained = episode_tokens(t)
+    params, _ = param_counts(name)
+    s = trajectories * trained * 8 * params / (CARDS[card_gb][3] * 1e12 * EFF_TRAIN)
+    return s if fla else s * NO_FLA_SFT_FACTOR
+
+
+PARTS = ("rollouts", "test", "sft", "engine", "proposer")
+
+
+def hours(name, domain, counts, card_gb=80, max_new_tokens=1024, workers=None, gpu_memory=None, retriever=None,
+          proposer_s=PROPOSER_S, fla=True):
+    """Estimated hours of one run (one whale.py process) from run_counts(): {part: hours for PARTS, "total":
+    hours, "counts": counts}. Training and harness scoring run `workers` episodes at a time, the test
+    evaluation the runner's own width (whale.evaluate_test); the retriever sits where CARD_RETRIEVER puts it
+    unless given."""
+    t = tokens(domain, max_new_tokens)
+    retriever = retriever or (CARD_RETRIEVER[card_gb] if domain == "searchqa" else None)
+    run = lambda n, batches, w: rollout_s(name, t, card_gb, n, batches, w, gpu_memory, retriever)
+    w = workers or DEFAULT_WORKERS
+    parts = {"rollouts": run(counts["train"], counts["steps"], w) + run(counts["harness"], counts["scorings"], w),
+             "test": run(counts["test"], counts["evals"], DEFAULT_WORKERS),
+             "sft": sft_s(name, t, card_gb, counts["train"] * t["accept"], fla),
+             "engine": counts["steps"] * SYNC_S + START_S, "proposer": counts["rounds"] * proposer_s}
+    parts = {k: v / 3600 for k, v in parts.items()}
+    return {**parts, "total": sum(parts.values()), "counts": counts}
+
+
+def model_name(model):
+    """The MODELS key of a --model value (a hub id or a local folder named after it), or None."""
+    tail = str(model).rstrip("/").split("/")[-1]
+    return tail if tail in MODELS else None
+
+
+def estimate(args, phases, n_harness, n_test, card_gb=80, **kw):
+    """hours() of a whale.py run from its flags and whale.fixed_phases, or None for a model not in MODELS."""
+    name = model_name(args.model)
+    if name is None:
+        return None
+    counts = run_counts(phases, args.batch, args.group, args.candidates, n_harness, args.harness_samples, n_test,
+                        args.k)
+    return hours(name, args.domain, counts, card_gb, args.max_new_tokens, args.workers, args.gpu_memory, **kw)
+
+
+def describe(est, card_gb=80):
+    parts = ", ".join(f"{k} {est[k]:.2f}" for k in PARTS)
+    return f"estimated {est['total']:.2f} h on one {card_gb} GB card ({CARDS[card_gb][0]}; lib/gpu_plan.py): {parts}"
+
+
+# -----------------------------------------------------------------------------
+# how sure one cell is
+
+def interval_halfwidth(n_tasks, k, p, rho=0.5, z=1.96):
+    """95 % half-width of mean@k over n_tasks tasks at accuracy p. A task's k samples are correlated: with
+    rho the share of the variance p(1-p) that lies between tasks (0: every task has accuracy p; 1: each task
+    is always right or always wrong),
+        Var(mean@k) = p (1 - p) (rho + (1 - rho) / k) / n_tasks."""
+    return z * math.sqrt(p * (1 - p) * (rho + (1 - rho) / k) / n_tasks)

@@ -1,0 +1,170 @@
+"""lib/gpu_plan.py and the gpu preset: the whole table fits 12 h on one 80 GB card by the project's estimate,
+whale.py --plan prints each run's hours, the memory plan counts what it says, and run_all.sh picks gpu on a GPU.
+No GPU, model or dataset: the estimate is arithmetic on model configs and whale.py's plan."""
+import os
+import subprocess
+
+import pytest
+
+import whale
+from lib import gpu_plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def plan(capsys, *argv):
+    [args] = whale.parse_args(["--plan", *argv])
+    est = whale.print_plan(args)
+    return args, est, capsys.readouterr().out
+
+
+def test_the_gpu_table_fits_in_12_hours_on_80_gb(capsys):
+    """run_all.sh's table (3 domains x 6 methods + adaptive WHALE on searchqa and math), one process a run."""
+    assert {m for _, m, _ in gpu_plan.TABLE} == set(whale.METHODS) and len(gpu_plan.TABLE) == 20
+    hours = [plan(capsys, "--preset", "gpu", "--domain", d, "--method", m, "--schedule", s)[1]["total"]
+             for d, m, s in gpu_plan.TABLE]
+    assert all(0 < h < 2 for h in hours)
+    assert sum(hours) <= 12.0, f"the gpu preset's table takes {sum(hours):.1f} h by lib/gpu_plan.py"
+
+
+def test_the_gpu_preset_keeps_the_paper_shape(capsys):
+    for domain in ("searchqa", "math", "chess"):
+        args, _, out = plan(capsys, "--preset", "gpu", "--domain", domain)
+        paper, _, _ = plan(capsys, "--preset", "paper", "--domain", domain)
+        for flag in ("model", "lr", "group", "k", "candidates", "phase_epochs", "sft_batch", "minibatch",
+                     "temperature", "top_k", "max_new_tokens", "data", "backend", "vllm_sleep", "bf16", "proposer"):
+            assert getattr(args, flag) == getattr(paper, flag), (domain, flag)
+        assert whale.fixed_phases(args, args.train_limit) == [("weight", 2), ("harness", 1), ("weight", 2)]
+        assert "re-score + 1 rounds" in out
+        [only] = whale.parse_args(["--plan", "--preset", "gpu", "--domain", domain, "--method", "harness-only"])
+        assert whale.budgets(only, args.train_limit) == (0, 2)
+
+
+def test_plan_prints_each_runs_hours_and_their_sum(capsys):
+    methods = ["whale", "weight-only", "harness-only"]
+    whale.main(["--plan", "--preset", "gpu", "--domain", "math", "--method", *methods])
+    out = capsys.readouterr().out
+    each = [float(line.split()[1]) for line in out.splitlines()
+            if line.startswith("estimated") and "on one 80 GB" in line]
+    assert len(each) == 3 and all(h > 0 for h in each)
+    [total] = [line for line in out.splitlines() if "for these 3 runs" in line]
+    assert float(total.split()[1]) == pytest.approx(sum(each), abs=0.02)
+    # a model the plan does not know gets no estimate, and says so
+    whale.main(["--plan", "--preset", "smoke", "--domain", "math"])
+    assert "no time estimate for --model smoke" in capsys.readouterr().out
+
+
+def test_the_estimate_counts_what_the_plan_prints(capsys):
+    """run_counts (the estimate's input) and print_plan's totals are the same counts."""
+    for method in whale.METHODS:
+        args, est, out = plan(capsys, "--preset", "gpu", "--domain", "searchqa", "--method", method)
+        c = est["counts"]
+        assert f"total: {c['train'] + c['harness']:,d} rollouts ({c['train']:,d} training, {c['harness']:,d} " in out
+        assert f"= {c['test']:,d}" in out and f"{c['steps']} RSFT steps, {c['rounds']} proposer rounds" in out
+
+
+def test_time_grows_with_the_work_and_the_slower_card():
+    counts = lambda steps, rounds: gpu_plan.run_counts([("weight", steps), ("harness", rounds), ("weight", steps)],
+                                                       64, 8, 3, 128, 1, 80, 8)
+    small, large = (gpu_plan.hours("Qwen3.5-4B", "chess", counts(n, 1)) for n in (2, 4))
+    assert large["rollouts"] > small["rollouts"] and large["sft"] > small["sft"] and large["test"] == small["test"]
+    assert gpu_plan.hours("Qwen3.5-4B", "chess", counts(2, 1), card_gb=48)["total"] > small["total"]
+    slow = gpu_plan.hours("Qwen3.5-4B", "chess", counts(2, 1), proposer_s=1200)
+    assert slow["proposer"] == pytest.approx(2 * small["proposer"]) and small["proposer"] == pytest.approx(1 / 6)
+    # the thinking-length episode costs more than 1,024 tokens a call; the CPU retriever bounds searchqa
+    assert gpu_plan.hours("Qwen3.5-4B", "chess", counts(2, 1), max_new_tokens=8192)["rollouts"] > 2 * small["rollouts"]
+    gpu, cpu = (gpu_plan.hours("Qwen3.5-2B", "searchqa", counts(2, 1), 80, retriever=r) for r in ("gpu", "cpu"))
+    assert cpu["rollouts"] > 3 * gpu["rollouts"]
+    assert gpu_plan.hours("Qwen3.5-2B", "math", counts(2, 1), fla=False)["sft"] == pytest.approx(
+        gpu_plan.NO_FLA_SFT_FACTOR * gpu_plan.hours("Qwen3.5-2B", "math", counts(2, 1))["sft"])
+
+
+def test_the_memory_plan_counts_the_retriever_the_states_and_thinking_lengths():
+    kv, state = gpu_plan.cache_sizes("Qwen3.5-2B")
+    assert kv == 6 * 2 * 2 * 256 * 2  # 6 full-attention layers, 2 KV heads of 256, K and V in bf16
+    assert state == 18 * (16 * 128 * 128 * 4 + 6144 * 3 * 2)  # 18 DeltaNet layers: fp32 state + conv window
+    alone, beside = (gpu_plan.memory("Qwen3.5-2B", 80, r) for r in (None, "gpu"))
+    assert alone["engine"] - beside["engine"] == gpu_plan.RETRIEVER_GPU_BYTES > 30 * gpu_plan.GiB
+    # the engine's sequences at the model's full length are fewer than at 8k, by the KV a token
+    short, full = (gpu_plan.memory("Qwen3.5-4B", 80, None, 0.5, context=c)["seqs"] for c in (8192, gpu_plan.MODEL_LEN))
+    assert 0 < full < short
+    # a thinking-length call: its loss alone (8,192 trained tokens x 248,320 vocab x 10 bytes) passes 19 GiB
+    context, completion = gpu_plan.LONGEST["thinking"]["math"]
+    assert gpu_plan.activation_bytes("Qwen3.5-2B", 1, context, completion) > 8192 * 248320 * 10
+    assert gpu_plan.memory("Qwen3.5-2B", 24, None, None, context, completion)["largest"] == 0
+    assert gpu_plan.memory("Qwen3.5-2B", 80, None, None, context, completion)["largest"] >= 1
+    # the gpu preset's engine share fits beside the trainer on every card
+    for domain, share in (("searchqa", 0.45), ("math", 0.7), ("chess", 0.5)):
+        [args] = whale.parse_args(["--plan", "--preset", "gpu", "--domain", domain])
+        assert args.gpu_memory == share
+        for card in gpu_plan.CARDS:
+            where = gpu_plan.CARD_RETRIEVER[card] if domain == "searchqa" else None
+            mem = gpu_plan.memory(gpu_plan.DOMAIN_MODEL[domain], card, where, share, minibatch=2)
+            assert mem["fits"], (domain, card)
+
+
+def test_param_counts_are_the_transformers_models():
+    torch = pytest.importorskip("torch")
+    modeling = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    from transformers import Qwen3_5TextConfig
+    for name in gpu_plan.MODELS:
+        with torch.device("meta"):
+            model = modeling.Qwen3_5ForCausalLM(Qwen3_5TextConfig(**gpu_plan.config(name)))
+        lora = sum(16 * (m.in_features + m.out_features) for n, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and not n.startswith("lm_head"))
+        assert gpu_plan.param_counts(name) == (sum(p.numel() for p in model.parameters()), lora)
+        assert model.config.layer_types.count("full_attention") == gpu_plan.layer_counts(gpu_plan.config(name))[1]
+
+
+def test_interval_halfwidth_is_between_the_binomial_of_tasks_and_of_samples():
+    n, k, p = 80, 8, 0.3
+    tasks = 1.96 * (p * (1 - p) / n) ** 0.5
+    samples = 1.96 * (p * (1 - p) / (n * k)) ** 0.5
+    assert gpu_plan.interval_halfwidth(n, k, p, rho=1.0) == pytest.approx(tasks)
+    assert gpu_plan.interval_halfwidth(n, k, p, rho=0.0) == pytest.approx(samples)
+    assert samples < gpu_plan.interval_halfwidth(n, k, p) < tasks
+
+
+def run_all_preset(tmp_path, cuda, **env):
+    """run_all.sh's preset choice with a stub `python` (every call logged, the CUDA check answering `cuda`)."""
+    log = tmp_path / "calls.log"
+    stub = tmp_path / "python"
+    stub.write_text('#!/usr/bin/env bash\necho "$*" >> "$STUB_LOG"\n'
+                    'case "$*" in *cuda.is_available*) exit "$STUB_CUDA_RC" ;; esac\nexit 0\n')
+    stub.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "VIRTUAL_ENV": str(tmp_path), "STUB_LOG": str(log),
+           "STUB_CUDA_RC": "0" if cuda else "1", "DOMAINS": "math", "ADAPTIVE": "0", "HOME": str(tmp_path), **env}
+    done = subprocess.run(["bash", os.path.join(ROOT, "run_all.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    return done.stdout, [c for c in calls if c.startswith("whale.py") and "--check" not in c]
+
+
+def methods_of(call):
+    words = call.split()
+    after = words[words.index("--method") + 1:]
+    return [w for w in after[:next((i for i, w in enumerate(after) if w.startswith("--")), len(after))]]
+
+
+def test_run_all_picks_gpu_when_cuda_is_visible(tmp_path):
+    out, runs = run_all_preset(tmp_path, cuda=True)
+    assert "preset gpu" in out and "about 12 h" in out
+    assert runs and all("--preset gpu" in r for r in runs)
+    assert all(len(methods_of(r)) == 1 for r in runs)  # one method a process: a vllm engine keeps the GPU
+
+
+def test_run_all_keeps_cpu_without_cuda_and_paper_when_asked(tmp_path):
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "paper").mkdir()
+    out, runs = run_all_preset(tmp_path / "cpu", cuda=False)
+    assert "preset cpu" in out and all("--preset cpu" in r for r in runs)
+    out, runs = run_all_preset(tmp_path / "paper", cuda=True, PRESET="paper")
+    assert "preset paper" in out and runs and all("--preset paper" in r for r in runs)
+
+
+def test_run_all_runs_adaptive_whale_where_the_paper_reports_it(tmp_path):
+    out, runs = run_all_preset(tmp_path, cuda=True, DOMAINS="math chess", ADAPTIVE="1")
+    adaptive = [r for r in runs if "--schedule adaptive" in r]
+    assert len(adaptive) == 1 and "--domain math" in adaptive[0]
+    assert f" {len(runs)} runs;" in out  # the count it announces is the runs it starts (none was done)
