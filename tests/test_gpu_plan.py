@@ -32,8 +32,12 @@ def test_the_gpu_preset_keeps_the_paper_shape(capsys):
         args, _, out = plan(capsys, "--preset", "gpu", "--domain", domain)
         paper, _, _ = plan(capsys, "--preset", "paper", "--domain", domain)
         for flag in ("model", "lr", "group", "k", "candidates", "phase_epochs", "sft_batch", "minibatch",
-                     "temperature", "top_k", "max_new_tokens", "data", "backend", "vllm_sleep", "bf16", "proposer"):
+                     "temperature", "top_k", "data", "backend", "vllm_sleep", "bf16", "proposer", "proposer_model",
+                     "harness", "max_prompt_tokens"):
             assert getattr(args, flag) == getattr(paper, flag), (domain, flag)
+        # the stated reduction: no thinking, 1,024 tokens a call and 2,048 an episode (the paper: 8,192 thinking)
+        assert (args.thinking, args.max_new_tokens, args.episode_tokens) == ("off", 1024, 2048)
+        assert (paper.thinking, paper.max_new_tokens) == ("on", 8192)
         assert whale.fixed_phases(args, args.train_limit) == [("weight", 2), ("harness", 1), ("weight", 2)]
         assert "re-score + 1 rounds" in out
         [only] = whale.parse_args(["--plan", "--preset", "gpu", "--domain", domain, "--method", "harness-only"])
