@@ -58,7 +58,7 @@ from lib.openai_proposer import propose_openai
 from lib.policy import add_backend_args, check_backend, load_policy
 from lib.proposers import failure_advice, propose_agent, propose_in_copy
 from lib.reuse import file_sha
-from lib.runfolder import check_same_model, damaged, json_object, whole_jsonl
+from lib.runfolder import check_archive, check_run_files, check_same_model
 from rollout import sampling_kwargs  # by name: the tests swap the module `rollout` for a fake scorer
 
 PROPOSERS = ("mutate", "command", "claude", "openai")
@@ -113,41 +113,6 @@ def should_stop_harness_phase(best_series, patience, min_iters):
 
 # -----------------------------------------------------------------------------
 # the archive: the candidate folders are its truth; summary.jsonl and frontier.json an index rebuilt from them
-
-def check_run_files(folder, skip=()):
-    """Every JSON file of a run folder parses (read_json's error otherwise), checked before any work starts;
-    skip: folders whose files the caller checks (and rebuilds) itself."""
-    for path in sorted(Path(folder).glob("**/*.json")):
-        if path.name != "config.json" and path.parent.name not in skip:  # config.json: rewritten at every start
-            read_json(path)
-
-
-def check_archive(run_dir, fix, iterations=None, candidates=None):
-    """The archive as a whole, before a search resumes or a finished one is read: every valid candidate has its
-    harness.py, every score its scores.json and all the traces it counted; given the iterations finished and
-    the candidates per iteration, each of their candidates is there and judged. Raises naming the file and
-    `fix`. -> whether the seed's harness.py is lost (restore_seed copies it back)."""
-    run_dir = Path(run_dir)
-    seed_lost = False
-    for meta_path in sorted((run_dir / "candidates").glob("*/meta.json")):
-        d, meta = meta_path.parent, json_object(meta_path, fix)
-        if meta.get("valid") and not (d / "harness.py").is_file():
-            if meta.get("proposer") != "seed":
-                raise ValueError(f"{d / 'harness.py'} is missing, but {meta_path} says it is a valid candidate: {fix}")
-            seed_lost = True
-        if (d / "scores.json").exists():
-            scores = json_object(d / "scores.json", fix, keys=("score", "mean_turns", "rollouts"))
-            if not whole_jsonl(d / "traces.jsonl", scores["rollouts"]):
-                raise damaged(d / "traces.jsonl", f"not the {scores['rollouts']} episodes of its score", fix)
-    for it in range(iterations + 1 if iterations is not None else 0):
-        for name in ["h0"] if it == 0 else [f"h{it}_{j}" for j in range(1, candidates + 1)]:
-            d = run_dir / "candidates" / name
-            meta = json_object(d / "meta.json", fix)
-            if meta.get("valid") is None:
-                raise damaged(d / "meta.json", f"iteration {it} is finished, but {name} was never judged", fix)
-            if meta["valid"] and not (d / "scores.json").exists():
-                raise ValueError(f"{d / 'scores.json'} is missing, but iteration {it} is finished: {fix}")
-    return seed_lost
 
 
 def restore_seed(run_dir, sources, fix):

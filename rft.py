@@ -41,7 +41,7 @@ from lib.io import link_tree, read_json, swap_link, write_json, write_jsonl
 from lib.models import check_model
 from lib.policy import add_backend_args, check_backend, load_policy
 from lib.reuse import adapter_id
-from lib.runfolder import (check_recorded_sha, check_safetensors, check_torch_file, json_object, resolved_path, sha256,
+from lib.runfolder import (CHECKPOINT_FILES, check_checkpoint, check_checkpoint_model, resolved_path, sha256,
                            stored_path)
 
 
@@ -160,63 +160,10 @@ def should_stop_weight_phase(rewards, window, min_len, patience):
     return len(means) - 1 - best_at >= patience
 
 
-def check_checkpoint(out_dir, start_over=None):
-    """A damaged run folder is an error naming the file and the fix (start_over: the caller's words for
-    starting over), never a silent restart from step 0."""
-    out_dir = Path(out_dir)
-    ckpt, metrics = out_dir / "ckpt", out_dir / "metrics.jsonl"
-    start_over = start_over or f"restore it, or delete {out_dir} to train from step 0"
-    if ckpt.is_symlink() and not ckpt.exists():
-        raise ValueError(f"checkpoint link {ckpt} points to {os.readlink(ckpt)}, which is missing: {start_over}")
-    if not ckpt.exists():
-        if metrics.exists() and metrics.read_text().strip():
-            raise ValueError(f"{metrics} records finished RSFT steps but the checkpoint {ckpt} is missing: {start_over}")
-        return
-    for name in ("state.json", "optimizer.pt", "adapter/adapter_model.safetensors"):
-        if not (ckpt / name).exists():
-            raise ValueError(f"damaged checkpoint: {ckpt / name} is missing: {start_over}")
-    try:
-        json.loads((ckpt / "state.json").read_text())
-    except json.JSONDecodeError:
-        raise ValueError(f"damaged checkpoint: {ckpt / 'state.json'} is not valid JSON: {start_over}") from None
-    check_checkpoint_files(ckpt.resolve(), start_over)
-
-
 def check_batch(batch, n_train, domain_name):
     if not 1 <= batch <= n_train:
         raise ValueError(f"--batch {batch} does not fit the train split of {domain_name} ({n_train} prompts): "
                          f"use 1 <= --batch <= {n_train}")
-
-
-def check_same_model(out_dir, model):
-    """A checkpoint resumes only on the model it was trained on (checked before the model loads)."""
-    ckpt = Path(out_dir) / "ckpt"
-    state = read_json(ckpt / "state.json") if ckpt.exists() else None
-    if state is not None and state["model"] != model:
-        raise ValueError(f"{ckpt} was trained on model {state['model']!r}, not {model!r}: "
-                         "use the same --model or a new --out")
-
-
-CHECKPOINT_FILES = ("adapter/adapter_model.safetensors", "optimizer.pt")  # their sha256 is saved in state.json
-
-
-def check_checkpoint_files(folder, fix):
-    """Every file a resume reads from a checkpoint folder (ckpt-<step>/ or a snapshot of one) is whole, before
-    the model loads: state.json (its counters and history agree), adapter_config.json, the adapter weights
-    (safetensors laid out as its header says, finite) and optimizer.pt (a whole torch file), each holding the
-    sha256 recorded at save time where the save recorded one. -> the checkpoint's state"""
-    folder = Path(folder)
-    state = json_object(folder / "state.json", fix, keys=("model", "step", "rollouts", "sampler", "history"))
-    history = state["history"]
-    if not isinstance(history, list) or len(history) != state["step"] or \
-            [row.get("step") if isinstance(row, dict) else None for row in history] != list(range(1, len(history) + 1)):
-        raise ValueError(f"damaged run file {folder / 'state.json'} (its history is not steps 1-{state['step']}): {fix}")
-    json_object(folder / "adapter" / "adapter_config.json", fix)
-    check_safetensors(folder / CHECKPOINT_FILES[0], fix)
-    check_torch_file(folder / CHECKPOINT_FILES[1], fix)
-    for name in CHECKPOINT_FILES:
-        check_recorded_sha(folder / name, state.get("sha256", {}).get(name), fix)
-    return state
 
 
 # -----------------------------------------------------------------------------
@@ -235,7 +182,7 @@ class RSFT:
         if policy.has_adapter:
             raise ValueError("the policy already has an adapter: give RSFT the base model")
         check_checkpoint(self.out_dir)
-        check_same_model(self.out_dir, args.model)
+        check_checkpoint_model(self.out_dir, args.model)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         ckpt = self.out_dir / "ckpt"
         resume = ckpt.exists()
@@ -418,7 +365,7 @@ def train(args):
     sandbox.apply_args(args)
     check_out(args.out)
     check_checkpoint(args.out)
-    check_same_model(args.out, args.model)
+    check_checkpoint_model(args.out, args.model)
     domain = domains.get(args.domain, args)
     domains.check_tools(args.domain, args)
     check_harness_fits(args.harness, args.domain, domain.TOOL_METHODS)

@@ -69,15 +69,16 @@ import domains
 import meta_harness
 import rft
 import rollout
-from lib import gpu_plan, preflight, reporting, reuse, sandbox
+from lib import gpu_plan, plan, preflight, reporting, reuse, sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors, positive_float,
                      positive_int, seed_int)
 from lib.contract import check_harness_fits
 from lib.io import append_jsonl, read_json, read_jsonl, write_json, write_jsonl
 from lib.models import check_model
 from lib.policy import add_backend_args, check_backend, load_policy
-from lib.runfolder import (check_same_model, damaged, json_object, resolved_path, start_over, stored_path,
-                           whole_jsonl)
+from lib.resume import (check_run_folder, check_same_settings, evaluation_inputs, load_state, lost_evaluations,
+                         lost_seeds, phase_rows, read_rows, save_state)
+from lib.runfolder import resolved_path, start_over, stored_path
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "stagewise-hw", "fast-slow")
 
@@ -306,38 +307,9 @@ def print_plan(args, card_gb=80):
         n_train = len(domains.seeded_sample(domain.load("train"), args.train_limit))
         n_harness = len(domains.seeded_sample(domain.load("harness"), args.harness_tasks))
         n_test = len(test_tasks(domain, args))
-    steps, rounds = budgets(args, n_train)
-    per_epoch = n_train / args.batch
-    print(f"plan: {method_name(args)} on {args.domain}, preset {args.preset}: {n_train} train prompts, "
-          f"{args.batch} a step ({per_epoch:.1f} steps an epoch), G = {args.group}; {steps} RSFT steps, {rounds} "
-          f"proposer rounds of M = {args.candidates} on {n_harness} harness tasks; schedule {args.schedule}")
-    score = n_harness * args.harness_samples  # one scoring of one harness
-    trained = scored = 0
-    archives = set()
-    for i, (kind, size) in enumerate(fixed_phases(args, n_train), 1):
-        if kind == "weight":
-            n = size * args.batch * args.group
-            trained += n
-            print(f"  phase {i:2d}  weight   {f'{size} steps':29s}{n:10,d} rollouts")
-            continue
-        fresh = args.method in ("whale", "fast-slow") or not archives  # new weights: a new archive
-        archives.add(i if fresh else min(archives))
-        n = fresh * score + size * args.candidates * (score + 1)  # + one smoke episode per candidate
-        scored += n
-        what = f"{'re-score + ' if fresh else ''}{size} rounds"
-        print(f"  phase {i:2d}  harness  {what:29s}{n:10,d} rollouts (of them {size * args.candidates} smoke episodes)")
-    if args.schedule == "adaptive":
-        print("  (adaptive: phases end by their rules, within these budgets; a harness phase makes "
-              f"{args.harness_min_iterations}-{args.harness_max_iterations} rounds)")
     phases = fixed_phases(args, n_train)
-    weight = [n for kind, n in phases if kind == "weight"]
-    harness = [n for kind, n in phases if kind == "harness"]
-    print(f"{len(weight)} weight phases ({' + '.join(map(str, weight)) or 0} steps), {len(harness)} harness phases "
-          f"({' + '.join(map(str, harness)) or 0} rounds)")
-    phases = len(phases)
-    print(f"total: {trained + scored:,d} rollouts ({trained:,d} training, {scored:,d} harness scoring); test "
-          f"evaluation, not counted: {phases + 1} x {n_test} tasks x k = {args.k} = {(phases + 1) * n_test * args.k:,d}")
-    est = gpu_plan.estimate(args, fixed_phases(args, n_train), n_harness, n_test, card_gb)  # None: a model it lacks
+    print("\n".join(plan.describe(args, method_name(args), phases, budgets(args, n_train), n_train, n_harness, n_test)))
+    est = gpu_plan.estimate(args, phases, n_harness, n_test, card_gb)  # None: a model it lacks
     print(gpu_plan.describe(est, card_gb) if est else f"no time estimate for --model {args.model} (lib/gpu_plan.py)")
     return est
 
@@ -354,151 +326,6 @@ def weight_phase_over(rewards, schedule, max_steps, window):
 
 # -----------------------------------------------------------------------------
 # run state: a small JSON file so a killed run picks up where it stopped
-
-def load_state(out):
-    """phase: phases finished; kinds: their kinds; running: the kind of the phase under way (None between
-    phases); phase_start_step: the RSFT step a running weight phase started at; archive_iterations and
-    harness_rollouts: per harness archive, as of the last finished phase."""
-    fresh = {"phase": 0, "kinds": [], "running": None, "harness": None, "phase_start_step": None,
-             "archive_iterations": {}, "harness_rollouts": {}, "archive_weights": {}}
-    path = os.path.join(out, "state.json")
-    saved = read_json(path, {})
-    if not isinstance(saved, dict):
-        raise damaged(path, f"a JSON {type(saved).__name__}, not an object", start_over(out))
-    state = {**fresh, **saved}
-    if not isinstance(state["kinds"], list) or len(state["kinds"]) != state["phase"]:
-        raise ValueError(f"{path} was written by an older whale.py (no phase kinds): rerun in a fresh --out "
-                         f"or delete {out}")
-    counters = [state[k] for k in ("archive_iterations", "harness_rollouts")]
-    if not (isinstance(state["phase"], int) and set(state["kinds"]) <= {"weight", "harness"}
-            and state["running"] in (None, "weight", "harness") and isinstance(state["harness"], (str, type(None)))
-            and isinstance(state["phase_start_step"], (int, type(None)))
-            and all(isinstance(c, dict) and all(isinstance(v, int) for v in c.values()) for c in counters)):
-        raise damaged(path, "not the state of a whale run", start_over(out))
-    return state
-
-
-def check_run_folder(out, args=None):
-    """The run folder as a whole, before any work: every file a resume reads is there and whole, as state.json
-    says it must be, else one line naming the file and the fix (never a silent restart, never a summary with
-    phases missing). What can be rebuilt exactly is left for repair_run_folder to rebuild (lost_seeds,
-    lost_evaluations). state.json is written before the first RSFT step and after phase 1's evaluation, so RSFT
-    steps or a phase-2 evaluation without it mean it was lost. args: the resuming command, whose model and
-    harness set must be the run's (checked where it has them). -> the state, None for a run not yet started"""
-    meta_harness.check_run_files(out, skip=("evals",))  # a damaged evaluation is rerun (lost_evaluations)
-    rft.check_checkpoint(os.path.join(out, "weights"), start_over(out))
-    path = os.path.join(out, "state.json")
-    steps = os.path.join(out, "weights", "ckpt")
-    phases = [r["phase"] for r in read_rows(out) if r.get("event") == "eval"]
-    if not os.path.exists(path) and (os.path.exists(steps) or max(phases, default=0) >= 2):
-        raise ValueError(f"{path} is missing but {out} holds finished phases or RSFT steps: restore it, or delete "
-                         f"{out} to start the run over")
-    if args is not None:
-        rft.check_same_model(os.path.join(out, "weights"), args.model)
-        if os.path.exists(path) or any(Path(out, "evals").glob("*.json")):  # work done: by the model config.json
-            check_same_model(out, args.model)  # names (harness-only has no checkpoint that would say)
-    if not os.path.exists(path):
-        return None
-    state, fix = load_state(out), start_over(out)
-    rows = phase_rows(out, state)
-    if "weight" in state["kinds"] and not os.path.exists(steps):
-        raise ValueError(f"{steps} is missing, but {path} records finished weight phases: {fix}")
-    for snapshot in Path(out, "weights").glob("snapshot-*"):  # what another run of the command may adopt
-        if (snapshot / "key.json").exists():
-            rft.check_checkpoint_files(snapshot, fix)
-    for name, iterations in state["archive_iterations"].items():
-        if not os.path.isdir(os.path.join(out, name)):
-            raise ValueError(f"{os.path.join(out, name)} is missing, but {path} records its search of {iterations} "
-                             f"iterations: {fix}")
-        meta_harness.check_archive(os.path.join(out, name), fix, iterations, args.candidates if args else None)
-    current = os.path.join(out, f"harness_w{state['kinds'].count('weight')}")
-    if state["running"] == "harness" and os.path.isdir(current):
-        meta_harness.check_archive(current, fix)
-    harness = resolved_path(state["harness"], out)
-    if harness and not os.path.isfile(harness) and harness not in lost_seeds(out, state):
-        raise ValueError(f"{harness} is missing, but {path} names it as the run's harness: {fix}")
-    for i in lost_evaluations(out, state) if args is not None else ():
-        if i <= state["phase"]:
-            evaluation_inputs(out, state, rows, i, args)  # raises if the lost evaluation cannot be rerun
-    return state
-
-
-def phase_rows(out, state):
-    """{phase: its eval row} of metrics.jsonl, which must hold every phase that state.json records as finished:
-    the summary and the report are built from these rows."""
-    rows = {}
-    for r in read_rows(out):
-        if r.get("event") == "eval":
-            rows.setdefault(r["phase"], r)
-    path = os.path.join(out, "metrics.jsonl")
-    lacking = [str(i) for i in range(state["phase"] + 1) if i not in rows]
-    if lacking:
-        raise ValueError(f"{path} holds no row for phase {', '.join(lacking)}, which "
-                         f"{os.path.join(out, 'state.json')} records as finished: {start_over(out)}")
-    for i in range(state["phase"] + 1):
-        keys = ("kind", "step", "rollouts", "mean_at_k") + (("winner",) if rows[i].get("kind") == "harness" else ())
-        if any(k not in rows[i] for k in keys):
-            raise damaged(path, f"its row of phase {i} lacks {', '.join(k for k in keys if k not in rows[i])}",
-                          start_over(out))
-    return rows
-
-
-def evaluation_whole(path):
-    """A test evaluation evals/<tag>.json is whole: its key, stats and per-task scores, and every trace it counted."""
-    try:
-        saved = json_object(path, "")
-        return isinstance(saved.get("stats"), dict) and "key" in saved and "per_task" in saved and \
-            whole_jsonl(str(path)[:-len(".json")] + ".traces.jsonl", saved["stats"].get("test_rollouts"))
-    except ValueError:
-        return False
-
-
-def lost_evaluations(out, state):
-    """The phases (0 .. the running one) whose evaluation is missing, damaged or has traces missing; the running
-    phase's only when it was made (it is redone as the phase ends); without state.json, phase 0's only when it
-    was made (no phase has started: the run evaluates it first)."""
-    started = os.path.exists(os.path.join(out, "state.json"))
-    lost = []
-    for i in range(state["phase"] + 2):
-        path = Path(out, "evals", f"phase_{i}.json")
-        made = path.exists() or path.with_name(f"phase_{i}.traces.jsonl").exists()
-        if ((started and i <= state["phase"]) or made) and not evaluation_whole(path):
-            lost.append(i)
-    return lost
-
-
-def evaluation_inputs(out, state, rows, i, args):
-    """(weights id, adapter folder or None, harness) of finished phase i, from its row and the weights that
-    ended it (weights/snapshot-<step>, or the checkpoint at that step): what reruns its evaluation exactly."""
-    fix = f"restore {out}/evals/phase_{i}.json and its traces, or delete {out} to start the run over"
-    step = rows[i]["step"]
-    harness = os.path.abspath(args.harness)
-    for j in range(1, i + 1):
-        if rows[j]["kind"] == "harness":
-            harness = resolved_path(rows[j]["winner"], out)
-    if not (os.path.isfile(harness) or harness in lost_seeds(out, state)):
-        raise ValueError(f"{out}/evals/phase_{i}.json is lost, and so is the harness it evaluated: {fix}")
-    if step == 0:
-        return "base", None, harness
-    ckpt = Path(out, "weights", "ckpt")
-    folder = Path(out, "weights", f"snapshot-{step:06d}")
-    if not (folder / "key.json").exists():
-        folder = ckpt.resolve()
-    saved = rft.check_checkpoint_files(folder, fix) if folder.exists() else {}
-    if saved.get("step") != step:
-        raise ValueError(f"{out}/evals/phase_{i}.json is lost, and no snapshot holds the weights of RSFT step {step} "
-                         f"it evaluated: {fix}")
-    if all(row["skipped"] for row in saved["history"]):
-        return "base", None, harness
-    return reuse.adapter_id(folder / "adapter"), folder / "adapter", harness
-
-
-def lost_seeds(out, state):
-    """The seed harness files (candidates/h0/harness.py) of the run's archives that are lost; repair copies each
-    back from a harness with its recorded content: h0, or a candidate of another archive."""
-    names = list(state["archive_iterations"]) + [f"harness_w{state['kinds'].count('weight')}"]
-    seeds = [Path(out, name, "candidates", "h0", "harness.py") for name in dict.fromkeys(names)]
-    return {os.path.abspath(s) for s in seeds if s.parent.joinpath("meta.json").exists() and not s.exists()}
 
 
 def repair_run_folder(args, policy, domain, state, donors):
@@ -541,33 +368,6 @@ def repair_run_folder(args, policy, domain, state, donors):
         evaluate_test(args, policy, domain, harness, f"phase_{i}", weights, donors)
         if adapter is not None:
             policy.drop_adapter()  # the trainer loads the checkpoint onto the base model
-
-
-def save_state(out, state):
-    write_json(os.path.join(out, "state.json"), state)
-
-
-# flags that may change between a run and its resumption: they change how fast, not what is computed
-RESUMABLE_FLAGS = ("threads", "workers", "out", "plan", "check", "report_to")
-
-
-def check_same_settings(args):
-    """A rerun resumes the folder's run only with the settings it was started with: another value of any
-    flag would put new results beside old ones under the old config. A flag the folder's config.json does not
-    know (written by an older whale.py) is not compared."""
-    old = read_json(os.path.join(args.out, "config.json"))
-    if old is None:
-        return
-    new = json.loads(json.dumps(vars(args)))  # as stored
-    changed = [k for k in new if k in old and k not in RESUMABLE_FLAGS and new[k] != old[k]]
-    if changed:
-        flags = ", ".join(f"--{k.replace('_', '-')} {old[k]} (now {new[k]})" for k in changed)
-        raise ValueError(f"{args.out} was run with other settings: {flags}: rerun with the folder's settings, "
-                         "or use a new --out")
-
-
-def read_rows(out):
-    return read_jsonl(os.path.join(out, "metrics.jsonl"), fix="a run killed while writing it? delete that line and rerun")
 
 
 def log_eval_once(out, row):

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import torch
 
-import torch
-
 CACHE = Path(os.environ.get("WHALE_CACHE", Path.home() / ".cache" / "whale"))
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -14,7 +14,7 @@ import struct
 import zipfile
 from pathlib import Path
 
-from lib.io import read_jsonl
+from lib.io import read_json, read_jsonl
 
 
 def start_over(out):
@@ -151,3 +151,95 @@ def resolved_path(stored, run_dir):
             if re.fullmatch(r"harness_w\d+", part) and Path(run_dir, *parts[i:]).exists():
                 return os.path.abspath(Path(run_dir, *parts[i:]))
     return stored
+
+
+# -----------------------------------------------------------------------------
+# an RSFT checkpoint and a harness archive, whole
+
+def check_checkpoint(out_dir, start_over=None):
+    """A damaged run folder is an error naming the file and the fix (start_over: the caller's words for
+    starting over), never a silent restart from step 0."""
+    out_dir = Path(out_dir)
+    ckpt, metrics = out_dir / "ckpt", out_dir / "metrics.jsonl"
+    start_over = start_over or f"restore it, or delete {out_dir} to train from step 0"
+    if ckpt.is_symlink() and not ckpt.exists():
+        raise ValueError(f"checkpoint link {ckpt} points to {os.readlink(ckpt)}, which is missing: {start_over}")
+    if not ckpt.exists():
+        if metrics.exists() and metrics.read_text().strip():
+            raise ValueError(f"{metrics} records finished RSFT steps but the checkpoint {ckpt} is missing: {start_over}")
+        return
+    for name in ("state.json", "optimizer.pt", "adapter/adapter_model.safetensors"):
+        if not (ckpt / name).exists():
+            raise ValueError(f"damaged checkpoint: {ckpt / name} is missing: {start_over}")
+    try:
+        json.loads((ckpt / "state.json").read_text())
+    except json.JSONDecodeError:
+        raise ValueError(f"damaged checkpoint: {ckpt / 'state.json'} is not valid JSON: {start_over}") from None
+    check_checkpoint_files(ckpt.resolve(), start_over)
+
+
+def check_checkpoint_model(out_dir, model):
+    """A checkpoint resumes only on the model it was trained on (checked before the model loads)."""
+    ckpt = Path(out_dir) / "ckpt"
+    state = read_json(ckpt / "state.json") if ckpt.exists() else None
+    if state is not None and state["model"] != model:
+        raise ValueError(f"{ckpt} was trained on model {state['model']!r}, not {model!r}: "
+                         "use the same --model or a new --out")
+
+
+CHECKPOINT_FILES = ("adapter/adapter_model.safetensors", "optimizer.pt")  # their sha256 is saved in state.json
+
+
+def check_checkpoint_files(folder, fix):
+    """Every file a resume reads from a checkpoint folder (ckpt-<step>/ or a snapshot of one) is whole, before
+    the model loads: state.json (its counters and history agree), adapter_config.json, the adapter weights
+    (safetensors laid out as its header says, finite) and optimizer.pt (a whole torch file), each holding the
+    sha256 recorded at save time where the save recorded one. -> the checkpoint's state"""
+    folder = Path(folder)
+    state = json_object(folder / "state.json", fix, keys=("model", "step", "rollouts", "sampler", "history"))
+    history = state["history"]
+    if not isinstance(history, list) or len(history) != state["step"] or \
+            [row.get("step") if isinstance(row, dict) else None for row in history] != list(range(1, len(history) + 1)):
+        raise ValueError(f"damaged run file {folder / 'state.json'} (its history is not steps 1-{state['step']}): {fix}")
+    json_object(folder / "adapter" / "adapter_config.json", fix)
+    check_safetensors(folder / CHECKPOINT_FILES[0], fix)
+    check_torch_file(folder / CHECKPOINT_FILES[1], fix)
+    for name in CHECKPOINT_FILES:
+        check_recorded_sha(folder / name, state.get("sha256", {}).get(name), fix)
+    return state
+
+
+def check_run_files(folder, skip=()):
+    """Every JSON file of a run folder parses (read_json's error otherwise), checked before any work starts;
+    skip: folders whose files the caller checks (and rebuilds) itself."""
+    for path in sorted(Path(folder).glob("**/*.json")):
+        if path.name != "config.json" and path.parent.name not in skip:  # config.json: rewritten at every start
+            read_json(path)
+
+
+def check_archive(run_dir, fix, iterations=None, candidates=None):
+    """The archive as a whole, before a search resumes or a finished one is read: every valid candidate has its
+    harness.py, every score its scores.json and all the traces it counted; given the iterations finished and
+    the candidates per iteration, each of their candidates is there and judged. Raises naming the file and
+    `fix`. -> whether the seed's harness.py is lost (restore_seed copies it back)."""
+    run_dir = Path(run_dir)
+    seed_lost = False
+    for meta_path in sorted((run_dir / "candidates").glob("*/meta.json")):
+        d, meta = meta_path.parent, json_object(meta_path, fix)
+        if meta.get("valid") and not (d / "harness.py").is_file():
+            if meta.get("proposer") != "seed":
+                raise ValueError(f"{d / 'harness.py'} is missing, but {meta_path} says it is a valid candidate: {fix}")
+            seed_lost = True
+        if (d / "scores.json").exists():
+            scores = json_object(d / "scores.json", fix, keys=("score", "mean_turns", "rollouts"))
+            if not whole_jsonl(d / "traces.jsonl", scores["rollouts"]):
+                raise damaged(d / "traces.jsonl", f"not the {scores['rollouts']} episodes of its score", fix)
+    for it in range(iterations + 1 if iterations is not None else 0):
+        for name in ["h0"] if it == 0 else [f"h{it}_{j}" for j in range(1, candidates + 1)]:
+            d = run_dir / "candidates" / name
+            meta = json_object(d / "meta.json", fix)
+            if meta.get("valid") is None:
+                raise damaged(d / "meta.json", f"iteration {it} is finished, but {name} was never judged", fix)
+            if meta["valid"] and not (d / "scores.json").exists():
+                raise ValueError(f"{d / 'scores.json'} is missing, but iteration {it} is finished: {fix}")
+    return seed_lost

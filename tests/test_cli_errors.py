@@ -3,6 +3,8 @@ every CLI that has them, malformed data files, damaged run folders.  python -m p
 
 Most cases call each CLI's main in-process (its imports are paid once); two subprocess runs check the exit code,
 the single stderr line and the absence of a traceback end to end."""
+import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -13,8 +15,13 @@ import pytest
 import domains
 import meta_harness
 import rft
+import report
 import rollout
 import whale
+from lib import resume, runfolder, sandbox
+from lib.canary import EngineError
+from lib.cli import one_line_errors
+from lib.contract import check_harness_fits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MATH = os.path.join(ROOT, "harnesses", "math.py")
@@ -125,7 +132,7 @@ def fake_checkpoint(weights, step=2):
 
 def test_rft_checkpoint_link_to_a_missing_folder(tmp_path):
     folder = fake_checkpoint(tmp_path)
-    rft.check_checkpoint(tmp_path)  # intact
+    runfolder.check_checkpoint(tmp_path)  # intact
     for path in sorted(folder.rglob("*"), reverse=True):
         path.unlink() if path.is_file() else path.rmdir()
     folder.rmdir()
@@ -136,7 +143,7 @@ def test_rft_checkpoint_link_to_a_missing_folder(tmp_path):
                                  f"missing: restore it, or delete {tmp_path} to train from step 0")
     (tmp_path / "ckpt").unlink()  # no link at all, but metrics.jsonl shows finished steps
     with pytest.raises(ValueError, match=r"metrics.jsonl records finished RSFT steps but the checkpoint .*ckpt is missing"):
-        rft.check_checkpoint(tmp_path)
+        runfolder.check_checkpoint(tmp_path)
 
 
 PHASE_0_ROW = {"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, "mean_at_k": 0.0}
@@ -147,7 +154,7 @@ def test_whale_missing_state_json_after_finished_steps(tmp_path, capsys):
     fake_checkpoint(out / "weights")
     (out / "state.json").write_text(json.dumps({"phase": 0}))
     (out / "metrics.jsonl").write_text(json.dumps(PHASE_0_ROW) + "\n")
-    whale.check_run_folder(str(out))  # intact
+    resume.check_run_folder(str(out))  # intact
     (out / "state.json").unlink()
     with pytest.raises(SystemExit) as e:
         CLIS["whale.py"](["--out", str(out)])
@@ -157,15 +164,15 @@ def test_whale_missing_state_json_after_finished_steps(tmp_path, capsys):
     out = tmp_path / "harness-only"
     out.mkdir()
     (out / "metrics.jsonl").write_text("".join(json.dumps({"event": "eval", "phase": p}) + "\n" for p in (0, 1)))
-    whale.check_run_folder(str(out))  # killed between phase 1's evaluation and its state: resumes
+    resume.check_run_folder(str(out))  # killed between phase 1's evaluation and its state: resumes
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"event": "eval", "phase": 2}) + "\n")
     with pytest.raises(ValueError, match="state.json is missing"):
-        whale.check_run_folder(str(out))
+        resume.check_run_folder(str(out))
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"event": "ev')
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 4 is not a JSON object: .*delete that line"):
-        whale.check_run_folder(str(out))
+        resume.check_run_folder(str(out))
 
 
 def test_empty_meta_json_in_an_archive(tmp_path):
@@ -187,14 +194,6 @@ def test_empty_meta_json_in_an_archive(tmp_path):
 # -----------------------------------------------------------------------------
 # issue 25: every bad input is one line, `PROG: error: message`, and a refused input changes no run folder
 
-import hashlib
-import importlib.util
-
-import report
-from lib import sandbox
-from lib.canary import EngineError
-from lib.cli import one_line_errors
-from lib.contract import check_harness_fits
 
 SEARCHQA = os.path.join(ROOT, "harnesses", "searchqa.py")
 

@@ -3,7 +3,6 @@ model loads, each failure one line naming its fix. The retriever, the proposer's
 stand-ins on loopback or in a temp folder; nothing here reaches the network."""
 import gzip
 import http.server
-import importlib.machinery
 import json
 import os
 import subprocess
@@ -321,7 +320,7 @@ def test_command_proposer_program_as_the_sandbox_finds_it(tmp_path, monkeypatch)
     agent = fake_cli(tmp_path / "tools", "my-agent", "exit 0\n")
     monkeypatch.setenv("PATH", f"{agent.parent}:{os.environ['PATH']}")
     ok, line = check(preflight.check_proposer, run_args("--proposer", "command", "--proposer-cmd", "my-agent {workdir}"))
-    assert not ok and f"outside the sandbox's PATH" in line and f"--proposer-ro {agent.parent}" in line
+    assert not ok and "outside the sandbox's PATH" in line and f"--proposer-ro {agent.parent}" in line
     ok, line = check(preflight.check_proposer, run_args("--proposer", "command", "--proposer-cmd", f"{agent} {{workdir}}"))
     assert not ok and f"add --proposer-ro {agent.parent}" in line
     assert check(preflight.check_proposer, run_args("--proposer", "command", "--proposer-cmd", f"{agent} {{workdir}}",
