@@ -1,10 +1,11 @@
 """
-WHALE: Weight-Harness Alternating LEarning, and the four baselines it is compared with.
+WHALE: Weight-Harness Alternating LEarning, and the five baselines it is compared with.
 
     python whale.py --domain math --method whale --preset smoke
+    python whale.py --domain searchqa --method whale --preset paper --plan     # the budget, no model loaded
     python whale.py --domain searchqa --method whale --schedule adaptive --preset cpu
     python whale.py --domain chess --method weight-only --preset paper
-    python whale.py --domain math --method harness-only weight-only stagewise fast-slow whale --preset cpu
+    python whale.py --domain math --method harness-only weight-only stagewise stagewise-hw fast-slow whale --preset cpu
 
 The agent is weights (a LoRA adapter on the base model) plus a harness (a Python file). A run is a
 sequence of phases, each followed by a mean@k evaluation on the test split:
