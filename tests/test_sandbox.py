@@ -365,3 +365,122 @@ def test_every_cli_has_the_opt_out_flag(monkeypatch, capsys):
         with pytest.raises(SystemExit):
             main(["--help"]) if main is not rollout.main else main()
         assert "--unsafe-no-sandbox" in capsys.readouterr().out, main.__module__
+
+
+# -----------------------------------------------------------------------------
+# teardown: no sandbox outlives its episode or its runner (issue 25)
+
+QUICK = '''"""Returns at once."""
+def run(task, llm, tools):
+    return {"answer": "x"}
+'''
+LOOP = '''"""Loops forever."""
+def run(task, llm, tools):
+    while True:
+        pass
+'''
+CRASH = '''"""Raises at once."""
+def run(task, llm, tools):
+    raise RuntimeError("harness crashed")
+'''
+# rollout.py with the test's copy of the worker: the copy's path, in every sandbox's command line (bwrap outside
+# the namespace, bwrap as its init, the worker), tells this test's sandboxes from anyone else's
+RUNNER = """import os, sys
+from lib import workers
+workers.WORKER_PY = os.environ["TEST_WORKER_PY"]
+import rollout
+sys.argv[0] = "rollout.py"
+rollout.main()
+"""
+
+
+def marked_worker(tmp_path):
+    path = tmp_path / "teardown-marker" / "worker.py"
+    path.parent.mkdir()
+    path.write_bytes(Path(workers.WORKER_PY).read_bytes())
+    return str(path)
+
+
+def sandbox_processes(marker):
+    """{host pid: command line} of the live processes whose command line names `marker` (zombies have none)."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in argv:
+            found[int(pid)] = b" ".join(argv)[:120].decode(errors="replace")
+    return found
+
+
+def left_behind(marker, grace_s=5.0):
+    """The marked processes still there after grace_s: a killed namespace takes a moment to go."""
+    end = time.time() + grace_s
+    while sandbox_processes(marker) and time.time() < end:
+        time.sleep(0.05)
+    return sandbox_processes(marker)
+
+
+def start_rollout(tmp_path, source, *extra):
+    harness = tmp_path / "harness.py"
+    harness.write_text(source)
+    marker = marked_worker(tmp_path)
+    argv = [sys.executable, "-c", RUNNER, "--domain", "searchqa", "--harness", str(harness), "--model", "smoke",
+            "--split", "test", *extra]
+    proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "TEST_WORKER_PY": marker}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, marker
+
+
+def test_killing_a_sandbox_while_bwrap_sets_it_up_leaves_nothing(tmp_path, monkeypatch):
+    """Killed right after it starts, bwrap is still setting the namespace up: its init must go too."""
+    marker = marked_worker(tmp_path)
+    monkeypatch.setattr(workers, "WORKER_PY", marker)
+    for _ in range(30):
+        workers.Worker().kill()
+    assert left_behind(marker) == {}
+
+
+def test_closing_the_pool_while_sandboxes_start_leaves_nothing(tmp_path, monkeypatch):
+    """Pool.close at exit: a start in flight finishes and is killed, and no start begins after."""
+    marker = marked_worker(tmp_path)
+    monkeypatch.setattr(workers, "WORKER_PY", marker)
+    pool = workers.Pool()
+    pool.order(16)
+    while not pool.idle:
+        time.sleep(0.001)
+    pool.close()
+    assert left_behind(marker) == {}
+
+
+@pytest.mark.parametrize("source, extra, errors", [
+    (QUICK, ["--k", "2", "--limit", "8"], 0),  # 16 fresh sandboxes start as the runner exits
+    (LOOP, ["--k", "1", "--limit", "4", "--deadline", "1"], 4),
+    (CRASH, ["--k", "2", "--limit", "8"], 16),
+], ids=["quick", "loop", "crash"])
+def test_rollout_leaves_no_sandbox_behind(tmp_path, source, extra, errors):
+    proc, marker = start_rollout(tmp_path, source, *extra)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "Traceback" not in err and "terminate called" not in err, err[-2000:]
+    assert f"errors {errors} " in out and "mean@" in out, out
+    assert left_behind(marker) == {}
+
+
+def test_runner_killed_with_sigkill_leaves_no_sandbox_behind(tmp_path):
+    """Episodes running, warm sandboxes waiting and fresh ones starting when the runner dies."""
+    proc, marker = start_rollout(tmp_path, LOOP, "--k", "3", "--limit", "4", "--workers", "4", "--deadline", "2")
+    try:
+        end = time.time() + 60
+        while len(sandbox_processes(marker)) < 3 * 4 and time.time() < end:  # the first 4 episodes' sandboxes
+            time.sleep(0.05)
+        time.sleep(3)  # past their deadline: the next 4 episodes run and fresh sandboxes start in their place
+        assert proc.poll() is None and sandbox_processes(marker)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert left_behind(marker) == {}
