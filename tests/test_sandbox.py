@@ -374,14 +374,16 @@ QUICK = '''"""Returns at once."""
 def run(task, llm, tools):
     return {"answer": "x"}
 '''
-LOOP = '''"""Loops forever."""
+LOOP = '''"""Loops forever (the return is never reached; it passes the check of the answer's shape)."""
 def run(task, llm, tools):
     while True:
         pass
+    return {"answer": "x"}
 '''
-CRASH = '''"""Raises at once."""
+CRASH = '''"""Raises at once (the return is never reached)."""
 def run(task, llm, tools):
     raise RuntimeError("harness crashed")
+    return {"answer": "x"}
 '''
 # rollout.py with the test's copy of the worker: the copy's path, in every sandbox's command line (bwrap outside
 # the namespace, bwrap as its init, the worker), tells this test's sandboxes from anyone else's
