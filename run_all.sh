@@ -32,7 +32,7 @@ done
 METHODS="harness-only weight-only stagewise stagewise-hw fast-slow whale"
 case $PRESET in  # measured on the 2-core machine with the default DOMAINS
   smoke) eta="about 2 min" ;;  # fresh clone, 2026-11-30: 1 min 20 s
-  cpu)   eta="about 36 min" ;;  # fresh clone, 2026-11-30, idle: 36 min 4 s (temperature 0.6)
+  cpu)   eta="about 30 min" ;;  # fresh clone, 2026-12-01: 30 min 18 s (machine shared for its first 20 min)
   gpu)   eta="about 12 h on one 80 GB card (estimated: python scripts/memory_plan.py)" ;;
   paper) eta="GPU-days: hours per run (README: the paper and gpu presets on one GPU)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu, gpu or paper" >&2; exit 2 ;;
