@@ -436,13 +436,10 @@ def check_tools(name, args):
                          "searchqa out (run_all.sh: DOMAINS=\"math chess\")")
     if args.wiki:
         try:
-            with hub.open_text(args.wiki) as f:  # .jsonl, or the .jsonl.gz as downloaded
-                first = json.loads(f.readline())
-        except (json.JSONDecodeError, UnicodeDecodeError, EOFError, OSError):
-            first = None
-        if not (isinstance(first, dict) and isinstance(first.get("contents"), str)):
+            hub.first_wiki_passage(args.wiki)  # .jsonl, or the .jsonl.gz as downloaded
+        except ValueError:
             raise ValueError(f"--wiki {args.wiki}: line 1 is not a JSON object with a 'contents' string: pass "
-                             "Search-R1's wiki-18.jsonl, or a file of its shape")
+                             "Search-R1's wiki-18.jsonl, or a file of its shape") from None
 
 
 def print_stats():

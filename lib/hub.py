@@ -272,6 +272,19 @@ def open_text(path):
     return gzip.open(path, "rt", encoding="utf-8") if gzipped else open(path, encoding="utf-8")
 
 
+def first_wiki_passage(path):
+    """The first passage of a wiki-18 .jsonl or .jsonl.gz (only its first line is read: the rest waits for the index);
+    a file of another shape is a ValueError saying what its first line is."""
+    try:
+        with open_text(path) as f:
+            row = json.loads(f.readline())
+    except (OSError, EOFError, ValueError) as e:  # ValueError: not JSON, not UTF-8
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+    if not (isinstance(row, dict) and isinstance(row.get("contents"), str)):
+        raise ValueError(f"line 1 is a JSON {type(row).__name__} without a 'contents' string")
+    return passage_text(row["contents"])
+
+
 class WikiBM25:
     """bm25s over a wiki-18 style .jsonl file, or the .jsonl.gz as downloaded ({"id", "contents": '"Title"\\ntext'});
     the index is built once (slow for the full 21M passages: use `limit` for a slice) and saved beside the file."""

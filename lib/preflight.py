@@ -126,10 +126,9 @@ def check_wiki(path, limit=None):
     if importlib.util.find_spec("bm25s") is None:
         raise Failed("--wiki needs bm25s: pip install -r requirements.txt")
     try:
-        with hub.open_text(path) as f:
-            first = hub.passage_text(json.loads(f.readline())["contents"])
-    except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
-        raise Failed(f"--wiki {path} is not a wiki-18 .jsonl or .jsonl.gz file ({type(e).__name__}: {e}): each line "
+        first = hub.first_wiki_passage(path)
+    except ValueError as e:
+        raise Failed(f"--wiki {path} is not a wiki-18 .jsonl or .jsonl.gz file ({e}): each line "
                      'must be {"id": ..., "contents": "\\"Title\\"\\ntext"}') from None
     index = f"{path}.bm25s" + (f"-{limit}" if limit else "")
     when = "cached" if os.path.isdir(index) else "built at the first search (slow for all of wiki-18: --wiki-limit N)"
