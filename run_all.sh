@@ -5,7 +5,8 @@
 # DOMAINS="searchqa math" narrows the domains; ADAPTIVE=0|1 leaves out or adds the adaptive WHALE runs (default:
 # 1, except 0 under cpu, to keep it within an hour; never on chess, as in the paper). SEEDS="0 1 2" runs every seed (whale.py --seed; default 0):
 # seed 0 into results/<preset>/, seed n into results/<preset>/seed-<n>/, so a finished one-seed run is seed 0 of
-# a three-seed one. Finished runs are skipped, killed ones resume.
+# a three-seed one. Finished runs are skipped, killed ones resume. Arguments go to every whale.py call, e.g. searchqa's
+# retriever on the paper's data: bash run_all.sh --retriever-url http://127.0.0.1:8000/retrieve (or --wiki FILE).
 set -euo pipefail
 cd "$(dirname "$0")"
 # the environment install.sh filled: an active venv or conda env, else .venv/ (no activation needed)
@@ -32,7 +33,7 @@ done
 METHODS="harness-only weight-only stagewise stagewise-hw fast-slow whale"
 case $PRESET in  # measured on the 2-core machine with the default DOMAINS
   smoke) eta="about 2 min" ;;  # fresh clone, 2026-11-30: 1 min 20 s
-  cpu)   eta="about 30 min" ;;  # fresh clone, 2026-12-01: 30 min 18 s (machine shared for its first 20 min)
+  cpu)   eta="12-41 min" ;;  # fresh clone, 2026-12-01: seeds 0, 1, 2 took 12.0, 40.9, 26.5 min
   gpu)   eta="about 12 h on one 80 GB card (estimated: python scripts/memory_plan.py)" ;;
   paper) eta="GPU-days: hours per run (README: the paper and gpu presets on one GPU)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu, gpu or paper" >&2; exit 2 ;;
@@ -41,7 +42,7 @@ esac
 # the preflight, before any run: every resource these runs need (retriever, data, model, engine, proposer, sandbox,
 # GPU memory) in seconds, before any model loads; a failure is one line naming its fix, and the table does not start
 check_domains=($DOMAINS)
-python whale.py --check "${check_domains[@]}" --preset "$PRESET" --domain "${check_domains[0]}" || exit 1
+python whale.py --check "${check_domains[@]}" --preset "$PRESET" --domain "${check_domains[0]}" "$@" || exit 1
 n=$(( $(wc -w <<< "$SEEDS") * ($(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") + ADAPTIVE * $(wc -w <<< "${DOMAINS/chess/}")) ))
 echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS]$([ "$ADAPTIVE" = 1 ] && echo " + adaptive WHALE"), seeds [$SEEDS]"
 echo "run_all.sh: $n runs; with the default domains and none done yet, $eta a seed; results in results/$PRESET/"
@@ -64,7 +65,7 @@ for seed in $SEEDS; do
     # the methods of a domain share one process: the imports, and the weight phases and evaluations they have
     # in common, are paid once; a vllm engine holds the GPU until its process ends, so the gpu and paper presets
     # run one method per process
-    run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed")
+    run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed" "$@")
     if [ ${#todo[@]} -gt 0 ] && [[ "$PRESET" = gpu || "$PRESET" = paper ]]; then
       for method in "${todo[@]}"; do "${run[@]}" --method "$method"; done
     elif [ ${#todo[@]} -gt 0 ]; then

@@ -56,7 +56,14 @@ MALFORMED = "malformed data file {path}: line {lineno} is not a JSON object; fix
 
 
 def read_rows(name, config=None, split="train", streaming=False):
-    """Rows of a hub dataset (through `datasets`, imported only here) or of a local .jsonl/.csv/.parquet file."""
+    """Rows of a hub dataset (through `datasets`, imported only here) or of a local .jsonl/.csv/.parquet file; a
+    local folder holds one file per config and split, as a hub snapshot of FlashRAG lays them out
+    (<folder>/nq/test.jsonl)."""
+    if os.path.isdir(name) and config:
+        files = [os.path.join(name, config, f"{split}.{ext}") for ext in ("jsonl", "parquet")]
+        name = next((f for f in files if os.path.exists(f)), None)
+        if name is None:
+            raise FileNotFoundError(f"no {' or '.join(files)}: the folder lacks the {config}:{split} file")
     if os.path.exists(name) and name.endswith((".jsonl", ".json")):
         return read_jsonl(name, error=MALFORMED)
     if os.path.exists(name) and name.endswith(".csv"):

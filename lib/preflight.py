@@ -141,6 +141,11 @@ def check_wiki(path, limit=None):
 
 def dataset_names(args):
     """[(flag, name)] of the paper's datasets of this run's domain (domains.add_args' flags)."""
+    if args.domain == "searchqa" and os.path.isdir(args.searchqa_test):  # a FlashRAG-style folder: a file per set
+        sets = [spec.partition(":") for spec in args.searchqa_test_sets.split(",")]
+        files = [next((f for f in (os.path.join(args.searchqa_test, c, f"{s or 'test'}.{e}") for e in ("jsonl", "parquet"))
+                       if os.path.exists(f)), os.path.join(args.searchqa_test, c, f"{s or 'test'}.jsonl")) for c, _, s in sets]
+        return [("--searchqa-train", args.searchqa_train)] + [("--searchqa-test", f) for f in files]
     if args.domain == "searchqa":
         return [("--searchqa-train", args.searchqa_train), ("--searchqa-test", args.searchqa_test)]
     if args.domain == "math":

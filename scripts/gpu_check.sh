@@ -7,6 +7,10 @@
 #   hf-smoke     the smoke model through the hf backend on CUDA in bf16: greedy is repeatable, sampling runs
 #   rsft-step    one RSFT step of rft.py on the smoke model (rollouts, SFT pass, checkpoint, adapter sync)
 #   rsft-update  the SFT update itself on CUDA (scripts/bench_rft.py: LoRA forward/backward against a bare loop)
+#   memory-plan  the trainer's peak memory in one SFT micro-batch of a random Qwen3.5-2B (built from its config:
+#                nothing downloaded; bf16, all-linear LoRA r16, checkpointed, 1 call of 8,192 tokens, 1,024
+#                trained) against lib/gpu_plan.py's prediction (weights + LoRA state + activations); fails when
+#                the plan underestimates it by more than 10 %
 #   vllm-greedy  vLLM's greedy tokens equal hf's on the same prompts (each within the canary's tolerance)
 #   vllm-lora    vLLM applies a LoRA adapter: greedy output changes and the adapter canary passes
 #   vllm-sleep   sleeping the engine frees GPU memory and the next generate wakes it
@@ -76,6 +80,38 @@ grep -q "device cuda" "$TMP/bench.txt" || { echo "FAIL rsft-update (did not run 
 echo "ok rsft-update LoRA forward/backward on cuda, $(grep '^ratio' "$TMP/bench.txt")"
 }
 
+memory_plan() {
+python - <<'EOF'
+import torch
+from types import SimpleNamespace
+from transformers import Qwen3_5TextConfig
+from transformers.models.qwen3_5 import modeling_qwen3_5
+import rft
+from lib import gpu_plan
+from lib.policy import add_lora
+name, context, completion = "Qwen3.5-2B", 8192, 1024
+torch.manual_seed(0)
+with torch.device("cuda"):
+    model = modeling_qwen3_5.Qwen3_5ForCausalLM(Qwen3_5TextConfig(**gpu_plan.config(name))).to(torch.bfloat16)
+model = add_lora(model, SimpleNamespace(lora_targets="all-linear", lora_rank=16, lora_alpha=32, lora_dropout=0.0))
+model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # as rft.py
+opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+tokens = [int(t) for t in torch.randint(0, model.config.vocab_size, (context,))]
+example = (tokens[:context - completion], tokens[context - completion:])
+rft.sft_update(model, opt, [[example]], 1, 1, 1.0)  # the first step makes Adam's state; the second is measured
+torch.cuda.synchronize()
+torch.cuda.reset_peak_memory_stats()
+rft.sft_update(model, opt, [[example]], 1, 1, 1.0)
+peak = torch.cuda.max_memory_allocated()
+params, lora = gpu_plan.param_counts(name)
+weights, state, act = params * 2, lora * 16, gpu_plan.activation_bytes(name, 1, context, completion)
+want, GiB = weights + state + act, 2 ** 30
+print(f"{'ok' if peak <= 1.1 * want else 'FAIL'} memory-plan {name} SFT micro-batch ({context} tokens, {completion} "
+      f"trained): peak {peak / GiB:.2f} GiB, planned {want / GiB:.2f} GiB (weights {weights / GiB:.2f} + LoRA state "
+      f"{state / GiB:.2f} + activations {act / GiB:.2f}), ratio {peak / want:.2f}")
+EOF
+}
+
 vllm_checks() {
 python -c "import vllm" 2>/dev/null || {
     local n; for n in vllm-greedy vllm-lora vllm-sleep; do echo "skip $n vllm is not importable"; done; return 0; }
@@ -128,4 +164,5 @@ check cuda cuda
 check hf-smoke hf_smoke
 check rsft-step rsft_step
 check rsft-update rsft_update
+check memory-plan memory_plan
 check vllm vllm_checks

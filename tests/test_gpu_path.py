@@ -623,3 +623,75 @@ def test_wiki_bm25_fallback(tmp_path):
     assert again.search("Oda Prell birthplace", k=3)[0].startswith("Oda Prell:")
     with pytest.raises(FileNotFoundError, match="wiki corpus .* --retriever-url"):
         hub.WikiBM25(str(tmp_path / "missing.jsonl"))
+
+
+def test_a_local_folder_of_per_set_files_reads_as_flashrag_does(tmp_path):
+    """--searchqa-test FOLDER: one file per config and split (a FlashRAG snapshot's nq/test.jsonl layout), each
+    set's tasks named by it; the preflight lists every set's file, and a missing one is named."""
+    from lib import preflight
+    for config, split in (("nq", "test"), ("hotpotqa", "dev")):
+        (tmp_path / config).mkdir()
+        (tmp_path / config / f"{split}.jsonl").write_text(
+            json.dumps({"id": f"{split}_0", "question": f"who founded {config}", "golden_answers": ["Ann Vo"]}) + "\n")
+    tasks = hub.load_searchqa("test", test_name=str(tmp_path), test_sets=["nq:test", "hotpotqa:dev"], per_set=5)
+    assert [(t["source"], t["question"]) for t in tasks] == [("nq", "who founded nq?"), ("hotpotqa", "who founded hotpotqa?")]
+    args = SimpleNamespace(domain="searchqa", searchqa_train="train.jsonl", searchqa_test=str(tmp_path),
+                           searchqa_test_sets="nq:test,hotpotqa:dev,musique:dev")
+    files = [name for flag, name in preflight.dataset_names(args) if flag == "--searchqa-test"]
+    assert files == [str(tmp_path / "nq" / "test.jsonl"), str(tmp_path / "hotpotqa" / "dev.jsonl"),
+                     str(tmp_path / "musique" / "dev.jsonl")]
+    assert preflight.dataset_status(files[2]) == (False, "no such file")
+    with pytest.raises(FileNotFoundError, match="musique:dev"):
+        hub.load_searchqa("test", test_name=str(tmp_path), test_sets=["musique:dev"])
+
+
+def test_the_paper_dry_run_stand_ins_speak_the_real_formats(tmp_path):
+    """scripts/paper_dry_run.py: its fixtures load through the paper's loaders for every split the dry run uses,
+    its retrieval server answers the run's own client, and its agent's edit passes the harness contract."""
+    import importlib.util
+    import shutil
+    import time
+    from pathlib import Path
+    from lib.contract import static_check
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("paper_dry_run", root / "scripts" / "paper_dry_run.py")
+    dry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dry)
+    for name in ("searchqa", "math", "chess"):
+        (tmp_path / name).mkdir()
+    dry.searchqa_fixtures(tmp_path / "searchqa")
+    dry.math_fixtures(tmp_path / "math")
+    dry.chess_fixtures(tmp_path / "chess")
+    [train] = list((tmp_path / "searchqa").glob("searchqa_train.*"))
+    assert len(hub.load_searchqa("train", train_name=str(train), train_size=16)) == 16
+    test = hub.load_searchqa("test", test_name=str(tmp_path / "searchqa" / "flashrag"), test_sets=["nq:test", "hotpotqa:dev"])
+    assert len(test) == 12 and {t["source"] for t in test} == {"nq", "hotpotqa"}
+    [dapo] = list((tmp_path / "math").glob("dapo_math_17k.*"))
+    math_train = hub.load_math("train", train_name=str(dapo))
+    assert len(math_train) == 8 and not math_train[0]["question"].startswith("Solve")  # de-duplicated, template stripped
+    aime = [str(next((tmp_path / "math").glob(f"aime_{y}.*"))) for y in (2024, 2025)]
+    assert [t["answer"] for t in hub.load_math("test", test_names=aime)] == ["42", "27", "42", "20"]
+    chess_test = hub.load_chess("test", str(tmp_path / "chess" / "lichess_db_puzzle.csv"),
+                                (("harness", 8), ("test", 8), ("train", 24)), test_size=4)
+    assert len(chess_test) == 4 and all(1 <= len(t["moves"]) - 1 <= 3 for t in chess_test)
+
+    port_file = tmp_path / "port"
+    threading.Thread(target=dry.retriever, args=(tmp_path / "searchqa" / "wiki-18.jsonl.gz", port_file), daemon=True).start()
+    for _ in range(100):
+        if port_file.exists():
+            break
+        time.sleep(0.05)
+    client = hub.RetrieverClient(f"http://127.0.0.1:{port_file.read_text()}/retrieve")
+    assert client.search_batch(["capital of Zorbia", "Talvia"], k=1) == [
+        ["Zorbia: Zorbia is a country whose capital is Quelm, on the river Ost."],
+        ["Talvia: Talvia is a country whose capital is Ost, on the river Ost."]]
+
+    candidate = tmp_path / "work" / "candidates" / "h1_1"
+    candidate.mkdir(parents=True)
+    parent = (root / "harnesses" / "paper" / "searchqa.py").read_text()
+    shutil.copyfile(root / "harnesses" / "paper" / "searchqa.py", candidate / "harness.py")
+    (candidate / "meta.json").write_text(json.dumps({"proposed": False, "parent": "h0"}))
+    dry.agent(str(tmp_path / "work"))
+    edited = (candidate / "harness.py").read_text()
+    assert edited != parent and static_check(edited, parent, False) is None
+    assert "system prompt" in json.loads((candidate / "meta.json").read_text())["changed"]

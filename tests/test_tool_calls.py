@@ -14,55 +14,11 @@ from transformers import AutoTokenizer
 import rollout
 import whale
 from lib import protocol
-from lib.models import CHATML, cached, build_smoke, chat_ids, load_model, thinking_switch
+from lib.models import CHATML, QWEN35_TAGS, QWEN35_TEMPLATE, cached, build_smoke, chat_ids, load_model, thinking_switch
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_SEARCHQA, PAPER_MATH = ROOT / "harnesses" / "paper" / "searchqa.py", ROOT / "harnesses" / "paper" / "math.py"
 
-# Qwen3.5's chat template in outline (written for this test, not copied): tools as JSON lines in <tools> with the
-# XML call format, the system prompt after them; an assistant turn after the last user turn keeps its reasoning
-# in <think>, earlier ones lose it; consecutive tool results share one user turn; the generation prompt opens a
-# <think> block when enable_thinking is true and closes an empty one otherwise
-QWEN35_TEMPLATE = r"""
-{%- if tools %}
-{{- '<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>' }}
-{%- for tool in tools %}{{- '\n' }}{{- tool | tojson }}{%- endfor %}
-{{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n'
-    '<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n'
-    '</function>\n</tool_call>' }}
-{%- if messages[0].role == 'system' %}{{- '\n\n' + messages[0].content }}{%- endif %}
-{{- '<|im_end|>\n' }}
-{%- elif messages[0].role == 'system' %}
-{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
-{%- endif %}
-{%- set ns = namespace(last_query=-1) %}
-{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}{%- endfor %}
-{%- for m in messages %}
-{%- if m.role == 'user' %}
-{{- '<|im_start|>user\n' + m.content + '<|im_end|>\n' }}
-{%- elif m.role == 'assistant' %}
-{%- set content = m.content %}{%- set reasoning = '' %}
-{%- if '</think>' in content %}
-{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\n') %}
-{%- set content = content.split('</think>')[-1].lstrip('\n') %}
-{%- endif %}
-{%- if loop.index0 > ns.last_query %}
-{{- '<|im_start|>assistant\n<think>\n' + reasoning + '\n</think>\n\n' + content + '<|im_end|>\n' }}
-{%- else %}
-{{- '<|im_start|>assistant\n' + content + '<|im_end|>\n' }}
-{%- endif %}
-{%- elif m.role == 'tool' %}
-{%- if loop.first or loop.previtem.role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
-{{- '\n<tool_response>\n' + m.content + '\n</tool_response>' }}
-{%- if loop.last or loop.nextitem.role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-{{- '<|im_start|>assistant\n' }}
-{%- if enable_thinking is defined and enable_thinking is true %}{{- '<think>\n' }}
-{%- else %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
-{%- endif %}
-"""
 
 SEARCH_CALL = ("I should look this up.\n</think>\n\n<tool_call>\n<function=search>\n<parameter=query_list>\n"
                '["capital of Zorbia", "second query"]\n</parameter>\n<parameter=topk>\n3\n</parameter>\n'
@@ -76,7 +32,7 @@ def qwen_tok():
     """The smoke tokenizer with a Qwen3.5-format template; its think and tool tags are added tokens that are not
     special, as in Qwen3.5's vocabulary, so decoding keeps them."""
     tok = AutoTokenizer.from_pretrained(cached("smoke-v2", build_smoke))
-    tok.add_tokens(["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"])
+    tok.add_tokens(QWEN35_TAGS)
     tok.chat_template = QWEN35_TEMPLATE
     return tok
 
@@ -315,3 +271,26 @@ def test_paper_preset_generation_settings():
     for preset in ("smoke", "cpu"):  # as before: no budget, the template's own thinking, today's h0s
         [args] = whale.parse_args(["--domain", "searchqa", "--preset", preset])
         assert (args.harness, args.episode_tokens, args.thinking) == ("harnesses/searchqa.py", None, "auto")
+
+
+def test_the_tiny_qwen35_loads_as_the_hub_checkpoints_do_and_its_lora_trains():
+    """The paper dry run's model: saved as Qwen3_5ForConditionalGeneration (the hub layout), loaded by load_model
+    as Qwen3_5ForCausalLM with three Gated DeltaNet layers and a full-attention one; all-linear LoRA reaches the
+    Gated DeltaNet projections, and SFT updates through them lower the loss on an example."""
+    import torch
+    from types import SimpleNamespace
+    import rft
+    from lib.models import build_qwen35_tiny
+    from lib.policy import add_lora
+    model, tok = load_model(cached("qwen35-tiny", build_qwen35_tiny))
+    assert type(model).__name__ == "Qwen3_5ForCausalLM"
+    assert model.config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
+    prompt = chat_ids(tok, [{"role": "user", "content": "Question: What is the capital of Zorbia?"}], thinking=False)
+    assert tok.decode(prompt).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    model = add_lora(model, SimpleNamespace(lora_targets="all-linear", lora_rank=4, lora_alpha=8, lora_dropout=0.0))
+    adapted = {n.split(".lora_A")[0].split(".")[-1] for n, _ in model.named_parameters() if "lora_A" in n}
+    assert {"in_proj_qkv", "in_proj_z", "out_proj", "q_proj", "down_proj"} <= adapted
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    example = [(prompt, tok("<answer>Quelm</answer><|im_end|>", add_special_tokens=False)["input_ids"])]
+    losses = [rft.sft_update(model, opt, [example], 1, 1, 1.0)[0] for _ in range(4)]
+    assert losses[-1] < losses[0]
