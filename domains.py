@@ -397,7 +397,9 @@ def add_args(p):
     # data: bundled (offline, data/) or the paper's sets through `datasets` (a name may be a local file)
     p.add_argument("--data", default="bundled", choices=("bundled", "paper"))
     p.add_argument("--searchqa-train", default=hub.SEARCHQA_TRAIN, help="Search-R1's NQ + HotpotQA train set")
-    p.add_argument("--searchqa-test", default=hub.SEARCHQA_TEST, help="the collection holding the seven test sets")
+    p.add_argument("--searchqa-test", default=hub.SEARCHQA_TEST,
+                   help="the collection holding the seven test sets, or a local copy: a folder with "
+                        "<config>/<split>.jsonl (or .parquet) per set, as FlashRAG's snapshot")
     p.add_argument("--searchqa-test-sets", default=",".join(hub.SEARCHQA_TEST_SETS), help="config:split, comma-separated")
     p.add_argument("--searchqa-test-per-set", type=positive_int, default=hub.SEARCHQA_TEST_PER_SET)
     p.add_argument("--searchqa-train-size", type=int, default=hub.SEARCHQA_TRAIN_SIZE,

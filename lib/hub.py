@@ -60,10 +60,9 @@ def read_rows(name, config=None, split="train", streaming=False):
     local folder holds one file per config and split, as a hub snapshot of FlashRAG lays them out
     (<folder>/nq/test.jsonl)."""
     if os.path.isdir(name) and config:
-        files = [os.path.join(name, config, f"{split}.{ext}") for ext in ("jsonl", "parquet")]
-        name = next((f for f in files if os.path.exists(f)), None)
-        if name is None:
-            raise FileNotFoundError(f"no {' or '.join(files)}: the folder lacks the {config}:{split} file")
+        name = set_file(name, config, split)
+        if not os.path.exists(name):
+            raise FileNotFoundError(f"no {name} (or .parquet): the folder lacks the {config}:{split} file")
     if os.path.exists(name) and name.endswith((".jsonl", ".json")):
         return read_jsonl(name, error=MALFORMED)
     if os.path.exists(name) and name.endswith(".csv"):
@@ -76,6 +75,13 @@ def read_rows(name, config=None, split="train", streaming=False):
     if os.path.exists(name) and name.endswith(".parquet"):
         return datasets.load_dataset("parquet", data_files=name, split="train", streaming=streaming)
     return datasets.load_dataset(name, config, split=split, streaming=streaming)
+
+
+def set_file(folder, config, split):
+    """The file of one config and split in a local folder laid out as FlashRAG's snapshot: <folder>/<config>/<split>
+    .jsonl, or .parquet; the .jsonl name when neither exists."""
+    files = [os.path.join(folder, config, f"{split}.{ext}") for ext in ("jsonl", "parquet")]
+    return next((f for f in files if os.path.exists(f)), files[0])
 
 
 # -----------------------------------------------------------------------------

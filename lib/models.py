@@ -62,6 +62,7 @@ QWEN35_TEMPLATE = r"""
 {%- endif %}
 """
 # its think and tool tags: added tokens that are not special, as in Qwen3.5's vocabulary, so decoding keeps them
+QWEN35_TINY = "qwen35-tiny-v1"  # build_qwen35_tiny's cache folder: a new name whenever the template or the model changes
 QWEN35_TAGS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
 SMOKE_TEXT = """You are a helpful assistant. Answer the question. Put the final answer in <answer></answer> tags.
@@ -97,14 +98,21 @@ def build_smoke(folder):
     model.save_pretrained(folder)
 
 
-def build_qwen35_tiny(folder):
-    """A tiny random model of Qwen3.5's architecture, saved as the hub checkpoints are (Qwen3_5ForConditionalGeneration:
-    a vision tower beside the hybrid text model of three Gated DeltaNet layers, then one gated full-attention layer),
-    with the smoke tokenizer, QWEN35_TAGS and QWEN35_TEMPLATE: the model of the paper dry run."""
-    from transformers import AutoTokenizer, Qwen3_5Config, Qwen3_5ForConditionalGeneration
+def qwen35_tokenizer():
+    """The smoke tokenizer in Qwen3.5's chat format: QWEN35_TAGS added, QWEN35_TEMPLATE as its template."""
+    from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(cached("smoke-v2", build_smoke))
     tok.add_tokens(QWEN35_TAGS)
     tok.chat_template = QWEN35_TEMPLATE
+    return tok
+
+
+def build_qwen35_tiny(folder):  # cached as QWEN35_TINY
+    """A tiny random model of Qwen3.5's architecture, saved as the hub checkpoints are (Qwen3_5ForConditionalGeneration:
+    a vision tower beside the hybrid text model of three Gated DeltaNet layers, then one gated full-attention layer),
+    with the smoke tokenizer, QWEN35_TAGS and QWEN35_TEMPLATE: the model of the paper dry run."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    tok = qwen35_tokenizer()
     torch.manual_seed(0)
     text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,

@@ -8,6 +8,7 @@
 hf samples from the trainer's own module, so an update is served at once. vllm and an OpenAI-compatible server
 load the saved adapter and run the canary (lib/canary.py) against the trainer's module before the next rollout.
 """
+import argparse
 import importlib.util
 from pathlib import Path
 
@@ -27,8 +28,9 @@ def add_backend_args(p):
     p.add_argument("--gpu-memory", type=unit_interval, default=0.45,
                    help="vllm: share of GPU memory for the engine (weights + KV cache; on CPU its KV-cache share "
                         "of RAM); the trainer uses the rest")
-    p.add_argument("--vllm-sleep", action="store_true",
-                   help="vllm: offload the engine's weights and drop its KV cache while the trainer runs")
+    p.add_argument("--vllm-sleep", action=argparse.BooleanOptionalAction, default=False,
+                   help="vllm: offload the engine's weights and drop its KV cache while the trainer runs "
+                        "(the gpu and paper presets; --no-vllm-sleep where the platform cannot, as on CPU)")
     p.add_argument("--max-lora-rank", type=positive_int, default=64, help="vllm: the largest LoRA rank the engine accepts")
     p.add_argument("--max-model-len", type=positive_int, default=8192, help="vllm: longest prompt + completion in tokens")
     p.add_argument("--openai-url", default="http://localhost:8000/v1", help="openai: the server's /v1 base URL")

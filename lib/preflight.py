@@ -28,6 +28,7 @@ from lib.models import CACHE
 GiB = 1024 ** 3
 PROJECT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 10.0  # one network look-up or CLI call (the hub is asked again only while it answers)
+PROBE_QUERY = "who wrote the iliad"  # the one search the retriever check sends
 LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 CUDA_CONTEXT = 1 * GiB  # what the CUDA context and allocator take before any weights (stated, not measured)
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"  # lib/sandbox.wrap's PATH: where a proposer's program is found
@@ -106,7 +107,7 @@ def check_retriever(args):
 def check_retriever_url(url):
     """One query, sent by the client the run uses (Search-R1's POST /retrieve: queries, topk, return_scores)."""
     try:
-        hits = hub.RetrieverClient(url, timeout=TIMEOUT_S).search_batch(["who wrote the iliad"], k=1)
+        hits = hub.RetrieverClient(url, timeout=TIMEOUT_S).search_batch([PROBE_QUERY], k=1)
     except RuntimeError as e:  # unreachable, refused, HTTP error: the client's own one-line message
         raise Failed(f"{e} (Search-R1's server: `{SEARCH_R1_SERVER}`), or {SKIP_SEARCHQA}") from None
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
@@ -143,9 +144,8 @@ def dataset_names(args):
     """[(flag, name)] of the paper's datasets of this run's domain (domains.add_args' flags)."""
     if args.domain == "searchqa" and os.path.isdir(args.searchqa_test):  # a FlashRAG-style folder: a file per set
         sets = [spec.partition(":") for spec in args.searchqa_test_sets.split(",")]
-        files = [next((f for f in (os.path.join(args.searchqa_test, c, f"{s or 'test'}.{e}") for e in ("jsonl", "parquet"))
-                       if os.path.exists(f)), os.path.join(args.searchqa_test, c, f"{s or 'test'}.jsonl")) for c, _, s in sets]
-        return [("--searchqa-train", args.searchqa_train)] + [("--searchqa-test", f) for f in files]
+        return [("--searchqa-train", args.searchqa_train)] + [
+            ("--searchqa-test", hub.set_file(args.searchqa_test, config, split or "test")) for config, _, split in sets]
     if args.domain == "searchqa":
         return [("--searchqa-train", args.searchqa_train), ("--searchqa-test", args.searchqa_test)]
     if args.domain == "math":

@@ -8,8 +8,8 @@
 #   rsft-step    one RSFT step of rft.py on the smoke model (rollouts, SFT pass, checkpoint, adapter sync)
 #   rsft-update  the SFT update itself on CUDA (scripts/bench_rft.py: LoRA forward/backward against a bare loop)
 #   memory-plan  the trainer's peak memory in one SFT micro-batch of a random Qwen3.5-2B (built from its config:
-#                nothing downloaded; bf16, all-linear LoRA r16, checkpointed, 1 call of 8,192 tokens, 1,024
-#                trained) against lib/gpu_plan.py's prediction (weights + LoRA state + activations); fails when
+#                nothing downloaded; bf16, all-linear LoRA r16, checkpointed, 2 calls of 8,192 tokens, 1,024
+#                trained each) against lib/gpu_plan.memory's (weights + LoRA state + activations); fails when
 #                the plan underestimates it by more than 10 %
 #   vllm-greedy  vLLM's greedy tokens equal hf's on the same prompts (each within the canary's tolerance)
 #   vllm-lora    vLLM applies a LoRA adapter: greedy output changes and the adapter canary passes
@@ -82,6 +82,7 @@ echo "ok rsft-update LoRA forward/backward on cuda, $(grep '^ratio' "$TMP/bench.
 
 memory_plan() {
 python - <<'EOF'
+import importlib.util
 import torch
 from types import SimpleNamespace
 from transformers import Qwen3_5TextConfig
@@ -96,19 +97,22 @@ with torch.device("cuda"):
 model = add_lora(model, SimpleNamespace(lora_targets="all-linear", lora_rank=16, lora_alpha=32, lora_dropout=0.0))
 model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # as rft.py
 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-tokens = [int(t) for t in torch.randint(0, model.config.vocab_size, (context,))]
-example = (tokens[:context - completion], tokens[context - completion:])
-rft.sft_update(model, opt, [[example]], 1, 1, 1.0)  # the first step makes Adam's state; the second is measured
+calls = []
+for _ in range(2):  # the gpu preset's --minibatch 2: two calls in one forward/backward
+    tokens = [int(t) for t in torch.randint(0, model.config.vocab_size, (context,))]
+    calls.append([(tokens[:context - completion], tokens[context - completion:])])
+rft.sft_update(model, opt, calls, 2, 2, 1.0)  # the first step makes Adam's state; the second is measured
 torch.cuda.synchronize()
 torch.cuda.reset_peak_memory_stats()
-rft.sft_update(model, opt, [[example]], 1, 1, 1.0)
+rft.sft_update(model, opt, calls, 2, 2, 1.0)
 peak = torch.cuda.max_memory_allocated()
-params, lora = gpu_plan.param_counts(name)
-weights, state, act = params * 2, lora * 16, gpu_plan.activation_bytes(name, 1, context, completion)
-want, GiB = weights + state + act, 2 ** 30
-print(f"{'ok' if peak <= 1.1 * want else 'FAIL'} memory-plan {name} SFT micro-batch ({context} tokens, {completion} "
-      f"trained): peak {peak / GiB:.2f} GiB, planned {want / GiB:.2f} GiB (weights {weights / GiB:.2f} + LoRA state "
-      f"{state / GiB:.2f} + activations {act / GiB:.2f}), ratio {peak / want:.2f}")
+plan = gpu_plan.memory(name, 80, context=context, completion=completion, minibatch=2)
+want, GiB = plan["weights"] + plan["lora_opt"] + plan["act"], 2 ** 30
+fla = importlib.util.find_spec("fla") is not None
+print(f"{'ok' if peak <= 1.1 * want else 'FAIL'} memory-plan {name} SFT micro-batch (2 calls of {context} tokens, "
+      f"{completion} trained; fla kernels {'on' if fla else 'off'}): peak {peak / GiB:.2f} GiB, planned {want / GiB:.2f} "
+      f"GiB (weights {plan['weights'] / GiB:.2f} + LoRA state {plan['lora_opt'] / GiB:.2f} + activations "
+      f"{plan['act'] / GiB:.2f}), ratio {peak / want:.2f}")
 EOF
 }
 

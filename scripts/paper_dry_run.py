@@ -2,15 +2,16 @@
 schemas, the tiny Qwen3.5 model taught its reply formats, a stand-in of Search-R1's retrieval server, a stand-in
 coding agent for `--proposer command`, and the check of a finished run folder.
 
-    python scripts/paper_dry_run.py fixtures DIR          # DIR/searchqa, DIR/math, DIR/chess, DIR/wiki-18.jsonl.gz
+    python scripts/paper_dry_run.py fixtures DIR          # DIR/searchqa (wiki-18.jsonl.gz there too), DIR/math, DIR/chess
     python scripts/paper_dry_run.py model                 # the taught tiny Qwen3.5: built once, cached; prints its folder
-    python scripts/paper_dry_run.py retriever CORPUS PORT_FILE
+    python scripts/paper_dry_run.py retriever CORPUS PORT_FILE   # its queries logged in PORT_FILE.queries
     python scripts/paper_dry_run.py agent WORKDIR         # what --proposer-cmd runs, in the sandbox (stdlib only)
-    python scripts/paper_dry_run.py verify RUN_DIR DOMAIN
+    python scripts/paper_dry_run.py verify RUN_DIR DOMAIN [QUERIES]
 
 The fixtures are invented (an encyclopedia of made-up countries, sums, random legal chess lines) in the columns
 the hub files have: Search-R1's nq_hotpotqa_train, FlashRAG's per-set files, wiki-18's {"id", "contents"},
-DAPO-Math-17k, AIME 2024 / 2025 and the Lichess puzzle CSV; parquet where `datasets` is installed, else jsonl.
+DAPO-Math-17k, AIME 2024 / 2025 and the Lichess puzzle CSV; the train and AIME files as parquet where `datasets`
+is installed (as on the hub), else jsonl; FlashRAG's and wiki-18's as jsonl, as they are on the hub.
 """
 import argparse
 import gzip
@@ -36,7 +37,7 @@ ANSWER_REPLY = "<answer>Quelm</answer>"
 CODE_REPLY = ('<tool_call>\n<function=code_interpreter>\n<parameter=code>\nprint(6 * 7)\n</parameter>\n</function>\n'
               '</tool_call>')
 BOXED_REPLY = "The code printed 42. \\boxed{42}"
-TAUGHT_MODEL = "qwen35-tiny-taught-v1"  # its cache folder: a new name whenever the teaching changes
+TAUGHT_MODEL = "qwen35-tiny-taught-v1"  # its cache folder: a new name whenever the teaching or lib.models.QWEN35_TINY changes
 
 
 # -----------------------------------------------------------------------------
@@ -44,15 +45,13 @@ TAUGHT_MODEL = "qwen35-tiny-taught-v1"  # its cache folder: a new name whenever 
 
 
 def write_rows(path, rows):
-    """rows as path.parquet where `datasets` is installed (the hub files' format), else path.jsonl; -> the file."""
+    """rows as path.parquet where `datasets` is installed (the hub files' format), else as path.jsonl."""
     try:
         import datasets
         datasets.Dataset.from_list(rows).to_parquet(f"{path}.parquet")
-        return f"{path}.parquet"
     except ImportError:
         with open(f"{path}.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
-        return f"{path}.jsonl"
 
 
 def searchqa_fixtures(folder):
@@ -65,8 +64,9 @@ def searchqa_fixtures(folder):
     write_rows(f"{folder}/searchqa_train", train)
     for config, split in (("nq", "test"), ("hotpotqa", "dev")):
         os.makedirs(f"{folder}/flashrag/{config}", exist_ok=True)
-        write_rows(f"{folder}/flashrag/{config}/{split}", [{"id": f"{split}_{i}", "question": q, "golden_answers": [a],
-                                                            "metadata": {}} for i, (q, a) in enumerate(questions[:6])])
+        with open(f"{folder}/flashrag/{config}/{split}.jsonl", "w") as f:
+            f.writelines(json.dumps({"id": f"{split}_{i}", "question": q, "golden_answers": [a], "metadata": {}}) + "\n"
+                         for i, (q, a) in enumerate(questions[:6]))
     with gzip.open(f"{folder}/wiki-18.jsonl.gz", "wt") as f:
         for i, (country, capital) in enumerate(COUNTRIES):
             text = f"{country} is a country whose capital is {capital}, on the river Ost."
@@ -80,7 +80,7 @@ def math_fixtures(folder):
                 for a, b in ((6, 7), (3, 9), (7, 6), (4, 5), (2, 21), (8, 3), (14, 3), (5, 5))]
     dapo = [{"data_source": "math_dapo", "prompt": [{"content": DAPO_PREFIX + q + DAPO_SUFFIX, "role": "user"}],
              "ability": "MATH", "reward_model": {"ground_truth": str(n), "style": "rule-lighteval/MATH_v2"},
-             "extra_info": {"index": f"dapo-{i:04d}"}} for i, (q, n) in enumerate(problems)]
+             "extra_info": {"index": f"{i:04d}"}} for i, (q, n) in enumerate(problems)]
     write_rows(f"{folder}/dapo_math_17k", dapo + dapo)
     write_rows(f"{folder}/aime_2024", [{"ID": f"2024-I-{i + 1}", "Problem": q, "Solution": "", "Answer": n}
                                        for i, (q, n) in enumerate(problems[:2])])
@@ -111,8 +111,14 @@ def chess_fixtures(folder, n=60, seed=0):
         f.writelines(",".join(str(v) for v in r.values()) + "\n" for r in rows)
 
 
+def fixtures(folder):
+    for name, write in (("searchqa", searchqa_fixtures), ("math", math_fixtures), ("chess", chess_fixtures)):
+        os.makedirs(f"{folder}/{name}", exist_ok=True)
+        write(f"{folder}/{name}")
+
+
 # -----------------------------------------------------------------------------
-# the tiny Qwen3.5, taught the official h0s' reply formats for a few seconds
+# the tiny Qwen3.5, taught the official h0s' reply formats (about a minute, once: cached)
 
 
 def teaching_chats():
@@ -124,19 +130,18 @@ def teaching_chats():
         spec.loader.exec_module(module)
         return module
     sq, ma = (h0(os.path.join(ROOT, "harnesses", "paper", f"{name}.py")) for name in ("searchqa", "math"))
-    chats = []
-    for country, _ in COUNTRIES[:1]:
-        q = f"What is the capital of {country}?"
-        first = [{"role": "system", "content": sq.SYSTEM_PROMPT}, {"role": "user", "content": sq.USER_TEMPLATE.format(question=q)}]
-        call = SEARCH_REPLY.format(question=q)
-        chats.append((first, sq.TOOLS, call))
-        result = json.dumps({"result": f"Doc 1 (Title: {country})\n{country} is a country whose capital is Quelm."})
-        chats.append((first + [{"role": "assistant", "content": call}, {"role": "tool", "content": result}], sq.TOOLS, ANSWER_REPLY))
-    for a, b in ((6, 7),):
-        first = [{"role": "user", "content": ma.USER_TEMPLATE.format(question=f"A box holds {a} rows of {b} tiles. How many tiles are in the box?")}]
-        chats.append((first, ma.TOOLS, CODE_REPLY))
-        chats.append((first + [{"role": "assistant", "content": CODE_REPLY}, {"role": "tool", "content": "42\n"}], ma.TOOLS, BOXED_REPLY))
-    return chats
+    country, _ = COUNTRIES[0]
+    question = f"What is the capital of {country}?"
+    search = [{"role": "system", "content": sq.SYSTEM_PROMPT},
+              {"role": "user", "content": sq.USER_TEMPLATE.format(question=question)}]
+    call = SEARCH_REPLY.format(question=question)
+    passage = json.dumps({"result": f"Doc 1 (Title: {country})\n{country} is a country whose capital is Quelm."})
+    code = [{"role": "user", "content": ma.USER_TEMPLATE.format(question="A box holds 6 rows of 7 tiles. How many "
+                                                                        "tiles are in the box?")}]
+    return [(search, sq.TOOLS, call),
+            (search + [{"role": "assistant", "content": call}, {"role": "tool", "content": passage}], sq.TOOLS, ANSWER_REPLY),
+            (code, ma.TOOLS, CODE_REPLY),
+            (code + [{"role": "assistant", "content": CODE_REPLY}, {"role": "tool", "content": "42\n"}], ma.TOOLS, BOXED_REPLY)]
 
 
 def build_model(folder, steps=200):
@@ -158,8 +163,7 @@ def build_model(folder, steps=200):
     labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in rows])
     mask = (torch.arange(width)[None] < torch.tensor([len(x) for x, _ in rows])[:, None]).long()
     opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    torch.manual_seed(0)
-    for step in range(steps):
+    for _ in range(steps):
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         opt.step()
@@ -172,23 +176,25 @@ def build_model(folder, steps=200):
 # Search-R1's retrieval server, as a stand-in: the same request and response over word overlap
 
 
+def words(text):
+    return set(re.findall(r"\w+", text.lower()))
+
+
 def retriever(corpus, port_file):
-    """POST /retrieve {"queries": [...], "topk": k, "return_scores": bool} -> {"result": [[{"document": {"id",
-    "contents"}, "score": s}, ...] per query]} (without return_scores: the documents themselves), as
-    search_r1/search/retrieval_server.py answers; writes its port to port_file once it listens."""
+    """A server (not yet serving) answering POST /retrieve {"queries": [...], "topk": k, "return_scores": bool} with
+    {"result": [[{"document": {"id", "contents"}, "score": s}, ...] per query]} (without return_scores: the
+    documents themselves), as search_r1/search/retrieval_server.py does; it has written its port to port_file and
+    logs each query to port_file.queries."""
     with gzip.open(corpus, "rt") as f:
-        docs = [json.loads(line) for line in f]
-    words = lambda text: set(re.findall(r"\w+", text.lower()))
+        docs = [(json.loads(line), words(line)) for line in f]
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             result = []
             for query in body["queries"]:
-                ranked = sorted(docs, key=lambda d: -len(words(query) & words(d["contents"])))[:body.get("topk", 3)]
-                scores = [float(len(words(query) & words(d["contents"]))) for d in ranked]
-                result.append([{"document": d, "score": s} for d, s in zip(ranked, scores)]
-                              if body.get("return_scores") else ranked)
+                scored = sorted(((len(words(query) & w), d) for d, w in docs), key=lambda x: -x[0])[:body.get("topk", 3)]
+                result.append([{"document": d, "score": float(n)} if body.get("return_scores") else d for n, d in scored])
             payload = json.dumps({"result": result}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -205,25 +211,30 @@ def retriever(corpus, port_file):
     with open(f"{port_file}.tmp", "w") as f:
         f.write(str(server.server_address[1]))
     os.replace(f"{port_file}.tmp", port_file)
-    server.serve_forever()
+    return server
 
 
 # -----------------------------------------------------------------------------
 # a coding agent, as a stand-in: one prompt edit per candidate
 
 
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def agent(workdir):
     """Each candidate folder the search left unproposed gets its parent's harness with a sentence added to the
     system prompt (a different one per candidate), and a hypothesis in meta.json."""
     folders = sorted(os.path.join(workdir, "candidates", d) for d in os.listdir(os.path.join(workdir, "candidates")))
-    fresh = [d for d in folders if not json.load(open(os.path.join(d, "meta.json"))).get("proposed")]
+    fresh = [d for d in folders if not read_json(os.path.join(d, "meta.json")).get("proposed")]
     for i, folder in enumerate(fresh):
         path = os.path.join(folder, "harness.py")
         sentence = ("Answer briefly.", "Check your answer once.", "Use the tools when they help.")[i % 3]
         with open(path, "a") as f:
             f.write(f"\nSYSTEM_PROMPT = (SYSTEM_PROMPT + ' ' + {sentence!r}).strip()\n")
         meta_path = os.path.join(folder, "meta.json")
-        meta = json.load(open(meta_path))
+        meta = read_json(meta_path)
         meta.update(hypothesis=f"adding {sentence!r} to the system prompt helps", changed="system prompt")
         with open(meta_path, "w") as f:
             json.dump(meta, f)
@@ -236,13 +247,16 @@ def agent(workdir):
 # the check of a finished run
 
 
-def verify(run_dir, domain):
+def verify(run_dir, domain, queries=None):
     """'ok DOMAIN ...' when the run went through every phase kind of the gpu preset (start evaluation, weight,
     harness with its re-score and a proposer round, weight, each with a test evaluation) and its RSFT steps
     trained and its test episodes called their tools where the taught model can (searchqa, math); else
     'FAIL DOMAIN why'."""
     def rows(path):
-        return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return [json.loads(line) for line in f]
     evals = [r for r in rows(f"{run_dir}/metrics.jsonl") if r.get("event") == "eval"]
     steps = rows(f"{run_dir}/weights/metrics.jsonl")
     archives = sorted(d for d in os.listdir(run_dir) if d.startswith("harness_w"))
@@ -264,6 +278,14 @@ def verify(run_dir, domain):
     tool_calls = sum(len(r.get("tool_calls") or []) for r in traces)
     if domain != "chess" and not tool_calls:
         problems.append(f"no tool call ran in {len(traces)} test episodes")
+    if queries is not None:  # the preflight's own probe aside, the run's searches must have reached the server
+        from lib.preflight import PROBE_QUERY
+        logged = []
+        if os.path.exists(queries):
+            with open(queries) as f:
+                logged = f.read().splitlines()
+        if not [q for q in logged if q != PROBE_QUERY]:
+            problems.append("no search of the run reached the retrieval server")
     trained = sum(r.get("optimizer_steps") or 0 for r in steps)
     if domain != "chess" and not trained:
         problems.append(f"{len(steps)} RSFT steps and no update (accepted {[r.get('examples') for r in steps]})")
@@ -289,19 +311,16 @@ if __name__ == "__main__":
     v = sub.add_parser("verify")
     v.add_argument("run_dir")
     v.add_argument("domain")
+    v.add_argument("queries", nargs="?", help="the retrieval server's query log: some must be the run's")
     a = p.parse_args()
     if a.command == "fixtures":
-        for name in ("searchqa", "math", "chess"):
-            os.makedirs(f"{a.folder}/{name}", exist_ok=True)
-        searchqa_fixtures(f"{a.folder}/searchqa")
-        math_fixtures(f"{a.folder}/math")
-        chess_fixtures(f"{a.folder}/chess")
+        fixtures(a.folder)
     elif a.command == "model":
         from lib.models import cached
         print(cached(TAUGHT_MODEL, build_model))
     elif a.command == "retriever":
-        retriever(a.corpus, a.port_file)
+        retriever(a.corpus, a.port_file).serve_forever()
     elif a.command == "agent":
         agent(a.workdir)
     else:
-        sys.exit(verify(a.run_dir, a.domain))
+        sys.exit(verify(a.run_dir, a.domain, a.queries))

@@ -650,25 +650,21 @@ def test_the_paper_dry_run_stand_ins_speak_the_real_formats(tmp_path):
     its retrieval server answers the run's own client, and its agent's edit passes the harness contract."""
     import importlib.util
     import shutil
-    import time
     from pathlib import Path
     from lib.contract import static_check
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("paper_dry_run", root / "scripts" / "paper_dry_run.py")
     dry = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(dry)
-    for name in ("searchqa", "math", "chess"):
-        (tmp_path / name).mkdir()
-    dry.searchqa_fixtures(tmp_path / "searchqa")
-    dry.math_fixtures(tmp_path / "math")
-    dry.chess_fixtures(tmp_path / "chess")
+    dry.fixtures(str(tmp_path))
     [train] = list((tmp_path / "searchqa").glob("searchqa_train.*"))
     assert len(hub.load_searchqa("train", train_name=str(train), train_size=16)) == 16
     test = hub.load_searchqa("test", test_name=str(tmp_path / "searchqa" / "flashrag"), test_sets=["nq:test", "hotpotqa:dev"])
     assert len(test) == 12 and {t["source"] for t in test} == {"nq", "hotpotqa"}
     [dapo] = list((tmp_path / "math").glob("dapo_math_17k.*"))
     math_train = hub.load_math("train", train_name=str(dapo))
-    assert len(math_train) == 8 and not math_train[0]["question"].startswith("Solve")  # de-duplicated, template stripped
+    assert len(math_train) == 8 and math_train[0]["id"] == "dapo-0000"  # one per problem id, its template stripped:
+    assert math_train[0]["question"] == "A box holds 6 rows of 7 tiles. How many tiles are in the box?"
     aime = [str(next((tmp_path / "math").glob(f"aime_{y}.*"))) for y in (2024, 2025)]
     assert [t["answer"] for t in hub.load_math("test", test_names=aime)] == ["42", "27", "42", "20"]
     chess_test = hub.load_chess("test", str(tmp_path / "chess" / "lichess_db_puzzle.csv"),
@@ -676,15 +672,16 @@ def test_the_paper_dry_run_stand_ins_speak_the_real_formats(tmp_path):
     assert len(chess_test) == 4 and all(1 <= len(t["moves"]) - 1 <= 3 for t in chess_test)
 
     port_file = tmp_path / "port"
-    threading.Thread(target=dry.retriever, args=(tmp_path / "searchqa" / "wiki-18.jsonl.gz", port_file), daemon=True).start()
-    for _ in range(100):
-        if port_file.exists():
-            break
-        time.sleep(0.05)
-    client = hub.RetrieverClient(f"http://127.0.0.1:{port_file.read_text()}/retrieve")
-    assert client.search_batch(["capital of Zorbia", "Talvia"], k=1) == [
-        ["Zorbia: Zorbia is a country whose capital is Quelm, on the river Ost."],
-        ["Talvia: Talvia is a country whose capital is Ost, on the river Ost."]]
+    server = dry.retriever(tmp_path / "searchqa" / "wiki-18.jsonl.gz", port_file)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = hub.RetrieverClient(f"http://127.0.0.1:{port_file.read_text()}/retrieve")
+        assert client.search_batch(["capital of Zorbia", "Talvia"], k=1) == [
+            ["Zorbia: Zorbia is a country whose capital is Quelm, on the river Ost."],
+            ["Talvia: Talvia is a country whose capital is Ost, on the river Ost."]]
+    finally:
+        server.shutdown()
+    assert (tmp_path / "port.queries").read_text() == "capital of Zorbia\nTalvia\n"
 
     candidate = tmp_path / "work" / "candidates" / "h1_1"
     candidate.mkdir(parents=True)

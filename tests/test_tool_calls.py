@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 import rollout
 import whale
 from lib import protocol
-from lib.models import CHATML, QWEN35_TAGS, QWEN35_TEMPLATE, cached, build_smoke, chat_ids, load_model, thinking_switch
+from lib.models import CHATML, QWEN35_TINY, build_smoke, cached, chat_ids, load_model, qwen35_tokenizer, thinking_switch
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_SEARCHQA, PAPER_MATH = ROOT / "harnesses" / "paper" / "searchqa.py", ROOT / "harnesses" / "paper" / "math.py"
@@ -31,10 +31,7 @@ PASSAGE = "Zorbia: Zorbia is a country whose capital is Quelm, on the river Ost.
 def qwen_tok():
     """The smoke tokenizer with a Qwen3.5-format template; its think and tool tags are added tokens that are not
     special, as in Qwen3.5's vocabulary, so decoding keeps them."""
-    tok = AutoTokenizer.from_pretrained(cached("smoke-v2", build_smoke))
-    tok.add_tokens(QWEN35_TAGS)
-    tok.chat_template = QWEN35_TEMPLATE
-    return tok
+    return qwen35_tokenizer()
 
 
 class ChatBackend:
@@ -282,8 +279,12 @@ def test_the_tiny_qwen35_loads_as_the_hub_checkpoints_do_and_its_lora_trains():
     import rft
     from lib.models import build_qwen35_tiny
     from lib.policy import add_lora
-    model, tok = load_model(cached("qwen35-tiny", build_qwen35_tiny))
+    from safetensors.torch import load_file
+    folder = cached(QWEN35_TINY, build_qwen35_tiny)
+    model, tok = load_model(folder)
     assert type(model).__name__ == "Qwen3_5ForCausalLM"
+    saved = load_file(f"{folder}/model.safetensors")["model.language_model.embed_tokens.weight"]
+    assert torch.equal(model.get_input_embeddings().weight, saved)  # the checkpoint's weights, not a fresh init
     assert model.config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
     prompt = chat_ids(tok, [{"role": "user", "content": "Question: What is the capital of Zorbia?"}], thinking=False)
     assert tok.decode(prompt).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
