@@ -46,16 +46,17 @@ TAUGHT_MODEL = "qwen35-tiny-taught-v1"  # its cache folder: a new name whenever 
 
 def write_rows(path, rows):
     """rows as path.parquet where `datasets` is installed (the hub files' format), else as path.jsonl."""
+    from lib.io import write_jsonl
     try:
         import datasets
         datasets.Dataset.from_list(rows).to_parquet(f"{path}.parquet")
     except ImportError:
-        with open(f"{path}.jsonl", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+        write_jsonl(f"{path}.jsonl", rows)
 
 
 def searchqa_fixtures(folder):
     """Search-R1's train rows (its verl columns), FlashRAG's nq/test and hotpotqa/dev, and the wiki-18 corpus."""
+    from lib.io import write_jsonl
     questions = [(f"What is the capital of {c}?", a) for c, a in COUNTRIES]
     train = [{"id": f"train_{i}", "question": q, "golden_answers": [a], "data_source": ("nq", "hotpotqa")[i % 2],
               "prompt": [{"role": "user", "content": f"Answer the given question. Question: {q}"}],
@@ -64,9 +65,8 @@ def searchqa_fixtures(folder):
     write_rows(f"{folder}/searchqa_train", train)
     for config, split in (("nq", "test"), ("hotpotqa", "dev")):
         os.makedirs(f"{folder}/flashrag/{config}", exist_ok=True)
-        with open(f"{folder}/flashrag/{config}/{split}.jsonl", "w") as f:
-            f.writelines(json.dumps({"id": f"{split}_{i}", "question": q, "golden_answers": [a], "metadata": {}}) + "\n"
-                         for i, (q, a) in enumerate(questions[:6]))
+        write_jsonl(f"{folder}/flashrag/{config}/{split}.jsonl", [
+            {"id": f"{split}_{i}", "question": q, "golden_answers": [a], "metadata": {}} for i, (q, a) in enumerate(questions[:6])])
     with gzip.open(f"{folder}/wiki-18.jsonl.gz", "wt") as f:
         for i, (country, capital) in enumerate(COUNTRIES):
             text = f"{country} is a country whose capital is {capital}, on the river Ost."
@@ -218,7 +218,7 @@ def retriever(corpus, port_file):
 # a coding agent, as a stand-in: one prompt edit per candidate
 
 
-def read_json(path):
+def read_json(path):  # not lib.io's: the agent runs in the sandbox, which shows it this file only
     with open(path) as f:
         return json.load(f)
 
@@ -252,15 +252,11 @@ def verify(run_dir, domain, queries=None):
     harness with its re-score and a proposer round, weight, each with a test evaluation) and its RSFT steps
     trained and its test episodes called their tools where the taught model can (searchqa, math); else
     'FAIL DOMAIN why'."""
-    def rows(path):
-        if not os.path.exists(path):
-            return []
-        with open(path) as f:
-            return [json.loads(line) for line in f]
-    evals = [r for r in rows(f"{run_dir}/metrics.jsonl") if r.get("event") == "eval"]
-    steps = rows(f"{run_dir}/weights/metrics.jsonl")
+    from lib.io import read_jsonl
+    evals = [r for r in read_jsonl(f"{run_dir}/metrics.jsonl") if r.get("event") == "eval"]
+    steps = read_jsonl(f"{run_dir}/weights/metrics.jsonl")
     archives = sorted(d for d in os.listdir(run_dir) if d.startswith("harness_w"))
-    index = rows(f"{run_dir}/{archives[0]}/summary.jsonl") if archives else []
+    index = read_jsonl(f"{run_dir}/{archives[0]}/summary.jsonl") if archives else []
     kinds = [r["kind"] for r in evals]
     problems = []
     if not os.path.exists(f"{run_dir}/summary.json"):
@@ -274,7 +270,7 @@ def verify(run_dir, domain, queries=None):
     if not rescored or not proposed:
         problems.append(f"archive: h0 re-scored {bool(rescored)}, {len(proposed)} command candidates scored")
     traces = [r for name in sorted(os.listdir(f"{run_dir}/evals")) if name.endswith(".traces.jsonl")
-              for r in rows(f"{run_dir}/evals/{name}")] if os.path.isdir(f"{run_dir}/evals") else []
+              for r in read_jsonl(f"{run_dir}/evals/{name}")] if os.path.isdir(f"{run_dir}/evals") else []
     tool_calls = sum(len(r.get("tool_calls") or []) for r in traces)
     if domain != "chess" and not tool_calls:
         problems.append(f"no tool call ran in {len(traces)} test episodes")

