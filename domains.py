@@ -28,7 +28,7 @@ The rewards are the official verifiers (PROTOCOL.md section 4):
   only the reference move is right: any other legal move, an alternative mate too, ends the episode;
   reward 1.0 only for the whole line.
 
-The paper's data (--data paper: `domains.get(name, args)` with add_args' flags) loads through lib/hub.py:
+The paper's data (--data paper: `domains.get(name, args)` with add_args' flags) loads through lib/paper_data.py:
 the hub datasets (or local copies of them) in the bundled tasks' shape, and Wikipedia 2018 for search.
 """
 import json
@@ -40,9 +40,9 @@ from functools import lru_cache
 
 import chess
 
-from lib import hub
+from lib import paper_data
 from lib.judge import judge_from_args
-from lib.sample import seeded_sample  # also the CLIs' limit flags' sampler, as domains.seeded_sample
+from lib.subsets import seeded_sample  # also the CLIs' limit flags' sampler, as domains.seeded_sample
 from lib.cli import Parser, one_line_errors, positive_int
 from lib.sandbox import PYTHON_TIMEOUT_S, run_python
 
@@ -96,7 +96,7 @@ class Domain:
             return random.Random(HARNESS_SET_SEED).sample(train, HARNESS_SET_SIZE)
         if self.args is not None:
             if split not in self.paper_splits:
-                self.paper_splits[split] = hub.paper_tasks(self.name, split, self.args)
+                self.paper_splits[split] = paper_data.paper_tasks(self.name, split, self.args)
             return self.paper_splits[split]
         return read_jsonl(self.bundled_file(split), self.REQUIRED)
 
@@ -189,9 +189,9 @@ class SearchQA(Domain):
         """The paper's retriever, made once: the retrieval server if given, else bm25s over --wiki."""
         if not hasattr(self, "retriever"):
             if self.args.retriever_url:
-                self.retriever = hub.RetrieverClient(self.args.retriever_url)
+                self.retriever = paper_data.RetrieverClient(self.args.retriever_url)
             elif self.args.wiki:
-                self.retriever = hub.WikiBM25(self.args.wiki, self.args.wiki_limit)
+                self.retriever = paper_data.WikiBM25(self.args.wiki, self.args.wiki_limit)
             else:
                 raise ValueError("the paper's searchqa needs --retriever-url URL (Search-R1's retrieval server) "
                                  "or --wiki PATH (a wiki-18 .jsonl file for bm25s)")
@@ -396,30 +396,30 @@ def add_args(p):
     """The --data switch and the paper data's flags (whale.py and the other CLIs pass their args to get())."""
     # data: bundled (offline, data/) or the paper's sets through `datasets` (a name may be a local file)
     p.add_argument("--data", default="bundled", choices=("bundled", "paper"))
-    p.add_argument("--searchqa-train", default=hub.SEARCHQA_TRAIN, help="Search-R1's NQ + HotpotQA train set")
-    p.add_argument("--searchqa-test", default=hub.SEARCHQA_TEST,
+    p.add_argument("--searchqa-train", default=paper_data.SEARCHQA_TRAIN, help="Search-R1's NQ + HotpotQA train set")
+    p.add_argument("--searchqa-test", default=paper_data.SEARCHQA_TEST,
                    help="the collection holding the seven test sets, or a local copy: a folder with "
                         "<config>/<split>.jsonl (or .parquet) per set, as FlashRAG's snapshot")
-    p.add_argument("--searchqa-test-sets", default=",".join(hub.SEARCHQA_TEST_SETS), help="config:split, comma-separated")
-    p.add_argument("--searchqa-test-per-set", type=positive_int, default=hub.SEARCHQA_TEST_PER_SET)
-    p.add_argument("--searchqa-train-size", type=int, default=hub.SEARCHQA_TRAIN_SIZE,
+    p.add_argument("--searchqa-test-sets", default=",".join(paper_data.SEARCHQA_TEST_SETS), help="config:split, comma-separated")
+    p.add_argument("--searchqa-test-per-set", type=positive_int, default=paper_data.SEARCHQA_TEST_PER_SET)
+    p.add_argument("--searchqa-train-size", type=int, default=paper_data.SEARCHQA_TRAIN_SIZE,
                    help="D_weight: a seeded sample of the train set keeping its NQ / HotpotQA shares (0: all of it)")
     p.add_argument("--retriever-url", default=None, help="Search-R1's retrieval server, e.g. http://127.0.0.1:8000/retrieve")
     p.add_argument("--wiki", default=None, help="without a server: bm25s over this wiki-18 .jsonl file")
     p.add_argument("--wiki-limit", type=positive_int, default=None, help="index only the first N passages of --wiki")
-    p.add_argument("--math-train", default=hub.MATH_TRAIN)
-    p.add_argument("--math-test", default=",".join(hub.MATH_TEST), help="name:split, comma-separated")
+    p.add_argument("--math-train", default=paper_data.MATH_TRAIN)
+    p.add_argument("--math-test", default=",".join(paper_data.MATH_TEST), help="name:split, comma-separated")
     p.add_argument("--math-test-set", default="gsm8k", choices=sorted(MATH_TEST_SETS),
                    help="bundled math test split: the GSM8K originals, or generated 1-2 step problems held out from train")
     p.add_argument("--math-max-steps", type=int, default=None, choices=range(1, 5), metavar="{1..4}",
                    help="bundled math: train (and draw the harness set) on problems of at most N steps only")
-    p.add_argument("--chess-puzzles", default=hub.CHESS_PUZZLES, help="hub dataset or lichess_db_puzzle.csv")
-    p.add_argument("--chess-max-plies", type=positive_int, default=hub.CHESS_MAX_PLIES, help="solution plies: 1..N")
-    buckets = dict(hub.CHESS_BUCKETS)  # the official split: its bucket sizes set the hash's modulus
+    p.add_argument("--chess-puzzles", default=paper_data.CHESS_PUZZLES, help="hub dataset or lichess_db_puzzle.csv")
+    p.add_argument("--chess-max-plies", type=positive_int, default=paper_data.CHESS_MAX_PLIES, help="solution plies: 1..N")
+    buckets = dict(paper_data.CHESS_BUCKETS)  # the official split: its bucket sizes set the hash's modulus
     p.add_argument("--chess-train-size", type=positive_int, default=buckets["train"])
     p.add_argument("--chess-harness-size", type=positive_int, default=buckets["harness"])
     p.add_argument("--chess-test-pool", type=positive_int, default=buckets["test"], help="the test bucket")
-    p.add_argument("--chess-test-size", type=positive_int, default=hub.CHESS_TEST_SIZE, help="a seeded sample of the test bucket")
+    p.add_argument("--chess-test-size", type=positive_int, default=paper_data.CHESS_TEST_SIZE, help="a seeded sample of the test bucket")
     # searchqa's LLM judge (the official one is off by default: exact match)
     p.add_argument("--judge-url", default=None, help="searchqa: an OpenAI-compatible endpoint, e.g. "
                    "https://api.openai.com/v1, for the official LLM judge's rule (default: exact match)")
@@ -438,7 +438,7 @@ def check_tools(name, args):
                          "searchqa out (run_all.sh: DOMAINS=\"math chess\")")
     if args.wiki:
         try:
-            hub.first_wiki_passage(args.wiki)  # .jsonl, or the .jsonl.gz as downloaded
+            paper_data.first_wiki_passage(args.wiki)  # .jsonl, or the .jsonl.gz as downloaded
         except ValueError:
             raise ValueError(f"--wiki {args.wiki}: line 1 is not a JSON object with a 'contents' string: pass "
                              "Search-R1's wiki-18.jsonl, or a file of its shape") from None

@@ -51,14 +51,14 @@ from lib.archive import candidate_rows, proposer_costs
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors, positive_float,
                      positive_int, seed_int)
 from lib.contract import check_harness_fits, normalized, static_check
-from lib.io import read_json, read_jsonl, write_json, write_jsonl  # read_json, write_json: also whale's, through here
+from lib.files import read_json, read_jsonl, write_json, write_jsonl  # read_json, write_json: also whale's, through here
 from lib.models import check_model
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
 from lib.policy import add_backend_args, check_backend, load_policy
 from lib.proposers import failure_advice, propose_agent, propose_in_copy
-from lib.reuse import file_sha
-from lib.runfolder import check_archive, check_run_files, check_same_model
+from lib.ops.reuse import file_sha
+from lib.ops.run_checks import check_archive, check_run_files, check_same_model
 from rollout import sampling_kwargs  # by name: the tests swap the module `rollout` for a fake scorer
 
 PROPOSERS = ("mutate", "command", "claude", "openai")

@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from lib.cli import Parser, one_line_errors
-from lib.io import read_json, read_jsonl
+from lib.files import read_json, read_jsonl
 
 DOMAINS = ("searchqa", "math", "chess")
 METHODS = ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale", "whale-adaptive")

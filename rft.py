@@ -37,12 +37,11 @@ from lib import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int, one_line_errors,
                      positive_float, positive_int, probability, seed_int)
 from lib.contract import check_harness_fits
-from lib.io import link_tree, read_json, swap_link, write_json, write_jsonl
+from lib.files import link_tree, read_json, resolved_path, sha256, stored_path, swap_link, write_json, write_jsonl
 from lib.models import check_model
 from lib.policy import add_backend_args, check_backend, load_policy
-from lib.reuse import adapter_id
-from lib.runfolder import (CHECKPOINT_FILES, check_checkpoint, check_checkpoint_model, resolved_path, sha256,
-                           stored_path)
+from lib.ops.reuse import adapter_id
+from lib.ops.run_checks import CHECKPOINT_FILES, check_checkpoint, check_checkpoint_model
 
 
 def add_args(parser):

@@ -5,7 +5,7 @@ The batched, sandboxed episode runner and mean@k evaluation (the policy and its 
     python rollout.py --domain searchqa --harness harnesses/searchqa.py --model cpu --k 2 --limit 4 --out out/sq
 
 Algorithm. A harness is untrusted Python: `run(task, llm, tools)`. Each episode runs it in its own worker
-(lib/worker.py) inside the OS sandbox (lib/sandbox.py: no project folder, no data, no other process, no
+(lib/harness_process.py) inside the OS sandbox (lib/sandbox.py: no project folder, no data, no other process, no
 network), so it holds no answers and no hidden tool state. The worker talks JSON lines over its own pipes:
 it asks for `llm(messages, tools, max_tokens, stop)` or a tool call and waits for the reply. The parent
 process holds the tasks, the tools and the model; it checks every request (lib/protocol.py), renders it
@@ -44,7 +44,7 @@ from lib.models import chat_ids, check_model, thinking_switch
 from lib.policy import add_backend_args, check_backend, load_policy
 from lib.protocol import (MAX_CHARS, MAX_LINE, MAX_LLM_CALLS, MAX_PROMPT_TOKENS, MAX_TOOL_CALLS, STDOUT_KEEP,
                           cut_at_stop, exception_reply, llm_request, tool_request)
-from lib.workers import POOL, worker_memory_bytes
+from lib.worker_pool import POOL, worker_memory_bytes
 
 
 # -----------------------------------------------------------------------------

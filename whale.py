@@ -70,16 +70,18 @@ import domains
 import meta_harness
 import rft
 import rollout
-from lib import gpu_plan, plan, preflight, reporting, reuse, sandbox
+from lib import sandbox
+from lib.ops import plan, preflight, report_to, reuse, time_model
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors, positive_float,
                      positive_int, seed_int)
 from lib.contract import check_harness_fits
-from lib.io import append_jsonl, read_json, read_jsonl, write_json, write_jsonl
+from lib.files import append_jsonl, read_json, read_jsonl, write_json, write_jsonl
 from lib.models import check_model
 from lib.policy import add_backend_args, check_backend, load_policy
-from lib.resume import (check_run_folder, check_same_settings, evaluation_inputs, load_state, lost_evaluations,
+from lib.ops.runstate import (check_run_folder, check_same_settings, evaluation_inputs, load_state, lost_evaluations,
                          lost_seeds, phase_rows, read_rows, save_state)
-from lib.runfolder import resolved_path, start_over, stored_path
+from lib.files import resolved_path, stored_path
+from lib.ops.run_checks import start_over
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "stagewise-hw", "fast-slow")
 
@@ -116,7 +118,7 @@ PRESETS = {
                   harness_patience=2, harness_min_iterations=5, harness_max_iterations=15),
     # gpu: the paper preset's shape on seeded subsets, sized so that the whole table (run_all.sh: 3 domains x 6
     # methods + adaptive WHALE on searchqa and math, one process each) fits in 12 h on one 80 GB card by
-    # lib/gpu_plan.py's estimate (README "The paper and gpu presets on one GPU"). The proposer's own time (a
+    # lib/ops/time_model.py's estimate (README "The paper and gpu presets on one GPU"). The proposer's own time (a
     # round is a Claude Code session) bounds the rounds, so: the paper's (E, I) = (0.6, 2) ablation cell on 1.2
     # epochs (weight, harness of re-score + 1 round, weight); 224 train prompts, 64 a step (the official searchqa
     # driver's batch) = 2 + 2 RSFT steps; M = 3 on 128 harness tasks; G = 8, mean@8 on the test subsets in GPU
@@ -199,7 +201,7 @@ def parse_args(argv=None):
     p.add_argument("--check", nargs="*", default=None, choices=sorted(domains.DOMAINS), metavar="DOMAIN",
                    help="check every resource this run needs (and those of the same run on these domains) in "
                         "seconds, before any model loads, then exit: one line per check, 0 when all pass")
-    reporting.add_args(p)
+    report_to.add_args(p)
     domains.add_args(p)
     add_backend_args(p)
     rft.add_args(p)
@@ -297,7 +299,7 @@ def fixed_phases(args, n_train):
 
 def print_plan(args, card_gb=80):
     """The run's phases, steps, rounds and rollouts, from the data sizes alone (no model is loaded), and its
-    estimated hours on one card of card_gb (lib/gpu_plan.py); -> that estimate, or None."""
+    estimated hours on one card of card_gb (lib/ops/time_model.py); -> that estimate, or None."""
     if args.data == "paper":
         n_train = min(PAPER_TRAIN_SIZES[args.domain], args.train_limit or PAPER_TRAIN_SIZES[args.domain])
         n_test = {"searchqa": len(args.searchqa_test_sets.split(",")) * args.searchqa_test_per_set, "math": 60,
@@ -310,8 +312,8 @@ def print_plan(args, card_gb=80):
         n_test = len(test_tasks(domain, args))
     phases = fixed_phases(args, n_train)
     print("\n".join(plan.describe(args, method_name(args), phases, budgets(args, n_train), n_train, n_harness, n_test)))
-    est = gpu_plan.estimate(args, phases, n_harness, n_test, card_gb)  # None: a model it lacks
-    print(gpu_plan.describe(est, card_gb) if est else f"no time estimate for --model {args.model} (lib/gpu_plan.py)")
+    est = time_model.estimate(args, phases, n_harness, n_test, card_gb)  # None: a model it lacks
+    print(time_model.describe(est, card_gb) if est else f"no time estimate for --model {args.model} (lib/ops/time_model.py)")
     return est
 
 
@@ -484,14 +486,14 @@ def main(argv=None):
             print(f"estimated {sum(e['total'] for e in estimates):.2f} h for these {len(runs)} runs, one process each "
                   "(nothing shared)")
         return
-    if runs[0].check is not None:  # the preflight (lib/preflight.py): each --check domain parsed as its own run
+    if runs[0].check is not None:  # the preflight (lib/ops/preflight.py): each --check domain parsed as its own run
         argv = sys.argv[1:] if argv is None else list(argv)
         raise SystemExit(preflight.main(runs + [parse_args([*argv, "--domain", d])[0] for d in runs[0].check]))
     with one_line_errors("whale.py"):  # bad input, a damaged run folder, a refused engine: one line
         sandbox.apply_args(runs[0])
         domain = check_inputs(runs)
         for args in runs:
-            with reporting.watch(args):  # --report-to: the rows of its files, live
+            with report_to.watch(args):  # --report-to: the rows of its files, live
                 run(args, donors=[other.out for other in runs if other.out != args.out], domain=domain)
             gc.collect()  # the finished run's model and optimizer go before the next run loads its own
 

@@ -4,7 +4,7 @@ The index built from them (summary.jsonl, frontier.json) is the search's own: me
 
 from pathlib import Path
 
-from lib.io import append_jsonl, read_json, read_jsonl
+from lib.files import append_jsonl, read_json, read_jsonl
 
 
 def candidate_rows(run_dir):

@@ -17,53 +17,6 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-# Qwen3.5's chat template in outline (written for the tests and the paper dry run, not copied): tools as JSON lines in <tools> with the
-# XML call format, the system prompt after them; an assistant turn after the last user turn keeps its reasoning
-# in <think>, earlier ones lose it; consecutive tool results share one user turn; the generation prompt opens a
-# <think> block when enable_thinking is true and closes an empty one otherwise
-QWEN35_TEMPLATE = r"""
-{%- if tools %}
-{{- '<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>' }}
-{%- for tool in tools %}{{- '\n' }}{{- tool | tojson }}{%- endfor %}
-{{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n'
-    '<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n'
-    '</function>\n</tool_call>' }}
-{%- if messages[0].role == 'system' %}{{- '\n\n' + messages[0].content }}{%- endif %}
-{{- '<|im_end|>\n' }}
-{%- elif messages[0].role == 'system' %}
-{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
-{%- endif %}
-{%- set ns = namespace(last_query=-1) %}
-{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}{%- endfor %}
-{%- for m in messages %}
-{%- if m.role == 'user' %}
-{{- '<|im_start|>user\n' + m.content + '<|im_end|>\n' }}
-{%- elif m.role == 'assistant' %}
-{%- set content = m.content %}{%- set reasoning = '' %}
-{%- if '</think>' in content %}
-{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\n') %}
-{%- set content = content.split('</think>')[-1].lstrip('\n') %}
-{%- endif %}
-{%- if loop.index0 > ns.last_query %}
-{{- '<|im_start|>assistant\n<think>\n' + reasoning + '\n</think>\n\n' + content + '<|im_end|>\n' }}
-{%- else %}
-{{- '<|im_start|>assistant\n' + content + '<|im_end|>\n' }}
-{%- endif %}
-{%- elif m.role == 'tool' %}
-{%- if loop.first or loop.previtem.role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
-{{- '\n<tool_response>\n' + m.content + '\n</tool_response>' }}
-{%- if loop.last or loop.nextitem.role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-{{- '<|im_start|>assistant\n' }}
-{%- if enable_thinking is defined and enable_thinking is true %}{{- '<think>\n' }}
-{%- else %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
-{%- endif %}
-"""
-# its think and tool tags: added tokens that are not special, as in Qwen3.5's vocabulary, so decoding keeps them
-QWEN35_TINY = "qwen35-tiny-v1"  # build_qwen35_tiny's cache folder: a new name whenever the template or the model changes
-QWEN35_TAGS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
 SMOKE_TEXT = """You are a helpful assistant. Answer the question. Put the final answer in <answer></answer> tags.
 Search for the entity, read the passage and answer with a short phrase. The city was founded in 1821 by settlers.
@@ -94,35 +47,6 @@ def build_smoke(folder):
                          num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
                          tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     model = Qwen3ForCausalLM(config)
-    tok.save_pretrained(folder)
-    model.save_pretrained(folder)
-
-
-def qwen35_tokenizer():
-    """The smoke tokenizer in Qwen3.5's chat format: QWEN35_TAGS added, QWEN35_TEMPLATE as its template."""
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(cached("smoke-v2", build_smoke))
-    tok.add_tokens(QWEN35_TAGS)
-    tok.chat_template = QWEN35_TEMPLATE
-    return tok
-
-
-def build_qwen35_tiny(folder):  # cached as QWEN35_TINY
-    """A tiny random model of Qwen3.5's architecture, saved as the hub checkpoints are (Qwen3_5ForConditionalGeneration:
-    a vision tower beside the hybrid text model of three Gated DeltaNet layers, then one gated full-attention layer),
-    with the smoke tokenizer, QWEN35_TAGS and QWEN35_TEMPLATE: the model of the paper dry run."""
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
-    tok = qwen35_tokenizer()
-    torch.manual_seed(0)
-    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-                linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
-                max_position_embeddings=32768, tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.pad_token_id)
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
-    config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True)
-    model = Qwen3_5ForConditionalGeneration(config)
-    model.generation_config.eos_token_id = tok.eos_token_id
     tok.save_pretrained(folder)
     model.save_pretrained(folder)
 

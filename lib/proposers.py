@@ -19,7 +19,7 @@ from pathlib import Path
 from lib import sandbox
 from lib.archive import log_cost
 from lib.contract import ALLOWED_IMPORTS, MAX_HARNESS_CHARS
-from lib.io import read_json, write_json
+from lib.files import read_json, write_json
 
 PROJECT = Path(__file__).resolve().parent.parent  # the repository, denied to the claude proposer by name
 # what a proposer sees (a copy) and what the search takes back from it (capped)

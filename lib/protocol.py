@@ -1,4 +1,4 @@
-"""The messages between the runner (rollout.py) and a harness worker (lib/worker.py): the limits on them and
+"""The messages between the runner (rollout.py) and a harness worker (lib/harness_process.py): the limits on them and
 the parent's checks of every request a worker sends. The worker runs untrusted harness code, which can write
 to its pipe directly, so the parent checks each request in full; the worker's own checks are a courtesy.
 

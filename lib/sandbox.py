@@ -27,7 +27,7 @@ Where the kernel refuses namespaces (some GPU hosts do), check() stops the run w
 opt-out: WHALE_UNSAFE_NO_SANDBOX=1 (the CLIs' --unsafe-no-sandbox sets it) runs the same commands without the
 sandbox, with the in-process checks only, and says so on every start. Never a silent downgrade.
 
-The harness workers built on it: lib/workers.py.
+The harness workers built on it: lib/worker_pool.py.
 """
 import errno
 import os

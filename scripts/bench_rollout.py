@@ -23,7 +23,7 @@ from lib.cli import Parser, positive_int  # noqa: E402
 from lib.hf_backend import HFBackend  # noqa: E402
 from lib.models import chat_ids  # noqa: E402
 from lib.policy import add_backend_args  # noqa: E402
-from lib.workers import POOL, Pool, Worker  # noqa: E402
+from lib.worker_pool import POOL, Pool, Worker  # noqa: E402
 
 BENCH_HARNESS = '''"""Bench: a few llm() calls with a fixed budget, nothing else."""
 CALLS = 4

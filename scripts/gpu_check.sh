@@ -9,7 +9,7 @@
 #   rsft-update  the SFT update itself on CUDA (scripts/bench_rft.py: LoRA forward/backward against a bare loop)
 #   memory-plan  the trainer's peak memory in one SFT micro-batch of a random Qwen3.5-2B (built from its config:
 #                nothing downloaded; bf16, all-linear LoRA r16, checkpointed, 2 calls of 8,192 tokens, 1,024
-#                trained each) against lib/gpu_plan.memory's (weights + LoRA state + activations); fails when
+#                trained each) against lib/ops/time_model.memory's (weights + LoRA state + activations); fails when
 #                the plan underestimates it by more than 10 %
 #   vllm-greedy  vLLM's greedy tokens equal hf's on the same prompts (each within the canary's tolerance)
 #   vllm-lora    vLLM applies a LoRA adapter: greedy output changes and the adapter canary passes
@@ -88,12 +88,12 @@ from types import SimpleNamespace
 from transformers import Qwen3_5TextConfig
 from transformers.models.qwen3_5 import modeling_qwen3_5
 import rft
-from lib import gpu_plan
+from lib.ops import time_model
 from lib.policy import add_lora
 name, context, completion = "Qwen3.5-2B", 8192, 1024
 torch.manual_seed(0)
 with torch.device("cuda"):
-    model = modeling_qwen3_5.Qwen3_5ForCausalLM(Qwen3_5TextConfig(**gpu_plan.config(name))).to(torch.bfloat16)
+    model = modeling_qwen3_5.Qwen3_5ForCausalLM(Qwen3_5TextConfig(**time_model.config(name))).to(torch.bfloat16)
 model = add_lora(model, SimpleNamespace(lora_targets="all-linear", lora_rank=16, lora_alpha=32, lora_dropout=0.0))
 model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # as rft.py
 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
@@ -106,7 +106,7 @@ torch.cuda.synchronize()
 torch.cuda.reset_peak_memory_stats()
 rft.sft_update(model, opt, calls, 2, 2, 1.0)
 peak = torch.cuda.max_memory_allocated()
-plan = gpu_plan.memory(name, 80, context=context, completion=completion, minibatch=2)
+plan = time_model.memory(name, 80, context=context, completion=completion, minibatch=2)
 want, GiB = plan["weights"] + plan["lora_opt"] + plan["act"], 2 ** 30
 fla = importlib.util.find_spec("fla") is not None
 print(f"{'ok' if peak <= 1.1 * want else 'FAIL'} memory-plan {name} SFT micro-batch (2 calls of {context} tokens, "

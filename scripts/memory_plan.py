@@ -3,7 +3,7 @@
     python scripts/memory_plan.py                # every table
     python scripts/memory_plan.py --markdown     # the same, as markdown (README "The paper and gpu presets")
 
-Memory and time come from lib/gpu_plan.py (model configs, stated token lengths, bandwidth and FLOP rates);
+Memory and time come from lib/ops/time_model.py (model configs, stated token lengths, bandwidth and FLOP rates);
 each run's phases, steps, rounds and test size from whale.py's own plan, exactly what
 `python whale.py --plan --preset P --domain D --method M` prints. No GPU, model or dataset is needed.
 """
@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import whale  # noqa: E402
-from lib import gpu_plan as g  # noqa: E402
+from lib.ops import time_model as g  # noqa: E402
 
 GiB = g.GiB
 THINKING_FLAGS = ("--max-new-tokens", "8192", "--max-model-len", str(g.MODEL_LEN))  # the official episode

@@ -37,7 +37,7 @@ ANSWER_REPLY = "<answer>Quelm</answer>"
 CODE_REPLY = ('<tool_call>\n<function=code_interpreter>\n<parameter=code>\nprint(6 * 7)\n</parameter>\n</function>\n'
               '</tool_call>')
 BOXED_REPLY = "The code printed 42. \\boxed{42}"
-TAUGHT_MODEL = "qwen35-tiny-taught-v1"  # its cache folder: a new name whenever the teaching or lib.models.QWEN35_TINY changes
+TAUGHT_MODEL = "qwen35-tiny-taught-v1"  # its cache folder: a new name whenever the teaching or tests/fixtures/qwen35.QWEN35_TINY changes
 
 
 # -----------------------------------------------------------------------------
@@ -46,7 +46,7 @@ TAUGHT_MODEL = "qwen35-tiny-taught-v1"  # its cache folder: a new name whenever 
 
 def write_rows(path, rows):
     """rows as path.parquet where `datasets` is installed (the hub files' format), else as path.jsonl."""
-    from lib.io import write_jsonl
+    from lib.files import write_jsonl
     try:
         import datasets
         datasets.Dataset.from_list(rows).to_parquet(f"{path}.parquet")
@@ -56,7 +56,7 @@ def write_rows(path, rows):
 
 def searchqa_fixtures(folder):
     """Search-R1's train rows (its verl columns), FlashRAG's nq/test and hotpotqa/dev, and the wiki-18 corpus."""
-    from lib.io import write_jsonl
+    from lib.files import write_jsonl
     questions = [(f"What is the capital of {c}?", a) for c, a in COUNTRIES]
     train = [{"id": f"train_{i}", "question": q, "golden_answers": [a], "data_source": ("nq", "hotpotqa")[i % 2],
               "prompt": [{"role": "user", "content": f"Answer the given question. Question: {q}"}],
@@ -75,7 +75,7 @@ def searchqa_fixtures(folder):
 
 def math_fixtures(folder):
     """DAPO-Math-17k (its prompt template, each problem twice as the release repeats them), AIME 2024 and 2025."""
-    from lib.hub import DAPO_PREFIX, DAPO_SUFFIX
+    from lib.paper_data import DAPO_PREFIX, DAPO_SUFFIX
     problems = [(f"A box holds {a} rows of {b} tiles. How many tiles are in the box?", a * b)
                 for a, b in ((6, 7), (3, 9), (7, 6), (4, 5), (2, 21), (8, 3), (14, 3), (5, 5))]
     dapo = [{"data_source": "math_dapo", "prompt": [{"content": DAPO_PREFIX + q + DAPO_SUFFIX, "role": "user"}],
@@ -149,7 +149,8 @@ def build_model(folder, steps=200):
     so that sampled episodes call the tools and some answer right; saved in the hub checkpoint layout."""
     import torch
     from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
-    from lib.models import build_qwen35_tiny, chat_ids
+    from lib.models import chat_ids
+    from tests.fixtures.qwen35 import build_qwen35_tiny
     build_qwen35_tiny(folder)
     tok = AutoTokenizer.from_pretrained(folder)
     model = Qwen3_5ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
@@ -252,7 +253,7 @@ def verify(run_dir, domain, queries=None):
     harness with its re-score and a proposer round, weight, each with a test evaluation) and its RSFT steps
     trained and its test episodes called their tools where the taught model can (searchqa, math); else
     'FAIL DOMAIN why'."""
-    from lib.io import read_jsonl
+    from lib.files import read_jsonl
     evals = [r for r in read_jsonl(f"{run_dir}/metrics.jsonl") if r.get("event") == "eval"]
     steps = read_jsonl(f"{run_dir}/weights/metrics.jsonl")
     archives = sorted(d for d in os.listdir(run_dir) if d.startswith("harness_w"))
@@ -275,7 +276,7 @@ def verify(run_dir, domain, queries=None):
     if domain != "chess" and not tool_calls:
         problems.append(f"no tool call ran in {len(traces)} test episodes")
     if queries is not None:  # the preflight's own probe aside, the run's searches must have reached the server
-        from lib.preflight import PROBE_QUERY
+        from lib.ops.preflight import PROBE_QUERY
         logged = []
         if os.path.exists(queries):
             with open(queries) as f:

@@ -18,7 +18,8 @@ import rft
 import report
 import rollout
 import whale
-from lib import resume, runfolder, sandbox
+from lib import sandbox
+from lib.ops import run_checks, runstate
 from lib.canary import EngineError
 from lib.cli import one_line_errors
 from lib.contract import check_harness_fits
@@ -132,7 +133,7 @@ def fake_checkpoint(weights, step=2):
 
 def test_rft_checkpoint_link_to_a_missing_folder(tmp_path):
     folder = fake_checkpoint(tmp_path)
-    runfolder.check_checkpoint(tmp_path)  # intact
+    run_checks.check_checkpoint(tmp_path)  # intact
     for path in sorted(folder.rglob("*"), reverse=True):
         path.unlink() if path.is_file() else path.rmdir()
     folder.rmdir()
@@ -143,7 +144,7 @@ def test_rft_checkpoint_link_to_a_missing_folder(tmp_path):
                                  f"missing: restore it, or delete {tmp_path} to train from step 0")
     (tmp_path / "ckpt").unlink()  # no link at all, but metrics.jsonl shows finished steps
     with pytest.raises(ValueError, match=r"metrics.jsonl records finished RSFT steps but the checkpoint .*ckpt is missing"):
-        runfolder.check_checkpoint(tmp_path)
+        run_checks.check_checkpoint(tmp_path)
 
 
 PHASE_0_ROW = {"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, "mean_at_k": 0.0}
@@ -154,7 +155,7 @@ def test_whale_missing_state_json_after_finished_steps(tmp_path, capsys):
     fake_checkpoint(out / "weights")
     (out / "state.json").write_text(json.dumps({"phase": 0}))
     (out / "metrics.jsonl").write_text(json.dumps(PHASE_0_ROW) + "\n")
-    resume.check_run_folder(str(out))  # intact
+    runstate.check_run_folder(str(out))  # intact
     (out / "state.json").unlink()
     with pytest.raises(SystemExit) as e:
         CLIS["whale.py"](["--out", str(out)])
@@ -164,15 +165,15 @@ def test_whale_missing_state_json_after_finished_steps(tmp_path, capsys):
     out = tmp_path / "harness-only"
     out.mkdir()
     (out / "metrics.jsonl").write_text("".join(json.dumps({"event": "eval", "phase": p}) + "\n" for p in (0, 1)))
-    resume.check_run_folder(str(out))  # killed between phase 1's evaluation and its state: resumes
+    runstate.check_run_folder(str(out))  # killed between phase 1's evaluation and its state: resumes
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"event": "eval", "phase": 2}) + "\n")
     with pytest.raises(ValueError, match="state.json is missing"):
-        resume.check_run_folder(str(out))
+        runstate.check_run_folder(str(out))
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"event": "ev')
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 4 is not a JSON object: .*delete that line"):
-        resume.check_run_folder(str(out))
+        runstate.check_run_folder(str(out))
 
 
 def test_empty_meta_json_in_an_archive(tmp_path):

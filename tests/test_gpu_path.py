@@ -15,7 +15,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import domains
-from lib import canary, engines, hub, policy
+from lib import canary, engines, paper_data, policy
 from lib.canary import EngineError
 
 # -----------------------------------------------------------------------------
@@ -378,26 +378,26 @@ def test_with_eos_keeps_the_stop_token():
 
 def test_searchqa_rows():
     flashrag = {"id": "test_7", "question": "who wrote the iliad", "golden_answers": ["Homer"]}
-    assert hub.searchqa_task(flashrag, "nq", 0) == {"id": "nq-test_7", "question": "who wrote the iliad?",
+    assert paper_data.searchqa_task(flashrag, "nq", 0) == {"id": "nq-test_7", "question": "who wrote the iliad?",
                                                        "answers": ["Homer"], "source": "nq"}
     verl = {"data_source": "hotpotqa", "question": "Which river is longer?", "golden_answers": None,
             "reward_model": {"ground_truth": {"target": ["the Nile", "Nile"]}, "style": "rule"}}
-    task = hub.searchqa_task(verl, "train", 12)
+    task = paper_data.searchqa_task(verl, "train", 12)
     assert task["answers"] == ["the Nile", "Nile"] and task["id"] == "hotpotqa-12" and task["source"] == "hotpotqa"
-    assert hub.searchqa_task({"question": "no answers?", "golden_answers": []}, "nq", 1) is None
+    assert paper_data.searchqa_task({"question": "no answers?", "golden_answers": []}, "nq", 1) is None
 
 
 def test_searchqa_test_is_seeded_per_set(monkeypatch):
     def rows(name, config=None, split="train", streaming=False):
-        assert name == hub.SEARCHQA_TEST and split == dict(s.split(":") for s in hub.SEARCHQA_TEST_SETS)[config]
+        assert name == paper_data.SEARCHQA_TEST and split == dict(s.split(":") for s in paper_data.SEARCHQA_TEST_SETS)[config]
         return [{"id": f"{split}_{i}", "question": f"{config} question {i}", "golden_answers": [str(i)]} for i in range(130)]
-    monkeypatch.setattr(hub, "read_rows", rows)
-    tasks = hub.load_searchqa("test")
+    monkeypatch.setattr(paper_data, "read_rows", rows)
+    tasks = paper_data.load_searchqa("test")
     assert len(tasks) == 700 and len({t["id"] for t in tasks}) == 700
-    assert {t["source"] for t in tasks} == {s.split(":")[0] for s in hub.SEARCHQA_TEST_SETS}
+    assert {t["source"] for t in tasks} == {s.split(":")[0] for s in paper_data.SEARCHQA_TEST_SETS}
     assert all(sum(t["source"] == s for t in tasks) == 100 for s in {t["source"] for t in tasks})  # 7 x 100
-    assert tasks == hub.load_searchqa("test")
-    assert len(hub.load_searchqa("test", test_sets=("bamboogle:test",), per_set=5)) == 5
+    assert tasks == paper_data.load_searchqa("test")
+    assert len(paper_data.load_searchqa("test", test_sets=("bamboogle:test",), per_set=5)) == 5
 
 
 def search_r1_train_rows(n_nq, n_hotpot):
@@ -411,23 +411,23 @@ def search_r1_train_rows(n_nq, n_hotpot):
 def test_searchqa_train_is_a_seeded_sample_keeping_the_sources_shares(monkeypatch):
     """D_weight: the docs' 18,946 of the merged set's 169,615, each source keeping its share (here 1/100 of each)."""
     rows = search_r1_train_rows(792, 904)  # NQ 79,168 and HotpotQA 90,447 in the hub set
-    monkeypatch.setattr(hub, "read_rows", lambda name, config=None, split="train", streaming=False: rows)
-    tasks = hub.load_searchqa("train", train_size=189)
+    monkeypatch.setattr(paper_data, "read_rows", lambda name, config=None, split="train", streaming=False: rows)
+    tasks = paper_data.load_searchqa("train", train_size=189)
     assert len(tasks) == 189 and sum(t["source"] == "nq" for t in tasks) == round(189 * 792 / 1696)
-    assert tasks == hub.load_searchqa("train", train_size=189)  # seeded
+    assert tasks == paper_data.load_searchqa("train", train_size=189)  # seeded
     assert [t["id"] for t in tasks] != [f"nq-train_{i}" for i in range(189)]  # never the first N (NQ only)
     ids = [int(t["id"].rsplit("_", 1)[1]) for t in tasks]
     assert ids == sorted(ids)  # in the file's order
-    assert len(hub.load_searchqa("train", train_size=0)) == 1696  # 0: all of it
+    assert len(paper_data.load_searchqa("train", train_size=0)) == 1696  # 0: all of it
     args = paper_args("--wiki", "unused.jsonl", "--searchqa-train-size", "300")
     domain = domains.get("searchqa", args)
     train, harness = domain.load("train"), domain.load("harness")
     assert len(train) == 300 and len(harness) == 256 and {t["id"] for t in harness} <= {t["id"] for t in train}
-    assert hub.SEARCHQA_TRAIN_SIZE == 18_946
+    assert paper_data.SEARCHQA_TRAIN_SIZE == 18_946
 
 
 def dapo_row(problem, uid, answer="0"):
-    return {"data_source": "math_dapo", "prompt": [{"role": "user", "content": hub.DAPO_PREFIX + problem + hub.DAPO_SUFFIX}],
+    return {"data_source": "math_dapo", "prompt": [{"role": "user", "content": paper_data.DAPO_PREFIX + problem + paper_data.DAPO_SUFFIX}],
             "ability": "MATH", "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"},
             "extra_info": {"index": uid}}
 
@@ -439,13 +439,13 @@ def test_math_rows(tmp_path):
              dapo_row(problem, "77c1d2e3-0000-4000-8000-000000000002")]  # the same text under another id: kept
     path = tmp_path / "dapo.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in block * 3))  # the release repeats its block
-    tasks = hub.load_math("train", train_name=str(path))
+    tasks = paper_data.load_math("train", train_name=str(path))
     assert [t["id"] for t in tasks] == ["dapo-" + r["extra_info"]["index"] for r in block]
     assert tasks[0] == {"id": "dapo-9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079", "question": problem, "answer": "0",
                         "source": "dapo-math-17k"}
     no_ids = tmp_path / "plain.jsonl"  # a copy without ids: one task per problem text
     no_ids.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n" for q in ["a?", "b?", "a?"]))
-    assert [t["question"] for t in hub.load_math("train", train_name=str(no_ids))] == ["a?", "b?"]
+    assert [t["question"] for t in paper_data.load_math("train", train_name=str(no_ids))] == ["a?", "b?"]
     # AIME in the schemas of Maxwell-Jia/AIME_2024 and yentinglin/aime_2025, the paper's test sets (the defaults)
     maxwell = {"ID": "2024-II-4", "Problem": "Let $x,y$ and $z$ be positive real numbers ...", "Solution": "...",
                "Answer": 33}
@@ -453,11 +453,11 @@ def test_math_rows(tmp_path):
                   "url": "", "year": 2025}
     (tmp_path / "AIME_2024.jsonl").write_text(json.dumps(maxwell) + "\n")
     (tmp_path / "aime_2025.jsonl").write_text(json.dumps(yentinglin) + "\n")
-    tasks = hub.load_math("test", test_names=(str(tmp_path / "AIME_2024.jsonl"), str(tmp_path / "aime_2025.jsonl")))
+    tasks = paper_data.load_math("test", test_names=(str(tmp_path / "AIME_2024.jsonl"), str(tmp_path / "aime_2025.jsonl")))
     assert [(t["id"], t["answer"], t["source"]) for t in tasks] == [
         ("aime_2024-jsonl-2024-II-4", "33", "aime_2024-jsonl"), ("aime_2025-jsonl-3", "117", "aime_2025-jsonl")]
     assert "answer" not in tasks[0]["question"]
-    assert hub.MATH_TEST == ("Maxwell-Jia/AIME_2024:train", "yentinglin/aime_2025:train")
+    assert paper_data.MATH_TEST == ("Maxwell-Jia/AIME_2024:train", "yentinglin/aime_2025:train")
 
 
 LICHESS_HEADER = "PuzzleId,FEN,Moves,Rating,RatingDeviation,Popularity,NbPlays,Themes,GameUrl,OpeningTags\n"
@@ -495,7 +495,7 @@ def test_chess_rows_rules_and_split(tmp_path):
     path = tmp_path / "lichess_db_puzzle.csv"
     path.write_text(LICHESS_HEADER + "".join(lines))
     buckets = (("harness", 8), ("test", 20), ("train", 200))
-    filled = hub.chess_buckets(str(path), buckets)
+    filled = paper_data.chess_buckets(str(path), buckets)
     every = [t for b in filled.values() for t in b]
     ids = {t["id"] for t in every}
     assert {b: len(v) for b, v in filled.items()} == {"harness": 8, "test": 20, "train": 200}
@@ -507,17 +507,17 @@ def test_chess_rows_rules_and_split(tmp_path):
     order = [line.split(",")[0] for line in lines]
     count, sizes = dict.fromkeys(filled, 0), dict(buckets)
     for t in sorted(every, key=lambda t: order.index(t["id"])):  # in the stream's order: its hash bucket, or,
-        bucket = hub.chess_bucket(t["position_key"], buckets)  # when that one is full, the first one that is not
+        bucket = paper_data.chess_bucket(t["position_key"], buckets)  # when that one is full, the first one that is not
         if count[bucket] >= sizes[bucket]:
             bucket = next(b for b, n in buckets if count[b] < n)
         assert t in filled[bucket]
         count[bucket] += 1
     assert order.index(max(every, key=lambda t: order.index(t["id"]))["id"]) < len(order) - 1  # stopped when full
-    test = hub.load_chess("test", str(path), buckets, test_size=5)
-    harness = hub.load_chess("harness", str(path), buckets)
+    test = paper_data.load_chess("test", str(path), buckets, test_size=5)
+    harness = paper_data.load_chess("harness", str(path), buckets)
     assert len(test) == 5 and {t["id"] for t in test} <= {t["id"] for t in filled["test"]}
     assert sorted(t["id"] for t in harness) == sorted(t["id"] for t in filled["harness"])
-    assert test == hub.load_chess("test", str(path), buckets, test_size=5)  # deterministic
+    assert test == paper_data.load_chess("test", str(path), buckets, test_size=5)  # deterministic
     args = paper_args("--chess-puzzles", str(path), "--chess-harness-size", "8", "--chess-test-pool", "20",
                       "--chess-train-size", "200", "--chess-test-size", "5")
     d = domains.get("chess", args)
@@ -531,7 +531,7 @@ def test_chess_rows_rules_and_split(tmp_path):
         result = tools.move(uci)
     assert result["status"] == "solved" and d.reward(task, None, tools) == 1.0
     with pytest.raises(ValueError, match="too few distinct legal puzzles"):
-        hub.chess_buckets(str(path), (("harness", 8), ("test", 20), ("train", 20_000)))
+        paper_data.chess_buckets(str(path), (("harness", 8), ("test", 20), ("train", 20_000)))
 
 
 def test_chess_split_rule_is_the_official_hash():
@@ -543,11 +543,11 @@ def test_chess_split_rule_is_the_official_hash():
         digest = hashlib.sha256(hashlib.sha256(f"{key}:42".encode()).hexdigest().encode()).hexdigest()
         point = int(digest[:12], 16) % 17_664
         want = "harness" if point < 256 else "test" if point < 1280 else "train"
-        assert hub.chess_bucket(key) == want
+        assert paper_data.chess_bucket(key) == want
         seen.add(want)
     assert seen == {"harness", "test", "train"}
-    assert hub.position_key("8/8/8/8/8/8/8/K6k w - - 0 1") == hub.position_key("8/8/8/8/8/8/8/K6k w - - 12 40")
-    assert hub.position_key("8/8/8/8/8/8/8/K6k w - - 0 1") != hub.position_key("8/8/8/8/8/8/8/K6k b - - 0 1")
+    assert paper_data.position_key("8/8/8/8/8/8/8/K6k w - - 0 1") == paper_data.position_key("8/8/8/8/8/8/8/K6k w - - 12 40")
+    assert paper_data.position_key("8/8/8/8/8/8/8/K6k w - - 0 1") != paper_data.position_key("8/8/8/8/8/8/8/K6k b - - 0 1")
 
 
 def paper_args(*argv):
@@ -558,7 +558,7 @@ def paper_args(*argv):
 
 def test_data_switch(tmp_path):
     assert domains.get("math", argparse.Namespace(data="bundled")).load("test")[0]["id"].startswith("gsm8k")
-    rows = [{"prompt": [{"role": "user", "content": hub.DAPO_PREFIX + f"What is {i} + {i}?" + hub.DAPO_SUFFIX}],
+    rows = [{"prompt": [{"role": "user", "content": paper_data.DAPO_PREFIX + f"What is {i} + {i}?" + paper_data.DAPO_SUFFIX}],
              "reward_model": {"ground_truth": str(2 * i)}, "extra_info": {"index": i}} for i in range(300)]
     (tmp_path / "dapo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "aime.jsonl").write_text(json.dumps({"id": 1, "problem": "Find x.", "answer": "7"}) + "\n")
@@ -602,7 +602,7 @@ def test_retriever_client_speaks_search_r1_api():
     log = []
     server = serve(retriever_handler(log))
     try:
-        client = hub.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
+        client = paper_data.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
         assert client.search("where does the Zarnoth flow", k=2) == [
             "Zarnoth River: The Zarnoth River flows through Kelmar and ends in the Sea of Vost.",
             "Kelmar: Kelmar is a city founded in 1342 by the weaver Oda Prell."]
@@ -611,29 +611,29 @@ def test_retriever_client_speaks_search_r1_api():
     finally:
         server.shutdown()
     with pytest.raises(RuntimeError, match="retrieval server .* --wiki"):
-        hub.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5).search("x")
+        paper_data.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5).search("x")
 
 
 def test_wiki_bm25_fallback(tmp_path):
     path = tmp_path / "wiki-18.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in WIKI))
-    wiki = hub.WikiBM25(str(path))
+    wiki = paper_data.WikiBM25(str(path))
     assert wiki.search("who founded Kelmar", k=1) == ["Kelmar: Kelmar is a city founded in 1342 by the weaver Oda Prell."]
-    again = hub.WikiBM25(str(path))  # loads the saved index
+    again = paper_data.WikiBM25(str(path))  # loads the saved index
     assert again.search("Oda Prell birthplace", k=3)[0].startswith("Oda Prell:")
     with pytest.raises(FileNotFoundError, match="wiki corpus .* --retriever-url"):
-        hub.WikiBM25(str(tmp_path / "missing.jsonl"))
+        paper_data.WikiBM25(str(tmp_path / "missing.jsonl"))
 
 
 def test_a_local_folder_of_per_set_files_reads_as_flashrag_does(tmp_path):
     """--searchqa-test FOLDER: one file per config and split (a FlashRAG snapshot's nq/test.jsonl layout), each
     set's tasks named by it; the preflight lists every set's file, and a missing one is named."""
-    from lib import preflight
+    from lib.ops import preflight
     for config, split in (("nq", "test"), ("hotpotqa", "dev")):
         (tmp_path / config).mkdir()
         (tmp_path / config / f"{split}.jsonl").write_text(
             json.dumps({"id": f"{split}_0", "question": f"who founded {config}", "golden_answers": ["Ann Vo"]}) + "\n")
-    tasks = hub.load_searchqa("test", test_name=str(tmp_path), test_sets=["nq:test", "hotpotqa:dev"], per_set=5)
+    tasks = paper_data.load_searchqa("test", test_name=str(tmp_path), test_sets=["nq:test", "hotpotqa:dev"], per_set=5)
     assert [(t["source"], t["question"]) for t in tasks] == [("nq", "who founded nq?"), ("hotpotqa", "who founded hotpotqa?")]
     args = SimpleNamespace(domain="searchqa", searchqa_train="train.jsonl", searchqa_test=str(tmp_path),
                            searchqa_test_sets="nq:test,hotpotqa:dev,musique:dev")
@@ -642,7 +642,7 @@ def test_a_local_folder_of_per_set_files_reads_as_flashrag_does(tmp_path):
                      str(tmp_path / "musique" / "dev.jsonl")]
     assert preflight.dataset_status(files[2]) == (False, "no such file")
     with pytest.raises(FileNotFoundError, match="musique:dev"):
-        hub.load_searchqa("test", test_name=str(tmp_path), test_sets=["musique:dev"])
+        paper_data.load_searchqa("test", test_name=str(tmp_path), test_sets=["musique:dev"])
 
 
 def test_the_paper_dry_run_stand_ins_speak_the_real_formats(tmp_path):
@@ -658,16 +658,16 @@ def test_the_paper_dry_run_stand_ins_speak_the_real_formats(tmp_path):
     spec.loader.exec_module(dry)
     dry.fixtures(str(tmp_path))
     [train] = list((tmp_path / "searchqa").glob("searchqa_train.*"))
-    assert len(hub.load_searchqa("train", train_name=str(train), train_size=16)) == 16
-    test = hub.load_searchqa("test", test_name=str(tmp_path / "searchqa" / "flashrag"), test_sets=["nq:test", "hotpotqa:dev"])
+    assert len(paper_data.load_searchqa("train", train_name=str(train), train_size=16)) == 16
+    test = paper_data.load_searchqa("test", test_name=str(tmp_path / "searchqa" / "flashrag"), test_sets=["nq:test", "hotpotqa:dev"])
     assert len(test) == 12 and {t["source"] for t in test} == {"nq", "hotpotqa"}
     [dapo] = list((tmp_path / "math").glob("dapo_math_17k.*"))
-    math_train = hub.load_math("train", train_name=str(dapo))
+    math_train = paper_data.load_math("train", train_name=str(dapo))
     assert len(math_train) == 8 and math_train[0]["id"] == "dapo-0000"  # one per problem id, its template stripped:
     assert math_train[0]["question"] == "A box holds 6 rows of 7 tiles. How many tiles are in the box?"
     aime = [str(next((tmp_path / "math").glob(f"aime_{y}.*"))) for y in (2024, 2025)]
-    assert [t["answer"] for t in hub.load_math("test", test_names=aime)] == ["42", "27", "42", "20"]
-    chess_test = hub.load_chess("test", str(tmp_path / "chess" / "lichess_db_puzzle.csv"),
+    assert [t["answer"] for t in paper_data.load_math("test", test_names=aime)] == ["42", "27", "42", "20"]
+    chess_test = paper_data.load_chess("test", str(tmp_path / "chess" / "lichess_db_puzzle.csv"),
                                 (("harness", 8), ("test", 8), ("train", 24)), test_size=4)
     assert len(chess_test) == 4 and all(1 <= len(t["moves"]) - 1 <= 3 for t in chess_test)
 
@@ -675,7 +675,7 @@ def test_the_paper_dry_run_stand_ins_speak_the_real_formats(tmp_path):
     server = dry.retriever(tmp_path / "searchqa" / "wiki-18.jsonl.gz", port_file)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        client = hub.RetrieverClient(f"http://127.0.0.1:{port_file.read_text()}/retrieve")
+        client = paper_data.RetrieverClient(f"http://127.0.0.1:{port_file.read_text()}/retrieve")
         assert client.search_batch(["capital of Zorbia", "Talvia"], k=1) == [
             ["Zorbia: Zorbia is a country whose capital is Quelm, on the river Ost."],
             ["Talvia: Talvia is a country whose capital is Ost, on the river Ost."]]

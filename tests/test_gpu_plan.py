@@ -1,4 +1,4 @@
-"""lib/gpu_plan.py and the gpu preset: the whole table fits 12 h on one 80 GB card by the project's estimate,
+"""lib/ops/time_model.py and the gpu preset: the whole table fits 12 h on one 80 GB card by the project's estimate,
 whale.py --plan prints each run's hours, the memory plan counts what it says, and run_all.sh picks gpu on a GPU.
 No GPU, model or dataset: the estimate is arithmetic on model configs and whale.py's plan."""
 import os
@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 import whale
-from lib import gpu_plan
+from lib.ops import time_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,11 +20,11 @@ def plan(capsys, *argv):
 
 def test_the_gpu_table_fits_in_12_hours_on_80_gb(capsys):
     """run_all.sh's table (3 domains x 6 methods + adaptive WHALE on searchqa and math), one process a run."""
-    assert {m for _, m, _ in gpu_plan.TABLE} == set(whale.METHODS) and len(gpu_plan.TABLE) == 20
+    assert {m for _, m, _ in time_model.TABLE} == set(whale.METHODS) and len(time_model.TABLE) == 20
     hours = [plan(capsys, "--preset", "gpu", "--domain", d, "--method", m, "--schedule", s)[1]["total"]
-             for d, m, s in gpu_plan.TABLE]
+             for d, m, s in time_model.TABLE]
     assert all(0 < h < 2 for h in hours)
-    assert sum(hours) <= 12.0, f"the gpu preset's table takes {sum(hours):.1f} h by lib/gpu_plan.py"
+    assert sum(hours) <= 12.0, f"the gpu preset's table takes {sum(hours):.1f} h by lib/ops/time_model.py"
 
 
 def test_the_gpu_preset_keeps_the_paper_shape(capsys):
@@ -68,42 +68,42 @@ def test_the_estimate_counts_what_the_plan_prints(capsys):
 
 
 def test_time_grows_with_the_work_and_the_slower_card():
-    counts = lambda steps, rounds: gpu_plan.run_counts([("weight", steps), ("harness", rounds), ("weight", steps)],
+    counts = lambda steps, rounds: time_model.run_counts([("weight", steps), ("harness", rounds), ("weight", steps)],
                                                        64, 8, 3, 128, 1, 80, 8)
-    small, large = (gpu_plan.hours("Qwen3.5-4B", "chess", counts(n, 1)) for n in (2, 4))
+    small, large = (time_model.hours("Qwen3.5-4B", "chess", counts(n, 1)) for n in (2, 4))
     assert large["rollouts"] > small["rollouts"] and large["sft"] > small["sft"] and large["test"] == small["test"]
-    assert gpu_plan.hours("Qwen3.5-4B", "chess", counts(2, 1), card_gb=48)["total"] > small["total"]
-    slow = gpu_plan.hours("Qwen3.5-4B", "chess", counts(2, 1), proposer_s=1200)
+    assert time_model.hours("Qwen3.5-4B", "chess", counts(2, 1), card_gb=48)["total"] > small["total"]
+    slow = time_model.hours("Qwen3.5-4B", "chess", counts(2, 1), proposer_s=1200)
     assert slow["proposer"] == pytest.approx(2 * small["proposer"]) and small["proposer"] == pytest.approx(1 / 6)
     # the thinking-length episode costs more than 1,024 tokens a call; the CPU retriever bounds searchqa
-    assert gpu_plan.hours("Qwen3.5-4B", "chess", counts(2, 1), max_new_tokens=8192)["rollouts"] > 2 * small["rollouts"]
-    gpu, cpu = (gpu_plan.hours("Qwen3.5-2B", "searchqa", counts(2, 1), 80, retriever=r) for r in ("gpu", "cpu"))
+    assert time_model.hours("Qwen3.5-4B", "chess", counts(2, 1), max_new_tokens=8192)["rollouts"] > 2 * small["rollouts"]
+    gpu, cpu = (time_model.hours("Qwen3.5-2B", "searchqa", counts(2, 1), 80, retriever=r) for r in ("gpu", "cpu"))
     assert cpu["rollouts"] > 3 * gpu["rollouts"]
-    assert gpu_plan.hours("Qwen3.5-2B", "math", counts(2, 1), fla=False)["sft"] == pytest.approx(
-        gpu_plan.NO_FLA_SFT_FACTOR * gpu_plan.hours("Qwen3.5-2B", "math", counts(2, 1))["sft"])
+    assert time_model.hours("Qwen3.5-2B", "math", counts(2, 1), fla=False)["sft"] == pytest.approx(
+        time_model.NO_FLA_SFT_FACTOR * time_model.hours("Qwen3.5-2B", "math", counts(2, 1))["sft"])
 
 
 def test_the_memory_plan_counts_the_retriever_the_states_and_thinking_lengths():
-    kv, state = gpu_plan.cache_sizes("Qwen3.5-2B")
+    kv, state = time_model.cache_sizes("Qwen3.5-2B")
     assert kv == 6 * 2 * 2 * 256 * 2  # 6 full-attention layers, 2 KV heads of 256, K and V in bf16
     assert state == 18 * (16 * 128 * 128 * 4 + 6144 * 3 * 2)  # 18 DeltaNet layers: fp32 state + conv window
-    alone, beside = (gpu_plan.memory("Qwen3.5-2B", 80, r) for r in (None, "gpu"))
-    assert alone["engine"] - beside["engine"] == gpu_plan.RETRIEVER_GPU_BYTES > 30 * gpu_plan.GiB
+    alone, beside = (time_model.memory("Qwen3.5-2B", 80, r) for r in (None, "gpu"))
+    assert alone["engine"] - beside["engine"] == time_model.RETRIEVER_GPU_BYTES > 30 * time_model.GiB
     # the engine's sequences at the model's full length are fewer than at 8k, by the KV a token
-    short, full = (gpu_plan.memory("Qwen3.5-4B", 80, None, 0.5, context=c)["seqs"] for c in (8192, gpu_plan.MODEL_LEN))
+    short, full = (time_model.memory("Qwen3.5-4B", 80, None, 0.5, context=c)["seqs"] for c in (8192, time_model.MODEL_LEN))
     assert 0 < full < short
     # a thinking-length call: its loss alone (8,192 trained tokens x 248,320 vocab x 10 bytes) passes 19 GiB
-    context, completion = gpu_plan.LONGEST["thinking"]["math"]
-    assert gpu_plan.activation_bytes("Qwen3.5-2B", 1, context, completion) > 8192 * 248320 * 10
-    assert gpu_plan.memory("Qwen3.5-2B", 24, None, None, context, completion)["largest"] == 0
-    assert gpu_plan.memory("Qwen3.5-2B", 80, None, None, context, completion)["largest"] >= 1
+    context, completion = time_model.LONGEST["thinking"]["math"]
+    assert time_model.activation_bytes("Qwen3.5-2B", 1, context, completion) > 8192 * 248320 * 10
+    assert time_model.memory("Qwen3.5-2B", 24, None, None, context, completion)["largest"] == 0
+    assert time_model.memory("Qwen3.5-2B", 80, None, None, context, completion)["largest"] >= 1
     # the gpu preset's engine share fits beside the trainer on every card
     for domain, share in (("searchqa", 0.45), ("math", 0.7), ("chess", 0.5)):
         [args] = whale.parse_args(["--plan", "--preset", "gpu", "--domain", domain])
         assert args.gpu_memory == share
-        for card in gpu_plan.CARDS:
-            where = gpu_plan.CARD_RETRIEVER[card] if domain == "searchqa" else None
-            mem = gpu_plan.memory(gpu_plan.DOMAIN_MODEL[domain], card, where, share, minibatch=2)
+        for card in time_model.CARDS:
+            where = time_model.CARD_RETRIEVER[card] if domain == "searchqa" else None
+            mem = time_model.memory(time_model.DOMAIN_MODEL[domain], card, where, share, minibatch=2)
             assert mem["fits"], (domain, card)
 
 
@@ -111,22 +111,22 @@ def test_param_counts_are_the_transformers_models():
     torch = pytest.importorskip("torch")
     modeling = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
     from transformers import Qwen3_5TextConfig
-    for name in gpu_plan.MODELS:
+    for name in time_model.MODELS:
         with torch.device("meta"):
-            model = modeling.Qwen3_5ForCausalLM(Qwen3_5TextConfig(**gpu_plan.config(name)))
+            model = modeling.Qwen3_5ForCausalLM(Qwen3_5TextConfig(**time_model.config(name)))
         lora = sum(16 * (m.in_features + m.out_features) for n, m in model.named_modules()
                    if isinstance(m, torch.nn.Linear) and not n.startswith("lm_head"))
-        assert gpu_plan.param_counts(name) == (sum(p.numel() for p in model.parameters()), lora)
-        assert model.config.layer_types.count("full_attention") == gpu_plan.layer_counts(gpu_plan.config(name))[1]
+        assert time_model.param_counts(name) == (sum(p.numel() for p in model.parameters()), lora)
+        assert model.config.layer_types.count("full_attention") == time_model.layer_counts(time_model.config(name))[1]
 
 
 def test_interval_halfwidth_is_between_the_binomial_of_tasks_and_of_samples():
     n, k, p = 80, 8, 0.3
     tasks = 1.96 * (p * (1 - p) / n) ** 0.5
     samples = 1.96 * (p * (1 - p) / (n * k)) ** 0.5
-    assert gpu_plan.interval_halfwidth(n, k, p, rho=1.0) == pytest.approx(tasks)
-    assert gpu_plan.interval_halfwidth(n, k, p, rho=0.0) == pytest.approx(samples)
-    assert samples < gpu_plan.interval_halfwidth(n, k, p) < tasks
+    assert time_model.interval_halfwidth(n, k, p, rho=1.0) == pytest.approx(tasks)
+    assert time_model.interval_halfwidth(n, k, p, rho=0.0) == pytest.approx(samples)
+    assert samples < time_model.interval_halfwidth(n, k, p) < tasks
 
 
 def run_all_preset(tmp_path, cuda, **env):

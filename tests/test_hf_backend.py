@@ -10,7 +10,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lib import cpu_decode, hf_backend, models  # noqa: E402
+from lib import hf_backend, models  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_rollout  # noqa: E402
 
@@ -117,7 +117,7 @@ def test_roomy_cache_gives_dynamic_cache_logits(backend):
     ids, mask, pos = backend.left_pad([prompt(backend, "hello"), prompt(backend, "a longer prompt than the other one")],
                                       "cpu")
     runs = []
-    for cache in (DynamicCache(config=model.config), cpu_decode.roomy_cache(model.config, room=2)):
+    for cache in (DynamicCache(config=model.config), hf_backend.roomy_cache(model.config, room=2)):
         x, m, p, steps = ids, mask, pos, []
         with torch.inference_mode():
             for step in range(6):  # the prefill, 5 one-token steps: the third outruns room=2
@@ -144,7 +144,7 @@ def test_grouped_attention_under_a_padding_mask_gives_the_sdpa_logits(backend, m
     assert grouped == plain and torch.equal(grouped_logits, plain_logits)
     assert [backend.generate([x], max_new_tokens=12, seeds=[s])[0] for x, s in ((p, 1), (q, 2))] == grouped[:2]
     # shared under transformers' sdpa: no cascade (as on GPU), the prefill's cache copied to each row instead
-    monkeypatch.setattr(cpu_decode, "cascade_attention", lambda *a: pytest.fail("no cascade outside sdpa_grouped"))
+    monkeypatch.setattr(hf_backend, "cascade_attention", lambda *a: pytest.fail("no cascade outside sdpa_grouped"))
     copied, copied_logits = generate(backend, True, [p, q, q], **kw)
     assert copied == plain and torch.allclose(copied_logits, plain_logits, atol=1e-4)
 
@@ -153,8 +153,8 @@ def test_cascade_decode_gives_the_unshared_logits(backend, monkeypatch):
     """Two prompts of different lengths (left padding), 2 and 3 rows each, rows dropping out at different steps:
     cascade attention (each prompt's prefix once, merged with each row's own tokens) gives the logits of a
     prefill per row within 1e-4, at every decode step."""
-    rows, real = [], cpu_decode.cascade_attention
-    monkeypatch.setattr(cpu_decode, "cascade_attention", lambda *a: rows.append(len(a[-1].rows)) or real(*a))
+    rows, real = [], hf_backend.cascade_attention
+    monkeypatch.setattr(hf_backend, "cascade_attention", lambda *a: rows.append(len(a[-1].rows)) or real(*a))
     p, q = prompt(backend, "hello"), prompt(backend, "a longer prompt than the other one")
     caps = [6, 2, 6, 4, 6]
     backend.ignore_eos = True
@@ -179,11 +179,11 @@ def test_next_logits_runs_the_head_apart_and_gives_the_models_logits(backend):
     adapted = get_peft_model(models.load_model("smoke")[0], LoraConfig(r=4, target_modules="all-linear",
                                                                          init_lora_weights=False)).eval()
     for m in (model, adapted):
-        assert cpu_decode.cpu_head(m)[1] is not None
+        assert hf_backend.cpu_head(m)[1] is not None
         with torch.inference_mode():
             own = m(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1).logits[:, -1]
             ours = hf_backend.HFBackend(m, backend.tokenizer).next_logits(ids, mask, pos,
-                                                                       cpu_decode.roomy_cache(m.config, room=1))
+                                                                       hf_backend.roomy_cache(m.config, room=1))
         assert torch.allclose(ours, own, atol=1e-5) and torch.equal(ours.argmax(-1), own.argmax(-1))
     with torch.inference_mode():  # the adapter is really applied: its logits differ from the base model's
         base = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1).logits[:, -1]

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 import whale
-from lib import reporting, reuse
+from lib.ops import report_to, reuse
 
 
 class StandInWandb(types.ModuleType):
@@ -82,7 +82,7 @@ def write_run(out, steps=2, half_line=False):
 
 def test_rows_reads_every_family_and_leaves_a_line_being_written(tmp_path):
     write_run(tmp_path, half_line=True)
-    got = reporting.rows(tmp_path)
+    got = report_to.rows(tmp_path)
     assert [(k, x) for k, _, x, _ in got] == [
         (("rsft", 1), 1), (("rsft", 2), 2),
         (("harness", 1, 0), 0), (("harness", 1, 1), 1), (("harness", 3, 0), 2), (("harness", 3, 1), 3),
@@ -92,7 +92,7 @@ def test_rows_reads_every_family_and_leaves_a_line_being_written(tmp_path):
                     "rsft/rollouts": 16, "rsft/lr": 1e-4}  # loss None and the flag `skipped` left out
     assert got[-1][3] == {"test/mean_at_k": 0.25, "test/step": 0, "test/rollouts": 16, "test/harness_score": 0.5,
                           "test/iterations": 1}
-    assert reporting.rows(tmp_path / "nothing yet") == []
+    assert report_to.rows(tmp_path / "nothing yet") == []
 
 
 def run_args(out, report_to):
@@ -101,7 +101,7 @@ def run_args(out, report_to):
 
 def test_wandb_gets_each_row_once_live_and_on_its_own_axis(tmp_path, wandb):
     write_run(tmp_path, steps=1)
-    with reporting.watch(run_args(tmp_path, "wandb"), every=3600) as reporter:
+    with report_to.watch(run_args(tmp_path, "wandb"), every=3600) as reporter:
         run = wandb.runs[0]
         assert run.kw["project"] == "whale" and run.kw["name"] == f"smoke/math/{tmp_path.name}"
         assert run.axes["rsft/*"] == "rsft/step" and run.axes["test/*"] == "test/phase"
@@ -117,7 +117,7 @@ def test_wandb_gets_each_row_once_live_and_on_its_own_axis(tmp_path, wandb):
 
 
 def test_the_thread_sends_rows_while_the_run_goes_on(tmp_path, wandb):
-    with reporting.watch(run_args(tmp_path, "wandb"), every=0.05):
+    with report_to.watch(run_args(tmp_path, "wandb"), every=0.05):
         write_run(tmp_path, steps=2)  # written after the start, as a running phase does
         deadline = time.time() + 10
         while len(wandb.runs[0].logged) < 9 and time.time() < deadline:
@@ -128,7 +128,7 @@ def test_the_thread_sends_rows_while_the_run_goes_on(tmp_path, wandb):
 def test_tensorboard_scalars_per_family_axis(tmp_path, tensorboard):
     scalars, writers = tensorboard
     write_run(tmp_path, steps=2)
-    with reporting.watch(run_args(tmp_path, "tensorboard"), every=3600):
+    with report_to.watch(run_args(tmp_path, "tensorboard"), every=3600):
         pass
     assert writers[0].startswith(str(tmp_path / "tensorboard")) and writers[-1] == "closed"
     assert ("rsft/reward", 0.2, 2) in scalars and ("harness/best", 0.75, 4) in scalars
@@ -137,12 +137,12 @@ def test_tensorboard_scalars_per_family_axis(tmp_path, tensorboard):
 
 def test_missing_package_is_one_line_and_the_default_imports_nothing(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "wandb", raising=False)
-    monkeypatch.setattr(reporting.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(report_to.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SystemExit, match=r"^whale.py: error: --report-to wandb needs the wandb package: pip install wandb$"):
-        with reporting.watch(run_args(tmp_path, "wandb")):
+        with report_to.watch(run_args(tmp_path, "wandb")):
             pass
-    assert reporting.missing("tensorboard") == "--report-to tensorboard needs the tensorboard package: pip install tensorboard"
-    with reporting.watch(run_args(tmp_path, None)) as reporter:
+    assert report_to.missing("tensorboard") == "--report-to tensorboard needs the tensorboard package: pip install tensorboard"
+    with report_to.watch(run_args(tmp_path, None)) as reporter:
         assert reporter is None and "wandb" not in sys.modules
 
 
@@ -151,7 +151,7 @@ def test_a_failing_sink_never_stops_the_run(tmp_path, wandb, capsys):
     def unreachable(row):
         raise ConnectionError("wandb.ai unreachable")
 
-    with reporting.watch(run_args(tmp_path, "wandb"), every=3600) as reporter:
+    with report_to.watch(run_args(tmp_path, "wandb"), every=3600) as reporter:
         wandb.runs[0].log = unreachable
         reporter.safe_sync()
     assert "report-to: ConnectionError: wandb.ai unreachable (the run goes on" in capsys.readouterr().err

@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import rollout  # noqa: E402
-from lib import protocol, workers  # noqa: E402
+from lib import protocol, worker_pool  # noqa: E402
 from lib.hf_backend import HFBackend  # noqa: E402
 from lib.models import chat_ids, load_model  # noqa: E402
 
@@ -344,19 +344,19 @@ def test_pool_keeps_warm_workers_across_calls_and_uses_each_once(backend, tmp_pa
     path = write(tmp_path, "good.py", GOOD)
     tasks = FakeDomain().load("t", 3)
     rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
-    workers.POOL.wait_ready()  # the replacements start in the background
-    warm = workers.POOL.idle[:3]
+    worker_pool.POOL.wait_ready()  # the replacements start in the background
+    warm = worker_pool.POOL.idle[:3]
     assert len(warm) == 3 and all(w.proc.poll() is None for w in warm)
     eps = rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
     assert [e["reward"] for e in eps] == [1.0] * 3
     assert all(w.proc.poll() is not None for w in warm)  # each served its one episode; its sandbox was killed
-    workers.POOL.wait_ready()
-    assert len(workers.POOL.idle) >= 3 and not set(map(id, warm)) & set(map(id, workers.POOL.idle))
-    dead = workers.POOL.idle[0]  # a warm worker killed from outside is dropped, not handed an episode
+    worker_pool.POOL.wait_ready()
+    assert len(worker_pool.POOL.idle) >= 3 and not set(map(id, warm)) & set(map(id, worker_pool.POOL.idle))
+    dead = worker_pool.POOL.idle[0]  # a warm worker killed from outside is dropped, not handed an episode
     os.kill(dead.proc.pid, signal.SIGKILL)
     dead.proc.wait()
     eps = rollout.run_episodes(FakeDomain(), path, tasks, backend, max_new_tokens=2, workers=3)
-    assert [e["reward"] for e in eps] == [1.0] * 3 and dead not in workers.POOL.idle
+    assert [e["reward"] for e in eps] == [1.0] * 3 and dead not in worker_pool.POOL.idle
 
 
 def test_generate_with_a_cap_below_one_returns_empty_rows(backend):

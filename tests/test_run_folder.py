@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 import whale
-from lib import reuse
+from lib.ops import reuse
 from test_whale import HARNESS, Interrupt, fake_episodes, interrupt, record
 
 

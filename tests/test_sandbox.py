@@ -1,4 +1,4 @@
-"""Tests for the OS boundary around untrusted code (lib/sandbox.py, lib/worker.py, lib/workers.py, run_python):
+"""Tests for the OS boundary around untrusted code (lib/sandbox.py, lib/harness_process.py, lib/worker_pool.py, run_python):
 one hostile harness or code snippet per attack class of issue 11, each asserting the real outcome.
 
     python -m pytest -q tests/test_sandbox.py
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import rollout
-from lib import sandbox, workers
+from lib import sandbox, worker_pool
 from lib.hf_backend import HFBackend
 from lib.models import load_model
 
@@ -252,9 +252,9 @@ def run(task, llm, tools):
 
 def test_memory_budget_is_shared_by_all_workers(backend, tmp_path, monkeypatch):
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert workers.worker_memory_bytes(64) * 64 <= workers.WORKER_MEMORY_SHARE * ram
-    assert workers.worker_memory_bytes(1) <= workers.WORKER_MEMORY_MAX
-    monkeypatch.setattr(workers, "WORKER_MEMORY_SHARE", (2 * 200 << 20) / ram)  # 2 workers: 200 MB each
+    assert worker_pool.worker_memory_bytes(64) * 64 <= worker_pool.WORKER_MEMORY_SHARE * ram
+    assert worker_pool.worker_memory_bytes(1) <= worker_pool.WORKER_MEMORY_MAX
+    monkeypatch.setattr(worker_pool, "WORKER_MEMORY_SHARE", (2 * 200 << 20) / ram)  # 2 workers: 200 MB each
     source = '''"""'raise' tries to lift its own limit first; then both try to hold 300 MB; 'small' holds 50 MB."""
 import random
 def run(task, llm, tools):
@@ -388,8 +388,8 @@ def run(task, llm, tools):
 # rollout.py with the test's copy of the worker: the copy's path, in every sandbox's command line (bwrap outside
 # the namespace, bwrap as its init, the worker), tells this test's sandboxes from anyone else's
 RUNNER = """import os, sys
-from lib import workers
-workers.WORKER_PY = os.environ["TEST_WORKER_PY"]
+from lib import worker_pool
+worker_pool.WORKER_PY = os.environ["TEST_WORKER_PY"]
 import rollout
 sys.argv[0] = "rollout.py"
 rollout.main()
@@ -399,7 +399,7 @@ rollout.main()
 def marked_worker(tmp_path):
     path = tmp_path / "teardown-marker" / "worker.py"
     path.parent.mkdir()
-    path.write_bytes(Path(workers.WORKER_PY).read_bytes())
+    path.write_bytes(Path(worker_pool.WORKER_PY).read_bytes())
     return str(path)
 
 
@@ -438,17 +438,17 @@ def start_rollout(tmp_path, source, *extra):
 def test_killing_a_sandbox_while_bwrap_sets_it_up_leaves_nothing(tmp_path, monkeypatch):
     """Killed right after it starts, bwrap is still setting the namespace up: its init must go too."""
     marker = marked_worker(tmp_path)
-    monkeypatch.setattr(workers, "WORKER_PY", marker)
+    monkeypatch.setattr(worker_pool, "WORKER_PY", marker)
     for _ in range(30):
-        workers.Worker().kill()
+        worker_pool.Worker().kill()
     assert left_behind(marker) == {}
 
 
 def test_closing_the_pool_while_sandboxes_start_leaves_nothing(tmp_path, monkeypatch):
     """Pool.close at exit: a start in flight finishes and is killed, and no start begins after."""
     marker = marked_worker(tmp_path)
-    monkeypatch.setattr(workers, "WORKER_PY", marker)
-    pool = workers.Pool()
+    monkeypatch.setattr(worker_pool, "WORKER_PY", marker)
+    pool = worker_pool.Pool()
     pool.order(16)
     while not pool.idle:
         time.sleep(0.001)

@@ -14,7 +14,8 @@ from transformers import AutoTokenizer
 import rollout
 import whale
 from lib import protocol
-from lib.models import CHATML, QWEN35_TINY, build_smoke, cached, chat_ids, load_model, qwen35_tokenizer, thinking_switch
+from lib.models import CHATML, build_smoke, cached, chat_ids, load_model, thinking_switch
+from tests.fixtures.qwen35 import QWEN35_TINY, build_qwen35_tiny, qwen35_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_SEARCHQA, PAPER_MATH = ROOT / "harnesses" / "paper" / "searchqa.py", ROOT / "harnesses" / "paper" / "math.py"
@@ -277,7 +278,7 @@ def test_the_tiny_qwen35_loads_as_the_hub_checkpoints_do_and_its_lora_trains():
     import torch
     from types import SimpleNamespace
     import rft
-    from lib.models import build_qwen35_tiny
+
     from lib.policy import add_lora
     from safetensors.torch import load_file
     folder = cached(QWEN35_TINY, build_qwen35_tiny)

@@ -12,7 +12,7 @@ import pytest
 import domains
 import meta_harness
 from lib import judge
-from lib.sample import seeded_sample
+from lib.subsets import seeded_sample
 
 # -----------------------------------------------------------------------------
 # seeded, stratified limits

@@ -15,7 +15,7 @@ import domains
 import meta_harness
 import rft
 import whale
-from lib import reuse
+from lib.ops import reuse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

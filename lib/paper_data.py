@@ -28,8 +28,8 @@ from functools import lru_cache
 
 import chess
 
-from lib.io import read_jsonl
-from lib.sample import seeded_sample
+from lib.files import read_jsonl
+from lib.subsets import seeded_sample
 
 SEARCHQA_TRAIN = "PeterJinGo/nq_hotpotqa_train"
 SEARCHQA_TEST = "RUC-NLPIR/FlashRAG_datasets"

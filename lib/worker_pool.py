@@ -1,4 +1,4 @@
-"""The harness workers: lib/worker.py in a fresh OS sandbox (lib/sandbox.py) under the no-fork filter, each
+"""The harness workers: lib/harness_process.py in a fresh OS sandbox (lib/sandbox.py) under the no-fork filter, each
 serving exactly one episode, so no state carries over from one episode to the next. POOL starts them in a
 background thread and keeps started ones across run_episodes calls, so an episode rarely waits for one. The
 workers of a run share one memory budget (WORKER_MEMORY_SHARE of the machine's RAM, split as each worker's
@@ -34,7 +34,7 @@ def worker_memory_bytes(n_workers):
 
 
 class Worker:
-    """lib/worker.py in a fresh sandbox (bwrap: no project, no data, no other process, no network; no fork). It
+    """lib/harness_process.py in a fresh sandbox (bwrap: no project, no data, no other process, no network; no fork). It
     serves exactly one episode, so no state carries over; killing bwrap ends every process and thread of it."""
 
     def __init__(self):

@@ -6,10 +6,10 @@ import json
 import os
 from pathlib import Path
 
-from lib.io import read_json, read_jsonl, write_json
-from lib.reuse import adapter_id
-from lib.runfolder import (check_archive, check_checkpoint, check_checkpoint_files, check_checkpoint_model,
-                           check_run_files, check_same_model, damaged, json_object, resolved_path, start_over,
+from lib.files import read_json, read_jsonl, resolved_path, write_json
+from lib.ops.reuse import adapter_id
+from lib.ops.run_checks import (check_archive, check_checkpoint, check_checkpoint_files, check_checkpoint_model,
+                           check_run_files, check_same_model, damaged, json_object, start_over,
                            whole_jsonl)
 
 

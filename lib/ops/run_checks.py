@@ -3,18 +3,15 @@
 A resumed run reads back what earlier starts wrote: JSON, JSON Lines, safetensors, torch files, harness files.
 The checks here say, before any work, whether one such file is whole; a damaged or missing one raises
 ValueError with one line naming the file and the fix, never a traceback halfway or a silently wrong result.
-What a run folder stores about a file inside it is a path relative to the folder (`stored_path`), so a moved
-folder resumes; `resolved_path` also reads the absolute paths that older runs stored."""
+"""
 
-import hashlib
 import json
 import os
-import re
 import struct
 import zipfile
 from pathlib import Path
 
-from lib.io import read_json, read_jsonl
+from lib.files import read_json, read_jsonl, sha256
 
 
 def start_over(out):
@@ -23,14 +20,6 @@ def start_over(out):
 
 def damaged(path, why, fix):
     return ValueError(f"damaged run file {path} ({why}): {fix}")
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # -----------------------------------------------------------------------------
@@ -123,34 +112,6 @@ def check_same_model(out, model):
     if isinstance(config, dict) and config.get("model", model) != model:
         raise ValueError(f"{out} was run on model {config['model']!r}, not {model!r}: use the same --model or a "
                          "new --out")
-
-
-# -----------------------------------------------------------------------------
-# paths a run folder stores
-
-def stored_path(path, run_dir):
-    """path as a run folder stores it: relative to the folder when inside it (so a moved folder resumes),
-    else absolute."""
-    real, root = os.path.realpath(path), os.path.realpath(run_dir)
-    if os.path.commonpath([real, root]) == root:
-        return os.path.relpath(real, root)
-    return os.path.abspath(path)
-
-
-def resolved_path(stored, run_dir):
-    """The file a stored path names: a relative one inside run_dir; an absolute one as it is, or, when it
-    pointed into a folder that has since moved (older runs stored absolute paths), by its tail from a
-    harness_w<n>/ folder on."""
-    if stored is None:
-        return None
-    if not os.path.isabs(stored):
-        return os.path.abspath(os.path.join(run_dir, stored))
-    parts = Path(stored).parts
-    if not os.path.exists(stored):
-        for i, part in enumerate(parts):
-            if re.fullmatch(r"harness_w\d+", part) and Path(run_dir, *parts[i:]).exists():
-                return os.path.abspath(Path(run_dir, *parts[i:]))
-    return stored
 
 
 # -----------------------------------------------------------------------------

@@ -326,7 +326,7 @@ def estimate(args, phases, n_harness, n_test, card_gb=80, **kw):
 
 def describe(est, card_gb=80):
     parts = ", ".join(f"{k} {est[k]:.2f}" for k in PARTS)
-    return f"estimated {est['total']:.2f} h on one {card_gb} GB card ({CARDS[card_gb][0]}; lib/gpu_plan.py): {parts}"
+    return f"estimated {est['total']:.2f} h on one {card_gb} GB card ({CARDS[card_gb][0]}; lib/ops/time_model.py): {parts}"
 
 
 # -----------------------------------------------------------------------------

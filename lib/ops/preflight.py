@@ -22,7 +22,8 @@ import urllib.request
 from functools import partial
 from pathlib import Path
 
-from lib import hub, reporting, sandbox
+from lib import paper_data, sandbox
+from lib.ops import report_to
 from lib.models import CACHE
 
 GiB = 1024 ** 3
@@ -107,7 +108,7 @@ def check_retriever(args):
 def check_retriever_url(url):
     """One query, sent by the client the run uses (Search-R1's POST /retrieve: queries, topk, return_scores)."""
     try:
-        hits = hub.RetrieverClient(url, timeout=TIMEOUT_S).search_batch([PROBE_QUERY], k=1)
+        hits = paper_data.RetrieverClient(url, timeout=TIMEOUT_S).search_batch([PROBE_QUERY], k=1)
     except RuntimeError as e:  # unreachable, refused, HTTP error: the client's own one-line message
         raise Failed(f"{e} (Search-R1's server: `{SEARCH_R1_SERVER}`), or {SKIP_SEARCHQA}") from None
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
@@ -127,7 +128,7 @@ def check_wiki(path, limit=None):
     if importlib.util.find_spec("bm25s") is None:
         raise Failed("--wiki needs bm25s: pip install -r requirements.txt")
     try:
-        first = hub.first_wiki_passage(path)
+        first = paper_data.first_wiki_passage(path)
     except ValueError as e:
         raise Failed(f"--wiki {path} is not a wiki-18 .jsonl or .jsonl.gz file ({e}): each line "
                      'must be {"id": ..., "contents": "\\"Title\\"\\ntext"}') from None
@@ -145,7 +146,7 @@ def dataset_names(args):
     if args.domain == "searchqa" and os.path.isdir(args.searchqa_test):  # a FlashRAG-style folder: a file per set
         sets = [spec.partition(":") for spec in args.searchqa_test_sets.split(",")]
         return [("--searchqa-train", args.searchqa_train)] + [
-            ("--searchqa-test", hub.set_file(args.searchqa_test, config, split or "test")) for config, _, split in sets]
+            ("--searchqa-test", paper_data.set_file(args.searchqa_test, config, split or "test")) for config, _, split in sets]
     if args.domain == "searchqa":
         return [("--searchqa-train", args.searchqa_train), ("--searchqa-test", args.searchqa_test)]
     if args.domain == "math":
@@ -418,7 +419,7 @@ def check_sandbox(args):
 
 
 def check_report(kind):
-    why = reporting.missing(kind)
+    why = report_to.missing(kind)
     if why:
         raise Failed(why)
     return f"{kind} is installed"

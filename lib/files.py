@@ -1,8 +1,12 @@
 """Run-folder files: JSON and JSON Lines written atomically (a kill never leaves half a file) and read back
-with an error that names a damaged file and its fix."""
+with an error that names a damaged file and its fix; hard links; content hashes; and the paths a run folder
+stores, relative to it so that a moved folder resumes (`resolved_path` also reads the absolute paths that
+older runs stored)."""
 
+import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -91,3 +95,36 @@ def link_or_copy(src, dst):
         os.link(src, dst)
     except OSError:  # another file system, or none that has hard links
         shutil.copy2(src, dst)
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def stored_path(path, run_dir):
+    """path as a run folder stores it: relative to the folder when inside it (so a moved folder resumes),
+    else absolute."""
+    real, root = os.path.realpath(path), os.path.realpath(run_dir)
+    if os.path.commonpath([real, root]) == root:
+        return os.path.relpath(real, root)
+    return os.path.abspath(path)
+
+
+def resolved_path(stored, run_dir):
+    """The file a stored path names: a relative one inside run_dir; an absolute one as it is, or, when it
+    pointed into a folder that has since moved (older runs stored absolute paths), by its tail from a
+    harness_w<n>/ folder on."""
+    if stored is None:
+        return None
+    if not os.path.isabs(stored):
+        return os.path.abspath(os.path.join(run_dir, stored))
+    parts = Path(stored).parts
+    if not os.path.exists(stored):
+        for i, part in enumerate(parts):
+            if re.fullmatch(r"harness_w\d+", part) and Path(run_dir, *parts[i:]).exists():
+                return os.path.abspath(Path(run_dir, *parts[i:]))
+    return stored

@@ -12,8 +12,9 @@ import re
 import shutil
 from pathlib import Path
 
-from lib.io import link_file, link_tree, read_json, write_json
-from lib.runfolder import resolved_path, whole_jsonl
+from lib.files import link_file, link_tree, read_json, write_json
+from lib.files import resolved_path
+from lib.ops.run_checks import whole_jsonl
 
 # flags that shape a run's plan, or only how it is checked and watched, but not what one RSFT step or one
 # evaluation computes
