@@ -392,9 +392,10 @@ def get(name, args=None):
     return domain
 
 
-def add_args(p):
+def add_args(parser):
     """The --data switch and the paper data's flags (whale.py and the other CLIs pass their args to get())."""
-    # data: bundled (offline, data/) or the paper's sets through `datasets` (a name may be a local file)
+    p = parser.add_argument_group("data: bundled (offline, data/) or the paper's sets through `datasets` (a name may "
+                                  "be a local file)")
     p.add_argument("--data", default="bundled", choices=("bundled", "paper"))
     p.add_argument("--searchqa-train", default=paper_data.SEARCHQA_TRAIN, help="Search-R1's NQ + HotpotQA train set")
     p.add_argument("--searchqa-test", default=paper_data.SEARCHQA_TEST,
@@ -420,7 +421,7 @@ def add_args(p):
     p.add_argument("--chess-harness-size", type=positive_int, default=buckets["harness"])
     p.add_argument("--chess-test-pool", type=positive_int, default=buckets["test"], help="the test bucket")
     p.add_argument("--chess-test-size", type=positive_int, default=paper_data.CHESS_TEST_SIZE, help="a seeded sample of the test bucket")
-    # searchqa's LLM judge (the official one is off by default: exact match)
+    p = parser.add_argument_group("searchqa's LLM judge (the official one is off by default: exact match)")
     p.add_argument("--judge-url", default=None, help="searchqa: an OpenAI-compatible endpoint, e.g. "
                    "https://api.openai.com/v1, for the official LLM judge's rule (default: exact match)")
     p.add_argument("--judge-model", default="gpt-5.4-mini", help="the judge's model (the official default)")

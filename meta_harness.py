@@ -64,15 +64,15 @@ from rollout import sampling_kwargs  # by name: the tests swap the module `rollo
 PROPOSERS = ("mutate", "command", "claude", "openai")
 
 
-def add_args(p):
-    # harness search (shared with whale.py)
+def add_args(parser):
+    p = parser.add_argument_group("harness search (shared with whale.py)")
     p.add_argument("--candidates", type=positive_int, default=3, help="M: candidates proposed per iteration")
     p.add_argument("--harness-tasks", type=positive_int, default=None,
                    help="score on a seeded sample of N harness-set tasks (default all)")
     p.add_argument("--harness-samples", type=positive_int, default=1,
                    help="rollouts per harness-set task when scoring")
     p.add_argument("--prompt-only", action="store_true", help="candidates may change only string constants (FST)")
-    # proposer
+    p = parser.add_argument_group("proposer")
     p.add_argument("--proposer", default="mutate", choices=PROPOSERS)
     p.add_argument("--mutate-order", default="seeded", choices=("seeded", "listed"), help="mutate's knob order")
     p.add_argument("--proposer-cmd", default=None,

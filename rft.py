@@ -46,28 +46,29 @@ from lib.ops.run_checks import CHECKPOINT_FILES, check_checkpoint, check_checkpo
 
 def add_args(parser):
     """The RSFT, LoRA and sampling flags (whale.py reuses them). The caller adds --model and --seed."""
-    # rollout step (paper: 256 prompts x G = 8)
-    parser.add_argument("--batch", type=positive_int, default=256, help="training prompts per rollout step")
-    parser.add_argument("--group", type=positive_int, default=8, help="G: rollouts per prompt")
-    rollout.add_sampling_args(parser)
-    # SFT update (paper: one pass over the accepted set, one optimizer step per 64 accepted trajectories)
-    parser.add_argument("--sft-batch", type=positive_int, default=64,
+    group = parser.add_argument_group("RSFT rollout step (paper: 256 prompts x G = 8)")
+    group.add_argument("--batch", type=positive_int, default=256, help="training prompts per rollout step")
+    group.add_argument("--group", type=positive_int, default=8, help="G: rollouts per prompt")
+    rollout.add_sampling_args(group)
+    group = parser.add_argument_group("SFT update (paper: one pass over the accepted set, one optimizer step per "
+                                      "64 accepted trajectories)")
+    group.add_argument("--sft-batch", type=positive_int, default=64,
                         help="accepted trajectories per optimizer step (the SFT mini-batch)")
-    parser.add_argument("--minibatch", type=positive_int, default=8,
+    group.add_argument("--minibatch", type=positive_int, default=8,
                         help="examples per forward/backward inside an SFT mini-batch (gradient accumulation)")
-    parser.add_argument("--lr", type=positive_float, default=1e-4, help="AdamW lr on the LoRA weights")
-    parser.add_argument("--warmup", type=nonnegative_int, default=0,
+    group.add_argument("--lr", type=positive_float, default=1e-4, help="AdamW lr on the LoRA weights")
+    group.add_argument("--warmup", type=nonnegative_int, default=0,
                         help="rollout steps of linear lr warm-up (paper: 0, a constant lr)")
-    parser.add_argument("--weight-decay", type=nonnegative_float, default=0.01, help="AdamW weight decay")
-    parser.add_argument("--grad-clip", type=nonnegative_float, default=1.0, help="max gradient norm (0 = off)")
-    # LoRA
-    parser.add_argument("--lora-rank", type=positive_int, default=16)
-    parser.add_argument("--lora-alpha", type=positive_int, default=32)
-    parser.add_argument("--lora-dropout", type=probability, default=0.0)
-    parser.add_argument("--lora-targets", default="all-linear", help="'all-linear' or comma-separated module names")
-    # GPU
-    parser.add_argument("--bf16", action="store_true", help="load the base model in bf16 (LoRA weights stay fp32)")
-    parser.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
+    group.add_argument("--weight-decay", type=nonnegative_float, default=0.01, help="AdamW weight decay")
+    group.add_argument("--grad-clip", type=nonnegative_float, default=1.0, help="max gradient norm (0 = off)")
+    group = parser.add_argument_group("LoRA")
+    group.add_argument("--lora-rank", type=positive_int, default=16)
+    group.add_argument("--lora-alpha", type=positive_int, default=32)
+    group.add_argument("--lora-dropout", type=probability, default=0.0)
+    group.add_argument("--lora-targets", default="all-linear", help="'all-linear' or comma-separated module names")
+    group = parser.add_argument_group("GPU training")
+    group.add_argument("--bf16", action="store_true", help="load the base model in bf16 (LoRA weights stay fp32)")
+    group.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
 
 
 # -----------------------------------------------------------------------------

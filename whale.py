@@ -71,136 +71,69 @@ import meta_harness
 import rft
 import rollout
 from lib import sandbox
-from lib.ops import plan, preflight, report_to, reuse, time_model
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors, positive_float,
                      positive_int, seed_int)
 from lib.contract import check_harness_fits
-from lib.files import append_jsonl, read_json, read_jsonl, write_json, write_jsonl
+from lib.files import read_json, read_jsonl, stored_path, write_json, write_jsonl
 from lib.models import check_model
-from lib.policy import add_backend_args, check_backend, load_policy
-from lib.ops.runstate import (check_run_folder, check_same_settings, evaluation_inputs, load_state, lost_evaluations,
-                         lost_seeds, phase_rows, read_rows, save_state)
-from lib.files import resolved_path, stored_path
+from lib.ops import plan, preflight, report_to, reuse, time_model
 from lib.ops.run_checks import start_over
+from lib.ops.runstate import (RunState, check_run_folder, check_same_settings, evaluation_inputs, lost_evaluations,
+                              lost_seeds, phase_rows, read_rows)
+from lib.policy import add_backend_args, check_backend, load_policy
+from presets import GPU, PAPER, PAPER_TRAIN_SIZES, PRESETS
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "stagewise-hw", "fast-slow")
 
-# Named bundles of defaults; any flag given on the command line wins. I (--harness-iterations) counts the
-# re-scoring of the incoming harness, so a harness phase makes I - 1 proposer rounds.
-# smoke only checks the wiring (all runs in minutes).
-# cpu is calibrated on SmolLM2-135M (README, "Calibrating the cpu preset"), from now on on the train and harness
-# splits only, never on test tasks; its test tasks are a seeded sample that leaves out the first 50 of each test
-# split, which were looked at while the preset was built. lr 3e-4 moves the training reward within 4 steps (1e-4 stays flat), with
-# the warm-up and no weight decay it was calibrated with; math tests on the held-out generated problems (1-2
-# steps), as the GSM8K originals are beyond this model, and trains on the same difficulty; temperature 0.6, as
-# at 1.0 this model's code rarely runs; an adaptive harness phase runs at least 2 rounds, as every single fix
-# scores 0 and only the second composes them.
-# paper is the official protocol (PROTOCOL.md, README "Fidelity"), with the per-domain settings in PAPER below;
-# --minibatch is the micro-batch of one forward/backward inside an SFT mini-batch of --sft-batch trajectories.
-PRESETS = {
-    "smoke": dict(model="smoke", threads=1, epochs=1.0, phase_epochs=0.5, harness_iterations=2, train_limit=8,
-                  test_limit=4, k=1, batch=2, group=2, minibatch=8, candidates=2, harness_tasks=2,
-                  max_new_tokens=8, deadline=60.0, adaptive_epochs=0.5, harness_patience=1,
-                  harness_min_iterations=1, harness_max_iterations=2),
-    "cpu": dict(model="cpu", threads=2, epochs=1.0, phase_epochs=0.5, harness_iterations=3, train_limit=64,
-                test_limit=50, test_holdout=50, k=4, batch=8, group=4, minibatch=8, lr=3e-4, warmup=2, weight_decay=0.0,
-                candidates=3, harness_tasks=24, max_new_tokens=32, temperature=0.6, deadline=300.0,
-                adaptive_epochs=0.25, harness_patience=1, harness_min_iterations=2, harness_max_iterations=3,
-                math_test_set="generated", math_max_steps=2),
-    # generation (PROTOCOL.md 2): Qwen3.5 thinks (its template's enable_thinking), no per-call cap but the
-    # episode's assistant-token budget (PAPER), the official model length
-    "paper": dict(threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True, grad_checkpointing=True,
-                  phase_epochs=0.6, harness_iterations=6, train_limit=None, test_limit=None, k=8, batch=256,
-                  group=8, sft_batch=64, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
-                  harness_tasks=256, harness_samples=1, proposer="claude", proposer_model="claude-opus-4-7",
-                  proposer_timeout=2400.0, temperature=1.0, top_k=20,
-                  max_new_tokens=8192, thinking="on", max_model_len=32768, deadline=600.0, adaptive_epochs=0.2,
-                  harness_patience=2, harness_min_iterations=5, harness_max_iterations=15),
-    # gpu: the paper preset's shape on seeded subsets, sized so that the whole table (run_all.sh: 3 domains x 6
-    # methods + adaptive WHALE on searchqa and math, one process each) fits in 12 h on one 80 GB card by
-    # lib/ops/time_model.py's estimate (README "The paper and gpu presets on one GPU"). The proposer's own time (a
-    # round is a Claude Code session) bounds the rounds, so: the paper's (E, I) = (0.6, 2) ablation cell on 1.2
-    # epochs (weight, harness of re-score + 1 round, weight); 224 train prompts, 64 a step (the official searchqa
-    # driver's batch) = 2 + 2 RSFT steps; M = 3 on 128 harness tasks; G = 8, mean@8 on the test subsets in GPU
-    # (SearchQA 15 per benchmark); the adaptive harness phase scaled with I - 1 (min 1, max 3, patience 1);
-    # 256 concurrent episodes (the test evaluation keeps the runner's 64); the official h0s (PAPER), but without
-    # thinking and with 1,024 tokens a call and 2,048 an episode: at the official 8,192 thinking tokens the
-    # table takes about 6x longer
-    "gpu": dict(threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True, grad_checkpointing=True,
-                epochs=1.2, phase_epochs=0.6, harness_iterations=2, train_limit=224, test_limit=None, k=8, batch=64,
-                group=8, sft_batch=64, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
-                harness_tasks=128, harness_samples=1, workers=256, proposer="claude", proposer_model="claude-opus-4-7",
-                proposer_timeout=2400.0, temperature=1.0, top_k=20, thinking="off", max_new_tokens=1024,
-                episode_tokens=2048, max_model_len=8192, deadline=600.0, adaptive_epochs=0.2, harness_patience=1,
-                harness_min_iterations=1, harness_max_iterations=3),
-}
-# the paper preset per domain: model; epochs and harness-only rounds (PROTOCOL.md 6); the official h0s
-# (section 3: searchqa and math call their tools natively; chess has no tools); the assistant-token budget of an
-# episode (chess: 8,129, as the official chess config has it) and the limit on its first prompt (section 2); and
-# the LoRA learning rate (ours: 10x the official full fine-tuning rates of 1e-6 and 1e-7, as a rank-16 adapter
-# whose B starts at zero moves the model far less per step than a full update at the same rate)
-PAPER = {
-    "searchqa": dict(model="Qwen/Qwen3.5-2B", epochs=4.0, harness_only_iterations=40, lr=1e-5,
-                     harness="harnesses/paper/searchqa.py", episode_tokens=8192, max_prompt_tokens=2048),
-    "math": dict(model="Qwen/Qwen3.5-2B", epochs=6.0, harness_only_iterations=60, lr=1e-6,
-                 harness="harnesses/paper/math.py", episode_tokens=8192, max_prompt_tokens=2048),
-    "chess": dict(model="Qwen/Qwen3.5-4B", epochs=4.0, harness_only_iterations=40, lr=1e-6,
-                  harness="harnesses/chess.py", episode_tokens=8129, max_prompt_tokens=4096),
-}
-# the gpu preset per domain: the paper's model and learning rate; the test subset (seeded: SearchQA's sample per
-# benchmark, the first of chess's shuffled test puzzles; all 60 AIME problems); the engine's share of the card,
-# the most that fits beside the trainer on 24, 48 and 80 GB alike (scripts/memory_plan.py; searchqa's retriever
-# index takes 32 GiB of the 80 GB card)
-GPU = {"searchqa": dict(searchqa_test_per_set=15, gpu_memory=0.45), "math": dict(gpu_memory=0.7),
-       "chess": dict(test_limit=80, gpu_memory=0.5)}
-GPU = {domain: dict(model=PAPER[domain]["model"], lr=PAPER[domain]["lr"], harness=PAPER[domain]["harness"],
-                     max_prompt_tokens=PAPER[domain]["max_prompt_tokens"], **GPU[domain]) for domain in GPU}
-# D_weight sizes of the paper's data (PROTOCOL.md 1), for --plan without downloading them
-PAPER_TRAIN_SIZES = {"searchqa": 18_946, "math": 17_917, "chess": 16_384}
-
 
 def parse_args(argv=None):
+    """-> one Namespace per --method: the preset's defaults, overridden by any flag given."""
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # what to run
-    p.add_argument("--domain", required=True, choices=sorted(domains.DOMAINS))
-    p.add_argument("--method", nargs="+", default=["whale"], choices=METHODS,
+    g = p.add_argument_group("what to run")
+    g.add_argument("--domain", required=True, choices=sorted(domains.DOMAINS))
+    g.add_argument("--method", nargs="+", default=["whale"], choices=METHODS,
                    help="one or more methods, run one after another in this process (the imports and h0's "
                         "test evaluation are paid once)")
-    p.add_argument("--schedule", default="fixed", choices=("fixed", "adaptive"))
-    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
-    p.add_argument("--out", default=None, help="run folder (default results/<preset>/<domain>/<method>; "
+    g.add_argument("--schedule", default="fixed", choices=("fixed", "adaptive"))
+    g.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+    g.add_argument("--out", default=None, help="run folder (default results/<preset>/<domain>/<method>; "
                                                "results/<preset>/seed-<n>/<domain>/<method> for --seed n, n != 0)")
-    p.add_argument("--plan", action="store_true", help="print the phases, steps, rounds and rollouts, then exit")
-    p.add_argument("--model", default=None, help="smoke | cpu | hub id | local path (default: the preset's)")
-    p.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py; "
+    g.add_argument("--model", default=None, help="smoke | cpu | hub id | local path (default: the preset's)")
+    g.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py; "
                    "the paper preset: harnesses/paper/<domain>.py for searchqa and math)")
-    p.add_argument("--threads", type=positive_int, default=None,
+    g.add_argument("--seed", type=seed_int, default=0)
+    g.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads; 1 on 2-core machines, where the harness workers need the other core")
-    # budgets
-    p.add_argument("--epochs", type=positive_float, default=None, help="total weight-training budget in train epochs")
-    p.add_argument("--phase-epochs", type=positive_float, default=None,
-                   help="E: epochs per weight phase (fixed schedule)")
-    p.add_argument("--harness-iterations", type=positive_int, default=None,
-                   help="I: per harness phase, the re-scoring of the incoming harness plus I - 1 proposer rounds")
-    p.add_argument("--harness-only-iterations", type=positive_int, default=None,
-                   help="harness-only's proposer rounds (default (I - 1) x the number of fixed weight phases)")
-    p.add_argument("--train-limit", type=positive_int, default=None,
-                   help="use a seeded sample of N train tasks (small presets)")
-    # adaptive schedule (paper: window = min length = patience = 0.2 epoch; P_h = 2, at least 6 iterations)
-    p.add_argument("--adaptive-epochs", type=positive_float, default=0.2,
-                   help="weight phase window, minimum length and patience")
-    p.add_argument("--harness-patience", type=nonnegative_int, default=2)
-    p.add_argument("--harness-min-iterations", type=nonnegative_int, default=6)
-    p.add_argument("--harness-max-iterations", type=positive_int, default=12)
-    # evaluation
-    p.add_argument("--k", type=positive_int, default=None, help="samples per test task for mean@k")
-    p.add_argument("--test-limit", type=positive_int, default=None, help="evaluate on a seeded sample of N test tasks")
-    p.add_argument("--test-holdout", type=nonnegative_int, default=0,
-                   help="never draw the first N test tasks (the cpu preset: the 50 looked at while it was built)")
-    p.add_argument("--seed", type=seed_int, default=0)
-    p.add_argument("--check", nargs="*", default=None, choices=sorted(domains.DOMAINS), metavar="DOMAIN",
+    g = p.add_argument_group("before a run: print its plan, or check its resources, then exit")
+    g.add_argument("--plan", action="store_true", help="print the phases, steps, rounds and rollouts, then exit")
+    g.add_argument("--check", nargs="*", default=None, choices=sorted(domains.DOMAINS), metavar="DOMAIN",
                    help="check every resource this run needs (and those of the same run on these domains) in "
                         "seconds, before any model loads, then exit: one line per check, 0 when all pass")
+    g = p.add_argument_group("budgets (the same totals for every method)")
+    g.add_argument("--epochs", type=positive_float, default=None, help="total weight-training budget in train epochs")
+    g.add_argument("--phase-epochs", type=positive_float, default=None,
+                   help="E: epochs per weight phase (fixed schedule)")
+    g.add_argument("--harness-iterations", type=positive_int, default=None,
+                   help="I: per harness phase, the re-scoring of the incoming harness plus I - 1 proposer rounds")
+    g.add_argument("--harness-only-rounds", "--harness-only-iterations", dest="harness_only_iterations",
+                   type=positive_int, default=None,
+                   help="harness-only's proposer rounds (default (I - 1) x the number of fixed weight phases)")
+    g.add_argument("--train-limit", type=positive_int, default=None,
+                   help="use a seeded sample of N train tasks (small presets)")
+    g = p.add_argument_group("adaptive schedule (paper: window = min length = patience = 0.2 epoch; P_h = 2, "
+                             "at least 6 rounds)")
+    g.add_argument("--adaptive-epochs", type=positive_float, default=0.2,
+                   help="weight phase window, minimum length and patience")
+    g.add_argument("--harness-patience", type=nonnegative_int, default=2, help="rounds without a new archive best")
+    g.add_argument("--harness-min-rounds", "--harness-min-iterations", dest="harness_min_iterations",
+                   type=nonnegative_int, default=6, help="proposer rounds a harness phase makes at least")
+    g.add_argument("--harness-max-rounds", "--harness-max-iterations", dest="harness_max_iterations",
+                   type=positive_int, default=12, help="proposer rounds a harness phase makes at most")
+    g = p.add_argument_group("test evaluation")
+    g.add_argument("--k", type=positive_int, default=None, help="samples per test task for mean@k")
+    g.add_argument("--test-limit", type=positive_int, default=None, help="evaluate on a seeded sample of N test tasks")
+    g.add_argument("--test-holdout", type=nonnegative_int, default=0,
+                   help="never draw the first N test tasks (the cpu preset: the 50 looked at while it was built)")
     report_to.add_args(p)
     domains.add_args(p)
     add_backend_args(p)
@@ -328,78 +261,42 @@ def weight_phase_over(rewards, schedule, max_steps, window):
 
 
 # -----------------------------------------------------------------------------
-# run state: a small JSON file so a killed run picks up where it stopped
+# the run: phase after phase, each followed by a test evaluation
+
+def run(args, donors=(), domain=None):
+    """One method's run: plan the budgets, then phase after phase, each followed by a test evaluation.
+    `donors` are the folders of the other runs of this command, whose finished weight phases and evaluations
+    this run reuses where they are exactly its own. domain: the one check_inputs loaded, else loaded here."""
+    domain, train, policy = setup(args, domain)
+    steps, rounds = budgets(args, len(train))
+    state = RunState(args, steps, rounds)
+    repair_run_folder(args, policy, domain, state.saved, donors)
+    trainer = state.trainer = rft.RSFT(args, policy, domain, os.path.join(args.out, "weights"), train=train,
+                                       run_dir=args.out) if steps else None
+    harness = state.harness(args.harness)
+    state.log_start()
+    evaluate(args, policy, domain, harness, state, 0, "start", donors)
+    while kind := state.saved["running"] or next_phase(args.method, state.last_kind(), steps - state.step(),
+                                                       rounds - state.rounds_done()):
+        state.enter(kind)
+        if kind == "weight":
+            trainer = state.trainer = run_weight_phase(args, trainer, harness, state, len(train), donors)
+            detail = {"steps": trainer.step_count - state.phase_start_step(), "epoch": trainer.epoch_progress}
+        else:
+            harness, detail = run_harness_phase(args, policy, domain, harness, state, donors)
+        evaluate(args, policy, domain, harness, state, state.leave(kind, harness), kind, donors, detail)
+    write_summary(args, read_rows(args.out), harness, state.step(), state.rounds_done())
 
 
-def repair_run_folder(args, policy, domain, state, donors):
-    """Rebuild, exactly, what check_run_folder found lost or damaged and rebuildable, before the run goes on: a
-    seed harness copy, an archive's index (summary.jsonl, frontier.json), weights/metrics.jsonl (the checkpoint's
-    history), and test evaluations (rerun from the same weights, harness and seeds, they give the same scores)."""
-    out = args.out
-    lost = lost_evaluations(out, state)
-    for i in lost:
-        for name in (f"phase_{i}.json", f"phase_{i}.traces.jsonl"):
-            Path(out, "evals", name).unlink(missing_ok=True)
-    if not os.path.exists(os.path.join(out, "state.json")):
-        return  # no phase started: phase 0 is evaluated first, as in a fresh run
-    sources = [os.path.abspath(args.harness)] + sorted(str(p) for run_dir in [out, *donors]
-                                                       for p in Path(run_dir).glob("harness_w*/candidates/*/harness.py"))
-    for seed in sorted(lost_seeds(out, state)):
-        meta_harness.restore_seed(Path(seed).parent.parent.parent, sources, start_over(out))
-    running = f"harness_w{state['kinds'].count('weight')}" if state["running"] == "harness" else None
-    for name, iterations in state["archive_iterations"].items():
-        if name != running:  # a running search rebuilds its own index as it resumes
-            meta_harness.rebuild_index(Path(out, name), iterations)
-    ckpt = Path(out, "weights", "ckpt")
-    if ckpt.exists():
-        history = read_json(ckpt / "state.json")["history"]
-        try:
-            same = read_jsonl(ckpt.parent / "metrics.jsonl") == history
-        except ValueError:  # a cut line
-            same = False
-        if not same:
-            write_jsonl(ckpt.parent / "metrics.jsonl", history)
-            print(f"{ckpt.parent / 'metrics.jsonl'}: rebuilt from the checkpoint's history")
-    rows = phase_rows(out, state)
-    redo = [(i, *evaluation_inputs(out, state, rows, i, args)) for i in lost if i <= state["phase"]]
-    for i, weights, adapter, harness in sorted(redo, key=lambda r: r[2] is not None):  # an engine: base first
-        print(f"evals/phase_{i}: lost or damaged, evaluated again (the same weights, harness and seeds)")
-        if adapter is not None:
-            policy.load_adapter(adapter)
-            policy.model.eval()
-            policy.serve_adapter(adapter)
-        evaluate_test(args, policy, domain, harness, f"phase_{i}", weights, donors)
-        if adapter is not None:
-            policy.drop_adapter()  # the trainer loads the checkpoint onto the base model
-
-
-def log_eval_once(out, row):
-    """A run killed between logging and saving its state logs the same evaluation again on resume: skip it."""
-    if not any(r.get("event") == "eval" and r["phase"] == row["phase"] for r in read_rows(out)):
-        append_jsonl(os.path.join(out, "metrics.jsonl"), row)
-
-
-def weights_id(trainer):
-    return trainer.weights_id if trainer is not None else "base"
-
-
-# -----------------------------------------------------------------------------
-# phases
-
-def run_weight_phase(args, trainer, harness, state, steps, n_train, donors):
+def run_weight_phase(args, trainer, harness, state, n_train, donors):
     """RSFT steps under `harness` until this phase ends (see the docstring); resumes mid-phase from the
     trainer's history and takes finished steps from a donor run where one made exactly these. -> trainer"""
-    start = state["phase_start_step"]
-    cap = steps - start if args.schedule == "adaptive" else min(steps_for(args.phase_epochs, n_train, args.batch),
-                                                                steps - start)
+    start = state.phase_start_step()
+    phase_steps = steps_for(args.phase_epochs, n_train, args.batch)
+    cap = state.steps - start if args.schedule == "adaptive" else min(phase_steps, state.steps - start)
     window = steps_for(args.adaptive_epochs, n_train, args.batch)
     phase_over = lambda rewards: weight_phase_over(rewards, args.schedule, cap, window)
-    snapshot = reuse.find_snapshot(trainer.history, harness, reuse.result_settings(args), donors, phase_over, start,
-                                   run_dir=args.out)
-    if snapshot is not None:
-        done = trainer.step_count
-        trainer = trainer.adopt(snapshot)
-        print(f"weights: RSFT steps {done + 1}-{trainer.step_count} taken from {snapshot}")
+    trainer = reuse.adopt_steps(trainer, harness, reuse.result_settings(args), donors, phase_over, start, args.out)
     rewards = [row["reward"] for row in trainer.history if row["step"] > start]
     while not phase_over(rewards):
         rewards.append(trainer.step(harness)["reward"])
@@ -407,39 +304,38 @@ def run_weight_phase(args, trainer, harness, state, steps, n_train, donors):
     return trainer
 
 
-def archive_for(state, weights):
-    """The archive a harness phase searches in: the last one if the weights have not changed since it ran
-    (whatever the method: no search is repeated or charged twice), else a new one, harness_w<weight phases>."""
-    last = list(state["archive_weights"])[-1:]
-    if last and state["archive_weights"][last[0]] == weights:
-        return last[0]
-    return f"harness_w{state['kinds'].count('weight')}"
-
-
-def run_harness_phase(args, policy, domain, harness, state, iterations_left, weights, donors):
-    """Meta-Harness from `harness` under the current weights (archive_for says in which archive); a new archive
-    starts by re-scoring `harness`. This phase adds at most its cap of rounds: fixed, all of them; adaptive,
-    until the archive best has stalled (patience, minimum) counted from this phase's start. Updates the
-    state's archive counters. -> (winner, the phase's metrics)"""
-    name = archive_for(state, weights)
+def run_harness_phase(args, policy, domain, harness, state, donors):
+    """Meta-Harness from `harness` under the current weights, in the archive state.archive_for names; a new
+    archive starts by re-scoring `harness`. This phase adds at most its cap of rounds: fixed, all of them;
+    adaptive, until the archive best has stalled (patience, minimum) counted from this phase's start.
+    -> (winner, the phase's metrics)"""
+    weights = state.weights()
+    name, before = state.archive_for(weights)
     archive = os.path.join(args.out, name)
-    before = state["archive_iterations"].get(name, 0)
     if before == 0:
-        key = {"weights": weights, "seed": reuse.file_sha(harness), "prompt_only": args.prompt_only,
-               "settings": reuse.result_settings(args)}
-        reuse.adopt_archive(archive, key, donors)
-    cap = harness_phase_cap(args)
+        reuse.adopt_archive(archive, reuse.search_key(args, weights, harness), donors)
     stop = None
     if args.schedule == "adaptive":
         stop = lambda series: len(series) - 1 > before and meta_harness.should_stop_harness_phase(
             series[before:], args.harness_patience, args.harness_min_iterations)
-    result = meta_harness.search(policy, domain, harness, archive, args,
-                                 iterations=before + min(cap, iterations_left), stop=stop)
-    state["archive_weights"][name] = weights
-    state["archive_iterations"][name] = result["iterations"]
-    state["harness_rollouts"][name] = result["rollouts"]
+    rounds = before + min(harness_phase_cap(args), state.rounds - state.rounds_done())
+    result = meta_harness.search(policy, domain, harness, archive, args, iterations=rounds, stop=stop)
+    state.record_search(name, weights, result)
     return result["winner"], {"iterations": result["iterations"] - before, "archive": name,
                               "harness_score": result["score"], "winner": stored_path(result["winner"], args.out)}
+
+
+def evaluate(args, policy, domain, harness, state, phase, kind, donors, detail=None):
+    """Phase `phase`'s test evaluation, logged once in metrics.jsonl; a finished phase is then saved."""
+    stats = evaluate_test(args, policy, domain, harness, f"phase_{phase}", state.weights(), donors)
+    if phase == 0:
+        state.log_eval({"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats})
+        return
+    state.log_eval({"event": "eval", "phase": phase, "kind": kind, "step": state.step(), "rollouts": state.rollouts(),
+                    "seconds": time.time() - state.started, **detail, **stats})
+    state.save()
+    print(f"phase {phase} {kind}: test mean@{args.k} = {stats['mean_at_k']:.4f}, RSFT steps {state.step()}/"
+          f"{state.steps}, harness rounds {state.rounds_done()}/{state.rounds}, rollouts {state.rollouts()}")
 
 
 def test_tasks(domain, args):
@@ -476,7 +372,22 @@ def evaluate_test(args, policy, domain, harness, tag, weights, donors):
     return stats
 
 
+def write_summary(args, rows, harness, steps, iterations):
+    evals = [r for r in rows if r.get("event") == "eval"]
+    best = max(evals, key=lambda r: (r["mean_at_k"], -r["rollouts"]))
+    summary = {"domain": args.domain, "method": method_name(args), "preset": args.preset, "model": args.model,
+               "k": args.k, "best_mean_at_k": best["mean_at_k"], "rollouts_to_best": best["rollouts"],
+               "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
+               "total_rollouts": evals[-1]["rollouts"], "phases": len(evals) - 1, "rsft_steps": steps,
+               "harness_iterations": iterations, "final_harness": stored_path(harness, args.out),
+               "test_tasks": evals[-1]["test_tasks"]}
+    write_json(os.path.join(args.out, "summary.json"), summary)
+    print(f"best mean@{args.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} rollouts; "
+          f"final {summary['final_mean_at_k']:.4f}")
+
+
 # -----------------------------------------------------------------------------
+# before the run: its inputs checked, its folder repaired, its model loaded
 
 def main(argv=None):
     runs = parse_args(argv)
@@ -527,7 +438,12 @@ def check_inputs(runs):
 
 
 def setup(args, domain=None):
-    """-> (domain, train tasks, policy); bad input was refused before (check_inputs)."""
+    """The run folder and its config.json, then -> (domain, train tasks, policy); bad input was refused before
+    (check_inputs)."""
+    os.makedirs(args.out, exist_ok=True)
+    write_json(os.path.join(args.out, "config.json"), vars(args))
+    print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
+    print(json.dumps(vars(args), indent=None))
     domain = domain or domains.get(args.domain, args)
     train = domains.seeded_sample(domain.load("train"), args.train_limit)
     if args.threads:
@@ -535,66 +451,46 @@ def setup(args, domain=None):
     return domain, train, load_policy(args)
 
 
-def run(args, donors=(), domain=None):
-    """One method's run: plan the budgets, then phase after phase, each followed by a test evaluation.
-    `donors` are the folders of the other runs of this command, whose finished weight phases and evaluations
-    this run reuses where they are exactly its own. domain: the one check_inputs loaded, else loaded here."""
-    os.makedirs(args.out, exist_ok=True)
-    write_json(os.path.join(args.out, "config.json"), vars(args))
-    print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
-    print(json.dumps(vars(args), indent=None))
-    domain, train, policy = setup(args, domain)
-    steps, iterations = budgets(args, len(train))
-    state = load_state(args.out)
-    repair_run_folder(args, policy, domain, state, donors)
-    trainer = rft.RSFT(args, policy, domain, os.path.join(args.out, "weights"), train=train,
-                       run_dir=args.out) if steps else None
-    harness = resolved_path(state["harness"], args.out) or os.path.abspath(args.harness)
-    step_count = lambda: trainer.step_count if trainer else 0
-    iterations_done = lambda: sum(state["archive_iterations"].values())
-    rollouts = lambda: (trainer.rollouts if trainer else 0) + sum(state["harness_rollouts"].values())
-    if not any(r.get("event") == "start" for r in read_rows(args.out)):
-        append_jsonl(os.path.join(args.out, "metrics.jsonl"), {"event": "start", "weight_steps": steps,
-                                                               "harness_iterations": iterations, "time": time.time()})
-    stats = evaluate_test(args, policy, domain, harness, "phase_0", weights_id(trainer), donors)
-    log_eval_once(args.out, {"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats})
-
-    while kind := state["running"] or next_phase(args.method, (state["kinds"] or [None])[-1], steps - step_count(),
-                                                 iterations - iterations_done()):
-        if state["running"] is None:  # a new phase: remember it, so a resumed run finishes this one first
-            state.update(running=kind, phase_start_step=step_count())
-            save_state(args.out, state)
-        i, t0 = state["phase"] + 1, time.time()
-        if kind == "weight":
-            trainer = run_weight_phase(args, trainer, harness, state, steps, len(train), donors)
-            detail = {"steps": trainer.step_count - state["phase_start_step"], "epoch": trainer.epoch_progress}
-        else:
-            harness, detail = run_harness_phase(args, policy, domain, harness, state, iterations - iterations_done(),
-                                                weights_id(trainer), donors)
-        state.update(phase=i, kinds=state["kinds"] + [kind], running=None, phase_start_step=None,
-                     harness=stored_path(harness, args.out))
-        stats = evaluate_test(args, policy, domain, harness, f"phase_{i}", weights_id(trainer), donors)
-        log_eval_once(args.out, {"event": "eval", "phase": i, "kind": kind, "step": step_count(),
-                                 "rollouts": rollouts(), "seconds": time.time() - t0, **detail, **stats})
-        save_state(args.out, state)
-        print(f"phase {i} {kind}: test mean@{args.k} = {stats['mean_at_k']:.4f}, RSFT steps {step_count()}/{steps}, "
-              f"harness iterations {iterations_done()}/{iterations}, rollouts {rollouts()}")
-
-    write_summary(args, read_rows(args.out), harness, step_count(), iterations_done())
-
-
-def write_summary(args, rows, harness, steps, iterations):
-    evals = [r for r in rows if r.get("event") == "eval"]
-    best = max(evals, key=lambda r: (r["mean_at_k"], -r["rollouts"]))
-    summary = {"domain": args.domain, "method": method_name(args), "preset": args.preset, "model": args.model,
-               "k": args.k, "best_mean_at_k": best["mean_at_k"], "rollouts_to_best": best["rollouts"],
-               "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
-               "total_rollouts": evals[-1]["rollouts"], "phases": len(evals) - 1, "rsft_steps": steps,
-               "harness_iterations": iterations, "final_harness": stored_path(harness, args.out),
-               "test_tasks": evals[-1]["test_tasks"]}
-    write_json(os.path.join(args.out, "summary.json"), summary)
-    print(f"best mean@{args.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} rollouts; "
-          f"final {summary['final_mean_at_k']:.4f}")
+def repair_run_folder(args, policy, domain, state, donors):
+    """Rebuild, exactly, what check_run_folder found lost or damaged and rebuildable, before the run goes on: a
+    seed harness copy, an archive's index (summary.jsonl, frontier.json), weights/metrics.jsonl (the checkpoint's
+    history), and test evaluations (rerun from the same weights, harness and seeds, they give the same scores)."""
+    out = args.out
+    lost = lost_evaluations(out, state)
+    for i in lost:
+        for name in (f"phase_{i}.json", f"phase_{i}.traces.jsonl"):
+            Path(out, "evals", name).unlink(missing_ok=True)
+    if not os.path.exists(os.path.join(out, "state.json")):
+        return  # no phase started: phase 0 is evaluated first, as in a fresh run
+    sources = [os.path.abspath(args.harness)] + sorted(str(p) for run_dir in [out, *donors]
+                                                       for p in Path(run_dir).glob("harness_w*/candidates/*/harness.py"))
+    for seed in sorted(lost_seeds(out, state)):
+        meta_harness.restore_seed(Path(seed).parent.parent.parent, sources, start_over(out))
+    running = f"harness_w{state['kinds'].count('weight')}" if state["running"] == "harness" else None
+    for name, iterations in state["archive_iterations"].items():
+        if name != running:  # a running search rebuilds its own index as it resumes
+            meta_harness.rebuild_index(Path(out, name), iterations)
+    ckpt = Path(out, "weights", "ckpt")
+    if ckpt.exists():
+        history = read_json(ckpt / "state.json")["history"]
+        try:
+            same = read_jsonl(ckpt.parent / "metrics.jsonl") == history
+        except ValueError:  # a cut line
+            same = False
+        if not same:
+            write_jsonl(ckpt.parent / "metrics.jsonl", history)
+            print(f"{ckpt.parent / 'metrics.jsonl'}: rebuilt from the checkpoint's history")
+    rows = phase_rows(out, state)
+    redo = [(i, *evaluation_inputs(out, state, rows, i, args)) for i in lost if i <= state["phase"]]
+    for i, weights, adapter, harness in sorted(redo, key=lambda r: r[2] is not None):  # an engine: base first
+        print(f"evals/phase_{i}: lost or damaged, evaluated again (the same weights, harness and seeds)")
+        if adapter is not None:
+            policy.load_adapter(adapter)
+            policy.model.eval()
+            policy.serve_adapter(adapter)
+        evaluate_test(args, policy, domain, harness, f"phase_{i}", weights, donors)
+        if adapter is not None:
+            policy.drop_adapter()  # the trainer loads the checkpoint onto the base model
 
 
 if __name__ == "__main__":

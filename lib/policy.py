@@ -21,8 +21,8 @@ from lib.hf_backend import HFBackend
 from lib.models import load_model
 
 
-def add_backend_args(p):
-    # policy backend
+def add_backend_args(parser):
+    p = parser.add_argument_group("policy backend (the engine that samples the model)")
     p.add_argument("--backend", default="hf", choices=("hf", "vllm", "openai"),
                    help="hf: transformers in process; vllm: colocated vLLM engine; openai: a remote server")
     p.add_argument("--gpu-memory", type=unit_interval, default=0.45,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lib.sandbox import kill as kill_sandbox, python, start_one_process
 
-WORKER_PY = str(Path(__file__).resolve().with_name("worker.py"))
+WORKER_PY = str(Path(__file__).resolve().with_name("harness_process.py"))
 WORKER_MEMORY_SHARE = 0.25  # of the machine's RAM: one budget for all concurrent harness workers together
 WORKER_MEMORY_MAX = 2 << 30  # per worker, however few run at once
 

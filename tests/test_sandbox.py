@@ -196,7 +196,7 @@ def test_harness_sees_no_project_data_process_or_network_with_its_audit_hook_off
     # of the project folder, only the worker's own file is there (and the venv's packages when the venv is in it)
     venv = Path(sys.prefix).resolve()
     assert eval(files["project"]) == sorted(["lib"] + ([venv.name] if venv.parent == REPO.resolve() else []))
-    assert eval(files["project_lib"]) == ["worker.py"]
+    assert eval(files["project_lib"]) == ["harness_process.py"]
     assert not (REPO / "harnesses" / "evil.py").exists()
     assert hidden["tools_secret"].startswith("error AttributeError") and hidden["memory_scan"] == "[]"
     for name in ("fork", "posix_spawn", "subprocess"):

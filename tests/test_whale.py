@@ -16,6 +16,7 @@ import meta_harness
 import rft
 import whale
 from lib.ops import reuse
+from lib.ops.runstate import RunState
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -314,8 +315,8 @@ def test_a_run_interrupted_anywhere_resumes_to_the_same_result(tmp_path, fake, m
     points = [(whale.meta_harness, "search", 1, False),  # phase 2's search done, its winner not recorded
               (whale.rft.RSFT, "step", 1, False),  # mid weight phase 3, its first step checkpointed
               (reuse, "snapshot_weights", 1, True),  # phase 3: its last RSFT step checkpointed, state not saved
-              (whale, "log_eval_once", 2, False),  # phase 3 evaluated and logged, state not saved
-              (whale, "save_state", 1, False)]  # phase 3 saved, no summary yet
+              (RunState, "log_eval", 2, False),  # phase 3 evaluated and logged, state not saved
+              (RunState, "save", 1, False)]  # phase 3 saved, no summary yet
     for owner, name, call, before in points:
         with monkeypatch.context() as m:
             interrupt(m, owner, name, call, before)
@@ -415,7 +416,7 @@ def test_weights_that_no_rsft_step_updated_count_as_the_base_model(tmp_path):
     # every step accepted nothing: the fresh adapter (B = 0) is the base model, so its evaluations are shared
     trainer = types.SimpleNamespace(out_dir=tmp_path, history=[{"skipped": True}, {"skipped": True}])
     weights_id = rft.RSFT.weights_id.fget
-    assert whale.weights_id(None) == weights_id(trainer) == "base"
+    assert weights_id(trainer) == "base"
     trainer.history.append({"skipped": False})
     assert weights_id(trainer).startswith("adapter ")
 

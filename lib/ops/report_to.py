@@ -27,7 +27,8 @@ TEST_FIELDS = ("mean_at_k", "step", "rollouts", "harness_score", "iterations", "
 AXES = {"rsft": "rsft/step", "harness": "harness/step", "test": "test/phase"}  # each family's x axis
 
 
-def add_args(p):
+def add_args(parser):
+    p = parser.add_argument_group("live metrics")
     p.add_argument("--report-to", default=None, choices=sorted(PACKAGES),
                    help="also send the metrics live: wandb (WANDB_PROJECT, default whale; WANDB_MODE) or tensorboard "
                         "(<out>/tensorboard/); default: the run folder's files only")

@@ -130,3 +130,21 @@ def copy_evaluation(key, run_dirs, path, label):
                 print(f"{label}: the same as {other}, copied")
                 return saved["stats"]
     return None
+
+
+def adopt_steps(trainer, harness, settings, donors, phase_over, start, run_dir):
+    """The trainer, moved on to a donor's snapshot where a donor run made exactly this phase's next steps
+    (find_snapshot), else as it is."""
+    snapshot = find_snapshot(trainer.history, harness, settings, donors, phase_over, start, run_dir=run_dir)
+    if snapshot is None:
+        return trainer
+    done = trainer.step_count
+    trainer = trainer.adopt(snapshot)
+    print(f"weights: RSFT steps {done + 1}-{trainer.step_count} taken from {snapshot}")
+    return trainer
+
+
+def search_key(args, weights, harness):
+    """What makes two harness searches the same: the weights, the seed harness's content and the settings."""
+    return {"weights": weights, "seed": file_sha(harness), "prompt_only": args.prompt_only,
+            "settings": result_settings(args)}

@@ -4,9 +4,10 @@ or missing file is one line naming it and the fix, or rebuilt exactly (whale.rep
 restart or a summary with phases missing. A rerun keeps the settings the folder was started with."""
 import json
 import os
+import time
 from pathlib import Path
 
-from lib.files import read_json, read_jsonl, resolved_path, write_json
+from lib.files import append_jsonl, read_json, read_jsonl, resolved_path, stored_path, write_json
 from lib.ops.reuse import adapter_id
 from lib.ops.run_checks import (check_archive, check_checkpoint, check_checkpoint_files, check_checkpoint_model,
                            check_run_files, check_same_model, damaged, json_object, start_over,
@@ -184,3 +185,87 @@ def check_same_settings(args):
 
 def read_rows(out):
     return read_jsonl(os.path.join(out, "metrics.jsonl"), fix="a run killed while writing it? delete that line and rerun")
+
+
+class RunState:
+    """One run's progress, kept so that a killed run resumes where it stopped: state.json (the phases finished,
+    the one under way, each harness archive's rounds, rollouts and weights), the rows of metrics.jsonl, and the
+    counters whale's loop reads (RSFT steps, proposer rounds, rollouts). Entering a phase is saved before its
+    work, so a resumed run finishes that phase first; leaving it is saved after its evaluation is logged."""
+
+    def __init__(self, args, steps, rounds):
+        self.out, self.steps, self.rounds = args.out, steps, rounds
+        self.saved = load_state(args.out)
+        self.trainer = None  # the RSFT trainer, for the step and rollout counters (None: a run without steps)
+        self.started = None
+
+    # the counters
+    def step(self):
+        return self.trainer.step_count if self.trainer else 0
+
+    def rounds_done(self):
+        return sum(self.saved["archive_iterations"].values())
+
+    def rollouts(self):
+        """Training rollouts plus harness scoring; test evaluation is not counted."""
+        return (self.trainer.rollouts if self.trainer else 0) + sum(self.saved["harness_rollouts"].values())
+
+    def weights(self):
+        """The current weights' id: "base" until an RSFT step updates the adapter."""
+        return self.trainer.weights_id if self.trainer else "base"
+
+    def harness(self, h0):
+        """The harness the run goes on with: the last harness phase's winner, else h0."""
+        return resolved_path(self.saved["harness"], self.out) or os.path.abspath(h0)
+
+    def last_kind(self):
+        return (self.saved["kinds"] or [None])[-1]
+
+    def phase_start_step(self):
+        return self.saved["phase_start_step"]
+
+    # the phases
+    def log_start(self):
+        if not any(r.get("event") == "start" for r in read_rows(self.out)):
+            append_jsonl(os.path.join(self.out, "metrics.jsonl"), {"event": "start", "weight_steps": self.steps,
+                                                                   "harness_iterations": self.rounds,
+                                                                   "time": time.time()})
+
+    def enter(self, kind):
+        """A new phase is remembered before its work starts, so a resumed run finishes it first."""
+        if self.saved["running"] is None:
+            self.saved.update(running=kind, phase_start_step=self.step())
+            self.save()
+        self.started = time.time()
+
+    def leave(self, kind, harness):
+        """The phase is over (saved once its evaluation is logged): -> its number."""
+        i = self.saved["phase"] + 1
+        self.saved.update(phase=i, kinds=self.saved["kinds"] + [kind], running=None, phase_start_step=None,
+                          harness=stored_path(harness, self.out))
+        return i
+
+    def log_eval(self, row):
+        """A run killed between logging and saving its state logs the same evaluation again on resume: skip it."""
+        if not any(r.get("event") == "eval" and r["phase"] == row["phase"] for r in read_rows(self.out)):
+            append_jsonl(os.path.join(self.out, "metrics.jsonl"), row)
+
+    def save(self):
+        save_state(self.out, self.saved)
+
+    # the harness archives
+    def archive_for(self, weights):
+        """-> (the archive a harness phase searches in, the rounds it already holds): the last one if the weights
+        have not changed since it ran (whatever the method: no search is repeated or charged twice), else a new
+        one, harness_w<weight phases>."""
+        last = list(self.saved["archive_weights"])[-1:]
+        if last and self.saved["archive_weights"][last[0]] == weights:
+            name = last[0]
+        else:
+            name = f"harness_w{self.saved['kinds'].count('weight')}"
+        return name, self.saved["archive_iterations"].get(name, 0)
+
+    def record_search(self, name, weights, result):
+        self.saved["archive_weights"][name] = weights
+        self.saved["archive_iterations"][name] = result["iterations"]
+        self.saved["harness_rollouts"][name] = result["rollouts"]
