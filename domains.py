@@ -14,7 +14,7 @@ seeded sample of 256 training tasks, the set every harness candidate is scored o
 overlaps the training set; only the paper's chess has a harness split of its own, disjoint from train and test).
 Every limit (--train-limit, --test-limit, --harness-tasks, rollout.py --limit, `show -n`) is seeded_sample:
 a seeded sample keeping each `source`'s share, never the first N.
-The rewards are the official verifiers (PROTOCOL.md section 4):
+The rewards are the official verifiers (docs/protocol.md section 4):
 - searchqa: BM25 (bm25s) over a synthetic encyclopedia, split by entity (`source` "synthetic"); reward = exact
   match after normalisation (lower case, punctuation and the articles a/an/the removed, white space folded)
   with any gold answer, or with --judge-url the official LLM judge's verdict (lib/judge.py).

@@ -37,7 +37,7 @@ METHODS = ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slo
 # harnesses as WHALE does, so the difference is what the weight phases add; stagewise-hw (all harness rounds,
 # then all weight steps) has WHALE's budgets in a harness-first order, so the difference is what alternation adds
 BASELINES = ("harness-only", "stagewise-hw")
-# mean@8 %, SearchQA / Math / Chess (DESIGN.md section 2)
+# mean@8 %, SearchQA / Math / Chess (docs/design.md section 2)
 PAPER = {
     "harness-only": (38.29, 0.42, 19.82),
     "weight-only": (38.27, 15.42, 22.17),

@@ -15,7 +15,7 @@ episode is waiting (or the rest are busy for a while) it samples them all in ONE
 call. It records the exact prompt and completion token ids of every call, and cuts the reply text after
 the first stop string. Each call's token cap is the harness's and --max-new-tokens, cut to what is left of
 the episode's assistant-token budget (--episode-tokens) and of the model length; once nothing is left, the
-reply is empty (PROTOCOL §2). When an episode ends (done, error, its deadline, a forged request: reward 0,
+reply is empty (docs/protocol.md section 2). When an episode ends (done, error, its deadline, a forged request: reward 0,
 error in the trace) its sandbox is killed with every process and thread in it, and a fresh one starts in its
 place: every episode gets a fresh interpreter (started ones wait in a pool across calls, so an episode rarely waits).
 Seeds: each call's sampling seed and the harness's `random` seed come from (--seed, the episode's index,
@@ -403,7 +403,7 @@ class Runner:
 def run_episodes(domain, harness_path, tasks, backend, *, samples=1, temperature=1.0, top_k=20, max_new_tokens=256,
                  deadline_s=120.0, workers=None, seed=0, traces_path=None, desc="episodes", thinking="auto",
                  episode_tokens=None, max_prompt_tokens=None, max_model_len=None):
-    """Run the harness on every (task, sample); -> episode dicts, task-major (see INTERFACES.md)."""
+    """Run the harness on every (task, sample); -> episode dicts, task-major (docs/design.md section 4)."""
     episodes = [Episode(i * samples + s, t, s, domain.public(t)) for i, t in enumerate(tasks)
                 for s in range(samples)]
     runner = Runner(domain, harness_path, backend, temperature=temperature, top_k=top_k,

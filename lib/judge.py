@@ -6,7 +6,7 @@
 As the official judge (krafton-ai/WHALE, llm_judge.py): one user message, temperature 0, at most 256 completion
 tokens, 3 attempts with a backoff of 1 s then 2 s, a reply whose first word is neither CORRECT nor INCORRECT
 counts as a failed attempt, and when every attempt fails the caller's exact match decides. The prompt below
-is written from that judge's rules (PROTOCOL.md section 4), not copied. Each verdict is kept per
+is written from that judge's rules (docs/protocol.md section 4), not copied. Each verdict is kept per
 (question, answer) in memory and, with cache_path, in a JSON Lines file, so a resumed run asks nothing twice;
 a fallback is not kept, so the judge is asked again next time.
 """

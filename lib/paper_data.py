@@ -36,7 +36,7 @@ SEARCHQA_TEST = "RUC-NLPIR/FlashRAG_datasets"
 SEARCHQA_TEST_SETS = ("nq:test", "triviaqa:test", "popqa:test", "hotpotqa:dev", "2wikimultihopqa:dev",
                       "musique:dev", "bamboogle:test")
 SEARCHQA_TEST_PER_SET = 100
-SEARCHQA_TRAIN_SIZE = 18_946  # the docs' D_weight (docs/data.md); the hub set holds 169,615
+SEARCHQA_TRAIN_SIZE = 18_946  # the official docs' D_weight (krafton-ai/WHALE docs/data.md; docs/protocol.md section 1); the hub set holds 169,615
 MATH_TRAIN = "BytedTsinghua-SIA/DAPO-Math-17k"
 MATH_TEST = ("Maxwell-Jia/AIME_2024:train", "yentinglin/aime_2025:train")
 CHESS_PUZZLES = "Lichess/chess-puzzles"

@@ -1,7 +1,7 @@
 """
 The RSFT update's speed: rft.sft_update against a bare HF forward/backward loop on the same minibatches and
 adapter, best of --repeats, interleaved. Prints tokens/s of both and "ratio = X" (1.0: the update costs no more
-than the bare loop; the README quotes the measured ratios).
+than the bare loop; docs/cpu-run/README.md quotes the measured ratios).
 
     python scripts/bench_rft.py --model smoke
     python scripts/bench_rft.py --model cpu --minibatch 2

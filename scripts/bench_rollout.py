@@ -4,7 +4,7 @@ The episode runner's speed: (1) hf's shared prefill against a prefill per row, G
 the same prompts and lengths, each episode's fresh sandboxed interpreter charged to the runner. Both alternate
 their two sides for --rounds rounds, so a shared machine's changing load hits both alike. Prints
 "prefix speedup = X" (hf only: vllm and openai servers share prefixes on their own) and "ratio = X" (runner
-tokens/s over direct tokens/s; 1.0: the runner costs nothing; the README quotes the measured figures).
+tokens/s over direct tokens/s; 1.0: the runner costs nothing; docs/cpu-run/README.md quotes the measured figures).
 
     python scripts/bench_rollout.py --model smoke
     python scripts/bench_rollout.py --model cpu

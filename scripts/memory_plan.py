@@ -1,7 +1,7 @@
-"""The GPU plan of the gpu and paper presets: memory per card and hours per run, the README's tables.
+"""The GPU plan of the gpu and paper presets: memory per card and hours per run, the tables of docs/gpu.md.
 
     python scripts/memory_plan.py                # every table
-    python scripts/memory_plan.py --markdown     # the same, as markdown (README "The paper and gpu presets")
+    python scripts/memory_plan.py --markdown     # the same, as markdown (docs/gpu.md)
 
 Memory and time come from lib/ops/time_model.py (model configs, stated token lengths, bandwidth and FLOP rates);
 each run's phases, steps, rounds and test size from whale.py's own plan, exactly what
@@ -137,7 +137,7 @@ def shared_hours(card_gb=80):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--markdown", action="store_true", help="markdown tables (for the README)")
+    p.add_argument("--markdown", action="store_true", help="markdown tables (for docs/gpu.md)")
     args = p.parse_args()
     md = args.markdown
 

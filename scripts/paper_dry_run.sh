@@ -5,7 +5,7 @@
 #
 #     bash scripts/paper_dry_run.sh        # KEEP=1 keeps the folder (fixtures, model, run folders, logs)
 #
-# Stand-ins (scripts/paper_dry_run.py): fixtures in the official schemas (PROTOCOL.md 1) as local files; a tiny
+# Stand-ins (scripts/paper_dry_run.py): fixtures in the official schemas (docs/protocol.md section 1) as local files; a tiny
 # random Qwen3.5 (hybrid Gated DeltaNet layers, the hub checkpoint layout, a chat template in Qwen3.5's format),
 # taught the h0s' tool-call and answer formats (about a minute, once: cached) so that RSFT accepts episodes; a
 # local retrieval server with Search-R1's request and response; a `command` proposer that edits the system

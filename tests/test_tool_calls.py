@@ -1,4 +1,4 @@
-"""Native tool calls and the generation rules of PROTOCOL section 2 through the real runner: a chat template in
+"""Native tool calls and the generation rules of docs/protocol.md section 2 through the real runner: a chat template in
 Qwen3.5's format (tools rendered in the system turn, XML tool calls, tool results as <tool_response> user turns,
 enable_thinking opening a <think> block), the paper h0s (harnesses/paper/), the episode's token budget, the prompt
 limit and the model length, and the paper preset's settings.

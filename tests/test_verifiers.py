@@ -1,4 +1,4 @@
-"""The official protocol's data limits and verifiers (PROTOCOL.md sections 1 and 4) on small cases: seeded
+"""The official protocol's data limits and verifiers (docs/protocol.md sections 1 and 4) on small cases: seeded
 stratified limits, SearchQA's sources, and the LLM judge against a local stand-in of an OpenAI-compatible server.
 (The math and chess verifier cases are in test_domains.py, the hub data rules in test_gpu_path.py.)"""
 import argparse

@@ -49,7 +49,7 @@ def test_every_method_gets_the_same_budgets_in_its_own_order():
 
 
 def test_the_paper_plan_is_the_official_schedule(capsys):
-    """PROTOCOL.md 6: 74 / 70 / 64 steps an epoch, 4 / 6 / 4 epochs, E = 0.6 epoch, I = 6 = re-score + 5 rounds,
+    """docs/protocol.md section 6: 74 / 70 / 64 steps an epoch, 4 / 6 / 4 epochs, E = 0.6 epoch, I = 6 = re-score + 5 rounds,
     harness-only 40 / 60 / 40 rounds."""
     expect = {"searchqa": ([44] * 6 + [32], 6, 40), "math": ([42] * 10, 9, 60), "chess": ([38] * 6 + [28], 6, 40)}
     for domain, (weight, harness_phases, harness_only) in expect.items():

@@ -1,6 +1,6 @@
 """The GPU plan of the Qwen3.5 runs (paper and gpu presets): memory per phase and hours per run on one card,
 from the model configs and stated token lengths. No GPU, model or dataset is needed: whale.py --plan and
-scripts/memory_plan.py (the README tables) call in here; nothing here imports a top-level script.
+scripts/memory_plan.py (the tables of docs/gpu.md) call in here; nothing here imports a top-level script.
 
     mem = memory("Qwen3.5-2B", 80, retriever="gpu", gpu_memory=0.45, context=8192, completion=1024)
     counts = run_counts(whale.fixed_phases(args, n_train), batch=64, group=8, candidates=3, harness_tasks=128,
@@ -67,7 +67,7 @@ CARD_RETRIEVER = {24: "cpu", 48: "cpu", 80: "gpu"}  # where the index goes on ea
 #   one 150-word passage. math: the first call thinks to the cap, a code block in about half of them.
 #   chess: a 650-token position (FEN, board, 30-40 legal moves in UCI and SAN), 1-2 solver moves and the
 #   wrong-move stop; the 4B thinks to the cap on most calls.
-# THINKING: the official episode (PROTOCOL.md 2): 8,192 assistant tokens an episode (chess 8,129), no
+# THINKING: the official episode (docs/protocol.md section 2): 8,192 assistant tokens an episode (chess 8,129), no
 #   per-call cap but what is left of it; AIME-level math spends most of it, searchqa and chess less.
 CAPPED = {
     "searchqa": dict(prompt=160, calls=1.8, gen=650, longest=500, tool=220, accept=0.35, searches=0.9, tool_s=0.0),
@@ -97,7 +97,7 @@ MAX_NUM_SEQS = 256    # vLLM's default cap on sequences in a batch
 SYNC_S = 20           # per RSFT step: engine sleep + wake (weights over PCIe), adapter save + load, the canary
 START_S = 180         # per process: trainer model load, vLLM start (profiling, CUDA graphs), data, worker pool
 PROPOSER_S = 600      # per proposer round: one Claude Code session writing M candidates with file tools, no
-                      # shell (PROTOCOL.md 7: the paper's timeout is 2,400 s with --effort max; ours: 10 min)
+                      # shell (docs/protocol.md section 7: the paper's timeout is 2,400 s with --effort max; ours: 10 min)
 NO_FLA_SFT_FACTOR = 3.0  # SFT time without fla-core: transformers' torch path for the chunked gated delta rule
                          # (a Python loop over 64-token chunks in fp32) in 3 of every 4 layers
 
