@@ -51,7 +51,7 @@ from lib.archive import candidate_rows, proposer_costs
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors, positive_float,
                      positive_int, seed_int)
 from lib.contract import check_harness_fits, normalized, static_check
-from lib.files import read_json, read_jsonl, write_json, write_jsonl  # read_json, write_json: also whale's, through here
+from lib.files import read_json, read_jsonl, write_json, write_jsonl
 from lib.models import check_model
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
@@ -178,7 +178,7 @@ def index_of(run_dir, iterations):
 # -----------------------------------------------------------------------------
 # validation (before any rollout: the harness contract of lib/contract.py, then one smoke episode) and scoring
 
-def validate(cand_dir, rows, backend, domain, tasks, args, policy_kw):
+def validate(cand_dir, rows, backend, domain, tasks, args, policy_kw, run_episodes):
     """Static checks, duplicate check, then one smoke episode; writes valid/reason into meta.json."""
     meta = read_json(cand_dir / "meta.json")
     path = cand_dir / "harness.py"
@@ -198,8 +198,8 @@ def validate(cand_dir, rows, backend, domain, tasks, args, policy_kw):
         reason = "too deeply nested: checking the code exceeded Python's recursion limit"
     if reason is None:
         try:
-            ep = rollout.run_episodes(domain, str(path), tasks[:1], backend, samples=1,
-                                      desc=f"smoke {cand_dir.name}", **policy_kw)[0]
+            ep = run_episodes(domain, str(path), tasks[:1], backend, samples=1,
+                              desc=f"smoke {cand_dir.name}", **policy_kw)[0]
             meta["smoke_rollouts"] = 1
             error = ep.get("error")
         except ValueError as e:  # the runner's own harness checks
@@ -210,11 +210,11 @@ def validate(cand_dir, rows, backend, domain, tasks, args, policy_kw):
     return meta
 
 
-def score(cand_dir, backend, domain, tasks, args, policy_kw):
+def score(cand_dir, backend, domain, tasks, args, policy_kw, evaluate):
     traces = cand_dir / "traces.jsonl"
     traces.unlink(missing_ok=True)  # a scoring run killed midway starts over
-    stats = rollout.evaluate(domain, str(cand_dir / "harness.py"), tasks, backend, k=args.harness_samples,
-                             traces_path=str(traces), desc=f"score {cand_dir.name}", **policy_kw)
+    stats = evaluate(domain, str(cand_dir / "harness.py"), tasks, backend, k=args.harness_samples,
+                     traces_path=str(traces), desc=f"score {cand_dir.name}", **policy_kw)
     scores = {"score": stats["mean_at_k"], "mean_turns": stats["mean_turns"], "tokens": stats["tokens"],
               "rollouts": stats["rollouts"], "errors": stats["errors"], "seconds": round(stats["seconds"], 2),
               "tasks": len(tasks), "samples": args.harness_samples}
@@ -311,22 +311,26 @@ def check_proposer(args):
         sandbox.check()  # these proposers run only inside it (or with the documented opt-out)
 
 
-def judge(run_dir, name, backend, domain, tasks, args, policy_kw):
-    """Validate a proposed candidate (once), then score it when valid (once)."""
+def judge(run_dir, name, backend, domain, tasks, args, policy_kw, run_episodes, evaluate):
+    """Validate a proposed candidate (once, by a smoke episode of run_episodes), then score it when valid
+    (once, by evaluate)."""
     d = run_dir / "candidates" / name
     meta = read_json(d / "meta.json")
     if meta["valid"] is None:
-        meta = validate(d, candidate_rows(run_dir), backend, domain, tasks, args, policy_kw)
+        meta = validate(d, candidate_rows(run_dir), backend, domain, tasks, args, policy_kw, run_episodes)
     if meta["valid"] and not (d / "scores.json").exists():
-        s = score(d, backend, domain, tasks, args, policy_kw)
+        s = score(d, backend, domain, tasks, args, policy_kw, evaluate)
         print(f"  {name}: score {s['score']:.4f}, mean turns {s['mean_turns']:.2f}  ({meta['changed']})")
     elif not meta["valid"]:
         print(f"  {name}: rejected, {meta['reason']}")
 
 
-def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=None, seed_name="h0"):
+def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=None, seed_name="h0",
+           run_episodes=None, evaluate=None):
     """Meta-Harness under fixed weights. stop(best_series) -> bool ends the search early (see
-    should_stop_harness_phase); `iterations` caps it (default args.iterations)."""
+    should_stop_harness_phase); `iterations` caps it (default args.iterations). run_episodes and evaluate
+    (default: rollout's) run a candidate's smoke episode and score it: a test passes its own."""
+    run_episodes, evaluate = run_episodes or rollout.run_episodes, evaluate or rollout.evaluate
     check_proposer(args)
     iterations = args.iterations if iterations is None else iterations
     run_dir = Path(run_dir)
@@ -339,14 +343,14 @@ def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=N
     check_setup(run_dir, domain, tasks, args, kw)
     add_seed(run_dir, seed_harness, seed_name)
     if not (run_dir / "candidates" / seed_name / "scores.json").exists():
-        score(run_dir / "candidates" / seed_name, backend, domain, tasks, args, kw)
+        score(run_dir / "candidates" / seed_name, backend, domain, tasks, args, kw, evaluate)
     rows, frontier = write_index(run_dir, 0)
     done = failures = 0
     for it in range(1, iterations + 1):
         names = [f"h{it}_{j}" for j in range(1, M + 1)]
         failures = propose_iteration(run_dir, names, rows, it, domain, args, failures)  # propose
         for name in names:
-            judge(run_dir, name, backend, domain, tasks, args, kw)  # validate, score
+            judge(run_dir, name, backend, domain, tasks, args, kw, run_episodes, evaluate)  # validate, score
         rows, frontier = write_index(run_dir, it)  # accept: the archive best
         done = it
         print(f"iteration {it}: best {frontier['best']} = {frontier['score']:.4f}, series {frontier['best_series']}")

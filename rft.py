@@ -172,9 +172,10 @@ def check_batch(batch, n_train, domain_name):
 class RSFT:
     """trainer = RSFT(args, policy, domain, out_dir); row = trainer.step(harness_path). Resumes from out_dir/ckpt."""
 
-    def __init__(self, args, policy, domain, out_dir, train=None, run_dir=None):
+    def __init__(self, args, policy, domain, out_dir, train=None, run_dir=None, run_episodes=None):
         self.args, self.policy, self.domain, self.out_dir = args, policy, domain, Path(out_dir)
         self.run_dir = Path(run_dir or out_dir)  # the history's harness paths inside it are stored relative to it
+        self.run_episodes = run_episodes or rollout.run_episodes  # the episode runner (a test passes its own)
         self.train = train if train is not None else domain.load("train")
         if args.group < 1:
             raise ValueError(f"--group {args.group}: G must be >= 1 rollout per prompt")
@@ -262,7 +263,7 @@ class RSFT:
 
     def sample(self, tasks, harness_path):
         """G episodes per task under the harness, each seeded by (seed, step), so a resumed step samples the same."""
-        return rollout.run_episodes(
+        return self.run_episodes(
             self.domain, str(harness_path), tasks, self.policy, samples=self.args.group,
             **rollout.sampling_kwargs(self.args), seed=self.args.seed * 1_000_003 + self.step_count,
             desc=f"rft step {self.step_count + 1} rollouts")

@@ -111,7 +111,7 @@ def example_turns(question, passage, answer):
 
 
 def ask(llm, messages):
-    # stop= only when set: the runner's llm() takes it once stop sequences land
+    # stop= only when STOP is set, so h0's requests carry no stop sequence at all
     return llm(messages, max_tokens=MAX_TOKENS, **({"stop": STOP} if STOP else {}))
 
 

@@ -65,7 +65,7 @@ class FakeRollout:
 
 def search(work, monkeypatch, iterations, candidates=2, fake=None, **over):
     """Meta-Harness with mutate in work/run; -> (result, the proposals' summary rows, the archive folder)"""
-    monkeypatch.setattr(mh, "rollout", fake or FakeRollout())
+    fake = fake or FakeRollout()
     work.mkdir(parents=True, exist_ok=True)
     seed = work / "seed.py"
     seed.write_text(SEED)
@@ -75,7 +75,8 @@ def search(work, monkeypatch, iterations, candidates=2, fake=None, **over):
     vars(args).update(candidates=candidates, temperature=1.0, top_k=20, max_new_tokens=8, deadline=30.0,
                       workers=None, seed=0)
     vars(args).update(over)
-    result = mh.search(None, FakeDomain(), str(seed), work / "run", args, iterations=iterations)
+    result = mh.search(None, FakeDomain(), str(seed), work / "run", args, iterations=iterations,
+                       run_episodes=fake.run_episodes, evaluate=fake.evaluate)  # the seam: no module swapped
     proposals = [r for r in map(json.loads, open(work / "run" / "summary.jsonl")) if r["iteration"] > 0]
     return result, proposals, work / "run"
 
