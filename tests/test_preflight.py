@@ -166,7 +166,7 @@ def test_weight_only_needs_no_proposer_and_report_to_needs_its_package(monkeypat
     names = [name for name, _ in preflight.plan([run_args("--method", "weight-only", "--report-to", "wandb")])]
     assert "proposer (claude)" not in names and "report-to (wandb)" in names
     monkeypatch.delitem(sys.modules, "wandb", raising=False)
-    monkeypatch.setattr(preflight.reporting.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(preflight.report_to.importlib.util, "find_spec", lambda name: None)
     assert check(preflight.check_report, "wandb") == (False, "--report-to wandb needs the wandb package: pip install wandb")
 
 # -----------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from lib.ops import report_to
 from lib.models import CACHE
 
 GiB = 1024 ** 3
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10.0  # one network look-up or CLI call (the hub is asked again only while it answers)
 PROBE_QUERY = "who wrote the iliad"  # the one search the retriever check sends
 LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
