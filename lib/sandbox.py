@@ -152,10 +152,15 @@ def no_fork_filter():
 
 def start_one_process(argv, *, files=(), env=None, pass_fds=(), **popen_kw):
     """subprocess.Popen of argv in a fresh sandbox under the no-fork filter (one process, threads allowed):
-    how harness workers and the python tool start."""
+    how harness workers and the python tool start. Popen gets an empty environment (the command starts from
+    `env -i` anyway): with env=None, subprocess's vfork child execs with the process's global environ after
+    the GIL is released, and a thread that sets a variable meanwhile frees that array under it: execve fails
+    with EFAULT, "[Errno 14] Bad address: '/usr/bin/env'" (scripts/repro_worker_start.py). An explicit
+    environment is copied before the fork, into memory only this call owns."""
     fd = no_fork_filter()
     try:
-        return subprocess.Popen(wrap(argv, files=files, env=env, seccomp_fd=fd), pass_fds=(*pass_fds, fd), **popen_kw)
+        return subprocess.Popen(wrap(argv, files=files, env=env, seccomp_fd=fd), pass_fds=(*pass_fds, fd), env={},
+                                **popen_kw)
     finally:
         os.close(fd)
 
@@ -215,7 +220,7 @@ def check():
     fd = no_fork_filter()
     try:
         done = subprocess.run(wrap([python(), "-I", "-c", "print('ok')"], seccomp_fd=fd), capture_output=True,
-                              text=True, timeout=60, pass_fds=(fd,))
+                              text=True, timeout=60, pass_fds=(fd,), env={})  # env={}: see start_one_process
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SandboxError(unavailable(str(e))) from None
     finally:
