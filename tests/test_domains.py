@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import types
 
 import chess
@@ -211,11 +210,11 @@ def test_search_tool_limits():
     assert len(h.cut_words(wiki.search("q")[0], 300).split()) == 301  # 300 words and the " ..." mark
 
 
-def test_search_index_loads_fast():
+def test_search_index_is_built_once_per_process():
     domains.searchqa_index.cache_clear()
-    start = time.time()
-    domains.get("searchqa").tools({}).search("country capital", 3)
-    assert time.time() - start < 5
+    first = domains.get("searchqa").tools({})
+    assert 1 <= len(first.search("country capital", 3)) <= 3
+    assert domains.get("searchqa").tools({}).retriever is first.retriever  # each episode's tools share it
 
 # -----------------------------------------------------------------------------
 # Math
@@ -330,9 +329,8 @@ def child_pids():
     ("while True:\n    print('x' * 100000)", r"output cut at \d+ chars"),  # the file size limit stops it
 ])
 def test_python_tool_contains_bad_code(code, expected):
-    start = time.time()
     out = sandbox.run_python(code, timeout_s=3)
-    assert re.search(expected, out) and time.time() - start < 6
+    assert re.search(expected, out)
     assert sandbox.run_python("print(6 * 7)", timeout_s=3) == "42\n"  # the caller is unharmed
     assert child_pids() == []  # nothing left running, not even a zombie
 
