@@ -489,6 +489,7 @@ def main(argv=None):
         raise SystemExit(preflight.main(runs + [parse_args([*argv, "--domain", d])[0] for d in runs[0].check]))
     with one_line_errors("whale.py"):  # bad input, a damaged run folder, a refused engine: one line
         sandbox.apply_args(runs[0])
+        rollout.apply_args(runs[0])
         domain = check_inputs(runs)
         for args in runs:
             with reporting.watch(args):  # --report-to: the rows of its files, live
@@ -554,8 +555,10 @@ def run(args, donors=(), domain=None):
     if not any(r.get("event") == "start" for r in read_rows(args.out)):
         append_jsonl(os.path.join(args.out, "metrics.jsonl"), {"event": "start", "weight_steps": steps,
                                                                "harness_iterations": iterations, "time": time.time()})
+    rollout.BUDGET.start_phase("phase 0 (start)")
     stats = evaluate_test(args, policy, domain, harness, "phase_0", weights_id(trainer), donors)
-    log_eval_once(args.out, {"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats})
+    log_eval_once(args.out, {"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats,
+                             **rollout.BUDGET.counts()})
 
     while kind := state["running"] or next_phase(args.method, (state["kinds"] or [None])[-1], steps - step_count(),
                                                  iterations - iterations_done()):
@@ -563,6 +566,7 @@ def run(args, donors=(), domain=None):
             state.update(running=kind, phase_start_step=step_count())
             save_state(args.out, state)
         i, t0 = state["phase"] + 1, time.time()
+        rollout.BUDGET.start_phase(f"phase {i} ({kind})")  # its test evaluation included
         if kind == "weight":
             trainer = run_weight_phase(args, trainer, harness, state, steps, len(train), donors)
             detail = {"steps": trainer.step_count - state["phase_start_step"], "epoch": trainer.epoch_progress}
@@ -573,7 +577,8 @@ def run(args, donors=(), domain=None):
                      harness=stored_path(harness, args.out))
         stats = evaluate_test(args, policy, domain, harness, f"phase_{i}", weights_id(trainer), donors)
         log_eval_once(args.out, {"event": "eval", "phase": i, "kind": kind, "step": step_count(),
-                                 "rollouts": rollouts(), "seconds": time.time() - t0, **detail, **stats})
+                                 "rollouts": rollouts(), "seconds": time.time() - t0, **detail, **stats,
+                                 **rollout.BUDGET.counts()})
         save_state(args.out, state)
         print(f"phase {i} {kind}: test mean@{args.k} = {stats['mean_at_k']:.4f}, RSFT steps {step_count()}/{steps}, "
               f"harness iterations {iterations_done()}/{iterations}, rollouts {rollouts()}")

@@ -17,7 +17,9 @@ it cannot read. The fix (lib/sandbox.start_one_process): pass an explicit enviro
 copies into memory that only the starting call owns, before the fork. The sandbox starts every command from
 `env -i` anyway, so the child never saw the inherited environment.
 
-Prints one line: "N rounds, M starts, 0 failures" (exit 0), or the first failure and its round (exit 1).
+Prints one line: "N rounds, M starts, 0 failures, R retried" (exit 0), or the first failure and its round
+(exit 1). Measured on a 2-core machine, 16 threads: before the fix 5 runs of 5 failed, by round 7; after it
+5 runs of 300 rounds (24,000 starts) had no failure.
 """
 import argparse
 import os
@@ -71,7 +73,8 @@ def main():
             starts += args.threads
             bar.update(1)
     stop.set()
-    print(failure or f"{args.rounds} rounds, {starts} starts, 0 failures")
+    # a start that fails once is tried again (sandbox.start_one_process): the retries say whether that hid any
+    print(failure or f"{args.rounds} rounds, {starts} starts, 0 failures, {sandbox.start_retries} retried")
     return 1 if failure else 0
 
 

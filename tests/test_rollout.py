@@ -2,6 +2,7 @@
 
     python -m pytest -q tests/test_rollout.py
 """
+import errno
 import json
 import os
 import signal
@@ -13,8 +14,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import domains  # noqa: E402
 import rollout  # noqa: E402
-from lib import protocol, workers  # noqa: E402
+from lib import hub, protocol, sandbox, workers  # noqa: E402
+from lib.cli import one_line_errors  # noqa: E402
 from lib.hf_backend import HFBackend  # noqa: E402
 from lib.models import chat_ids, load_model  # noqa: E402
 
@@ -371,3 +374,96 @@ def run(task, llm, tools):
     ep = rollout.run_episodes(FakeDomain(), path, FakeDomain().load("t", 1), backend)[0]
     assert "ValueError: all 3 imported" in ep["error"]
     assert 'imports.py", line 5, in run' in ep["error"] and "raise ValueError" in ep["error"]
+
+
+# -----------------------------------------------------------------------------
+# the error budget: episodes lost outside the harness's own code
+
+SEARCHES = '''"""One search, its failure caught as the paper's searchqa harness catches it ("Search error: ...")."""
+def run(task, llm, tools):
+    try:
+        return {"answer": tools.search(task["question"], 1)}
+    except Exception as e:
+        return {"answer": f"Search error: {e}"}
+'''
+
+
+class RetrieverDomain(FakeDomain):
+    """searchqa's real wiki search tool, through a retrieval server that refuses every connection (port 9)."""
+    TOOL_METHODS = ("search",)
+
+    def tools(self, task):
+        return domains.WikiSearchTools(hub.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5))
+
+
+@pytest.fixture
+def lone_pool(monkeypatch):
+    """A pool of its own, so the test's starts are not served by warm workers of earlier tests."""
+    pool = workers.Pool()
+    monkeypatch.setattr(rollout, "POOL", pool)
+    yield pool
+    pool.close()
+
+
+def failing_starts(monkeypatch, n):
+    """The first n sandbox starts fail as a kernel out of processes would (EAGAIN); the rest start as usual."""
+    real, failed = sandbox.start_once, []
+
+    def start_once(*args, **kw):
+        if len(failed) < n:
+            failed.append(1)
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+        return real(*args, **kw)
+    monkeypatch.setattr(sandbox, "start_once", start_once)
+
+
+def test_a_worker_that_cannot_start_is_an_infrastructure_failure(backend, tmp_path, monkeypatch, lone_pool):
+    monkeypatch.setattr(rollout.BUDGET, "share", 1.0)  # counted, not stopped: the next test stops a run
+    failing_starts(monkeypatch, 2)  # the first start and its retry
+    retries = sandbox.start_retries
+    eps = rollout.run_episodes(FakeDomain(), write(tmp_path, "good.py", GOOD), FakeDomain().load("t", 3), backend,
+                               max_new_tokens=2, workers=1)
+    lost = [e for e in eps if e["error"]]
+    assert len(lost) == 1 and lost[0]["error"].startswith("infrastructure: a harness worker could not start: "
+                                                          "[Errno 11] Resource temporarily unavailable")
+    assert lost[0]["reward"] == 0.0 and [e["reward"] for e in eps if not e["error"]] == [1.0, 1.0]
+    assert rollout.BUDGET.counts() == {"infra_failures": 1, "start_retries": 1} and sandbox.start_retries == retries + 1
+
+
+def test_a_start_that_fails_once_is_retried_and_counted(backend, tmp_path, monkeypatch, lone_pool):
+    failing_starts(monkeypatch, 1)
+    eps = rollout.run_episodes(FakeDomain(), write(tmp_path, "good.py", GOOD), FakeDomain().load("t", 2), backend,
+                               max_new_tokens=2, workers=1)
+    assert [e["reward"] for e in eps] == [1.0, 1.0]
+    assert rollout.BUDGET.counts() == {"infra_failures": 0, "start_retries": 1}
+
+
+def test_a_tool_server_that_refuses_is_an_infrastructure_failure(backend, tmp_path, monkeypatch):
+    monkeypatch.setattr(rollout.BUDGET, "share", 1.0)
+    eps = rollout.run_episodes(RetrieverDomain(), write(tmp_path, "search.py", SEARCHES), FakeDomain().load("t", 2),
+                               backend, max_new_tokens=2)
+    # the harness never saw a "Search error" to score: the episode ended as the machine's failure
+    assert all(e["error"].startswith("infrastructure: tools.search: retrieval server http://127.0.0.1:9/retrieve "
+                                     "failed") and e["answer"] is None and e["reward"] == 0.0 for e in eps), eps
+    assert rollout.BUDGET.counts()["infra_failures"] == 2
+
+
+def test_a_phase_over_the_budget_stops_the_run_with_one_line(backend, tmp_path):
+    rollout.BUDGET.start_phase("phase 3 (weight)")
+    rollout.BUDGET.add(40, [])  # earlier calls of the phase: 40 episodes, none lost
+    with pytest.raises(SystemExit) as stop, one_line_errors("whale.py"):
+        rollout.run_episodes(RetrieverDomain(), write(tmp_path, "search.py", SEARCHES), FakeDomain().load("t", 3),
+                             backend, max_new_tokens=2)
+    line = str(stop.value)
+    assert "\n" not in line and line.startswith("whale.py: error: 3 of 43 episodes of phase 3 (weight) failed outside "
+                                                "the harness, over --infra-budget 0.05; the last: tools.search: "
+                                                "retrieval server http://127.0.0.1:9/retrieve failed"), line
+
+
+def test_a_harness_that_raises_is_its_own_failure_and_costs_no_budget(backend, tmp_path):
+    raises = 'def run(task, llm, tools):\n    raise ValueError("boom")\n'
+    eps = rollout.run_episodes(FakeDomain(), write(tmp_path, "raises.py", raises), FakeDomain().load("t", 4), backend,
+                               max_new_tokens=2)
+    assert all("ValueError: boom" in e["error"] and not e["error"].startswith("infrastructure")
+               and e["reward"] == 0.0 for e in eps)
+    assert rollout.BUDGET.counts()["infra_failures"] == 0 and rollout.BUDGET.episodes == 4  # under the 5 %: no stop
