@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -405,12 +406,13 @@ def lone_pool(monkeypatch):
     pool.close()
 
 
-def failing_starts(monkeypatch, n):
-    """The first n sandbox starts fail as a kernel out of processes would (EAGAIN); the rest start as usual."""
+def failing_starts(monkeypatch, pool, n):
+    """The first n sandbox starts of `pool` fail as a kernel out of processes would (EAGAIN); the rest, and the
+    starts of the shared pool, which may still be replacing an earlier test's workers, start as usual."""
     real, failed = sandbox.start_once, []
 
     def start_once(*args, **kw):
-        if len(failed) < n:
+        if threading.current_thread() is pool.thread and len(failed) < n:
             failed.append(1)
             raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
         return real(*args, **kw)
@@ -419,7 +421,7 @@ def failing_starts(monkeypatch, n):
 
 def test_a_worker_that_cannot_start_is_an_infrastructure_failure(backend, tmp_path, monkeypatch, lone_pool):
     monkeypatch.setattr(rollout.BUDGET, "share", 1.0)  # counted, not stopped: the next test stops a run
-    failing_starts(monkeypatch, 2)  # the first start and its retry
+    failing_starts(monkeypatch, lone_pool, 2)  # the first start and its retry
     retries = sandbox.start_retries
     eps = rollout.run_episodes(FakeDomain(), write(tmp_path, "good.py", GOOD), FakeDomain().load("t", 3), backend,
                                max_new_tokens=2, workers=1)
@@ -431,7 +433,7 @@ def test_a_worker_that_cannot_start_is_an_infrastructure_failure(backend, tmp_pa
 
 
 def test_a_start_that_fails_once_is_retried_and_counted(backend, tmp_path, monkeypatch, lone_pool):
-    failing_starts(monkeypatch, 1)
+    failing_starts(monkeypatch, lone_pool, 1)
     eps = rollout.run_episodes(FakeDomain(), write(tmp_path, "good.py", GOOD), FakeDomain().load("t", 2), backend,
                                max_new_tokens=2, workers=1)
     assert [e["reward"] for e in eps] == [1.0, 1.0]
