@@ -393,6 +393,7 @@ def main(argv=None):
 def search_cli(args):
     """meta_harness.py's run: every check before the model loads (bad input, a damaged archive), then the search."""
     sandbox.apply_args(args)
+    rollout.apply_args(args)
     check_out(args.out)
     domain = domains.get(args.domain, args)
     domains.check_tools(args.domain, args)

@@ -238,6 +238,7 @@ def make_table(runs, preset):
     lines += comparison_table(runs)
     lines += search_table(runs)
     lines += mechanism_table(runs)
+    lines += infrastructure_table(runs)
     if preset == "paper":
         lines += ["", "The paper's numbers (best mean@8 %):", "",
                   "| method | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
@@ -396,6 +397,23 @@ def mechanism_table(runs):
                                  for name, (frontier, rows) in run["archives"].items())
             lines.append(f"| {domain} | {method} | {seed} | {len(steps)} | {sum(r.get('examples', 0) for r in steps)} "
                          f"| {reward} | {searches or '-'} |")
+    return lines
+
+
+def infrastructure_table(runs):
+    """The phases with episodes lost outside the harness's own code (scored 0, within the run's --infra-budget)
+    or with worker starts tried twice: nothing when there were none, so a clean table reads as before."""
+    rows = [(domain, method, seed, r) for domain, method in ordered(runs) for seed, run in runs[domain, method].items()
+            for r in run["evals"] if r.get("infra_failures") or r.get("start_retries")]
+    if not rows:
+        return []
+    lines = ["", "## Infrastructure failures", "",
+             "Per phase (its test evaluation included): episodes lost outside the harness's code (a worker that did "
+             "not start, a tool server that did not answer; each scored 0), and sandbox starts tried again.", "",
+             "| domain | method | seed | phase | episodes lost | starts retried |", "|---|---|---|---|---|---|"]
+    for domain, method, seed, r in rows:
+        lines.append(f"| {domain} | {method} | {seed} | {r['phase']} ({r['kind']}) | {r.get('infra_failures', 0)} "
+                     f"| {r.get('start_retries', 0)} |")
     return lines
 
 

@@ -364,6 +364,7 @@ def train(args):
     """rft.py's run: every check before the model loads (the first thing to hear about is a bad input or a
     damaged run folder), then RSFT steps until --steps or the early stop."""
     sandbox.apply_args(args)
+    rollout.apply_args(args)
     check_out(args.out)
     check_checkpoint(args.out)
     check_checkpoint_model(args.out, args.model)

@@ -18,6 +18,9 @@ the episode's assistant-token budget (--episode-tokens) and of the model length;
 reply is empty (docs/protocol.md section 2). When an episode ends (done, error, its deadline, a forged request: reward 0,
 error in the trace) its sandbox is killed with every process and thread in it, and a fresh one starts in its
 place: every episode gets a fresh interpreter (started ones wait in a pool across calls, so an episode rarely waits).
+An episode lost outside the harness's own code (its worker did not start, a tool server or the python tool's
+sandbox failed: lib.protocol.InfrastructureError) also scores 0, but counts against its phase's error budget,
+not the candidate: past --infra-budget (5 %) of a phase's episodes the run stops with one line (ErrorBudget).
 Seeds: each call's sampling seed and the harness's `random` seed come from (--seed, the episode's index,
 task id, sample, call number): the same prompt twice in one batch gets two rollouts, a rerun the same ones.
 The parent computes the reward from the returned answer. mean@k = per-task success rate over k samples,
@@ -38,12 +41,12 @@ from tqdm import tqdm
 
 from lib import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int, one_line_errors,
-                     positive_float, positive_int, seed_int)
+                     positive_float, positive_int, seed_int, share)
 from lib.contract import ALLOWED_IMPORTS, check_harness, check_harness_fits
 from lib.models import chat_ids, check_model, thinking_switch
 from lib.policy import add_backend_args, check_backend, load_policy
 from lib.protocol import (MAX_CHARS, MAX_LINE, MAX_LLM_CALLS, MAX_PROMPT_TOKENS, MAX_TOOL_CALLS, STDOUT_KEEP,
-                          cut_at_stop, exception_reply, llm_request, tool_request)
+                          InfrastructureError, cut_at_stop, exception_reply, llm_request, tool_request)
 from lib.worker_pool import POOL, worker_memory_bytes
 
 
@@ -68,7 +71,16 @@ def add_sampling_args(p):
                         f"(default {MAX_PROMPT_TOKENS})")
     p.add_argument("--deadline", type=positive_float, default=120.0, help="seconds of harness time per episode")
     p.add_argument("--workers", type=positive_int, default=None, help="concurrent episodes (default min(64, episodes))")
+    p.add_argument("--infra-budget", type=share, default=INFRA_BUDGET,
+                   help="stop the run when more than this share of a phase's episodes failed outside the harness "
+                        "(a worker that did not start, a tool server that did not answer)")
     sandbox.add_args(p)
+
+
+def apply_args(args):
+    """--infra-budget for every run_episodes call of this process (not a sampling setting: results never depend
+    on it, so it is not part of what a resumed or reused run must match)."""
+    BUDGET.share = args.infra_budget
 
 
 def sampling_kwargs(args):
@@ -79,6 +91,43 @@ def sampling_kwargs(args):
                 episode_tokens=getattr(args, "episode_tokens", None),
                 max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
                 max_model_len=getattr(args, "max_model_len", None))
+
+
+# -----------------------------------------------------------------------------
+# the error budget: episodes that failed outside the harness's own code
+
+INFRA_BUDGET = 0.05  # default --infra-budget
+
+
+class ErrorBudget:
+    """Episodes that failed outside the harness's own code (its worker did not start, a tool server did not
+    answer, the sandbox was refused), per phase. Each scores 0 like a harness's own failure, so past a small
+    share a phase's scores measure the machine, not the candidates: the run stops with one line naming the
+    cause. Checked after every run_episodes call on the phase so far. whale.py names the phases; a lone
+    rft.py, meta_harness.py or rollout.py run is one phase. Starts tried again (sandbox.start_retries) are
+    counted beside them."""
+
+    def __init__(self, share=INFRA_BUDGET):
+        self.share = share
+        self.start_phase("the run")
+
+    def start_phase(self, name):
+        self.phase, self.episodes, self.failures, self.retries_before = name, 0, 0, sandbox.start_retries
+
+    def counts(self):
+        """The phase's counters for its metrics row."""
+        return {"infra_failures": self.failures, "start_retries": sandbox.start_retries - self.retries_before}
+
+    def add(self, episodes, errors):
+        """A run_episodes call's episodes and the errors of those that failed outside the harness."""
+        self.episodes += episodes
+        self.failures += len(errors)
+        if errors and self.failures > self.share * self.episodes:
+            raise InfrastructureError(f"{self.failures} of {self.episodes} episodes of {self.phase} failed outside "
+                                      f"the harness, over --infra-budget {self.share:g}; the last: {errors[-1]}")
+
+
+BUDGET = ErrorBudget()
 
 
 # -----------------------------------------------------------------------------
@@ -126,6 +175,7 @@ class Runner:
         self.window = max_model_len or MAX_PROMPT_TOKENS + max_new_tokens
         self.generate_calls = self.llm_calls = 0
         self.generate_s = 0.0
+        self.infra_errors = []  # why each episode lost outside the harness's own code was lost
         self.last_generate_s = 10.0  # before the first call: let freshly started episodes hold a batch for 1 s
 
     # -- workers
@@ -142,7 +192,13 @@ class Runner:
         POOL.order(1)
 
     def refill(self):
-        """Take started workers from the pool while episodes wait and slots are free."""
+        """Take started workers from the pool while episodes wait and slots are free. Each start that failed (twice:
+        sandbox.start_one_process) costs a waiting episode, so a machine that cannot start workers ends the run's
+        episodes instead of waiting forever, and a fresh start takes its place."""
+        for error in POOL.failed_starts():
+            if self.todo:
+                self.lose(self.todo.popleft(), f"a harness worker could not start: {error}")
+                POOL.order(1)
         if self.todo and len(self.workers) < self.n_workers:
             for w in POOL.take(min(self.n_workers - len(self.workers), len(self.todo))):
                 self.watch(w)
@@ -193,6 +249,13 @@ class Runner:
         """A harness broke a rule or ran out of time: the episode scores 0 and its sandbox is replaced."""
         self.finish(ep, error=error)
         self.retire(w)
+
+    def lose(self, ep, error):
+        """An episode lost outside the harness's own code: it scores 0 like a harness failure (its record says
+        which), and counts against the error budget, not the candidate."""
+        ep.start = ep.start or time.time()
+        self.infra_errors.append(error)
+        self.finish(ep, error=f"infrastructure: {error}"[:MAX_CHARS])
 
     def on_message(self, w, msg, now):
         ep = w.episode
@@ -253,6 +316,9 @@ class Runner:
             line = json.dumps(value)
             reply = {"value": value} if len(line) <= MAX_LINE else {"raise": "RuntimeError",
                                                                    "message": "tool result too large"}
+        except InfrastructureError as e:  # a tool server or sandbox that failed: not a result the harness may read
+            self.lose(ep, f"tools.{ep.tool_calls[-1]['name']}: {e}")
+            return self.retire(ep.worker)
         except Exception as e:
             reply = exception_reply(e)
         ep.tool_calls[-1]["result"] = reply.get("value", reply.get("message"))
@@ -381,8 +447,10 @@ class Runner:
         chunk = os.read(w.rfd, 1 << 20)
         if not chunk:
             rc = w.proc.wait()
-            if not w.ready:
-                raise RuntimeError(f"a harness worker failed to start (exit code {rc}): {w.startup_error()}")
+            if not w.ready:  # it never ran harness code: the machine's failure, charged to a waiting episode
+                error = f"a harness worker failed to start (exit code {rc}): {w.startup_error()}"
+                self.retire(w)
+                return self.lose(self.todo.popleft(), error) if self.todo else None
             return self.fail(w.episode, f"the worker died (exit code {rc}), e.g. out of memory", w) \
                 if w.episode else self.retire(w)
         w.inbuf += chunk
@@ -419,6 +487,7 @@ def run_episodes(domain, harness_path, tasks, backend, *, samples=1, temperature
             for r in records:
                 calls = [{k: v for k, v in c.items() if not k.endswith("_ids")} for c in r["calls"]]
                 f.write(json.dumps({**r, "calls": calls}) + "\n")
+    BUDGET.add(len(records), runner.infra_errors)  # after the traces: they show what failed
     return records
 
 
@@ -481,6 +550,7 @@ def main(argv=None):
 def evaluate_cli(args, domains):
     """rollout.py's run: every check before the model loads, then mean@k with traces and results in --out."""
     sandbox.apply_args(args)
+    apply_args(args)
     check_out(args.out)
     domain = domains.get(args.domain, args)
     check_harness_fits(args.harness, args.domain, domain.TOOL_METHODS)

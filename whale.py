@@ -275,10 +275,12 @@ def run(args, donors=(), domain=None):
                                        run_dir=args.out) if steps else None
     harness = state.harness(args.harness)
     state.log_start()
+    rollout.BUDGET.start_phase("phase 0 (start)")
     evaluate(args, policy, domain, harness, state, 0, "start", donors)
     while kind := state.saved["running"] or next_phase(args.method, state.last_kind(), steps - state.step(),
                                                        rounds - state.rounds_done()):
         state.enter(kind)
+        rollout.BUDGET.start_phase(f"phase {state.saved['phase'] + 1} ({kind})")  # and its test evaluation
         if kind == "weight":
             trainer = state.trainer = run_weight_phase(args, trainer, harness, state, len(train), donors)
             detail = {"steps": trainer.step_count - state.phase_start_step(), "epoch": trainer.epoch_progress}
@@ -329,10 +331,11 @@ def evaluate(args, policy, domain, harness, state, phase, kind, donors, detail=N
     """Phase `phase`'s test evaluation, logged once in metrics.jsonl; a finished phase is then saved."""
     stats = evaluate_test(args, policy, domain, harness, f"phase_{phase}", state.weights(), donors)
     if phase == 0:
-        state.log_eval({"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats})
+        state.log_eval({"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats,
+                        **rollout.BUDGET.counts()})
         return
     state.log_eval({"event": "eval", "phase": phase, "kind": kind, "step": state.step(), "rollouts": state.rollouts(),
-                    "seconds": time.time() - state.started, **detail, **stats})
+                    "seconds": time.time() - state.started, **detail, **stats, **rollout.BUDGET.counts()})
     state.save()
     print(f"phase {phase} {kind}: test mean@{args.k} = {stats['mean_at_k']:.4f}, RSFT steps {state.step()}/"
           f"{state.steps}, harness rounds {state.rounds_done()}/{state.rounds}, rollouts {state.rollouts()}")
@@ -402,6 +405,7 @@ def main(argv=None):
         raise SystemExit(preflight.main(runs + [parse_args([*argv, "--domain", d])[0] for d in runs[0].check]))
     with one_line_errors("whale.py"):  # bad input, a damaged run folder, a refused engine: one line
         sandbox.apply_args(runs[0])
+        rollout.apply_args(runs[0])
         domain = check_inputs(runs)
         for args in runs:
             with report_to.watch(args):  # --report-to: the rows of its files, live

@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from lib.protocol import InfrastructureError
 from lib.sandbox import SandboxError
 
 
@@ -26,9 +27,9 @@ class Parser(argparse.ArgumentParser):
 def project_errors():
     """What the project raises for bad input: ValueError (also JSON and decoding errors), the OSError family
     (FileNotFoundError, PermissionError, IsADirectoryError ...), ImportError of an optional package, the
-    sandbox's and the engines' errors. EngineError lives beside torch (lib/canary.py): it can only have been
+    sandbox's and the engines' errors, and a run over its error budget (InfrastructureError). EngineError lives beside torch (lib/canary.py): it can only have been
     raised once that module is loaded, so report.py and domains.py never pay for the torch import."""
-    errors = [ValueError, OSError, ImportError, SandboxError]
+    errors = [ValueError, OSError, ImportError, SandboxError, InfrastructureError]
     canary = sys.modules.get("lib.canary")
     if canary is not None:
         errors.append(canary.EngineError)
@@ -92,6 +93,11 @@ def positive_float(text):
 
 def nonnegative_float(text):
     return number(text, float, 0, strict=False)
+
+
+def share(text):
+    """A share in [0, 1], e.g. of a phase's episodes."""
+    return number(text, float, 0, strict=False, maximum=1)
 
 
 def unit_interval(text):

@@ -29,6 +29,7 @@ from functools import lru_cache
 import chess
 
 from lib.files import read_jsonl
+from lib.protocol import InfrastructureError
 from lib.subsets import seeded_sample
 
 SEARCHQA_TRAIN = "PeterJinGo/nq_hotpotqa_train"
@@ -268,8 +269,8 @@ class RetrieverClient:
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 result = json.loads(resp.read())["result"]
-        except (urllib.error.URLError, OSError) as e:
-            raise RuntimeError(f"retrieval server {self.url} failed ({e}): start Search-R1's retrieval_server.py "
+        except (urllib.error.URLError, OSError) as e:  # the machine's failure, not the harness's: never a tool result
+            raise InfrastructureError(f"retrieval server {self.url} failed ({e}): start Search-R1's retrieval_server.py "
                                "or pass --wiki PATH to search a corpus file with bm25s") from None
         # with return_scores each hit is {"document": {...}, "score": s}; without, the document itself
         return [[passage_text((h.get("document") or h)["contents"]) for h in hits] for hits in result]

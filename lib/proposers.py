@@ -245,7 +245,7 @@ def run_in_sandbox(argv, cwd, out_dir, timeout):
     process the proposer started (double-forked or not). -> (rc or "timeout", stdout, stderr)"""
     with open(out_dir / "stdout", "wb") as out, open(out_dir / "stderr", "wb") as err:
         proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                start_new_session=True)
+                                start_new_session=True, env={})  # env={}: see sandbox.start_one_process
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

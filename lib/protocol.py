@@ -19,6 +19,12 @@ MAX_TOOLS, MAX_TOOLS_CHARS = 16, 32_000  # function schemas per llm() call, and 
 ROLES = ("system", "user", "assistant", "tool")  # "tool": a tool's result, as native tool calls expect it
 
 
+class InfrastructureError(RuntimeError):
+    """A failure outside the harness's own code: a tool server that did not answer, a sandbox the kernel refused,
+    a run over its error budget. A tool raises it instead of returning an error for the harness to read: the
+    runner ends the episode as the machine's failure, not the candidate's (rollout.ErrorBudget counts them)."""
+
+
 def exception_reply(e):
     name = type(e).__name__ if type(e).__module__ == "builtins" else "RuntimeError"
     return {"raise": name, "message": f"{type(e).__name__}: {e}"[:MAX_CHARS]}

@@ -36,7 +36,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from functools import lru_cache
+
+from lib.protocol import InfrastructureError
 
 OPT_OUT = "WHALE_UNSAFE_NO_SANDBOX"
 CLONE_THREAD = 0x10000
@@ -150,12 +153,33 @@ def no_fork_filter():
     return r
 
 
+start_retries = 0  # starts that failed once and were tried again (rollout.ErrorBudget reports them)
+retry_lock = threading.Lock()
+
+
 def start_one_process(argv, *, files=(), env=None, pass_fds=(), **popen_kw):
+    """start_once, tried again once when the start fails for a reason outside the project (the kernel out of
+    processes or memory: EAGAIN, ENOMEM), and counted; the second failure is the caller's to report."""
+    try:
+        return start_once(argv, files=files, env=env, pass_fds=pass_fds, **popen_kw)
+    except OSError:
+        global start_retries
+        with retry_lock:
+            start_retries += 1
+        return start_once(argv, files=files, env=env, pass_fds=pass_fds, **popen_kw)
+
+
+def start_once(argv, *, files=(), env=None, pass_fds=(), **popen_kw):
     """subprocess.Popen of argv in a fresh sandbox under the no-fork filter (one process, threads allowed):
-    how harness workers and the python tool start."""
+    how harness workers and the python tool start. Popen gets an empty environment (the command starts from
+    `env -i` anyway): with env=None, subprocess's vfork child execs with the process's global environ after
+    the GIL is released, and a thread that sets a variable meanwhile frees that array under it: execve fails
+    with EFAULT, "[Errno 14] Bad address: '/usr/bin/env'" (scripts/repro_worker_start.py). An explicit
+    environment is copied before the fork, into memory only this call owns."""
     fd = no_fork_filter()
     try:
-        return subprocess.Popen(wrap(argv, files=files, env=env, seccomp_fd=fd), pass_fds=(*pass_fds, fd), **popen_kw)
+        return subprocess.Popen(wrap(argv, files=files, env=env, seccomp_fd=fd), pass_fds=(*pass_fds, fd), env={},
+                                **popen_kw)
     finally:
         os.close(fd)
 
@@ -215,7 +239,7 @@ def check():
     fd = no_fork_filter()
     try:
         done = subprocess.run(wrap([python(), "-I", "-c", "print('ok')"], seccomp_fd=fd), capture_output=True,
-                              text=True, timeout=60, pass_fds=(fd,))
+                              text=True, timeout=60, pass_fds=(fd,), env={})  # env={}: see start_one_process
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SandboxError(unavailable(str(e))) from None
     finally:
@@ -262,8 +286,11 @@ def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTE
     limits = [str(cpu_s), str(memory_bytes), str(PYTHON_MAX_OUTPUT_BYTES)]
     # output goes to a file whose size the child may not push past the limit, never into our memory
     with tempfile.TemporaryFile() as out:
-        proc = start_one_process([python(), "-I", "-c", SANDBOX_PRELUDE, *limits], env=env, stdin=subprocess.PIPE,
-                                 stdout=out, stderr=subprocess.STDOUT)
+        try:
+            proc = start_one_process([python(), "-I", "-c", SANDBOX_PRELUDE, *limits], env=env,
+                                     stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT)
+        except OSError as e:  # the machine's failure, not the code's: the runner counts it against its budget
+            raise InfrastructureError(f"the python tool's sandbox could not start: {e}") from None
         error = ""
         try:
             proc.communicate(code.encode("utf-8", "replace"), timeout=timeout_s)

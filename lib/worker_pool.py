@@ -118,7 +118,7 @@ class Pool:
                     continue
                 try:
                     w = Worker()
-                except Exception as e:  # raised again in the runner's thread, by take()
+                except Exception as e:  # the runner's thread reads it from failed_starts()
                     w = e
                 with self.lock:
                     self.pending -= 1
@@ -136,14 +136,20 @@ class Pool:
             notify()
 
     def supply(self):
+        """Workers started or on their way, and failed starts the runner has not charged yet."""
         with self.lock:
-            return len(self.idle) + self.pending
+            return len(self.idle) + self.pending + len(self.errors)
+
+    def failed_starts(self):
+        """The errors of the starts that failed (each tried twice: sandbox.start_one_process) since the last call:
+        the runner charges each to an episode, as the machine's failure."""
+        with self.lock:
+            errors, self.errors = self.errors, []
+        return errors
 
     def take(self, n):
         """Up to n started workers, without waiting; warm ones that died while idle are replaced."""
         with self.lock:
-            if self.errors:
-                raise RuntimeError(f"a harness worker could not start: {self.errors.pop()}")
             dead = [w for w in self.idle if w.proc.poll() is not None]
             alive = [w for w in self.idle if w not in dead]
             taken, self.idle = alive[:n], alive[n:]

@@ -219,7 +219,7 @@ def retriever(corpus, port_file):
 # a coding agent, as a stand-in: one prompt edit per candidate
 
 
-def read_json(path):  # not lib.io's: the agent runs in the sandbox, which shows it this file only
+def read_json(path):  # not lib.files': the agent runs in the sandbox, which shows it this file only
     with open(path) as f:
         return json.load(f)
 

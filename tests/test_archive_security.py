@@ -224,14 +224,14 @@ def test_a_leftover_child_is_dead_and_swaps_nothing(hostile):
 @needs_sandbox
 @pytest.mark.parametrize("attack", ["hang", "exit_early"])
 def test_timeout_holds_with_a_child_keeping_stdout_open(hostile, attack):
-    t0 = time.time()
+    # no clock: "timed out" says the proposer's timeout ended the hang, and a valid candidate that the search
+    # did not wait for the child holding stdout (waiting would have hit proposer_timeout=30, not valid)
     if attack == "hang":
         with pytest.raises(SystemExit, match=r"failed 1 times in a row, last: timed out after 1\.5s"):
             hostile(attack, candidates=1, proposer_timeout=1.5, proposer_max_failures=1)
     else:
         run_dir, _ = hostile(attack, candidates=1, proposer_timeout=30)
         assert rows_of(run_dir)["h1_1"]["valid"]
-    assert time.time() - t0 < 15
     assert processes_with("STDOUT-MARKER") == []
 
 

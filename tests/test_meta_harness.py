@@ -8,7 +8,6 @@ import os
 import shutil
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -350,12 +349,12 @@ def test_openai_timeout_per_request_then_the_failure_limit(fake, monkeypatch, ch
     fr, seed, run_dir = fake
     monkeypatch.setattr(openai_proposer.time, "sleep", lambda s: None)
     ChatServer.replies = [("sleep", 2.0)]
-    t0 = time.time()
+    # no clock: "timed out" on each of the 10 requests says the 0.2 s timeout, not the 2 s server, ended them
     with pytest.raises(SystemExit, match=r"proposer openai failed 2 times in a row, last: no answer from .*timed "
                                          r"out \(after 4 retries\)\. To go on, check that the server"):
         mh.search(None, FakeDomain(), str(seed), run_dir,
                   openai_args(chat_server, proposer_timeout=0.2, proposer_max_failures=2), iterations=1)
-    assert len(ChatServer.requests) == 10 and time.time() - t0 < 10
+    assert len(ChatServer.requests) == 10
     assert not (run_dir / "candidates" / "h1_1").exists()  # a failed call leaves the iteration to the rerun
 
 

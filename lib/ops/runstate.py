@@ -164,8 +164,9 @@ def save_state(out, state):
     write_json(os.path.join(out, "state.json"), state)
 
 
-# flags that may change between a run and its resumption: they change how fast, not what is computed
-RESUMABLE_FLAGS = ("threads", "workers", "out", "plan", "check", "report_to")
+# flags that may change between a run and its resumption: they change how fast (or when a failing machine stops
+# the run), not what is computed
+RESUMABLE_FLAGS = ("threads", "workers", "out", "plan", "check", "report_to", "infra_budget")
 
 
 def check_same_settings(args):
