@@ -107,10 +107,10 @@ PRESETS = {
                 adaptive_epochs=0.25, harness_patience=1, harness_min_iterations=2, harness_max_iterations=3,
                 math_test_set="generated", math_max_steps=2),
     # generation (PROTOCOL.md 2): Qwen3.5 thinks (its template's enable_thinking), no per-call cap but the
-    # episode's assistant-token budget (PAPER), the official model length
-    "paper": dict(threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True, grad_checkpointing=True,
-                  phase_epochs=0.6, harness_iterations=6, train_limit=None, test_limit=None, k=8, batch=256,
-                  group=8, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
+    # episode's assistant-token budget (PAPER), the official model length; chess SAN with + and # (PROTOCOL.md 3)
+    "paper": dict(threads=None, data="paper", chess_san_marks=True, backend="vllm", vllm_sleep=True, bf16=True,
+                  grad_checkpointing=True, phase_epochs=0.6, harness_iterations=6, train_limit=None, test_limit=None,
+                  k=8, batch=256, group=8, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
                   harness_tasks=256, harness_samples=1, proposer="claude", proposer_model="claude-opus-4-7",
                   proposer_timeout=2400.0, temperature=1.0, top_k=20,
                   max_new_tokens=8192, thinking="on", max_model_len=32768, deadline=600.0, adaptive_epochs=0.2,
@@ -122,12 +122,12 @@ PRESETS = {
     # epochs (weight, harness of re-score + 1 round, weight); 224 train prompts, 64 a step (the official searchqa
     # driver's batch) = 2 + 2 RSFT steps; M = 3 on 128 harness tasks; G = 8, mean@8 on the test subsets in GPU
     # (SearchQA 15 per benchmark); the adaptive harness phase scaled with I - 1 (min 1, max 3, patience 1);
-    # 256 concurrent episodes (the test evaluation keeps the runner's 64); the official h0s (PAPER), but without
-    # thinking and with 1,024 tokens a call and 2,048 an episode: at the official 8,192 thinking tokens the
-    # table takes about 6x longer
-    "gpu": dict(threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True, grad_checkpointing=True,
-                epochs=1.2, phase_epochs=0.6, harness_iterations=2, train_limit=224, test_limit=None, k=8, batch=64,
-                group=8, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
+    # 256 concurrent episodes (the test evaluation keeps the runner's 64); the official h0s, SFT mini-batches and
+    # chess SAN (PAPER), but without thinking and with 1,024 tokens a call and 2,048 an episode: at the official
+    # 8,192 thinking tokens the table takes about 6x longer
+    "gpu": dict(threads=None, data="paper", chess_san_marks=True, backend="vllm", vllm_sleep=True, bf16=True,
+                grad_checkpointing=True, epochs=1.2, phase_epochs=0.6, harness_iterations=2, train_limit=224,
+                test_limit=None, k=8, batch=64, group=8, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
                 harness_tasks=128, harness_samples=1, workers=256, proposer="claude", proposer_model="claude-opus-4-7",
                 proposer_timeout=2400.0, temperature=1.0, top_k=20, thinking="off", max_new_tokens=1024,
                 episode_tokens=2048, max_model_len=8192, deadline=600.0, adaptive_epochs=0.2, harness_patience=1,
@@ -153,7 +153,7 @@ PAPER = {
                  harness="harnesses/paper/math.py", episode_tokens=8192, max_prompt_tokens=2048,
                  sft_batch=OFFICIAL_SFT_BATCH_PER_GPU * OFFICIAL_DP_GPUS["math"]),
     "chess": dict(model="Qwen/Qwen3.5-4B", epochs=4.0, harness_only_iterations=40, lr=1e-6,
-                  harness="harnesses/chess.py", episode_tokens=8129, max_prompt_tokens=4096,
+                  harness="harnesses/paper/chess.py", episode_tokens=8129, max_prompt_tokens=4096,
                   sft_batch=OFFICIAL_SFT_BATCH_PER_GPU * OFFICIAL_DP_GPUS["chess"]),
 }
 # the gpu preset per domain: the paper's model and learning rate; the test subset (seeded: SearchQA's sample per
@@ -183,7 +183,7 @@ def parse_args(argv=None):
     p.add_argument("--plan", action="store_true", help="print the phases, steps, rounds and rollouts, then exit")
     p.add_argument("--model", default=None, help="smoke | cpu | hub id | local path (default: the preset's)")
     p.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py; "
-                   "the paper preset: harnesses/paper/<domain>.py for searchqa and math)")
+                   "the paper and gpu presets: harnesses/paper/<domain>.py)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads; 1 on 2-core machines, where the harness workers need the other core")
     # budgets
