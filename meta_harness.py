@@ -189,7 +189,7 @@ def validate(cand_dir, rows, backend, domain, tasks, args, policy_kw):
             reason = f"unknown parent {meta.get('parent')!r}: meta.json parent must name a valid archive candidate"
         else:
             parent_source = (cand_dir.parent / meta["parent"] / "harness.py").read_text()
-            reason = static_check(source, parent_source, args.prompt_only)
+            reason = static_check(source, parent_source, args.prompt_only, domain.name)
         if reason is None:
             same = [r["name"] for r in rows if r["name"] != cand_dir.name and r["valid"]
                     and normalized((cand_dir.parent / r["name"] / "harness.py").read_text()) == normalized(source)]
