@@ -197,6 +197,11 @@ def test_tool_call_parsing_lives_in_the_harness():
     assert ns["last_answer"]("<answer>a</answer> <answer>x <answer>b</answer>") == "b"
     assert ns["last_answer"]("<answer>open") is None
     assert ns["call_tool"]("lookup", {}, None) == "[unknown tool] lookup"
+    # wiki-18's titles keep their quotes (the official "Doc 1 (Title: "Paris")"), a ": " inside one included
+    assert ns["document"](1, '"Star Wars: Episode IV": A 1977 film.', 200) == \
+        'Doc 1 (Title: "Star Wars: Episode IV")\nA 1977 film.'
+    assert ns["document"](2, "Zorbia: A country.", 200) == "Doc 2 (Title: Zorbia)\nA country."
+    assert ns["document"](3, "no title here", 200) == "Doc 3 (Title: )\nno title here"
     assert ns["call_tool"]("search", {}, None).startswith("[tool error]")
 
 
