@@ -156,8 +156,8 @@ PAPER = {
                   harness="harnesses/paper/chess.py", episode_tokens=8129, max_prompt_tokens=4096,
                   sft_batch=OFFICIAL_SFT_BATCH_PER_GPU * OFFICIAL_DP_GPUS["chess"]),
 }
-# the gpu preset per domain: the paper's model and learning rate; the test subset (seeded: SearchQA's sample per
-# benchmark, the first of chess's shuffled test puzzles; all 60 AIME problems); the engine's share of the card,
+# the gpu preset per domain: the paper's model, learning rate and SFT mini-batch; the test subset (seeded samples:
+# SearchQA's per benchmark, 80 of chess's 256 test puzzles; all 60 AIME problems); the engine's share of the card,
 # the most that fits beside the trainer on 24, 48 and 80 GB alike (scripts/memory_plan.py; searchqa's retriever
 # index takes 32 GiB of the 80 GB card)
 GPU = {"searchqa": dict(searchqa_test_per_set=15, gpu_memory=0.45), "math": dict(gpu_memory=0.7),
