@@ -16,9 +16,10 @@ call. It records the exact prompt and completion token ids of every call, and cu
 the first stop string. Each call's token cap is the harness's and --max-new-tokens, cut to what is left of
 the episode's assistant-token budget (--episode-tokens) and of the model length; once nothing is left, the
 reply is empty (PROTOCOL §2). So is every request past the official caps on an episode's model calls, whatever
-the harness asks (lib/protocol.py MODEL_CALL_CAPS: searchqa and math 16; chess 18, and 10 retries of each kind). When an episode ends (done, error, its deadline, a forged request: reward 0,
-error in the trace) its sandbox is killed with every process and thread in it, and a fresh one starts in its
-place: every episode gets a fresh interpreter (started ones wait in a pool across calls, so an episode rarely waits).
+the harness asks (lib/protocol.py MODEL_CALL_CAPS: searchqa and math 16; chess 18, and 10 retries of each
+kind). When an episode ends (done, error, its deadline, a forged request: reward 0, error in the trace) its
+sandbox is killed with every process and thread in it, and a fresh one starts in its place: every episode gets
+a fresh interpreter (started ones wait in a pool across calls, so an episode rarely waits).
 Seeds: each call's sampling seed and the harness's `random` seed come from (--seed, the episode's index,
 task id, sample, call number): the same prompt twice in one batch gets two rollouts, a rerun the same ones.
 The parent computes the reward from the returned answer. mean@k = per-task success rate over k samples,
