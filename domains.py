@@ -24,7 +24,8 @@ The rewards are the official verifiers (docs/protocol.md section 4):
   and output limits; reward = the last \\boxed{...} within the answer's final 100 characters (nested braces
   handled) equals the gold answer as a string, white space included (math_dapo's strict box check).
 - chess: Lichess puzzles; the line's first move is the opponent's and is played before the agent
-  sees the position (FEN, board, legal moves in UCI and in SAN without the check and mate marks + and #);
+  sees the position (FEN, board, legal moves in UCI and in SAN: without the check and mate marks + and #, or
+  with --chess-san-marks as python-chess writes them, as the official observation has them);
   only the reference move is right: any other legal move, an alternative mate too, ends the episode;
   reward 1.0 only for the whole line.
 
@@ -287,22 +288,24 @@ class Math(Domain):
 # Chess
 
 
-def plain_san(board, move):
-    """SAN without the check and mate marks (+, #): the view must not say which moves give mate."""
-    return board.san(move).rstrip("+#")
+def move_san(board, move, marks=False):
+    """SAN as python-chess writes it with marks, else without the check and mate marks (+, #), so the view does
+    not say which moves give mate (the bundled data's choice; the official observation keeps them)."""
+    return board.san(move) if marks else board.san(move).rstrip("+#")
 
 
-def board_view(board):
+def board_view(board, marks=False):
     """What the agent sees of a position (the keys shared by public() and a move's "ok" answer)."""
     legal = list(board.legal_moves)
     return {"fen": board.fen(), "board": str(board), "legal_uci": [m.uci() for m in legal],
-            "legal_san": [plain_san(board, m) for m in legal]}
+            "legal_san": [move_san(board, m, marks) for m in legal]}
 
 
 class ChessTools:
     """One puzzle episode: the hidden line, the board, and whether it is over or solved."""
 
-    def __init__(self, task):
+    def __init__(self, task, san_marks=False):
+        self.san_marks = san_marks
         self.line = [chess.Move.from_uci(u) for u in task["moves"]]
         self.board = chess.Board(task["fen"])
         self.board.push(self.line[0])  # the opponent's move that sets the puzzle
@@ -328,7 +331,7 @@ class ChessTools:
             self.solved = self.over = True
             return {"status": "solved", "message": f"{move.uci()} is correct; the puzzle is solved"}
         reply = self.line[self.next]
-        reply_san = plain_san(self.board, reply)
+        reply_san = move_san(self.board, reply, self.san_marks)
         self.board.push(reply)
         self.next += 1
         if self.next >= len(self.line):  # a line that ends on the opponent's reply (the paper's filter allows one)
@@ -336,7 +339,7 @@ class ChessTools:
             return {"status": "solved", "message": f"{move.uci()} is correct; the opponent replied {reply.uci()}; "
                     "the puzzle is solved", "opponent_move": reply.uci(), "opponent_san": reply_san}
         return {"status": "ok", "message": f"{move.uci()} is correct; the opponent replied {reply.uci()}",
-                "opponent_move": reply.uci(), "opponent_san": reply_san, **board_view(self.board)}
+                "opponent_move": reply.uci(), "opponent_san": reply_san, **board_view(self.board, self.san_marks)}
 
 
 class Chess(Domain):
@@ -344,17 +347,18 @@ class Chess(Domain):
     TOOL_METHODS = ("move",)
     REQUIRED = ("id", "fen", "moves")
     PAPER_HARNESS_SPLIT = True  # the official mh_val bucket, disjoint from train and test
+    san_marks = False  # --chess-san-marks: SAN with + and # (the paper and gpu presets)
 
     def public(self, task):
         board = chess.Board(task["fen"])
         first = chess.Move.from_uci(task["moves"][0])
-        first_san = plain_san(board, first)
+        first_san = move_san(board, first, self.san_marks)
         board.push(first)
-        return {**board_view(board), "side": "white" if board.turn == chess.WHITE else "black",
+        return {**board_view(board, self.san_marks), "side": "white" if board.turn == chess.WHITE else "black",
                 "last_move": first.uci(), "last_move_san": first_san}
 
     def tools(self, task):
-        return ChessTools(task)
+        return ChessTools(task, self.san_marks)
 
     def reward(self, task, answer, tools):
         return 1.0 if getattr(tools, "solved", False) is True else 0.0
@@ -389,6 +393,8 @@ def get(name, args=None):
         domain.max_steps = max_steps
     if name == "searchqa":
         domain.judge = judge_from_args(args)
+    if name == "chess":
+        domain.san_marks = getattr(args, "chess_san_marks", False)
     return domain
 
 
@@ -421,6 +427,9 @@ def add_args(parser):
     p.add_argument("--chess-harness-size", type=positive_int, default=buckets["harness"])
     p.add_argument("--chess-test-pool", type=positive_int, default=buckets["test"], help="the test bucket")
     p.add_argument("--chess-test-size", type=positive_int, default=paper_data.CHESS_TEST_SIZE, help="a seeded sample of the test bucket")
+    p.add_argument("--chess-san-marks", action="store_true",
+                   help="chess: SAN with the check and mate marks + and #, as python-chess writes it and the official "
+                        "observation shows it (the paper and gpu presets; default: without them)")
     p = parser.add_argument_group("searchqa's LLM judge (the official one is off by default: exact match)")
     p.add_argument("--judge-url", default=None, help="searchqa: an OpenAI-compatible endpoint, e.g. "
                    "https://api.openai.com/v1, for the official LLM judge's rule (default: exact match)")

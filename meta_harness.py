@@ -16,7 +16,8 @@ exec/open/dunder tricks, with --prompt-only differs from its parent only in stri
 survives one smoke episode), scores the valid ones on the harness set and adds everything to the
 archive. The accepted harness is the best harness-set score in the archive, ties going to fewer mean
 turns. The search stops after a fixed number of iterations, or when the archive best has not improved
-for P iterations after at least N iterations (the paper's patience rule).
+for P iterations after at least N iterations (the paper's patience rule); not, as the official chess search
+does, once a candidate scores 1.0 on the harness set: every method spends its whole budget of rounds here.
 
 The run folder is the archive and the search's own truth. A proposer never works in it: it gets a copy of
 the harness-set material (code, meta, scores, traces, summary, frontier, notes) in a fresh folder outside
@@ -25,6 +26,8 @@ nothing of the project, the data or the run's evals/), and afterwards the search
 candidate's harness.py (size-capped, no symlinks), its parent / hypothesis / changed as short text, and
 notes.md. Validity and scores are always the search's own. A proposer call that fails (the CLI reports an
 error, a timeout, an API error after retries) is retried; --proposer-max-failures in a row stop the search.
+(Officially math retries too, while searchqa spends the iteration and chess aborts the run: here every domain
+retries, so a method's rounds never depend on how often the proposer's service failed.)
     INSTRUCTIONS.md                  what the proposer was asked to do this iteration
     candidates/<name>/harness.py     the candidate (h0 is the seed; h<iteration>_<j> the proposals)
     candidates/<name>/meta.json      parent, hypothesis, what changed, proposer, iteration, valid, reason
@@ -189,7 +192,7 @@ def validate(cand_dir, rows, backend, domain, tasks, args, policy_kw, run_episod
             reason = f"unknown parent {meta.get('parent')!r}: meta.json parent must name a valid archive candidate"
         else:
             parent_source = (cand_dir.parent / meta["parent"] / "harness.py").read_text()
-            reason = static_check(source, parent_source, args.prompt_only)
+            reason = static_check(source, parent_source, args.prompt_only, domain.name)
         if reason is None:
             same = [r["name"] for r in rows if r["name"] != cand_dir.name and r["valid"]
                     and normalized((cand_dir.parent / r["name"] / "harness.py").read_text()) == normalized(source)]

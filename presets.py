@@ -13,7 +13,8 @@ docs/protocol.md and docs/fidelity.md (paper), docs/gpu.md (gpu).
 # the first 50 of each test split, which were looked at while the preset was built.
 # paper is the official protocol (docs/protocol.md; its deviations: docs/fidelity.md), with the per-domain
 # settings in PAPER below;
-# --minibatch is the micro-batch of one forward/backward inside an SFT mini-batch of --sft-batch trajectories.
+# --minibatch is the micro-batch of one forward/backward inside an SFT mini-batch of --sft-batch trajectories
+# (PAPER: the official runs' global mini-batch).
 PRESETS = {
     "smoke": dict(model="smoke", threads=1, epochs=1.0, phase_epochs=0.5, harness_iterations=2, train_limit=8,
                   test_limit=4, k=1, batch=2, group=2, minibatch=8, candidates=2, harness_tasks=2,
@@ -25,10 +26,12 @@ PRESETS = {
                 adaptive_epochs=0.25, harness_patience=1, harness_min_iterations=2, harness_max_iterations=3,
                 math_test_set="generated", math_max_steps=2),
     # generation (docs/protocol.md): Qwen3.5 thinks (its template's enable_thinking), no per-call cap but the
-    # episode's assistant-token budget (PAPER), the official model length
-    "paper": dict(threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True, grad_checkpointing=True,
-                  phase_epochs=0.6, harness_iterations=6, train_limit=None, test_limit=None, k=8, batch=256,
-                  group=8, sft_batch=64, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
+    # episode's assistant-token budget (PAPER), the official model length; chess SAN with + and #
+    # (docs/protocol.md section 3)
+    "paper": dict(threads=None, data="paper", chess_san_marks=True, backend="vllm", vllm_sleep=True, bf16=True,
+                  grad_checkpointing=True, phase_epochs=0.6, harness_iterations=6, train_limit=None,
+                  test_limit=None, k=8, batch=256, group=8, minibatch=2, warmup=0, weight_decay=0.01,
+                  grad_clip=1.0, candidates=3,
                   harness_tasks=256, harness_samples=1, proposer="claude", proposer_model="claude-opus-4-7",
                   proposer_timeout=2400.0, temperature=1.0, top_k=20,
                   max_new_tokens=8192, thinking="on", max_model_len=32768, deadline=600.0, adaptive_epochs=0.2,
@@ -40,12 +43,13 @@ PRESETS = {
     # epochs (weight, harness of re-score + 1 round, weight); 224 train prompts, 64 a step (the official searchqa
     # driver's batch) = 2 + 2 RSFT steps; M = 3 on 128 harness tasks; G = 8, mean@8 on the test subsets in GPU
     # (SearchQA 15 per benchmark); the adaptive harness phase scaled with I - 1 (min 1, max 3, patience 1);
-    # 256 concurrent episodes (the test evaluation keeps the runner's 64); the official h0s (PAPER), but without
-    # thinking and with 1,024 tokens a call and 2,048 an episode: at the official 8,192 thinking tokens the
-    # table takes about 6x longer
-    "gpu": dict(threads=None, data="paper", backend="vllm", vllm_sleep=True, bf16=True, grad_checkpointing=True,
-                epochs=1.2, phase_epochs=0.6, harness_iterations=2, train_limit=224, test_limit=None, k=8, batch=64,
-                group=8, sft_batch=64, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
+    # 256 concurrent episodes (the test evaluation keeps the runner's 64); the official h0s, SFT mini-batches and
+    # chess SAN (PAPER), but without thinking and with 1,024 tokens a call and 2,048 an episode: at the official
+    # 8,192 thinking tokens the table takes about 6x longer
+    "gpu": dict(threads=None, data="paper", chess_san_marks=True, backend="vllm", vllm_sleep=True, bf16=True,
+                grad_checkpointing=True, epochs=1.2, phase_epochs=0.6, harness_iterations=2, train_limit=224,
+                test_limit=None, k=8, batch=64, group=8, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0,
+                candidates=3,
                 harness_tasks=128, harness_samples=1, workers=256, proposer="claude", proposer_model="claude-opus-4-7",
                 proposer_timeout=2400.0, temperature=1.0, top_k=20, thinking="off", max_new_tokens=1024,
                 episode_tokens=2048, max_model_len=8192, deadline=600.0, adaptive_epochs=0.2, harness_patience=1,
@@ -55,22 +59,33 @@ PRESETS = {
 # (docs/protocol.md: searchqa and math call their tools natively; chess has no tools); the assistant-token budget of an
 # episode (chess: 8,129, as the official chess config has it) and the limit on its first prompt (docs/protocol.md); and
 # the LoRA learning rate (ours: 10x the official full fine-tuning rates of 1e-6 and 1e-7, as a rank-16 adapter
-# whose B starts at zero moves the model far less per step than a full update at the same rate)
+# whose B starts at zero moves the model far less per step than a full update at the same rate); the SFT
+# mini-batch: officially 64 trajectories on each data-parallel GPU, gradients averaged over the GPUs, so one
+# optimizer step covers 64 x the launchers' training GPUs (OFFICIAL_DP_GPUS) of the accepted set
+OFFICIAL_SFT_BATCH_PER_GPU = 64
+# searchqa: the driver's default N_GPUS_PER_NODE=6 (the retriever holds the other 2 of 8), as the WHALE launchers
+# (whale.sh -> alternate.sh) leave it; its 8 is only for the MULTI_RETRIEVE=1 layout, which no launcher sets.
+# math: 8. chess: the trainer's 1 node x 4 GPUs (the rollout engines hold 2 x 6 others)
+OFFICIAL_DP_GPUS = {"searchqa": 6, "math": 8, "chess": 4}
 PAPER = {
     "searchqa": dict(model="Qwen/Qwen3.5-2B", epochs=4.0, harness_only_iterations=40, lr=1e-5,
-                     harness="harnesses/paper/searchqa.py", episode_tokens=8192, max_prompt_tokens=2048),
+                     harness="harnesses/paper/searchqa.py", episode_tokens=8192, max_prompt_tokens=2048,
+                     sft_batch=OFFICIAL_SFT_BATCH_PER_GPU * OFFICIAL_DP_GPUS["searchqa"]),
     "math": dict(model="Qwen/Qwen3.5-2B", epochs=6.0, harness_only_iterations=60, lr=1e-6,
-                 harness="harnesses/paper/math.py", episode_tokens=8192, max_prompt_tokens=2048),
+                 harness="harnesses/paper/math.py", episode_tokens=8192, max_prompt_tokens=2048,
+                 sft_batch=OFFICIAL_SFT_BATCH_PER_GPU * OFFICIAL_DP_GPUS["math"]),
     "chess": dict(model="Qwen/Qwen3.5-4B", epochs=4.0, harness_only_iterations=40, lr=1e-6,
-                  harness="harnesses/chess.py", episode_tokens=8129, max_prompt_tokens=4096),
+                  harness="harnesses/paper/chess.py", episode_tokens=8129, max_prompt_tokens=4096,
+                  sft_batch=OFFICIAL_SFT_BATCH_PER_GPU * OFFICIAL_DP_GPUS["chess"]),
 }
-# the gpu preset per domain: the paper's model and learning rate; the test subset (seeded: SearchQA's sample per
-# benchmark, the first of chess's shuffled test puzzles; all 60 AIME problems); the engine's share of the card,
+# the gpu preset per domain: the paper's model, learning rate and SFT mini-batch; the test subset (seeded samples:
+# SearchQA's per benchmark, 80 of chess's 256 test puzzles; all 60 AIME problems); the engine's share of the card,
 # the most that fits beside the trainer on 24, 48 and 80 GB alike (scripts/memory_plan.py; searchqa's retriever
 # index takes 32 GiB of the 80 GB card)
 GPU = {"searchqa": dict(searchqa_test_per_set=15, gpu_memory=0.45), "math": dict(gpu_memory=0.7),
        "chess": dict(test_limit=80, gpu_memory=0.5)}
 GPU = {domain: dict(model=PAPER[domain]["model"], lr=PAPER[domain]["lr"], harness=PAPER[domain]["harness"],
-                     max_prompt_tokens=PAPER[domain]["max_prompt_tokens"], **GPU[domain]) for domain in GPU}
+                     max_prompt_tokens=PAPER[domain]["max_prompt_tokens"], sft_batch=PAPER[domain]["sft_batch"],
+                     **GPU[domain]) for domain in GPU}
 # D_weight sizes of the paper's data (docs/protocol.md), for --plan without downloading them
 PAPER_TRAIN_SIZES = {"searchqa": 18_946, "math": 17_917, "chess": 16_384}

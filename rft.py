@@ -11,7 +11,8 @@ Each rollout step (RSFT.step) is sample, filter, update:
 - filter: keep every episode with reward > 0.5 (all correct ones, not best-of-n): an accepted trajectory, whose
   every llm() call is one example (prompt ids, sampled completion ids);
 - update: one pass over the accepted trajectories in order, one optimizer step per SFT mini-batch of
-  --sft-batch (64) of them, so ceil(accepted / 64) steps; a mini-batch's loss is the summed NLL of its
+  --sft-batch of them, so ceil(accepted / sft_batch) steps (the paper presets: 64 per GPU x the official runs'
+  data-parallel GPUs, presets.OFFICIAL_DP_GPUS); a mini-batch's loss is the summed NLL of its
   completion tokens only (the prompt, which holds the system and user turns and the tool outputs, is masked)
   over its number of completion tokens, accumulated in length-sorted micro-batches of --minibatch examples
   (AdamW on the LoRA weights with weight decay, gradient clipping, a constant lr unless --warmup). No replay
@@ -51,9 +52,10 @@ def add_args(parser):
     group.add_argument("--group", type=positive_int, default=8, help="G: rollouts per prompt")
     rollout.add_sampling_args(group)
     group = parser.add_argument_group("SFT update (paper: one pass over the accepted set, one optimizer step per "
-                                      "64 accepted trajectories)")
+                                      "64 accepted trajectories on each GPU)")
     group.add_argument("--sft-batch", type=positive_int, default=64,
-                        help="accepted trajectories per optimizer step (the SFT mini-batch)")
+                        help="accepted trajectories per optimizer step (the SFT mini-batch; the paper presets: 64 x "
+                             "the official runs' GPUs)")
     group.add_argument("--minibatch", type=positive_int, default=8,
                         help="examples per forward/backward inside an SFT mini-batch (gradient accumulation)")
     group.add_argument("--lr", type=positive_float, default=1e-4, help="AdamW lr on the LoRA weights")

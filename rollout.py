@@ -15,9 +15,11 @@ episode is waiting (or the rest are busy for a while) it samples them all in ONE
 call. It records the exact prompt and completion token ids of every call, and cuts the reply text after
 the first stop string. Each call's token cap is the harness's and --max-new-tokens, cut to what is left of
 the episode's assistant-token budget (--episode-tokens) and of the model length; once nothing is left, the
-reply is empty (docs/protocol.md section 2). When an episode ends (done, error, its deadline, a forged request: reward 0,
-error in the trace) its sandbox is killed with every process and thread in it, and a fresh one starts in its
-place: every episode gets a fresh interpreter (started ones wait in a pool across calls, so an episode rarely waits).
+reply is empty (docs/protocol.md section 2). So is every request past the official caps on an episode's model
+calls, whatever the harness asks (lib/protocol.py MODEL_CALL_CAPS: searchqa and math 16; chess 18, and 10
+retries of each kind). When an episode ends (done, error, its deadline, a forged request: reward 0, error in
+the trace) its sandbox is killed with every process and thread in it, and a fresh one starts in its place:
+every episode gets a fresh interpreter (started ones wait in a pool across calls, so an episode rarely waits).
 An episode lost outside the harness's own code (its worker did not start, a tool server or the python tool's
 sandbox failed: lib.protocol.InfrastructureError) also scores 0, but counts against its phase's error budget,
 not the candidate: past --infra-budget (5 %) of a phase's episodes the run stops with one line (ErrorBudget).
@@ -45,8 +47,9 @@ from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, no
 from lib.contract import ALLOWED_IMPORTS, check_harness, check_harness_fits
 from lib.models import chat_ids, check_model, thinking_switch
 from lib.policy import add_backend_args, check_backend, load_policy
-from lib.protocol import (MAX_CHARS, MAX_LINE, MAX_LLM_CALLS, MAX_PROMPT_TOKENS, MAX_TOOL_CALLS, STDOUT_KEEP,
-                          InfrastructureError, cut_at_stop, exception_reply, llm_request, tool_request)
+from lib.protocol import (MAX_CHARS, MAX_LINE, MAX_LLM_CALLS, MAX_PROMPT_TOKENS, MAX_RETRIES, MAX_TOOL_CALLS,
+                          MODEL_CALL_CAPS, STDOUT_KEEP, InfrastructureError, cut_at_stop, exception_reply,
+                          llm_request, tool_request)
 from lib.worker_pool import POOL, worker_memory_bytes
 
 
@@ -149,6 +152,9 @@ class Episode:
         self.index, self.task, self.sample, self.public = index, task, sample, public
         self.calls, self.tool_calls, self.record = [], [], None
         self.asked, self.out_of_tokens = 0, False  # llm() requests so far; whether one found no tokens left
+        self.capped = False  # whether a request went past the domain's caps on model calls (MODEL_CALL_CAPS)
+        self.retries = {"format": 0, "illegal": 0}  # chess: the model calls that failed to give a legal move
+        self.checked = self.tools_seen = 0  # chess: model calls and tool calls already counted in retries
         self.tools = self.request = self.future = None
         self.state, self.start, self.since, self.waited = "todo", 0.0, 0.0, 0.0
 
@@ -240,7 +246,7 @@ class Runner:
         ep.record = {"task_id": ep.task["id"], "sample": ep.sample, "reward": reward, "answer": answer,
                      "error": error, "turns": len(ep.calls), "tokens": sum(len(c["completion_ids"]) for c in ep.calls),
                      "seconds": round(now - ep.start, 3), "calls": ep.calls, "tool_calls": ep.tool_calls,
-                     "stdout": stdout, "out_of_tokens": ep.out_of_tokens}
+                     "stdout": stdout, "out_of_tokens": ep.out_of_tokens, "capped": ep.capped}
         ep.state = "done"
         self.running.discard(ep)
         self.bar.update(1)
@@ -276,6 +282,9 @@ class Runner:
             if ep.asked >= MAX_LLM_CALLS:  # empty replies count too: a harness cannot spin on them
                 return self.send(w, {"raise": "RuntimeError", "message": f"llm() call limit {MAX_LLM_CALLS} reached"})
             ep.asked += 1
+            if self.past_cap(ep):  # no sample: '' ends the episode in the harness, scored on what it has
+                ep.capped = True
+                return self.send(w, {"value": ""})
             try:
                 ids = chat_ids(self.backend.tokenizer, messages, tools=tools, thinking=self.thinking)
             except Exception as e:
@@ -302,6 +311,28 @@ class Runner:
             ep.future.add_done_callback(self.wake)
         else:
             raise ValueError(f"unknown message {str(msg)[:200]}")
+
+    def past_cap(self, ep):
+        """Whether this llm() request goes past the domain's caps: its model calls (MODEL_CALL_CAPS) or, in chess,
+        MAX_RETRIES of either kind of retry."""
+        name = getattr(self.domain, "name", None)
+        if name == "chess":
+            self.count_retry(ep)
+        return len(ep.calls) >= MODEL_CALL_CAPS.get(name, MAX_LLM_CALLS) or max(ep.retries.values()) > MAX_RETRIES
+
+    def count_retry(self, ep):
+        """Chess: the model call before this request failed when the harness sent no move after it (a format
+        retry, as a move that is not UCI) or its last move was illegal (an illegal-move retry); once per call."""
+        if ep.checked == len(ep.calls):
+            return
+        ep.checked = len(ep.calls)
+        moves = [c["result"] for c in ep.tool_calls[ep.tools_seen:] if c["name"] == "move"]
+        ep.tools_seen = len(ep.tool_calls)
+        status = moves[-1].get("status") if moves and isinstance(moves[-1], dict) else None
+        if not moves or status == "unparseable":
+            ep.retries["format"] += 1
+        elif status == "illegal":
+            ep.retries["illegal"] += 1
 
     def tokens_left(self, ep, ids, cap):
         """This call's token cap: `cap` (the harness's and --max-new-tokens) cut to what is left of the episode's

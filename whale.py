@@ -100,7 +100,7 @@ def parse_args(argv=None):
                                                "results/<preset>/seed-<n>/<domain>/<method> for --seed n, n != 0)")
     g.add_argument("--model", default=None, help="smoke | cpu | hub id | local path (default: the preset's)")
     g.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py; "
-                   "the paper preset: harnesses/paper/<domain>.py for searchqa and math)")
+                   "the paper and gpu presets: harnesses/paper/<domain>.py)")
     g.add_argument("--seed", type=seed_int, default=0)
     g.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads; 1 on 2-core machines, where the harness workers need the other core")

@@ -14,6 +14,9 @@ ALLOWED_IMPORTS = ("re", "json", "math", "random", "string", "collections", "ite
 FORBIDDEN_NAMES = ("open", "exec", "eval", "compile", "__import__", "globals", "locals", "vars", "getattr",
                    "setattr", "delattr", "breakpoint", "input", "__builtins__", "__loader__", "__spec__")
 MAX_HARNESS_CHARS = 100_000
+# modules a chess harness could choose moves with (a chess library, an engine it would start): the official
+# skill's hard ban, named in the verdict; the allowlist refuses every other import anyway
+CHESS_ENGINE_MODULES = ("chess", "stockfish", "subprocess")
 PROMPT_KNOBS = ("PROMPT", "TEMPLATE")  # a prompt knob's name is one of these or ends in _PROMPT / _TEMPLATE
 
 
@@ -122,8 +125,8 @@ def not_an_answer(value):
     return None
 
 
-def static_check(source, parent_source=None, prompt_only=False):
-    """None when the candidate may be run, else the reason it is rejected."""
+def static_check(source, parent_source=None, prompt_only=False, domain=None):
+    """None when the candidate may be run, else the reason it is rejected (domain: its domain's name)."""
     if not source or not source.strip():
         return "no code: the candidate file is missing or empty"
     if len(source) > MAX_HARNESS_CHARS:
@@ -138,6 +141,9 @@ def static_check(source, parent_source=None, prompt_only=False):
         return "no run: the file must define a top-level def run(task, llm, tools)"
     for node in ast.walk(tree):
         bad = forbidden_import(node)
+        if bad and domain == "chess" and bad.split(".")[0] in CHESS_ENGINE_MODULES:
+            return (f"chess engine: imports {bad}; a chess harness relays the model's move and never chooses one "
+                    "(no chess library, engine or move search)")
         if bad:
             return f"forbidden import: {bad} (allowed: {', '.join(ALLOWED_IMPORTS)})"
         if isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:

@@ -6,9 +6,12 @@ be a local .jsonl / .csv / .parquet file, so runs work offline from copied files
   source keeping its share (the official builder is not public); test = its seven test sets from the FlashRAG
   collection (nq, triviaqa, popqa: test; hotpotqa, 2wikimultihopqa, musique: dev; bamboogle: test), a seeded
   100 per set, each task naming its set in `source`; search = Search-R1's retrieval server (e5 over Wikipedia
-  2018, --retriever-url) or, without one, bm25s over a wiki-18 .jsonl file (--wiki).
-- math: train = DAPO-Math-17K (its prompt template stripped), one row per problem id: the release stores its
-  17,917 problems 100 times over; test = AIME 2024 + AIME 2025, 30 each.
+  2018, --retriever-url) or, without one, bm25s over a wiki-18 .jsonl file (--wiki); a passage's title keeps
+  wiki-18's quotes ('"Paris": ...'), as the official tool shows it (Doc 1 (Title: "Paris")).
+- math: train = DAPO-Math-17K, its prompt as the release writes it (the official training prompt keeps DAPO's
+  own "Answer: $Answer" instruction: the ReTool recipe adds its \\boxed line and the official prompt hook takes
+  off only that line), one row per problem id: the release stores its 17,917 problems 100 times over; test =
+  AIME 2024 + AIME 2025, 30 each, the bare problem.
 - chess: Lichess puzzles (CC0), built as the official grpo_dataset.py does: the first move of `Moves` is the
   trigger, the solution is the rest (1-9 plies), every move legal, no rating filter, one puzzle per position,
   split by a hash of the position into disjoint harness / test-pool / train buckets; the test set is a seeded
@@ -49,7 +52,8 @@ CHESS_SPLIT_SEED = 42
 CHESS_MAX_PLIES = 9
 CHESS_MAX_SCAN = 2_000_000  # rows of the stream read at most
 
-# DAPO-Math-17K wraps every problem in this instruction; the harness writes its own prompt
+# DAPO-Math-17K wraps every problem in this instruction, which the training prompt keeps as officially (these build
+# the tests' and the dry run's fixtures)
 DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your response should be of the form "
                "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n")
 DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
@@ -106,7 +110,7 @@ def searchqa_task(row, source, index):
 def dapo_task(row, index):
     prompt = row.get("prompt")
     text = prompt[0]["content"] if isinstance(prompt, list) and prompt else str(row.get("question") or prompt or "")
-    text = text.removeprefix(DAPO_PREFIX).removesuffix(DAPO_SUFFIX).strip()
+    text = text.strip()
     answer = (row.get("reward_model") or {}).get("ground_truth", row.get("answer"))
     if not text or answer is None:
         return None
@@ -252,9 +256,10 @@ def load_chess(split, name=CHESS_PUZZLES, buckets=CHESS_BUCKETS, test_size=CHESS
 
 
 def passage_text(contents):
-    """wiki-18 / Search-R1 `contents` ('"Title"\\ntext') -> 'Title: text', the bundled corpus' form."""
+    """wiki-18 / Search-R1 `contents` ('"Title"\\ntext') -> '"Title": text', the bundled corpus' form with the
+    title as wiki-18 writes it, quotes kept (the official tool's "Doc 1 (Title: "Paris")")."""
     title, _, text = str(contents).partition("\n")
-    return f"{title.strip().strip(chr(34))}: {text.strip()}"
+    return f"{title.strip()}: {text.strip()}"
 
 
 class RetrieverClient:

@@ -62,8 +62,12 @@ split (1 rollout per task); the best score wins, ties go to fewer mean turns.
 - `llm(messages, max_tokens=None) -> str`; messages are `[{{"role": "system"|"user"|"assistant", "content": str}}]`.
 - `tools` methods: {tool_methods}. They take and return JSON values.
 - Imports only from: {allowed}. No `open`, `exec`, `eval`, `getattr`, `globals`, dunder attributes.
-- Stay within the caps: at most 16 turns (SearchQA), 18 (chess), 10 retries; keep prompts short, the
-  policy is a small model with a small context.{prompt_only}
+- Caps the runner enforces whatever the harness asks: {caps}. Past a cap `llm()` returns '' (as it
+  does once the episode's token budget is spent): end the episode there with the answer you have.
+- Keep prompts short: the policy is a small model with a small context.{prompt_only}
+
+## The {domain} domain
+{domain_brief}
 
 ## What to do
 1. Read the archive first: `summary.jsonl`, `frontier.json`, and traces of recent failures and
@@ -88,13 +92,62 @@ Candidates to write: {targets}
 """
 
 
+CAPS = {"searchqa": "at most 16 model calls an episode", "math": "at most 16 model calls an episode",
+        "chess": "at most 18 model calls a puzzle, and at most 10 retries of each kind (a reply that names no "
+                 "single valid move, a move that is not legal)"}
+
+# Each domain's brief, after the official runs' per-domain proposer skills (meta_harness/skills/*/SKILL.md)
+DOMAIN_BRIEFS = {
+    "searchqa": """Multi-turn factual question answering over an encyclopedia through `tools.search` (a retriever over
+a fixed corpus, not a web search engine); the reward is exact match of the final answer, after normalisation,
+with any gold answer. Good candidates change a mechanism; pick an axis other than the last iterations' ones:
+- A. the system prompt's structure (e.g. plan, search, verify, then answer);
+- B. the user template;
+- C. query rewriting before a search (decomposition, entity extraction, dropping filler words);
+- D. retrieval parameters (passages per search, words per passage), together with how they are used;
+- E. what the harness says back after a turn (how results are shown, a nudge when the model neither searches
+  nor answers, feedback on a repeated query);
+- F. the turn budget and when to stop.
+Combining mechanisms of earlier candidates is fine, as are published patterns (ReAct, self-ask, IRCoT). Never
+branch on question text, entities or the benchmark a question comes from. Where the harness gives the model a
+tool schema (`TOOLS`), keep its name and its first parameter: the weights are trained under it.""",
+    "math": """Math problems, with `tools.python` to run code; the reward reads the last `\\boxed{...}` of the final
+answer and compares it with the gold answer as a string. Good candidates change a mechanism; pick an axis other
+than the last iterations' ones:
+- A. the system prompt's structure (e.g. plan, compute, check, answer);
+- B. the user template: keep the problem as it is and keep the boxed-answer requirement;
+- C. how the model's code is taken (which block, printing the last value);
+- D. how the interpreter's output and errors are shown, and the nudges after an error;
+- E. recovery when the model neither calls the tool nor answers;
+- F. the turn budget and when to stop.
+Never branch on problem text, numbers of a given problem or the dataset it comes from. Where the harness gives
+the model a tool schema (`TOOLS`), keep its name and its first parameter (`code`).""",
+    "chess": """Chess puzzles: at each turn the model must name the one move of the puzzle's line; `tools.move` plays
+it, then the opponent's reply. A legal move other than the line's ends the puzzle with 0.
+The harness is a communication layer only. Hard bans (a candidate that breaks one is worthless even if it
+scores):
+- no chess library (`import chess` is refused) and no engine, tablebase or move search of any kind;
+- no minimax, mate search, ranking of captures or checks, piece values, move ordering, or any other rule that
+  chooses, ranks or filters moves;
+- never turn a legal wrong move of the model into another move: a legal wrong move is the model's failure
+  and stays final;
+- no puzzle ids, positions, lines, ratings or themes written into the code.
+What a candidate may do: present the visible position better (board, FEN, legal moves, history, the last
+reply), parse the model's reply more robustly (tags, brackets, a bare move, promotion case, ambiguity),
+check a move only against the legal moves shown, and retry a malformed or illegal move with short, clear
+feedback. Weak changes: a word or punctuation, or a retry budget alone without better feedback.""",
+}
+
+
 def write_instructions(run_dir, domain, names, parent, iteration, args):
     example = domain.public(domain.load("harness")[0])
     prompt_only = ("\n- PROMPT-ONLY RUN: change only string constants (prompts, formats); any other change "
                    "to the code is rejected.") if args.prompt_only else ""
     text = INSTRUCTIONS.format(domain=domain.name, public_keys=", ".join(f"`{k}`" for k in example),
                                tool_methods=", ".join(f"`{m}`" for m in domain.TOOL_METHODS),
-                               allowed=", ".join(ALLOWED_IMPORTS), prompt_only=prompt_only, iteration=iteration,
+                               allowed=", ".join(ALLOWED_IMPORTS), caps=CAPS.get(domain.name, "none"),
+                               domain_brief=DOMAIN_BRIEFS.get(domain.name, ""), prompt_only=prompt_only,
+                               iteration=iteration,
                                parent=parent, targets=", ".join(f"`candidates/{n}/harness.py`" for n in names))
     path = Path(run_dir) / "INSTRUCTIONS.md"
     path.write_text(text)

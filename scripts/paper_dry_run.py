@@ -37,7 +37,7 @@ ANSWER_REPLY = "<answer>Quelm</answer>"
 CODE_REPLY = ('<tool_call>\n<function=code_interpreter>\n<parameter=code>\nprint(6 * 7)\n</parameter>\n</function>\n'
               '</tool_call>')
 BOXED_REPLY = "The code printed 42. \\boxed{42}"
-TAUGHT_MODEL = "qwen35-tiny-taught-v1"  # its cache folder: a new name whenever the teaching or tests/fixtures/qwen35.QWEN35_TINY changes
+TAUGHT_MODEL = "qwen35-tiny-taught-v2"  # its cache folder: a new name whenever the teaching or tests/fixtures/qwen35.QWEN35_TINY changes
 
 
 # -----------------------------------------------------------------------------
@@ -124,6 +124,7 @@ def fixtures(folder):
 def teaching_chats():
     """(messages, tools, reply) under the official searchqa and math h0s' prompts: a tool call, then the answer."""
     import importlib.util
+    from lib.paper_data import DAPO_PREFIX, DAPO_SUFFIX
     def h0(path):
         spec = importlib.util.spec_from_file_location("h0", path)
         module = importlib.util.module_from_spec(spec)
@@ -135,13 +136,16 @@ def teaching_chats():
     search = [{"role": "system", "content": sq.SYSTEM_PROMPT},
               {"role": "user", "content": sq.USER_TEMPLATE.format(question=question)}]
     call = SEARCH_REPLY.format(question=question)
-    passage = json.dumps({"result": f"Doc 1 (Title: {country})\n{country} is a country whose capital is Quelm."})
-    code = [{"role": "user", "content": ma.USER_TEMPLATE.format(question="A box holds 6 rows of 7 tiles. How many "
-                                                                        "tiles are in the box?")}]
-    return [(search, sq.TOOLS, call),
-            (search + [{"role": "assistant", "content": call}, {"role": "tool", "content": passage}], sq.TOOLS, ANSWER_REPLY),
-            (code, ma.TOOLS, CODE_REPLY),
-            (code + [{"role": "assistant", "content": CODE_REPLY}, {"role": "tool", "content": "42\n"}], ma.TOOLS, BOXED_REPLY)]
+    passage = json.dumps({"result": f'Doc 1 (Title: "{country}")\n{country} is a country whose capital is Quelm.'})
+    chats = [(search, sq.TOOLS, call),
+             (search + [{"role": "assistant", "content": call}, {"role": "tool", "content": passage}], sq.TOOLS, ANSWER_REPLY)]
+    problem = "A box holds 6 rows of 7 tiles. How many tiles are in the box?"
+    for question in (problem, DAPO_PREFIX + problem + DAPO_SUFFIX):  # as AIME asks it (test), as DAPO does (train)
+        code = [{"role": "user", "content": ma.USER_TEMPLATE.format(question=question)}]
+        chats += [(code, ma.TOOLS, CODE_REPLY),
+                  (code + [{"role": "assistant", "content": CODE_REPLY}, {"role": "tool", "content": "42\n"}], ma.TOOLS,
+                   BOXED_REPLY)]
+    return chats
 
 
 def build_model(folder, steps=200):

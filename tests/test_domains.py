@@ -307,7 +307,7 @@ def test_math_gold_answers_match_their_own_box():
 
 def child_pids():
     """Processes whose parent is this test process (read from /proc: no helper process of our own), but the warm
-    harness workers (lib/worker.py) that a rollout test run earlier in this process keeps in its pool."""
+    harness workers (lib/harness_process.py) that a rollout test run earlier in this process keeps in its pool."""
     pids = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -315,7 +315,7 @@ def child_pids():
             cmdline = open(f"/proc/{entry}/cmdline", "rb").read()  # a zombie's is empty: it still counts
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"/lib/worker.py" not in cmdline:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"/lib/harness_process.py" not in cmdline:
             pids.append(int(entry))
     return pids
 

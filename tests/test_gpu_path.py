@@ -441,8 +441,10 @@ def test_math_rows(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in block * 3))  # the release repeats its block
     tasks = paper_data.load_math("train", train_name=str(path))
     assert [t["id"] for t in tasks] == ["dapo-" + r["extra_info"]["index"] for r in block]
-    assert tasks[0] == {"id": "dapo-9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079", "question": problem, "answer": "0",
-                        "source": "dapo-math-17k"}
+    # the question is DAPO's prompt as released, its "Answer: $Answer" instruction kept, as the official training
+    # prompt has it (the ReTool recipe adds the \\boxed line; the official prompt hook takes off only that line)
+    assert tasks[0] == {"id": "dapo-9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079", "answer": "0", "source": "dapo-math-17k",
+                        "question": (paper_data.DAPO_PREFIX + problem + paper_data.DAPO_SUFFIX).strip()}
     no_ids = tmp_path / "plain.jsonl"  # a copy without ids: one task per problem text
     no_ids.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n" for q in ["a?", "b?", "a?"]))
     assert [t["question"] for t in paper_data.load_math("train", train_name=str(no_ids))] == ["a?", "b?"]
@@ -567,7 +569,7 @@ def test_data_switch(tmp_path):
     assert math.reward(math.load("test")[0], "so \\boxed{7}", None) == 1.0
     (tmp_path / "wiki.jsonl").write_text("".join(json.dumps(d) + "\n" for d in WIKI))
     search = domains.get("searchqa", paper_args("--wiki", str(tmp_path / "wiki.jsonl")))
-    assert search.tools({}).search("Kelmar founded", k=50)[0].startswith("Kelmar: Kelmar is a city")
+    assert search.tools({}).search("Kelmar founded", k=50)[0].startswith('"Kelmar": Kelmar is a city')
     with pytest.raises(ValueError, match="--retriever-url URL .* or --wiki PATH"):
         domains.get("searchqa", paper_args()).tools({})
 
@@ -604,8 +606,8 @@ def test_retriever_client_speaks_search_r1_api():
     try:
         client = paper_data.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
         assert client.search("where does the Zarnoth flow", k=2) == [
-            "Zarnoth River: The Zarnoth River flows through Kelmar and ends in the Sea of Vost.",
-            "Kelmar: Kelmar is a city founded in 1342 by the weaver Oda Prell."]
+            '"Zarnoth River": The Zarnoth River flows through Kelmar and ends in the Sea of Vost.',
+            '"Kelmar": Kelmar is a city founded in 1342 by the weaver Oda Prell.']
         assert log[-1] == ("/retrieve", {"queries": ["where does the Zarnoth flow"], "topk": 2, "return_scores": True})
         assert [len(r) for r in client.search_batch(["a", "b", "c"], k=1)] == [1, 1, 1]
     finally:
@@ -618,9 +620,9 @@ def test_wiki_bm25_fallback(tmp_path):
     path = tmp_path / "wiki-18.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in WIKI))
     wiki = paper_data.WikiBM25(str(path))
-    assert wiki.search("who founded Kelmar", k=1) == ["Kelmar: Kelmar is a city founded in 1342 by the weaver Oda Prell."]
+    assert wiki.search("who founded Kelmar", k=1) == ['"Kelmar": Kelmar is a city founded in 1342 by the weaver Oda Prell.']
     again = paper_data.WikiBM25(str(path))  # loads the saved index
-    assert again.search("Oda Prell birthplace", k=3)[0].startswith("Oda Prell:")
+    assert again.search("Oda Prell birthplace", k=3)[0].startswith('"Oda Prell":')
     with pytest.raises(FileNotFoundError, match="wiki corpus .* --retriever-url"):
         paper_data.WikiBM25(str(tmp_path / "missing.jsonl"))
 
@@ -663,8 +665,9 @@ def test_the_paper_dry_run_stand_ins_speak_the_real_formats(tmp_path):
     assert len(test) == 12 and {t["source"] for t in test} == {"nq", "hotpotqa"}
     [dapo] = list((tmp_path / "math").glob("dapo_math_17k.*"))
     math_train = paper_data.load_math("train", train_name=str(dapo))
-    assert len(math_train) == 8 and math_train[0]["id"] == "dapo-0000"  # one per problem id, its template stripped:
-    assert math_train[0]["question"] == "A box holds 6 rows of 7 tiles. How many tiles are in the box?"
+    assert len(math_train) == 8 and math_train[0]["id"] == "dapo-0000"  # one per problem id, DAPO's prompt kept:
+    assert math_train[0]["question"] == (paper_data.DAPO_PREFIX + "A box holds 6 rows of 7 tiles. How many tiles are in the "
+                                                          "box?" + paper_data.DAPO_SUFFIX).strip()
     aime = [str(next((tmp_path / "math").glob(f"aime_{y}.*"))) for y in (2024, 2025)]
     assert [t["answer"] for t in paper_data.load_math("test", test_names=aime)] == ["42", "27", "42", "20"]
     chess_test = paper_data.load_chess("test", str(tmp_path / "chess" / "lichess_db_puzzle.csv"),
@@ -677,8 +680,8 @@ def test_the_paper_dry_run_stand_ins_speak_the_real_formats(tmp_path):
     try:
         client = paper_data.RetrieverClient(f"http://127.0.0.1:{port_file.read_text()}/retrieve")
         assert client.search_batch(["capital of Zorbia", "Talvia"], k=1) == [
-            ["Zorbia: Zorbia is a country whose capital is Quelm, on the river Ost."],
-            ["Talvia: Talvia is a country whose capital is Ost, on the river Ost."]]
+            ['"Zorbia": Zorbia is a country whose capital is Quelm, on the river Ost.'],
+            ['"Talvia": Talvia is a country whose capital is Ost, on the river Ost.']]
     finally:
         server.shutdown()
     assert (tmp_path / "port.queries").read_text() == "capital of Zorbia\nTalvia\n"

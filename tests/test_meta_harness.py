@@ -125,6 +125,13 @@ def test_static_check_reasons():
     assert check("def run(task, llm):\n    return {}").startswith("no run")
     assert check("import os\n" + SEED).startswith("forbidden import: os")
     assert check("from subprocess import run as r\n" + SEED).startswith("forbidden import: subprocess")
+    # chess: a chess library or an engine is the official skill's hard ban, named as such
+    assert check("import chess\n" + SEED).startswith("forbidden import: chess")
+    assert check("import chess.engine\n" + SEED, domain="chess") == (
+        "chess engine: imports chess.engine; a chess harness relays the model's move and never chooses one (no chess "
+        "library, engine or move search)")
+    assert check("from subprocess import run\n" + SEED, domain="chess").startswith("chess engine: imports subprocess")
+    assert check("import os\n" + SEED, domain="chess").startswith("forbidden import: os")
     assert check("import collections.abc\n" + SEED) is None
     assert check(SEED + "\nx = open('/etc/passwd')\n").startswith("forbidden name: open")
     assert check(SEED + "\nx = ().__class__.__bases__\n").startswith("forbidden attribute: .__")
@@ -586,3 +593,37 @@ def test_real_claude_cli_tools_stay_in_the_proposer_folder(fake, tmp_path, monke
     assert "No such tool available: Bash" in FakeAnthropicApi.results[8][2]
     row, cost = rows_of(run_dir)["h1_1"], json.loads((run_dir / "costs.jsonl").read_text())
     assert row["valid"] and row["score"] == 0.2 and cost["error"] is None and cost["permission_denials"] == 3
+
+
+def test_a_chess_candidate_importing_chess_is_refused_before_any_rollout(tmp_path):
+    """validate(): the chess h0 with `import chess` added is rejected with one line, and no episode is run."""
+    import domains
+    from types import SimpleNamespace
+    h0 = (Path(__file__).resolve().parents[1] / "harnesses" / "paper" / "chess.py").read_text()
+    for name, source in (("h0", h0), ("h1_1", h0.replace("import re\n", "import re\nimport chess\n"))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "harness.py").write_text(source)
+    mh.write_json(tmp_path / "h1_1" / "meta.json", {"parent": "h0"})
+    meta = mh.validate(tmp_path / "h1_1", [{"name": "h0", "valid": True}], None, domains.get("chess"), [],
+                       SimpleNamespace(prompt_only=False), {})
+    assert meta["valid"] is False and meta["reason"].startswith("chess engine: imports chess;")
+    assert "\n" not in meta["reason"] and "smoke_rollouts" not in meta
+
+
+def test_each_domain_gets_its_own_brief_and_caps(tmp_path):
+    """After the official per-domain skills: chess's hard bans, searchqa's and math's axes; the runner's caps."""
+    import domains
+    from types import SimpleNamespace
+    text = {}
+    for name in ("searchqa", "math", "chess"):
+        folder = tmp_path / name
+        folder.mkdir()
+        path = proposers.write_instructions(folder, domains.get(name), ["h1_1"], "h0", 1,
+                                            SimpleNamespace(prompt_only=False))
+        text[name] = path.read_text()
+        assert f"## The {name} domain\n" in text[name]
+    assert "never turn a legal wrong move of the model into another move" in text["chess"]
+    assert "no chess library (`import chess` is refused) and no engine" in text["chess"]
+    assert "at most 18 model calls a puzzle, and at most 10 retries of each kind" in text["chess"]
+    assert "- C. query rewriting before a search" in text["searchqa"] and "- A." not in text["chess"]
+    assert "at most 16 model calls an episode" in text["searchqa"] and "\\boxed{...}" in text["math"]

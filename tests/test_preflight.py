@@ -179,7 +179,7 @@ def test_retriever_server_answering_search_r1s_api():
     url = f"http://127.0.0.1:{server.server_port}/retrieve"
     try:
         ok, line = check(preflight.check_retriever, run_args("--retriever-url", url))
-        assert ok and line.startswith(f"Search-R1 retrieval server {url} answers; top passage 'Zarnoth River:")
+        assert ok and line.startswith(f"Search-R1 retrieval server {url} answers; top passage '\"Zarnoth River\":")
         assert log == [("/retrieve", {"queries": ["who wrote the iliad"], "topk": 1, "return_scores": True})]
     finally:
         server.shutdown()
@@ -205,9 +205,9 @@ def test_wiki_is_read_as_downloaded_gzip(tmp_path):
     with gzip.open(path, "wt", encoding="utf-8") as f:
         f.write("".join(json.dumps(d) + "\n" for d in WIKI))
     ok, line = check(preflight.check_retriever, run_args("--wiki", str(path)))
-    assert ok and "reads ('Zarnoth River: The Zarnoth" in line and "built at the first search" in line
+    assert ok and "reads ('\"Zarnoth River\": The Zarnoth" in line and "built at the first search" in line
     wiki = paper_data.WikiBM25(str(path))  # the run's bm25s over the .gz itself
-    assert wiki.search("who founded Kelmar", k=1) == ["Kelmar: Kelmar is a city founded in 1342 by the weaver Oda Prell."]
+    assert wiki.search("who founded Kelmar", k=1) == ['"Kelmar": Kelmar is a city founded in 1342 by the weaver Oda Prell.']
     assert "index is cached" in check(preflight.check_wiki, str(path))[1]
     ok, line = check(preflight.check_wiki, str(tmp_path / "missing.jsonl.gz"))
     assert not ok and "hf download PeterJinGo/wiki-18-corpus wiki-18.jsonl.gz" in line

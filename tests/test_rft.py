@@ -1,6 +1,7 @@
 """rft.py: sampler, stop rule, completion-only loss, bad input, and (with rollout) accounting, learning, resume."""
 import argparse
 import json
+import math
 import types
 
 import pytest
@@ -263,3 +264,22 @@ def test_resume_syncs_the_engine_with_the_checkpoint_adapter_first(tmp_path):
     assert policy.backend.synced == []  # a fresh run: the engine serves the base model, as the zero-init adapter does
     resumed = rft.RSFT(rft_args(batch=4, group=1), recording_policy(), FakeDomain(8, ""), tmp_path / "out")
     assert resumed.policy.backend.synced == [str(tmp_path / "out" / "ckpt" / "adapter")]  # before any rollout
+
+
+@pytest.mark.parametrize("domain", ["searchqa", "math", "chess"])
+def test_the_paper_sft_mini_batch_makes_the_official_number_of_optimizer_steps(domain):
+    """Officially every data-parallel GPU takes an even share of the accepted set and steps once per 64 of its
+    share, the GPUs' gradients averaged: ceil(ceil(accepted / GPUs) / 64) steps (6 / 8 / 4 GPUs). The paper and
+    gpu presets' global mini-batch of 64 x GPUs makes as many, on the same trajectories per step."""
+    import whale
+    gpus = {"searchqa": 6, "math": 8, "chess": 4}[domain]
+    [paper] = whale.parse_args(["--domain", domain, "--preset", "paper"])
+    [gpu] = whale.parse_args(["--domain", domain, "--preset", "gpu"])
+    assert paper.sft_batch == gpu.sft_batch == 64 * gpus
+    model = add_lora(tiny_model(layers=1, mlp=8), rft_args(lora_rank=1))
+    for accepted in (1, 64 * gpus, 64 * gpus + 1, 1000, 2048):
+        official = math.ceil(math.ceil(accepted / gpus) / 64)  # the busiest GPU's steps
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        trajectories = [[([1 + i % 7], [3 + i % 5])] for i in range(accepted)]
+        losses = rft.sft_update(model, opt, trajectories, paper.sft_batch, 4096, 1.0)
+        assert len(losses) == official, (domain, accepted)

@@ -469,3 +469,68 @@ def test_a_harness_that_raises_is_its_own_failure_and_costs_no_budget(backend, t
     assert all("ValueError: boom" in e["error"] and not e["error"].startswith("infrastructure")
                and e["reward"] == 0.0 for e in eps)
     assert rollout.BUDGET.counts()["infra_failures"] == 0 and rollout.BUDGET.episodes == 4  # under the 5 %: no stop
+
+
+class AlwaysBackend:
+    """Every call samples the same short reply."""
+
+    def __init__(self, tokenizer, text="ok"):
+        self.tokenizer, self.ids = tokenizer, tokenizer.encode(text, add_special_tokens=False)
+
+    def generate(self, prompts, **kw):
+        return [list(self.ids) for _ in prompts]
+
+
+class MathNamedDomain(FakeDomain):
+    name = "math"
+
+    def reward(self, task, answer, tools):
+        return float(answer == "ok")
+
+
+GREEDY = '''"""Asks for more model calls than any cap; answers with the last non-empty reply, as the paper h0s do."""
+def run(task, llm, tools):
+    answer, replies = None, 0
+    for _ in range(ASKS):
+        reply = llm([{"role": "user", "content": task["question"]}])
+        if reply:
+            answer, replies = reply, replies + 1
+    return {"answer": answer, "replies": replies}
+'''
+
+
+def test_a_harness_asking_for_more_model_calls_than_the_cap_ends_at_it(backend, tmp_path):
+    """searchqa and math: 16 model calls; the 17th request and later get '' without sampling, so the harness ends
+    and is scored on what it has; past MAX_LLM_CALLS requests llm() raises (a harness cannot spin on '')."""
+    assert protocol.MODEL_CALL_CAPS == {"searchqa": 16, "math": 16, "chess": 18} and protocol.MAX_RETRIES == 10
+    scripted = AlwaysBackend(backend.tokenizer)
+    [ep] = rollout.run_episodes(MathNamedDomain(), write(tmp_path, "greedy.py", "ASKS = 20\n" + GREEDY),
+                                MathNamedDomain().load("t", n=1), scripted)
+    assert (ep["turns"], ep["capped"], ep["error"], ep["reward"]) == (16, True, None, 1.0)
+    [ep] = rollout.run_episodes(MathNamedDomain(), write(tmp_path, "spin.py", "ASKS = 40\n" + GREEDY),
+                                MathNamedDomain().load("t", n=1), scripted)
+    assert ep["turns"] == 16 and f"llm() call limit {protocol.MAX_LLM_CALLS} reached" in ep["error"]
+    [ep] = rollout.run_episodes(FakeDomain(), write(tmp_path, "other.py", "ASKS = 20\n" + GREEDY),
+                                FakeDomain().load("t", n=1), scripted)  # a domain without a cap: only the limit
+    assert ep["turns"] == 20 and not ep["capped"]
+
+
+RETRYING = '''"""Never gives a legal move: per call, no move (a format failure) or one that is not legal here."""
+def run(task, llm, tools):
+    illegal = [m for m in ("a1a2", "a2a1", "h1h2", "h2h1") if m not in task["legal_uci"]][0]
+    for i in range(40):
+        if not llm([{"role": "user", "content": "Your move?"}]):
+            return {"answer": None}
+        if KINDS[i % len(KINDS)] == "illegal":
+            tools.move(illegal)
+    return {"answer": None}
+'''
+
+
+@pytest.mark.parametrize("kinds, turns", [(["illegal"], 11), (["format"], 11), (["format", "illegal"], 18)])
+def test_a_chess_puzzle_ends_at_10_retries_of_a_kind_or_18_model_calls(backend, tmp_path, kinds, turns):
+    import domains
+    chess = domains.get("chess")
+    path = write(tmp_path, "retrying.py", f"KINDS = {kinds!r}\n" + RETRYING)
+    [ep] = rollout.run_episodes(chess, path, chess.load("test")[:1], AlwaysBackend(backend.tokenizer))
+    assert (ep["turns"], ep["capped"], ep["error"], ep["reward"]) == (turns, True, None, 0.0)

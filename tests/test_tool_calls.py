@@ -198,6 +198,11 @@ def test_tool_call_parsing_lives_in_the_harness():
     assert ns["last_answer"]("<answer>a</answer> <answer>x <answer>b</answer>") == "b"
     assert ns["last_answer"]("<answer>open") is None
     assert ns["call_tool"]("lookup", {}, None) == "[unknown tool] lookup"
+    # wiki-18's titles keep their quotes (the official "Doc 1 (Title: "Paris")"), a ": " inside one included
+    assert ns["document"](1, '"Star Wars: Episode IV": A 1977 film.', 200) == \
+        'Doc 1 (Title: "Star Wars: Episode IV")\nA 1977 film.'
+    assert ns["document"](2, "Zorbia: A country.", 200) == "Doc 2 (Title: Zorbia)\nA country."
+    assert ns["document"](3, "no title here", 200) == "Doc 3 (Title: )\nno title here"
     assert ns["call_tool"]("search", {}, None).startswith("[tool error]")
 
 
@@ -243,7 +248,7 @@ def test_bad_tools_are_refused_by_the_worker_and_the_parent(qwen_tok, tmp_path):
     assert backend.caps == []
 
 
-@pytest.mark.parametrize("name", ["searchqa", "math"])
+@pytest.mark.parametrize("name", ["searchqa", "math", "chess"])
 def test_paper_h0_runs_on_the_smoke_model(name):
     """The smoke model's ChatML template has no tool format: the paper h0s still run (garbage in, no crash)."""
     domains = pytest.importorskip("domains")
@@ -259,7 +264,7 @@ def test_paper_h0_runs_on_the_smoke_model(name):
 def test_paper_preset_generation_settings():
     for domain, harness, budget, prompt in (("searchqa", "harnesses/paper/searchqa.py", 8192, 2048),
                                             ("math", "harnesses/paper/math.py", 8192, 2048),
-                                            ("chess", "harnesses/chess.py", 8129, 4096)):
+                                            ("chess", "harnesses/paper/chess.py", 8129, 4096)):
         [args] = whale.parse_args(["--domain", domain, "--preset", "paper"])
         assert (args.harness, args.episode_tokens, args.max_prompt_tokens) == (harness, budget, prompt)
         assert (args.thinking, args.max_model_len, args.max_new_tokens) == ("on", 32768, 8192)
@@ -296,3 +301,64 @@ def test_the_tiny_qwen35_loads_as_the_hub_checkpoints_do_and_its_lora_trains():
     example = [(prompt, tok("<answer>Quelm</answer><|im_end|>", add_special_tokens=False)["input_ids"])]
     losses = [rft.sft_update(model, opt, [example], 1, 1, 1.0)[0] for _ in range(4)]
     assert losses[-1] < losses[0]
+
+
+PAPER_CHESS = ROOT / "harnesses" / "paper" / "chess.py"
+FOOLS_MATE = {"id": "fool", "fen": "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1",
+              "moves": ["f2f3", "e7e5", "g2g4", "d8h4"]}  # the trigger f3, then e5 g4 Qh4#
+
+
+def chess_domain(marks):
+    from types import SimpleNamespace
+    domains = pytest.importorskip("domains")
+    return domains.get("chess", SimpleNamespace(chess_san_marks=marks))
+
+
+def test_paper_chess_h0_carries_the_conversation_across_moves_with_the_official_san(qwen_tok):
+    """The official runner's messages: system, each earlier reply and the verifier's answer, the current position;
+    the legal moves' SAN as python-chess writes it (Qh4# keeps its mark) under --chess-san-marks."""
+    backend = ChatBackend(qwen_tok, ["Open the diagonal.\n</think>\n\n<move>e7e5</move>",
+                                     "Mate.\n</think>\n\n<move>d8h4</move>"])
+    [ep] = run(chess_domain(True), PAPER_CHESS, backend, tasks=[FOOLS_MATE])
+    assert ep["error"] is None and ep["reward"] == 1.0 and ep["turns"] == 2
+    first, second = (c["messages"] for c in ep["calls"])
+    assert [m["role"] for m in first] == ["system", "user"] and first[0]["content"].startswith(
+        "You solve chess tactics by choosing one legal move at a time.")
+    position = first[1]["content"]
+    assert position.startswith("Solve the current chess puzzle position.\n\nTask: solve the chess puzzle one move at "
+                               "a time.\nSide to move: Black\nFEN: rnbqkbnr/pppppppp/8/8/8/5P2/PPPPP1PP/RNBQKBNR b")
+    assert "Board:\n8 r n b q k b n r\n7 p p p p p p p p\n" in position and "\n  a b c d e f g h\n" in position
+    assert "Last opponent reply" not in position and "Puzzle move number: 1\nLegal moves:\n- [a7a5] SAN=a5\n" in position
+    assert position.endswith("Return exactly one move as <move>uci</move>, for example <move>e2e4</move>.\n"
+                             "Do not include explanation.")
+    # the conversation goes on: the first reply and the verifier's message stay, then the new position
+    assert [m["role"] for m in second] == ["system", "assistant", "user", "user"]
+    assert second[1]["content"] == "Open the diagonal.\n</think>\n\n<move>e7e5</move>"
+    assert second[2]["content"] == "Correct. Opponent replied g2g4 (g4). Continue with the next move."
+    now = second[3]["content"]
+    assert "Last opponent reply: g2g4\nYour accepted moves so far: e7e5\nPuzzle move number: 2\n" in now
+    assert "- [d8h4] SAN=Qh4#\n" in now and "- [f8b4] SAN=Bb4\n" in now
+    # the bundled presets' view: the same move without its mark
+    backend = ChatBackend(qwen_tok, ["<move>e7e5</move>", "<move>d8h4</move>"])
+    [ep] = run(chess_domain(False), PAPER_CHESS, backend, tasks=[FOOLS_MATE])
+    assert "- [d8h4] SAN=Qh4\n" in ep["calls"][1]["messages"][-1]["content"] and ep["reward"] == 1.0
+
+
+def test_paper_chess_h0_retries_once_per_kind_with_the_verifier_feedback(qwen_tok):
+    backend = ChatBackend(qwen_tok, ["<move>e7e4</move>", "e7e5 or e7e6?", "<move>e7e5</move>", "<move>a7a6</move>"])
+    [ep] = run(chess_domain(True), PAPER_CHESS, backend, tasks=[FOOLS_MATE])
+    assert ep["turns"] == 4 and ep["reward"] == 0.0 and ep["answer"] == "a7a6"  # a legal wrong move ends it
+    illegal = ('The parsed move "e7e4" is not legal in the current board. Choose one move from the visible legal '
+               "moves and reply only as <move>uci</move>.")
+    unread = ('The verifier could not parse exactly one UCI move from "__ambiguous_multiple_moves__". Reply with '
+              "exactly one move, e.g. <move>e2e4</move>, and no explanation.")
+    second, third, fourth = (c["messages"] for c in ep["calls"][1:])
+    assert second[2] == {"role": "user", "content": illegal}
+    assert second[3]["content"].endswith("Feedback from verifier:\n" + illegal + "\n\nReturn exactly one move as "
+                                         "<move>uci</move>, for example <move>e2e4</move>.\nDo not include explanation.")
+    assert third[4] == {"role": "user", "content": unread} and "Feedback from verifier:\n" + unread in third[5]["content"]
+    assert "Feedback from verifier" not in fourth[-1]["content"] and len(fourth) == 8
+    # a second illegal move after the one retry ends the puzzle
+    backend = ChatBackend(qwen_tok, ["<move>e7e4</move>", "<move>e7e3</move>"])
+    [ep] = run(chess_domain(True), PAPER_CHESS, backend, tasks=[FOOLS_MATE])
+    assert ep["turns"] == 2 and ep["answer"] == "e7e3" and ep["reward"] == 0.0

@@ -109,8 +109,10 @@ def cut_words(text, n):
 
 
 def document(i, passage, max_doc_tokens):
-    """One passage ("Title: text", as tools.search returns them) in the official layout."""
-    title, _, text = passage.partition(": ") if ": " in passage else ("", "", passage)
+    """One passage ("Title: text", as tools.search returns them) in the official layout; a wiki-18 title keeps its
+    quotes, and may hold ": " itself ('"Star Wars: Episode IV": text')."""
+    cut = passage.find('": ') + 1 if passage.startswith('"') else passage.find(": ")
+    title, text = (passage[:cut], passage[cut + 2:]) if cut > 0 else ("", passage)
     return f"Doc {i} (Title: {title})\n{cut_words(text, max(1, round(max_doc_tokens * WORDS_PER_TOKEN)))}"
 
 

@@ -1,4 +1,5 @@
 """whale.py --plan: a run's phases, RSFT steps, proposer rounds and rollouts, from its flags and data sizes alone."""
+import math
 
 
 def describe(args, name, phases, budget, n_train, n_harness, n_test):
@@ -6,7 +7,8 @@ def describe(args, name, phases, budget, n_train, n_harness, n_test):
     steps, rounds = budget
     lines = [f"plan: {name} on {args.domain}, preset {args.preset}: {n_train} train prompts, {args.batch} a step "
              f"({n_train / args.batch:.1f} steps an epoch), G = {args.group}; {steps} RSFT steps, {rounds} proposer "
-             f"rounds of M = {args.candidates} on {n_harness} harness tasks; schedule {args.schedule}"]
+             f"rounds of M = {args.candidates} on {n_harness} harness tasks; schedule {args.schedule}",
+             sft_line(args)]
     score = n_harness * args.harness_samples  # one scoring of one harness
     trained = scored = 0
     archives = set()
@@ -34,3 +36,11 @@ def describe(args, name, phases, budget, n_train, n_harness, n_test):
     lines.append(f"total: {trained + scored:,d} rollouts ({trained:,d} training, {scored:,d} harness scoring); test "
                  f"evaluation, not counted: {evals} x {n_test} tasks x k = {args.k} = {evals * n_test * args.k:,d}")
     return lines
+
+
+def sft_line(args):
+    """The SFT update of one rollout step: one optimizer step per --sft-batch accepted trajectories (RSFT keeps
+    those with reward 1), so between 0 (nothing accepted) and ceil(batch x G / sft_batch) optimizer steps."""
+    most = math.ceil(args.batch * args.group / args.sft_batch)
+    return (f"  SFT: one optimizer step per {args.sft_batch} accepted trajectories: 0-{most} optimizer steps per "
+            f"rollout step of {args.batch * args.group:,d} trajectories")
