@@ -10,13 +10,14 @@ load the saved adapter and run the canary (lib/canary.py) against the trainer's 
 """
 import argparse
 import importlib.util
+import json
 from pathlib import Path
 
 import torch
 
 from lib.cli import positive_int, unit_interval
 
-from lib.engines import OpenAIBackend, VLLMBackend
+from lib.engines import OpenAIBackend, VLLMBackend, engine_lora_rank
 from lib.hf_backend import HFBackend
 from lib.models import load_model
 
@@ -31,7 +32,9 @@ def add_backend_args(p):
     p.add_argument("--vllm-sleep", action=argparse.BooleanOptionalAction, default=False,
                    help="vllm: offload the engine's weights and drop its KV cache while the trainer runs "
                         "(the gpu and paper presets; --no-vllm-sleep where the platform cannot, as on CPU)")
-    p.add_argument("--max-lora-rank", type=positive_int, default=64, help="vllm: the largest LoRA rank the engine accepts")
+    p.add_argument("--max-lora-rank", type=positive_int, default=None,
+                   help="vllm: the largest LoRA rank the engine accepts (default: the adapter's --lora-rank, rounded up "
+                        "to a rank vLLM takes)")
     p.add_argument("--max-model-len", type=positive_int, default=8192, help="vllm: longest prompt + completion in tokens")
     p.add_argument("--openai-url", default="http://localhost:8000/v1", help="openai: the server's /v1 base URL")
     p.add_argument("--openai-model", default=None, help="openai: the served base model name (default --model)")
@@ -53,12 +56,21 @@ def load_backend(args, model, tok, adapter=None):
     path = getattr(model, "name_or_path", None) or args.model
     if args.backend == "vllm":
         backend = VLLMBackend(path, tok, model, gpu_memory=args.gpu_memory, sleep=args.vllm_sleep,
-                              max_lora_rank=args.max_lora_rank, max_model_len=args.max_model_len)
+                              max_lora_rank=max_lora_rank(args, adapter), max_model_len=args.max_model_len)
     else:
         backend = OpenAIBackend(args.openai_url, args.openai_model or path, tok, model, workers=args.openai_workers)
     if adapter:
         backend.sync_adapter(adapter)
     return backend
+
+
+def max_lora_rank(args, adapter=None):
+    """--max-lora-rank, else the rank of the run's adapters (the one loaded, or --lora-rank) as vLLM takes it."""
+    if args.max_lora_rank:
+        return args.max_lora_rank
+    if adapter:
+        return engine_lora_rank(json.loads((Path(adapter) / "adapter_config.json").read_text())["r"])
+    return engine_lora_rank(getattr(args, "lora_rank", None) or 16)
 
 
 def load_policy(args, adapter=None):

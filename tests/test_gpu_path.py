@@ -246,7 +246,20 @@ def test_vllm_backend_canary(monkeypatch, base, adapter, applies):
     assert backend.llm.wakes == 1 and not backend.sleeping and [len(o) for o in out] == [3, 3]
     sent = backend.llm.params[-2:]
     assert [p.stop for p in sent] == [["</answer>"], None] and all(p.include_stop_str_in_output for p in sent)
+    assert all(p.top_p == 1.0 for p in sent) and "language_model_only" not in kw  # a text model: no flag
     trained.eval()
+
+
+def test_vllm_engine_loads_the_language_model_only_and_sizes_lora_by_the_adapter(monkeypatch, base, adapter, tmp_path):
+    from transformers import Qwen3_5Config
+    for name, module in fake_vllm(base, True).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    Qwen3_5Config().save_pretrained(tmp_path / "qwen3.5")  # a vision-language checkpoint, as Qwen3.5 ships
+    assert engines.VLLMBackend(str(tmp_path / "qwen3.5"), ByteTok(), base).llm.kw["language_model_only"] is True
+    args = SimpleNamespace(max_lora_rank=None, lora_rank=16)
+    assert policy.max_lora_rank(args) == 16 and policy.max_lora_rank(SimpleNamespace(max_lora_rank=None, lora_rank=20)) == 32
+    assert policy.max_lora_rank(args, adapter[1]) == 8  # the adapter loaded (rank 4), as vLLM takes it
+    assert policy.max_lora_rank(SimpleNamespace(max_lora_rank=64, lora_rank=16)) == 64
 
 
 def test_vllm_backend_bf16_and_refused_options(monkeypatch, base):
@@ -324,7 +337,7 @@ def test_openai_backend_canary(base, adapter, applies):
         sent = sorted((r for _, r in log), key=lambda r: r["max_tokens"])
         assert sent[1]["model"] == "base-model" and sent[1]["return_token_ids"] is True
         assert sent[1]["stop"] == ["</search>", "</answer>"] and sent[1]["include_stop_str_in_output"] is True
-        assert "stop" not in sent[0]
+        assert "stop" not in sent[0] and all(r["top_p"] == 1.0 for r in sent)  # never the server's default
         if applies:
             backend.sync_adapter(path)
             backend.sync_adapter(path)  # the second load replaces (and unloads) the first

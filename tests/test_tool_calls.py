@@ -295,3 +295,17 @@ def test_the_tiny_qwen35_loads_as_the_hub_checkpoints_do_and_its_lora_trains():
     example = [(prompt, tok("<answer>Quelm</answer><|im_end|>", add_special_tokens=False)["input_ids"])]
     losses = [rft.sft_update(model, opt, [example], 1, 1, 1.0)[0] for _ in range(4)]
     assert losses[-1] < losses[0]
+
+
+def test_a_tool_call_drafted_while_thinking_is_not_run(qwen_tok):
+    ns = {}
+    exec(compile(PAPER_MATH.read_text(), "math", "exec"), ns)
+    draft = "<tool_call>\n<function=code_interpreter>\n<parameter=code>\nprint(1)\n</parameter>\n</function>\n</tool_call>"
+    assert ns["parse_tool_calls"](f"Maybe {draft}? No.\n</think>\n\n\\boxed{{2}}") == []
+    assert ns["parse_tool_calls"](f"ok\n</think>\n\n{draft}") == [("code_interpreter", {"code": "print(1)"})]
+    assert ns["parse_tool_calls"](f"<think>\nplan: {draft}") == []  # a think the reply opens itself, left open
+    # a whole episode: the drafted search is not run, the answer after the thinking ends it on the first turn
+    drafted = SEARCH_CALL.replace("</think>\n\n<tool_call>", "<tool_call>").replace(
+        "</tool_call>", "</tool_call>\nNo, I know it.\n</think>\n\n<answer>Quelm</answer>")
+    [ep] = run(SearchDomain(), PAPER_SEARCHQA, ChatBackend(qwen_tok, [drafted]))
+    assert ep["tool_calls"] == [] and ep["turns"] == 1 and ep["answer"] == "Quelm" and ep["reward"] == 1.0
