@@ -20,6 +20,7 @@ After every step the trainer checkpoints (adapter, optimizer, scheduler, sampler
 OUT/ckpt, rewrites OUT/metrics.jsonl and has the policy serve the new adapter; rerunning the same command resumes
 after the last finished step. The update's speed against a bare HF loop: scripts/bench_rft.py.
 """
+import gc
 import json
 import os
 import random
@@ -144,6 +145,15 @@ def sft_update(model, optimizer, trajectories, sft_batch, minibatch, grad_clip):
         losses.append(loss)
     model.eval()
     return losses
+
+
+def hand_back_memory():
+    """Give the trainer's cached GPU memory back to the driver after an update. PyTorch's caching allocator keeps
+    the SFT peak (activations, logits) reserved, and the vLLM engine, another process, must map its whole share
+    again at its wake: with both, the card holds the two peaks at once."""
+    gc.collect()  # autograd graphs and tensors held by reference cycles first
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def should_stop_weight_phase(rewards, window, min_len, patience):
@@ -273,6 +283,7 @@ class RSFT:
         losses = sft_update(self.policy.model, self.optimizer, trajectories, self.args.sft_batch,
                             self.args.minibatch, self.args.grad_clip)
         self.scheduler.step()
+        hand_back_memory()  # before the engine wakes (serve_adapter, or the next generate)
         return losses
 
     def save(self):

@@ -105,6 +105,13 @@ def test_the_memory_plan_counts_the_retriever_the_states_and_thinking_lengths():
             where = gpu_plan.CARD_RETRIEVER[card] if domain == "searchqa" else None
             mem = gpu_plan.memory(gpu_plan.DOMAIN_MODEL[domain], card, where, share, minibatch=2)
             assert mem["fits"], (domain, card)
+            # the engine wakes beside the trainer's handed-back memory: within the card, short of its free share
+            assert mem["wake"] <= card * gpu_plan.GiB * (1 - gpu_plan.FREE_SHARE), (domain, card)
+    # without the hand-back the trainer's SFT peak stays reserved at the wake: searchqa with the index on 80 GB
+    # and math on 24 GB would need more than the card
+    searchqa = gpu_plan.memory("Qwen3.5-2B", 80, "gpu", 0.45, minibatch=2)
+    assert searchqa["wake_without_hand_back"] > 80 * gpu_plan.GiB > searchqa["wake"]
+    assert gpu_plan.memory("Qwen3.5-2B", 24, None, 0.7, minibatch=2)["wake_without_hand_back"] > 24 * gpu_plan.GiB
 
 
 def test_param_counts_are_the_transformers_models():
