@@ -80,6 +80,8 @@ def engine_refused(error, settings):
 class VLLMBackend:
     """vLLM's offline engine beside the trainer; self.model is the trainer's torch module. The engine loads the
     base model in the trainer's dtype (fp32 on CPU, bf16 with --bf16), so the two agree up to kernel noise."""
+    LORA_PATH = ("vLLM's LoRA path (vllm/lora: the model class's packed_modules_mapping and the layers its "
+                 "LoRAModelManager wraps)")
 
     def __init__(self, model_path, tok, model, *, gpu_memory=0.45, sleep=False, max_lora_rank=16,
                  max_model_len=8192, seed=0):
@@ -137,13 +139,16 @@ class VLLMBackend:
 
         return engine_scores(rows, greedy, forced)
 
-    def sync_adapter(self, path):
+    def sync_adapter(self, path, probe=None):
         """Serve the adapter saved at `path` from now on, then check the canary against self.model; -> its stats."""
         from vllm.lora.request import LoRARequest
         self.wake()
         self.lora_count += 1  # a new id per update: vLLM caches adapters by id
         self.lora = LoRARequest(f"rsft-{self.lora_count}", self.lora_count, os.path.realpath(path))
-        return check_canary(self, self.model, self.tokenizer, path, "vllm (offline engine)")
+        return check_canary(self, self.model, self.tokenizer, path, "vllm (offline engine)", probe)
+
+    def serve_base(self):
+        self.lora = None
 
     def sleep(self):
         """Free the engine's GPU memory for the trainer (--vllm-sleep); the next generate wakes it."""
@@ -175,6 +180,8 @@ def post_json(url, payload, timeout=600.0):
 class OpenAIBackend:
     """Rollouts on an OpenAI-compatible server (/v1/completions with prompt token ids). Start it in the trainer's
     dtype (`--dtype float32` on CPU, bfloat16 with --bf16): the canary measures what the difference costs."""
+    LORA_PATH = ("the server's LoRA path (vLLM: --enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and the model "
+                 "class's LoRA support in vllm/lora)")
 
     def __init__(self, base_url, served_model, tok, model, *, workers=64, timeout=600.0):
         self.base_url, self.served = base_url.rstrip("/"), served_model
@@ -228,7 +235,7 @@ class OpenAIBackend:
 
         return engine_scores(rows, greedy, forced)
 
-    def sync_adapter(self, path):
+    def sync_adapter(self, path, probe=None):
         """Load the adapter through the runtime LoRA endpoint, serve it, check the canary, drop the old one; -> the
         canary's stats."""
         self.lora_count += 1
@@ -236,7 +243,12 @@ class OpenAIBackend:
         post_json(f"{self.base_url}/load_lora_adapter", {"lora_name": name, "lora_path": os.path.realpath(path)},
                   self.timeout)
         self.adapter_name = name
-        stats = check_canary(self, self.model, self.tokenizer, path, f"openai server {self.base_url}")
+        stats = check_canary(self, self.model, self.tokenizer, path, f"openai server {self.base_url}", probe)
         if old:
             post_json(f"{self.base_url}/unload_lora_adapter", {"lora_name": old}, self.timeout)
         return stats
+
+    def serve_base(self):
+        if self.adapter_name:
+            post_json(f"{self.base_url}/unload_lora_adapter", {"lora_name": self.adapter_name}, self.timeout)
+        self.adapter_name = None

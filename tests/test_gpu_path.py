@@ -262,6 +262,33 @@ def test_vllm_engine_loads_the_language_model_only_and_sizes_lora_by_the_adapter
     assert policy.max_lora_rank(SimpleNamespace(max_lora_rank=64, lora_rank=16)) == 64
 
 
+@pytest.mark.parametrize("applies", [True, False])
+def test_the_engine_proves_its_lora_path_with_a_probe_adapter_at_start(monkeypatch, base, applies, capsys):
+    """Before the first rollout, whatever the learning rate: an engine that returns base outputs under any adapter
+    stops the run with one line naming vLLM's LoRA path; one that applies adapters serves the base model after."""
+    for name, module in fake_vllm(base, applies).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    model = copy.deepcopy(base)
+    weights, rng = copy.deepcopy(model.state_dict()), torch.get_rng_state()
+    probe = canary.make_probe(model, ByteTok(), "all-linear", 8)
+    assert canary.effect_on(model, probe, canary.canary_rows(model, ByteTok())) > 0.1  # random weights: their most
+    assert probe.unload() is model and torch.equal(torch.get_rng_state(), rng)  # the trainer's RNG untouched
+    args = SimpleNamespace(backend="vllm", gpu_memory=0.3, vllm_sleep=False, max_lora_rank=None, lora_rank=16,
+                           max_model_len=128, model="tiny", lora_targets="all-linear")
+    if applies:
+        backend = policy.load_backend(args, model, ByteTok())
+        assert backend.lora is None and backend.llm.kw["max_lora_rank"] == 16
+        assert "adapter probe ok (direct)" in capsys.readouterr().out
+    else:
+        with pytest.raises(EngineError, match=r"^adapter probe FAILED \(direct\): vllm .* vLLM's LoRA path .* stopping "
+                                              r"before the first rollout\.$") as e:
+            policy.load_backend(args, model, ByteTok())
+        assert "\n" not in str(e.value)
+    # the trainer's model is as it was: the probe is gone
+    assert model.state_dict().keys() == weights.keys() and all(torch.equal(model.state_dict()[k], v)
+                                                               for k, v in weights.items())
+
+
 def test_vllm_backend_bf16_and_refused_options(monkeypatch, base):
     for name, module in fake_vllm(base, True).items():
         monkeypatch.setitem(sys.modules, name, module)
@@ -360,13 +387,18 @@ def test_adapter_evaluation_goes_through_the_engine(base, adapter, tmp_path):
     log = []
     server = serve(fake_openai_server(base, True, log))
     try:
-        trained, path = adapter
+        _, path = adapter
         args = SimpleNamespace(backend="openai", openai_url=f"http://127.0.0.1:{server.server_port}/v1",
                                openai_model="base-model", openai_workers=4, model="tiny")
-        backend = policy.load_backend(args, trained, ByteTok(), adapter=path)
-        name = f"rsft-{backend.run_id}-1"
-        assert log[0] == ("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
-        assert backend.adapter_name == name and {r["model"] for _, r in log[1:]} == {name, "base-model"}
+        backend = policy.load_backend(args, copy.deepcopy(base), ByteTok(), adapter=path)
+        probe, name = f"rsft-{backend.run_id}-1", f"rsft-{backend.run_id}-2"
+        loads = [(p, r) for p, r in log if "lora_adapter" in p]  # the probe first, served and dropped
+        assert loads[0][0] == "/v1/load_lora_adapter" and "lora-probe-" in loads[0][1]["lora_path"]
+        assert loads[1:] == [("/v1/unload_lora_adapter", {"lora_name": probe}),
+                             ("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})]
+        assert backend.adapter_name == name and isinstance(backend.model, PeftModel)
+        after = log[log.index(loads[-1]) + 1:]
+        assert {r["model"] for _, r in after} == {name, "base-model"}
     finally:
         server.shutdown()
     with pytest.raises(SystemExit, match=r"^--adapter .*: no adapter_config.json there; pass a LoRA folder"):
