@@ -22,7 +22,7 @@ import urllib.request
 from functools import partial
 from pathlib import Path
 
-from lib import hub, reporting, sandbox
+from lib import driver, hub, reporting, sandbox
 from lib.models import CACHE
 
 GiB = 1024 ** 3
@@ -429,7 +429,10 @@ def check_gpu(runs):
     the engine's share of the card (vLLM refuses to start with less free), plus the CUDA context."""
     import torch
     if not torch.cuda.is_available():
-        return "no GPU"
+        why = driver.unusable_gpu(driver.gpus(), torch)
+        if why and any(args.backend == "vllm" or getattr(args, "preset", None) in ("gpu", "paper") for args in runs):
+            raise Failed(why)
+        return f"no GPU ({why})" if why else "no GPU"
     free, total = torch.cuda.mem_get_info()
     need, how = max(gpu_need(args, total) for args in runs)
     line = (f"{torch.cuda.get_device_name()}: {free / GiB:.1f} GiB free of {total / GiB:.1f}, these runs need "
