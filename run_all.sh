@@ -6,7 +6,7 @@
 # 1, except 0 under cpu, to keep it within an hour; never on chess, as in the paper). SEEDS="0 1 2" runs every seed (whale.py --seed; default 0):
 # seed 0 into results/<preset>/, seed n into results/<preset>/seed-<n>/, so a finished one-seed run is seed 0 of
 # a three-seed one. Finished runs are skipped, killed ones resume. Arguments go to every whale.py call, e.g. searchqa's
-# retriever on the paper's data: PRESET=gpu bash run_all.sh --retriever-url http://127.0.0.1:8000/retrieve (or
+# retriever on the paper's data: PRESET=gpu bash run_all.sh --retriever-url http://127.0.0.1:8010/retrieve (or
 # --wiki FILE). A finished run is skipped whatever they are; one that resumes refuses settings that changed.
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -32,10 +32,9 @@ PROBE_QUERY = "who wrote the iliad"  # the one search the retriever check sends
 LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 CUDA_CONTEXT = 1 * GiB  # what the CUDA context and allocator take before any weights (stated, not measured)
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"  # lib/sandbox.wrap's PATH: where a proposer's program is found
-# Search-R1's retrieval server, as its retrieval_launch.sh starts it (DIR: where its scripts/download.py saved the
-# e5 index parts, joined by `cat part_* > e5_Flat.index`, and wiki-18.jsonl)
-SEARCH_R1_SERVER = ("python search_r1/search/retrieval_server.py --index_path DIR/e5_Flat.index --corpus_path "
-                    "DIR/wiki-18.jsonl --topk 3 --retriever_name e5 --retriever_model intfloat/e5-base-v2 --faiss_gpu")
+# Search-R1's retrieval server: scripts/search_r1_retriever.sh sets it up (a conda env, ~130 GB of index and corpus)
+# and starts it as its retrieval_launch.sh does, on port 8010 (hub.RETRIEVER_URL)
+SEARCH_R1_SERVER = "bash scripts/search_r1_retriever.sh setup DIR, then serve DIR"
 WIKI_DOWNLOAD = "hf download PeterJinGo/wiki-18-corpus wiki-18.jsonl.gz --repo-type dataset --local-dir DIR"
 SKIP_SEARCHQA = 'DOMAINS="math chess" bash run_all.sh to leave searchqa out'
 GPU_EXTRA = "bash install.sh --gpu (or pip install -r requirements-gpu.txt)"
@@ -100,7 +99,7 @@ def check_retriever(args):
     if args.wiki:
         return check_wiki(args.wiki, args.wiki_limit)
     raise Failed(f"searchqa on the paper's data needs a retriever: start Search-R1's server (`{SEARCH_R1_SERVER}`, "
-                 f"in its checkout) and pass --retriever-url http://127.0.0.1:8000/retrieve, or pass --wiki "
+                 f"sizes and time in the script) and pass --retriever-url {hub.RETRIEVER_URL}, or pass --wiki "
                  f"wiki-18.jsonl.gz (bm25s; `{WIKI_DOWNLOAD}`), or {SKIP_SEARCHQA}")
 
 

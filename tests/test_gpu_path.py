@@ -6,7 +6,9 @@ import http.server
 import json
 import sys
 import threading
+import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -657,6 +659,62 @@ def test_retriever_client_speaks_search_r1_api():
         server.shutdown()
     with pytest.raises(RuntimeError, match="retrieval server .* --wiki"):
         hub.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5).search("x")
+
+
+def test_concurrent_searches_reach_the_retriever_one_request_at_a_time():
+    """Sixteen episodes' tool threads search at once: the server (a thread pool over a FAISS GPU index that is not
+    thread-safe, in Search-R1) never sees two requests at once; the queries leave in batches, each answered."""
+    state = {"in_flight": 0, "most": 0, "batches": []}
+    lock = threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                state["in_flight"] += 1
+                state["most"] = max(state["most"], state["in_flight"])
+                state["batches"].append(len(req["queries"]))
+            time.sleep(0.05)  # a search that takes a while, so the others pile up
+            hits = [[{"document": {"contents": f'"{q}"\nabout {q}'}, "score": 1.0}] for q in req["queries"]]
+            with lock:
+                state["in_flight"] -= 1
+            body = json.dumps({"result": hits}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = serve(Handler)
+    try:
+        client = hub.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
+        with ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(lambda i: client.search(f"q{i}", k=1), range(16)))
+        assert got == [[f"q{i}: about q{i}"] for i in range(16)]  # each its own answer
+        assert state["most"] == 1 and sum(state["batches"]) == 16 and len(state["batches"]) < 16
+    finally:
+        server.shutdown()
+    failing = hub.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5)  # a failed request fails its batch
+    with ThreadPoolExecutor(4) as pool:
+        errors = [f.exception() for f in [pool.submit(failing.search, f"q{i}") for i in range(4)]]
+    assert all(isinstance(e, RuntimeError) and "retrieval server" in str(e) for e in errors)
+
+
+def test_the_wiki_loads_once_per_process(tmp_path, capsys):
+    path = tmp_path / "wiki-18.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in WIKI))
+    before = hub.SHARED.copy()
+    try:
+        first = hub.shared_retriever(None, str(path))
+        assert hub.shared_retriever(None, str(tmp_path / "." / "wiki-18.jsonl")) is first  # the same file
+        out = capsys.readouterr().out
+        assert out.count("passages and their bm25s index loaded in") == 1 and "once for this process" in out
+        assert hub.shared_retriever("http://127.0.0.1:9/retrieve") is hub.shared_retriever("http://127.0.0.1:9/retrieve")
+    finally:
+        hub.SHARED.clear()
+        hub.SHARED.update(before)
 
 
 def test_wiki_bm25_fallback(tmp_path):
