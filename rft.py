@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import domains
 import rollout
 from lib import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int, one_line_errors,
@@ -347,6 +346,7 @@ def set_rng_state(state):
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
+    import domains  # here, not at the top: the SFT update (scripts/gpu_check.sh) needs no domain, nor python-chess
     p = Parser(description="Online RSFT with LoRA (the weight phase of WHALE).")
     # run
     p.add_argument("--domain", choices=("searchqa", "math", "chess"))
@@ -373,6 +373,7 @@ def main(argv=None):
 def train(args):
     """rft.py's run: every check before the model loads (the first thing to hear about is a bad input or a
     damaged run folder), then RSFT steps until --steps or the early stop."""
+    import domains
     sandbox.apply_args(args)
     check_out(args.out)
     check_checkpoint(args.out)
