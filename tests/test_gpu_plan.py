@@ -137,11 +137,13 @@ def test_interval_halfwidth_is_between_the_binomial_of_tasks_and_of_samples():
 
 
 def run_all_preset(tmp_path, cuda, **env):
-    """run_all.sh's preset choice with a stub `python` (every call logged, the CUDA check answering `cuda`)."""
+    """run_all.sh's preset choice with a stub `python` (every call logged, lib/driver.py's preset answering gpu
+    when `cuda`; what it answers on a real machine: tests/test_driver.py)."""
     log = tmp_path / "calls.log"
     stub = tmp_path / "python"
     stub.write_text('#!/usr/bin/env bash\necho "$*" >> "$STUB_LOG"\n'
-                    'case "$*" in *cuda.is_available*) exit "$STUB_CUDA_RC" ;; esac\nexit 0\n')
+                    'case "$*" in *"lib/driver.py preset"*) [ "$STUB_CUDA_RC" = 0 ] && echo gpu || echo cpu ;; esac\n'
+                    'exit 0\n')
     stub.chmod(0o755)
     env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "VIRTUAL_ENV": str(tmp_path), "STUB_LOG": str(log),
            "STUB_CUDA_RC": "0" if cuda else "1", "DOMAINS": "math", "ADAPTIVE": "0", "HOME": str(tmp_path), **env}
