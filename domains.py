@@ -189,10 +189,8 @@ class SearchQA(Domain):
     def wiki(self):
         """The paper's retriever, made once: the retrieval server if given, else bm25s over --wiki."""
         if not hasattr(self, "retriever"):
-            if self.args.retriever_url:
-                self.retriever = paper_data.RetrieverClient(self.args.retriever_url)
-            elif self.args.wiki:
-                self.retriever = paper_data.WikiBM25(self.args.wiki, self.args.wiki_limit)
+            if self.args.retriever_url or self.args.wiki:  # one client or one loaded corpus per process
+                self.retriever = paper_data.shared_retriever(self.args.retriever_url, self.args.wiki, self.args.wiki_limit)
             else:
                 raise ValueError("the paper's searchqa needs --retriever-url URL (Search-R1's retrieval server) "
                                  "or --wiki PATH (a wiki-18 .jsonl file for bm25s)")
@@ -411,7 +409,7 @@ def add_args(parser):
     p.add_argument("--searchqa-test-per-set", type=positive_int, default=paper_data.SEARCHQA_TEST_PER_SET)
     p.add_argument("--searchqa-train-size", type=int, default=paper_data.SEARCHQA_TRAIN_SIZE,
                    help="D_weight: a seeded sample of the train set keeping its NQ / HotpotQA shares (0: all of it)")
-    p.add_argument("--retriever-url", default=None, help="Search-R1's retrieval server, e.g. http://127.0.0.1:8000/retrieve")
+    p.add_argument("--retriever-url", default=None, help="Search-R1's retrieval server, e.g. http://127.0.0.1:8010/retrieve (scripts/search_r1_retriever.sh)")
     p.add_argument("--wiki", default=None, help="without a server: bm25s over this wiki-18 .jsonl file")
     p.add_argument("--wiki-limit", type=positive_int, default=None, help="index only the first N passages of --wiki")
     p.add_argument("--math-train", default=paper_data.MATH_TRAIN)

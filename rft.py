@@ -21,6 +21,7 @@ After every step the trainer checkpoints (adapter, optimizer, scheduler, sampler
 OUT/ckpt, rewrites OUT/metrics.jsonl and has the policy serve the new adapter; rerunning the same command resumes
 after the last finished step. The update's speed against a bare HF loop: scripts/bench_rft.py.
 """
+import gc
 import json
 import os
 import random
@@ -32,7 +33,6 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import domains
 import rollout
 from lib import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int, one_line_errors,
@@ -146,6 +146,15 @@ def sft_update(model, optimizer, trajectories, sft_batch, minibatch, grad_clip):
         losses.append(loss)
     model.eval()
     return losses
+
+
+def hand_back_memory():
+    """Give the trainer's cached GPU memory back to the driver after an update. PyTorch's caching allocator keeps
+    the SFT peak (activations, logits) reserved, and the vLLM engine, another process, must map its whole share
+    again at its wake: with both, the card holds the two peaks at once."""
+    gc.collect()  # autograd graphs and tensors held by reference cycles first
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def should_stop_weight_phase(rewards, window, min_len, patience):
@@ -276,6 +285,7 @@ class RSFT:
         losses = sft_update(self.policy.model, self.optimizer, trajectories, self.args.sft_batch,
                             self.args.minibatch, self.args.grad_clip)
         self.scheduler.step()
+        hand_back_memory()  # before the engine wakes (serve_adapter, or the next generate)
         return losses
 
     def save(self):
@@ -339,6 +349,7 @@ def set_rng_state(state):
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
+    import domains  # here, not at the top: the SFT update (scripts/gpu_check.sh) needs no domain, nor python-chess
     p = Parser(description="Online RSFT with LoRA (the weight phase of WHALE).")
     # run
     p.add_argument("--domain", choices=("searchqa", "math", "chess"))
@@ -365,6 +376,7 @@ def main(argv=None):
 def train(args):
     """rft.py's run: every check before the model loads (the first thing to hear about is a bad input or a
     damaged run folder), then RSFT steps until --steps or the early stop."""
+    import domains
     sandbox.apply_args(args)
     rollout.apply_args(args)
     check_out(args.out)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Every domain x method, then the report:   bash run_all.sh
-# Preset: `gpu` when a CUDA GPU is visible, else `cpu`; PRESET=... overrides (PRESET=paper: the official budgets,
+# Preset: `gpu` when torch sees a CUDA GPU, `cpu` when nvidia-smi sees none either (lib/driver.py); PRESET=... overrides (PRESET=paper: the official budgets,
 # GPU-days); SMOKE=1 means `smoke`.
 # DOMAINS="searchqa math" narrows the domains; ADAPTIVE=0|1 leaves out or adds the adaptive WHALE runs (default:
 # 1, except 0 under cpu, to keep it within an hour; never on chess, as in the paper). SEEDS="0 1 2" runs every seed (whale.py --seed; default 0):
 # seed 0 into results/<preset>/, seed n into results/<preset>/seed-<n>/, so a finished one-seed run is seed 0 of
 # a three-seed one. Finished runs are skipped, killed ones resume. Arguments go to every whale.py call, e.g. searchqa's
-# retriever on the paper's data: PRESET=gpu bash run_all.sh --retriever-url http://127.0.0.1:8000/retrieve (or
+# retriever on the paper's data: PRESET=gpu bash run_all.sh --retriever-url http://127.0.0.1:8010/retrieve (or
 # --wiki FILE). A finished run is skipped whatever they are; one that resumes refuses settings that changed.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -17,11 +17,9 @@ python -c "import torch" 2> /dev/null || { echo "run_all.sh: no environment with
 if [ "${SMOKE:-0}" = "1" ]; then
   PRESET=smoke
 elif [ -z "${PRESET:-}" ]; then
-  if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    PRESET=gpu
-  else
-    PRESET=cpu
-  fi
+  # gpu where torch sees a GPU, cpu where there is none; a GPU that only nvidia-smi sees (an old driver, a CPU
+  # torch) is one line naming the cause, never a silent cpu night
+  PRESET=$(python lib/driver.py preset) || exit 1
 fi
 # cpu: chess is left out by default (SmolLM2-135M solves none; its long multi-turn prompts cost ~8x a searchqa episode)
 if [ "$PRESET" = cpu ]; then DOMAINS=${DOMAINS:-"searchqa math"}; else DOMAINS=${DOMAINS:-"searchqa math chess"}; fi

@@ -8,6 +8,7 @@ and the engine. An adapter whose effect not even that can resolve (an early upda
 served or stale, the engine samples the trainer's model within its own precision, so the canary says so and the
 run goes on. It prints the noise and the effect it measured.
 """
+import tempfile
 import time
 
 import torch
@@ -27,6 +28,11 @@ CANARY_TOKENS = 12   # the trainer's greedy continuation scored after each quest
 CANARY_FLOOR = 1e-3  # nats/token: two stacks this close count as the same model, whatever the measured noise
 CANARY_NOISE_X = 3   # tolerance = this many times the measured dtype noise (engine vs trainer, base weights)
 CANARY_REL = 0.25    # small adapters: the engine's own adapter effect must match the trainer's within this share
+# the probe adapter loaded at engine start: its effect on the trainer's canary log-probs (nats/token) is made at
+# least PROBE_EFFECT by scaling its random B up (a random-weight model's near-uniform outputs may move less: it
+# stops at 64x the base weights); the engine must then show it directly, and the effect must be PROBE_X
+# tolerances (3x the measured dtype noise) or more, so an engine that ignores adapters cannot pass
+PROBE_EFFECT, PROBE_X, PROBE_RANK, PROBE_SEED = 0.5, 4, 8, 1234
 
 
 
@@ -143,10 +149,11 @@ def canary_verdict(s):
     return abs(s["scale"] - 1) <= allowed and s["residual"] <= allowed, "effect below noise: differential"
 
 
-def check_canary(engine, model, tok, adapter, engine_name):
+def check_canary(engine, model, tok, adapter, engine_name, probe=None):
     """Score the trainer's greedy continuations of the canary prompts under the engine and under the trainer, with
     and without the adapter; print the measured noise and effect; raise RuntimeError unless the engine serves the
-    trainer's adapter. Returns the stats."""
+    trainer's adapter. probe: the engine's LoRA path, named when a probe adapter (probe_engine) is not served.
+    Returns the stats."""
     from peft import PeftModel
     start = time.time()
     was_training = model.training
@@ -164,14 +171,78 @@ def check_canary(engine, model, tok, adapter, engine_name):
     e, e0 = (torch.tensor(engine.score(rows, adapter=a)) for a in (True, False))
     s = canary_stats(t, b, e, e0)
     ok, how = canary_verdict(s)
+    if probe:  # far above the noise by construction: only the direct verdict, by a wide margin, proves the path
+        ok = ok and how == "direct" and s["effect"] >= PROBE_X * s["tol"]
     fmt = lambda v: "n/a" if v is None else f"{v:.2e}"
-    line = (f"adapter canary {'ok' if ok else 'FAILED'} ({how}): {engine_name}, adapter {adapter}: dtype noise "
+    line = (f"adapter {'probe' if probe else 'canary'} {'ok' if ok else 'FAILED'} ({how}): {engine_name}, "
+            f"adapter {adapter}: dtype noise "
             f"{fmt(s['noise'])} nats/token, adapter effect {fmt(s['effect'])}, engine to trainer "
             f"{fmt(s['to_trainer'])}, to base {fmt(s['to_base'])}, tolerance {fmt(s['tol'])}, engine/trainer "
             f"adapter effect {fmt(s['scale'])} (residual {fmt(s['residual'])}), {time.time() - start:.0f} s")
     print(line, flush=True)
+    if not ok and probe:
+        raise EngineError(f"{line}. A probe adapter whose effect is {PROBE_X}x or more the tolerance does not move the "
+                          f"engine's outputs as it moves the trainer's: {probe} does not apply LoRA to this model's "
+                          "layers (an adapter on modules it does not wrap is dropped, logged at debug level only); "
+                          "stopping before the first rollout.")
     if not ok:
         raise EngineError(f"{line}. The engine does not serve the trainer's adapter (check its LoRA support for this "
                            "model, --max-lora-rank and the adapter's target modules); stopping rather than sampling "
                            "from stale weights.")
     return s
+
+
+# -----------------------------------------------------------------------------
+# the probe: does the engine apply LoRA to this model at all?
+
+def effect_on(model, peft, rows):
+    """The adapter's mean effect on the trainer's log-probs of `rows`, in nats/token."""
+    with peft.disable_adapter():
+        base = trainer_logprobs(model, rows)
+    return float((trainer_logprobs(peft, rows) - base).abs().mean())
+
+
+@torch.no_grad()
+def make_probe(model, tok, targets, rank):
+    """A LoRA adapter on `model` (the base model, changed in place until the probe's unload()) whose effect on the
+    canary is PROBE_EFFECT nats/token or more: each module's B@A is drawn at random, scaled to a share of its base
+    weight's norm, and the share doubled until the trainer's log-probs move that much. Torch's RNG is left as it was.
+    -> the PeftModel."""
+    from peft import LoraConfig, get_peft_model
+    with torch.random.fork_rng():
+        torch.manual_seed(PROBE_SEED)
+        peft = get_peft_model(model, LoraConfig(r=rank, lora_alpha=rank, target_modules=targets, lora_dropout=0.0))
+        for module in peft.modules():
+            if hasattr(module, "lora_B") and "default" in module.lora_B:
+                b, a = module.lora_B["default"].weight, module.lora_A["default"].weight
+                b.copy_(torch.randn(b.shape, dtype=torch.float32).to(b))
+                b.mul_(module.get_base_layer().weight.float().norm() / (b.float() @ a.float()).norm())  # |BA| = |W|
+    units = {n: p.clone() for n, p in peft.named_parameters() if "lora_B" in n}
+    peft.eval()
+    rows = canary_rows(model, tok)
+    for share in (2.0 ** k for k in range(-10, 7)):  # 1/1024 of each weight's norm ... 64 times it (random weights)
+        for n, p in peft.named_parameters():
+            if n in units:
+                p.copy_(units[n] * share)
+        if effect_on(model, peft, rows) >= PROBE_EFFECT:
+            break
+    return peft
+
+
+def probe_engine(engine, tok, targets="all-linear", rank=PROBE_RANK):
+    """At engine start, before any rollout: serve a probe adapter whose effect is far above the dtype noise and
+    check that the engine's outputs move as the trainer's do (the canary, direct verdict only), so an engine that
+    silently ignores adapters (vllm-project/vllm#49354: Qwen3.5's hybrid layers) stops the run whatever the
+    learning rate. engine.model is the trainer's base model; it is left as it was, and the engine serves the base
+    model again. -> the canary's stats."""
+    model = engine.model
+    peft = make_probe(model, tok, targets, rank)
+    try:
+        with tempfile.TemporaryDirectory(prefix="lora-probe-") as folder:
+            peft.save_pretrained(folder)
+            engine.model = peft
+            stats = engine.sync_adapter(folder, probe=engine.LORA_PATH)
+    finally:
+        engine.model = peft.unload()  # the base model again, as it was
+        engine.serve_base()
+    return stats

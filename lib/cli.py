@@ -152,7 +152,8 @@ def conflicting_flags(args):
         return "--retriever-url and --wiki name two retrievers for searchqa: give one of them"
     if (get("retriever_url") or get("wiki")) and get("data") != "paper":
         return "--retriever-url and --wiki serve the paper's searchqa data: add --data paper, or drop them"
-    if get("backend") == "vllm" and get("lora_rank") is not None and get("lora_rank") > get("max_lora_rank"):
+    if (get("backend") == "vllm" and get("lora_rank") is not None and get("max_lora_rank") is not None
+            and get("lora_rank") > get("max_lora_rank")):
         return (f"--lora-rank {get('lora_rank')} is above --max-lora-rank {get('max_lora_rank')}: the vllm engine "
                 "could not load the adapter; raise --max-lora-rank or lower --lora-rank")
     if get("openai_model") and get("backend") != "openai":

@@ -12,6 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from lib.canary import EngineError, check_canary, engine_scores, forced_logprob, sampled_logprobs
 
+TOP_P = 1.0  # the official runs' top-p; sent, because a `vllm serve` fills a missing one from generation_config.json
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.33's MaxLoRARanks: --max-lora-rank takes one of these
+
 
 def per_row(max_new_tokens, seeds, stop, n):
     """(token cap, seed, stop strings) per prompt. max_new_tokens: one cap or a list, as for the hf backend;
@@ -38,6 +41,25 @@ def base_dtype(model):
     return str(dtype).removeprefix("torch.")
 
 
+def engine_lora_rank(rank):
+    """The smallest --max-lora-rank vLLM accepts that holds an adapter of `rank`: the engine sizes its LoRA buffers
+    (and their share of the card) by it."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise ValueError(f"LoRA rank {rank} is above vLLM's largest --max-lora-rank {VLLM_LORA_RANKS[-1]}: lower --lora-rank")
+    return fits[0]
+
+
+def has_vision_tower(model_path):
+    """Whether the checkpoint is a vision-language one (Qwen3.5 is): the engine then loads its language model only,
+    neither loading nor profiling a vision tower that no prompt here uses."""
+    from transformers import AutoConfig
+    try:
+        return getattr(AutoConfig.from_pretrained(model_path, local_files_only=True), "vision_config", None) is not None
+    except (OSError, ValueError):  # no config to read (a test stand-in): a text model
+        return False
+
+
 def engine_refused(error, settings):
     """One line naming the flag behind an engine option the platform refused (vLLM raises deep in its start)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
@@ -58,8 +80,10 @@ def engine_refused(error, settings):
 class VLLMBackend:
     """vLLM's offline engine beside the trainer; self.model is the trainer's torch module. The engine loads the
     base model in the trainer's dtype (fp32 on CPU, bf16 with --bf16), so the two agree up to kernel noise."""
+    LORA_PATH = ("vLLM's LoRA path (vllm/lora: the model class's packed_modules_mapping and the layers its "
+                 "LoRAModelManager wraps)")
 
-    def __init__(self, model_path, tok, model, *, gpu_memory=0.45, sleep=False, max_lora_rank=64,
+    def __init__(self, model_path, tok, model, *, gpu_memory=0.45, sleep=False, max_lora_rank=16,
                  max_model_len=8192, seed=0):
         import vllm  # GPU-only extra: requirements-gpu.txt (on CPU: scripts/vllm_cpu_check.sh builds a venv)
         dtype = base_dtype(model)
@@ -70,10 +94,11 @@ class VLLMBackend:
             if not current_platform.is_sleep_mode_available():
                 raise ValueError(f"--vllm-sleep: vLLM cannot sleep on this platform ({current_platform.device_type}); "
                                  "drop --vllm-sleep")
+        text_only = {"language_model_only": True} if has_vision_tower(model_path) else {}
         try:
             self.llm = vllm.LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
                                 gpu_memory_utilization=gpu_memory, enable_sleep_mode=sleep, enable_lora=True,
-                                max_lora_rank=max_lora_rank, max_loras=1, max_model_len=max_model_len)
+                                max_lora_rank=max_lora_rank, max_loras=1, max_model_len=max_model_len, **text_only)
         except (ValueError, RuntimeError, NotImplementedError, TypeError) as e:
             raise ValueError(engine_refused(e, settings)) from None
         self.tokenizer, self.model = tok, model
@@ -85,8 +110,8 @@ class VLLMBackend:
         from vllm import SamplingParams
         self.wake()
         caps, seeds, stops = per_row(max_new_tokens, seeds, stop, len(prompts))
-        params = [SamplingParams(temperature=temperature, top_k=top_k or 0, max_tokens=cap, seed=s, stop=st,
-                                 include_stop_str_in_output=True) for cap, s, st in zip(caps, seeds, stops)]
+        params = [SamplingParams(temperature=temperature, top_k=top_k or 0, top_p=TOP_P, max_tokens=cap, seed=s,
+                                 stop=st, include_stop_str_in_output=True) for cap, s, st in zip(caps, seeds, stops)]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
                                  lora_request=self.lora, use_tqdm=False)
         return [with_eos(o.outputs[0].token_ids, o.outputs[0].finish_reason, o.outputs[0].stop_reason,
@@ -114,13 +139,16 @@ class VLLMBackend:
 
         return engine_scores(rows, greedy, forced)
 
-    def sync_adapter(self, path):
+    def sync_adapter(self, path, probe=None):
         """Serve the adapter saved at `path` from now on, then check the canary against self.model; -> its stats."""
         from vllm.lora.request import LoRARequest
         self.wake()
         self.lora_count += 1  # a new id per update: vLLM caches adapters by id
         self.lora = LoRARequest(f"rsft-{self.lora_count}", self.lora_count, os.path.realpath(path))
-        return check_canary(self, self.model, self.tokenizer, path, "vllm (offline engine)")
+        return check_canary(self, self.model, self.tokenizer, path, "vllm (offline engine)", probe)
+
+    def serve_base(self):
+        self.lora = None
 
     def sleep(self):
         """Free the engine's GPU memory for the trainer (--vllm-sleep); the next generate wakes it."""
@@ -152,6 +180,8 @@ def post_json(url, payload, timeout=600.0):
 class OpenAIBackend:
     """Rollouts on an OpenAI-compatible server (/v1/completions with prompt token ids). Start it in the trainer's
     dtype (`--dtype float32` on CPU, bfloat16 with --bf16): the canary measures what the difference costs."""
+    LORA_PATH = ("the server's LoRA path (vLLM: --enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and the model "
+                 "class's LoRA support in vllm/lora)")
 
     def __init__(self, base_url, served_model, tok, model, *, workers=64, timeout=600.0):
         self.base_url, self.served = base_url.rstrip("/"), served_model
@@ -162,7 +192,7 @@ class OpenAIBackend:
 
     def complete(self, prompt, seed, temperature, top_k, max_new_tokens, stop):
         payload = {"model": self.adapter_name or self.served, "prompt": list(prompt), "max_tokens": max_new_tokens,
-                   "temperature": temperature, "top_k": top_k or 0, "seed": seed,
+                   "temperature": temperature, "top_k": top_k or 0, "top_p": TOP_P, "seed": seed,
                    "return_token_ids": True, "skip_special_tokens": False}
         if stop:
             payload.update(stop=stop, include_stop_str_in_output=True)
@@ -205,7 +235,7 @@ class OpenAIBackend:
 
         return engine_scores(rows, greedy, forced)
 
-    def sync_adapter(self, path):
+    def sync_adapter(self, path, probe=None):
         """Load the adapter through the runtime LoRA endpoint, serve it, check the canary, drop the old one; -> the
         canary's stats."""
         self.lora_count += 1
@@ -213,7 +243,12 @@ class OpenAIBackend:
         post_json(f"{self.base_url}/load_lora_adapter", {"lora_name": name, "lora_path": os.path.realpath(path)},
                   self.timeout)
         self.adapter_name = name
-        stats = check_canary(self, self.model, self.tokenizer, path, f"openai server {self.base_url}")
+        stats = check_canary(self, self.model, self.tokenizer, path, f"openai server {self.base_url}", probe)
         if old:
             post_json(f"{self.base_url}/unload_lora_adapter", {"lora_name": old}, self.timeout)
         return stats
+
+    def serve_base(self):
+        if self.adapter_name:
+            post_json(f"{self.base_url}/unload_lora_adapter", {"lora_name": self.adapter_name}, self.timeout)
+        self.adapter_name = None

@@ -123,8 +123,8 @@ def check_model(name):
     raise ValueError(f"--model {name}: not cached here and not fetched from the hub ({why[:200]}): {fix}")
 
 
-def load_model(name, dtype=None, adapter=None):
-    """-> (model, tokenizer). name: smoke | cpu | hub id | local path; adapter: optional LoRA folder."""
+def load_model(name, dtype=None):
+    """-> (model, tokenizer). name: smoke | cpu | hub id | local path (an adapter goes on with policy.load_lora)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
     logging.disable_progress_bar()
@@ -134,9 +134,6 @@ def load_model(name, dtype=None, adapter=None):
     dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    if adapter:
-        from peft import PeftModel
-        model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
     if not tok.chat_template:
         raise ValueError(f"model {name!r} has no chat template: use an instruct/chat model")
     if tok.pad_token is None:

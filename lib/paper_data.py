@@ -25,6 +25,8 @@ import hashlib
 import json
 import os
 import random
+import threading
+import time
 import urllib.error
 import urllib.request
 from functools import lru_cache
@@ -262,13 +264,45 @@ def passage_text(contents):
     return f"{title.strip()}: {text.strip()}"
 
 
-class RetrieverClient:
-    """Search-R1's retrieval server: POST {"queries", "topk", "return_scores"} -> {"result": [[hit, ...], ...]}."""
+RETRIEVER_URL = "http://127.0.0.1:8010/retrieve"  # scripts/search_r1_retriever.sh's port: 8000 is vllm serve's
 
-    def __init__(self, url="http://127.0.0.1:8000/retrieve", timeout=60.0):
+
+class RetrieverClient:
+    """Search-R1's retrieval server: POST {"queries", "topk", "return_scores"} -> {"result": [[hit, ...], ...]}.
+    One request at a time: the server answers from a thread pool and its FAISS GPU index is not thread-safe, so
+    the episodes' concurrent searches queue here and leave as one batch per request (search)."""
+
+    def __init__(self, url=RETRIEVER_URL, timeout=60.0):
         self.url, self.timeout = url, timeout
+        self.sending = threading.Lock()  # held while a request is in flight
+        self.queue, self.queue_lock = [], threading.Lock()
 
     def search_batch(self, queries, k=1):
+        with self.sending:
+            return self.post(queries, k)
+
+    def search(self, query, k=1):
+        """One query's passages. It joins the queue; whichever searcher next holds the connection sends every
+        queued query of the same k in one request and hands each its result (or the request's error)."""
+        mine = {"query": query, "k": k}
+        with self.queue_lock:
+            self.queue.append(mine)
+        with self.sending:
+            if "hits" not in mine and "error" not in mine:
+                with self.queue_lock:
+                    batch = [q for q in self.queue if q["k"] == k]
+                    self.queue = [q for q in self.queue if q["k"] != k]
+                try:
+                    for q, hits in zip(batch, self.post([q["query"] for q in batch], k)):
+                        q["hits"] = hits
+                except Exception as e:  # every query of the batch fails as its request did
+                    for q in batch:
+                        q["error"] = e
+        if "error" in mine:
+            raise mine["error"]
+        return mine["hits"]
+
+    def post(self, queries, k):
         payload = json.dumps({"queries": list(queries), "topk": k, "return_scores": True}).encode()
         req = urllib.request.Request(self.url, data=payload, headers={"Content-Type": "application/json"})
         try:
@@ -279,9 +313,6 @@ class RetrieverClient:
                                "or pass --wiki PATH to search a corpus file with bm25s") from None
         # with return_scores each hit is {"document": {...}, "score": s}; without, the document itself
         return [[passage_text((h.get("document") or h)["contents"]) for h in hits] for hits in result]
-
-    def search(self, query, k=1):
-        return self.search_batch([query], k)[0]
 
 
 def open_text(path):
@@ -302,6 +333,25 @@ def first_wiki_passage(path):
     if not (isinstance(row, dict) and isinstance(row.get("contents"), str)):
         raise ValueError(f"line 1 is a JSON {type(row).__name__} without a 'contents' string")
     return passage_text(row["contents"])
+
+
+SHARED, SHARED_LOCK = {}, threading.Lock()
+
+
+def shared_retriever(url=None, wiki=None, wiki_limit=None):
+    """The retriever of --retriever-url or --wiki, made once per process: every run and domain object in it shares
+    one client (so one queue to the server) or one loaded corpus, whose load time it says."""
+    key = (url, os.path.realpath(wiki) if wiki else None, wiki_limit)
+    with SHARED_LOCK:
+        if key not in SHARED:
+            if url:
+                SHARED[key] = RetrieverClient(url)
+            else:
+                start = time.time()
+                SHARED[key] = WikiBM25(wiki, wiki_limit)
+                print(f"--wiki {wiki}: {len(SHARED[key].passages):,} passages and their bm25s index loaded in "
+                      f"{time.time() - start:.0f} s, once for this process", flush=True)
+        return SHARED[key]
 
 
 class WikiBM25:

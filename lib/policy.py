@@ -10,13 +10,15 @@ load the saved adapter and run the canary (lib/canary.py) against the trainer's 
 """
 import argparse
 import importlib.util
+import json
 from pathlib import Path
 
 import torch
 
 from lib.cli import positive_int, unit_interval
 
-from lib.engines import OpenAIBackend, VLLMBackend
+from lib.canary import PROBE_RANK, probe_engine
+from lib.engines import OpenAIBackend, VLLMBackend, engine_lora_rank
 from lib.hf_backend import HFBackend
 from lib.models import load_model
 
@@ -31,7 +33,9 @@ def add_backend_args(parser):
     p.add_argument("--vllm-sleep", action=argparse.BooleanOptionalAction, default=False,
                    help="vllm: offload the engine's weights and drop its KV cache while the trainer runs "
                         "(the gpu and paper presets; --no-vllm-sleep where the platform cannot, as on CPU)")
-    p.add_argument("--max-lora-rank", type=positive_int, default=64, help="vllm: the largest LoRA rank the engine accepts")
+    p.add_argument("--max-lora-rank", type=positive_int, default=None,
+                   help="vllm: the largest LoRA rank the engine accepts (default: the adapter's --lora-rank, rounded up "
+                        "to a rank vLLM takes)")
     p.add_argument("--max-model-len", type=positive_int, default=8192, help="vllm: longest prompt + completion in tokens")
     p.add_argument("--openai-url", default="http://localhost:8000/v1", help="openai: the server's /v1 base URL")
     p.add_argument("--openai-model", default=None, help="openai: the served base model name (default --model)")
@@ -46,26 +50,44 @@ def check_backend(args):
 
 
 def load_backend(args, model, tok, adapter=None):
-    """The backend named by --backend; model is the trainer's HF model (the canary's reference). adapter: the LoRA
-    folder `model` already holds: the engine backends load it too and check the canary before the first rollout."""
+    """The backend named by --backend; model is the trainer's HF base model (the canary's reference). The engine
+    backends first prove with a probe adapter that they apply LoRA to this model (canary.probe_engine). adapter: a
+    LoRA folder to start from: loaded onto the model (backend.model is then the PeftModel) and, by the engines,
+    into the engine with the canary checked, before the first rollout."""
     if args.backend == "hf":
-        return HFBackend(model, tok)
-    path = getattr(model, "name_or_path", None) or args.model
-    if args.backend == "vllm":
-        backend = VLLMBackend(path, tok, model, gpu_memory=args.gpu_memory, sleep=args.vllm_sleep,
-                              max_lora_rank=args.max_lora_rank, max_model_len=args.max_model_len)
+        backend = HFBackend(model, tok)
     else:
-        backend = OpenAIBackend(args.openai_url, args.openai_model or path, tok, model, workers=args.openai_workers)
+        path = getattr(model, "name_or_path", None) or args.model
+        if args.backend == "vllm":
+            rank = max_lora_rank(args, adapter)
+            backend = VLLMBackend(path, tok, model, gpu_memory=args.gpu_memory, sleep=args.vllm_sleep,
+                                  max_lora_rank=rank, max_model_len=args.max_model_len)
+        else:
+            rank = PROBE_RANK  # a server's --max-lora-rank is its own: vLLM's default (16) holds the probe
+            backend = OpenAIBackend(args.openai_url, args.openai_model or path, tok, model,
+                                    workers=args.openai_workers)
+        probe_engine(backend, tok, lora_targets(getattr(args, "lora_targets", "all-linear")), min(PROBE_RANK, rank))
     if adapter:
+        backend.model = load_lora(model, adapter)
         backend.sync_adapter(adapter)
     return backend
+
+
+def max_lora_rank(args, adapter=None):
+    """--max-lora-rank, else the rank of the run's adapters (the one loaded, or --lora-rank) as vLLM takes it."""
+    if args.max_lora_rank:
+        return args.max_lora_rank
+    if adapter:
+        return engine_lora_rank(json.loads((Path(adapter) / "adapter_config.json").read_text())["r"])
+    return engine_lora_rank(getattr(args, "lora_rank", None) or 16)
 
 
 def load_policy(args, adapter=None):
     """The policy for --model (bf16 with --bf16) on --backend; adapter: a LoRA folder to start from."""
     dtype = torch.bfloat16 if getattr(args, "bf16", False) else None
-    model, tok = load_model(args.model, dtype=dtype, adapter=adapter)
-    return Policy(model, tok, load_backend(args, model, tok, adapter=adapter))
+    model, tok = load_model(args.model, dtype=dtype)
+    backend = load_backend(args, model, tok, adapter=adapter)
+    return Policy(backend.model, tok, backend)
 
 
 class Policy:
@@ -114,14 +136,18 @@ class Policy:
 def add_lora(model, args):
     """Wrap `model` with a fresh, trainable LoRA adapter from the flags."""
     from peft import LoraConfig, get_peft_model
-    targets = args.lora_targets if args.lora_targets == "all-linear" else [t.strip() for t in args.lora_targets.split(",")]
     config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-                        target_modules=targets, task_type="CAUSAL_LM")
+                        target_modules=lora_targets(args.lora_targets), task_type="CAUSAL_LM")
     try:
         return get_peft_model(model, config)
     except ValueError as e:  # peft: "Target modules {...} not found in the base model"
         raise ValueError(f"--lora-targets {args.lora_targets!r} does not fit the model ({e}): "
                          "use 'all-linear' or names of its Linear layers such as q_proj,v_proj") from None
+
+
+def lora_targets(flag):
+    """--lora-targets as peft's target_modules."""
+    return flag if flag == "all-linear" else [t.strip() for t in flag.split(",")]
 
 
 def load_lora(model, folder):

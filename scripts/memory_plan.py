@@ -68,10 +68,12 @@ def memory_rows():
             rows.append([domain, name, f"{card} GB", f"{(at['weights'] + at['lora_opt']) / GiB:.1f}", retriever,
                          f"{share}: {at['engine'] / GiB:.0f} GiB, {at['seqs']} / {long_seqs}",
                          f"{most['max_gpu_memory']:.2f}", f"{at['act'] / GiB:.1f} ({'yes' if at['fits'] else 'NO'})",
+                         f"{at['wake'] / GiB:.0f} ({at['wake_without_hand_back'] / GiB:.0f})",
                          most["largest"],
                          f"{deep['largest'] or 'NO'} ({g.activation_bytes(name, 1, *thinking) / GiB:.0f} GiB for 1)"])
     head = ["domain", "model", "card", "trainer GiB", "retriever GiB", "engine (--gpu-memory): seqs at 8k / 32k",
-            "most --gpu-memory", "SFT, 2 calls of 8k (1k trained): GiB", "largest --minibatch",
+            "most --gpu-memory", "SFT, 2 calls of 8k (1k trained): GiB",
+            "card at the wake after an update, GiB (without the trainer's hand-back)", "largest --minibatch",
             "thinking calls that fit"]
     return head, rows
 

@@ -6,7 +6,9 @@ import http.server
 import json
 import sys
 import threading
+import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -246,7 +248,47 @@ def test_vllm_backend_canary(monkeypatch, base, adapter, applies):
     assert backend.llm.wakes == 1 and not backend.sleeping and [len(o) for o in out] == [3, 3]
     sent = backend.llm.params[-2:]
     assert [p.stop for p in sent] == [["</answer>"], None] and all(p.include_stop_str_in_output for p in sent)
+    assert all(p.top_p == 1.0 for p in sent) and "language_model_only" not in kw  # a text model: no flag
     trained.eval()
+
+
+def test_vllm_engine_loads_the_language_model_only_and_sizes_lora_by_the_adapter(monkeypatch, base, adapter, tmp_path):
+    from transformers import Qwen3_5Config
+    for name, module in fake_vllm(base, True).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    Qwen3_5Config().save_pretrained(tmp_path / "qwen3.5")  # a vision-language checkpoint, as Qwen3.5 ships
+    assert engines.VLLMBackend(str(tmp_path / "qwen3.5"), ByteTok(), base).llm.kw["language_model_only"] is True
+    args = SimpleNamespace(max_lora_rank=None, lora_rank=16)
+    assert policy.max_lora_rank(args) == 16 and policy.max_lora_rank(SimpleNamespace(max_lora_rank=None, lora_rank=20)) == 32
+    assert policy.max_lora_rank(args, adapter[1]) == 8  # the adapter loaded (rank 4), as vLLM takes it
+    assert policy.max_lora_rank(SimpleNamespace(max_lora_rank=64, lora_rank=16)) == 64
+
+
+@pytest.mark.parametrize("applies", [True, False])
+def test_the_engine_proves_its_lora_path_with_a_probe_adapter_at_start(monkeypatch, base, applies, capsys):
+    """Before the first rollout, whatever the learning rate: an engine that returns base outputs under any adapter
+    stops the run with one line naming vLLM's LoRA path; one that applies adapters serves the base model after."""
+    for name, module in fake_vllm(base, applies).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    model = copy.deepcopy(base)
+    weights, rng = copy.deepcopy(model.state_dict()), torch.get_rng_state()
+    probe = canary.make_probe(model, ByteTok(), "all-linear", 8)
+    assert canary.effect_on(model, probe, canary.canary_rows(model, ByteTok())) > 0.1  # random weights: their most
+    assert probe.unload() is model and torch.equal(torch.get_rng_state(), rng)  # the trainer's RNG untouched
+    args = SimpleNamespace(backend="vllm", gpu_memory=0.3, vllm_sleep=False, max_lora_rank=None, lora_rank=16,
+                           max_model_len=128, model="tiny", lora_targets="all-linear")
+    if applies:
+        backend = policy.load_backend(args, model, ByteTok())
+        assert backend.lora is None and backend.llm.kw["max_lora_rank"] == 16
+        assert "adapter probe ok (direct)" in capsys.readouterr().out
+    else:
+        with pytest.raises(EngineError, match=r"^adapter probe FAILED \(direct\): vllm .* vLLM's LoRA path .* stopping "
+                                              r"before the first rollout\.$") as e:
+            policy.load_backend(args, model, ByteTok())
+        assert "\n" not in str(e.value)
+    # the trainer's model is as it was: the probe is gone
+    assert model.state_dict().keys() == weights.keys() and all(torch.equal(model.state_dict()[k], v)
+                                                               for k, v in weights.items())
 
 
 def test_vllm_backend_bf16_and_refused_options(monkeypatch, base):
@@ -324,7 +366,7 @@ def test_openai_backend_canary(base, adapter, applies):
         sent = sorted((r for _, r in log), key=lambda r: r["max_tokens"])
         assert sent[1]["model"] == "base-model" and sent[1]["return_token_ids"] is True
         assert sent[1]["stop"] == ["</search>", "</answer>"] and sent[1]["include_stop_str_in_output"] is True
-        assert "stop" not in sent[0]
+        assert "stop" not in sent[0] and all(r["top_p"] == 1.0 for r in sent)  # never the server's default
         if applies:
             backend.sync_adapter(path)
             backend.sync_adapter(path)  # the second load replaces (and unloads) the first
@@ -347,13 +389,18 @@ def test_adapter_evaluation_goes_through_the_engine(base, adapter, tmp_path):
     log = []
     server = serve(fake_openai_server(base, True, log))
     try:
-        trained, path = adapter
+        _, path = adapter
         args = SimpleNamespace(backend="openai", openai_url=f"http://127.0.0.1:{server.server_port}/v1",
                                openai_model="base-model", openai_workers=4, model="tiny")
-        backend = policy.load_backend(args, trained, ByteTok(), adapter=path)
-        name = f"rsft-{backend.run_id}-1"
-        assert log[0] == ("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
-        assert backend.adapter_name == name and {r["model"] for _, r in log[1:]} == {name, "base-model"}
+        backend = policy.load_backend(args, copy.deepcopy(base), ByteTok(), adapter=path)
+        probe, name = f"rsft-{backend.run_id}-1", f"rsft-{backend.run_id}-2"
+        loads = [(p, r) for p, r in log if "lora_adapter" in p]  # the probe first, served and dropped
+        assert loads[0][0] == "/v1/load_lora_adapter" and "lora-probe-" in loads[0][1]["lora_path"]
+        assert loads[1:] == [("/v1/unload_lora_adapter", {"lora_name": probe}),
+                             ("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})]
+        assert backend.adapter_name == name and isinstance(backend.model, PeftModel)
+        after = log[log.index(loads[-1]) + 1:]
+        assert {r["model"] for _, r in after} == {name, "base-model"}
     finally:
         server.shutdown()
     with pytest.raises(SystemExit, match=r"^--adapter .*: no adapter_config.json there; pass a LoRA folder"):
@@ -614,6 +661,62 @@ def test_retriever_client_speaks_search_r1_api():
         server.shutdown()
     with pytest.raises(RuntimeError, match="retrieval server .* --wiki"):
         paper_data.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5).search("x")
+
+
+def test_concurrent_searches_reach_the_retriever_one_request_at_a_time():
+    """Sixteen episodes' tool threads search at once: the server (a thread pool over a FAISS GPU index that is not
+    thread-safe, in Search-R1) never sees two requests at once; the queries leave in batches, each answered."""
+    state = {"in_flight": 0, "most": 0, "batches": []}
+    lock = threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                state["in_flight"] += 1
+                state["most"] = max(state["most"], state["in_flight"])
+                state["batches"].append(len(req["queries"]))
+            time.sleep(0.05)  # a search that takes a while, so the others pile up
+            hits = [[{"document": {"contents": f'"{q}"\nabout {q}'}, "score": 1.0}] for q in req["queries"]]
+            with lock:
+                state["in_flight"] -= 1
+            body = json.dumps({"result": hits}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = serve(Handler)
+    try:
+        client = paper_data.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
+        with ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(lambda i: client.search(f"q{i}", k=1), range(16)))
+        assert got == [[f"q{i}: about q{i}"] for i in range(16)]  # each its own answer
+        assert state["most"] == 1 and sum(state["batches"]) == 16 and len(state["batches"]) < 16
+    finally:
+        server.shutdown()
+    failing = paper_data.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5)  # a failed request fails its batch
+    with ThreadPoolExecutor(4) as pool:
+        errors = [f.exception() for f in [pool.submit(failing.search, f"q{i}") for i in range(4)]]
+    assert all(isinstance(e, RuntimeError) and "retrieval server" in str(e) for e in errors)
+
+
+def test_the_wiki_loads_once_per_process(tmp_path, capsys):
+    path = tmp_path / "wiki-18.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in WIKI))
+    before = paper_data.SHARED.copy()
+    try:
+        first = paper_data.shared_retriever(None, str(path))
+        assert paper_data.shared_retriever(None, str(tmp_path / "." / "wiki-18.jsonl")) is first  # the same file
+        out = capsys.readouterr().out
+        assert out.count("passages and their bm25s index loaded in") == 1 and "once for this process" in out
+        assert paper_data.shared_retriever("http://127.0.0.1:9/retrieve") is paper_data.shared_retriever("http://127.0.0.1:9/retrieve")
+    finally:
+        paper_data.SHARED.clear()
+        paper_data.SHARED.update(before)
 
 
 def test_wiki_bm25_fallback(tmp_path):

@@ -105,6 +105,13 @@ def test_the_memory_plan_counts_the_retriever_the_states_and_thinking_lengths():
             where = time_model.CARD_RETRIEVER[card] if domain == "searchqa" else None
             mem = time_model.memory(time_model.DOMAIN_MODEL[domain], card, where, share, minibatch=2)
             assert mem["fits"], (domain, card)
+            # the engine wakes beside the trainer's handed-back memory: within the card, short of its free share
+            assert mem["wake"] <= card * time_model.GiB * (1 - time_model.FREE_SHARE), (domain, card)
+    # without the hand-back the trainer's SFT peak stays reserved at the wake: searchqa with the index on 80 GB
+    # and math on 24 GB would need more than the card
+    searchqa = time_model.memory("Qwen3.5-2B", 80, "gpu", 0.45, minibatch=2)
+    assert searchqa["wake_without_hand_back"] > 80 * time_model.GiB > searchqa["wake"]
+    assert time_model.memory("Qwen3.5-2B", 24, None, 0.7, minibatch=2)["wake_without_hand_back"] > 24 * time_model.GiB
 
 
 def test_param_counts_are_the_transformers_models():
@@ -130,11 +137,13 @@ def test_interval_halfwidth_is_between_the_binomial_of_tasks_and_of_samples():
 
 
 def run_all_preset(tmp_path, cuda, **env):
-    """run_all.sh's preset choice with a stub `python` (every call logged, the CUDA check answering `cuda`)."""
+    """run_all.sh's preset choice with a stub `python` (every call logged, lib/driver.py's preset answering gpu
+    when `cuda`; what it answers on a real machine: tests/test_driver.py)."""
     log = tmp_path / "calls.log"
     stub = tmp_path / "python"
     stub.write_text('#!/usr/bin/env bash\necho "$*" >> "$STUB_LOG"\n'
-                    'case "$*" in *cuda.is_available*) exit "$STUB_CUDA_RC" ;; esac\nexit 0\n')
+                    'case "$*" in *"lib/driver.py preset"*) [ "$STUB_CUDA_RC" = 0 ] && echo gpu || echo cpu ;; esac\n'
+                    'exit 0\n')
     stub.chmod(0o755)
     env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "VIRTUAL_ENV": str(tmp_path), "STUB_LOG": str(log),
            "STUB_CUDA_RC": "0" if cuda else "1", "DOMAINS": "math", "ADAPTIVE": "0", "HOME": str(tmp_path), **env}

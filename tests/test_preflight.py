@@ -140,7 +140,7 @@ def test_paper_run_all_without_a_retriever_exits_in_seconds_with_one_line(tmp_pa
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert done.returncode == 1, done.returncode
     assert len(lines) == 1 and lines[0].startswith("FAIL retriever: searchqa on the paper's data needs a retriever"), lines
-    assert "retrieval_server.py --index_path" in lines[0] and 'DOMAINS="math chess"' in lines[0]
+    assert "scripts/search_r1_retriever.sh setup DIR" in lines[0] and 'DOMAINS="math chess"' in lines[0]
     assert "Traceback" not in done.stderr
 
 
@@ -191,13 +191,13 @@ def test_retriever_server_answering_search_r1s_api():
         wrong.shutdown()
     ok, line = check(preflight.check_retriever_url, "http://127.0.0.1:9/retrieve")
     assert not ok and "retrieval server http://127.0.0.1:9/retrieve failed" in line
-    assert "retrieval_server.py --index_path" in line and 'DOMAINS="math chess"' in line and "\n" not in line
+    assert "scripts/search_r1_retriever.sh setup DIR" in line and 'DOMAINS="math chess"' in line and "\n" not in line
 
 
 def test_no_retriever_names_the_server_the_wiki_and_the_skip():
     ok, line = check(preflight.check_retriever, run_args())
-    assert not ok and "--retriever-url http://127.0.0.1:8000/retrieve" in line and "--wiki wiki-18.jsonl.gz" in line
-    assert "--retriever_name e5 --retriever_model intfloat/e5-base-v2 --faiss_gpu" in line
+    assert not ok and "--retriever-url http://127.0.0.1:8010/retrieve" in line and "--wiki wiki-18.jsonl.gz" in line
+    assert "bash scripts/search_r1_retriever.sh setup DIR, then serve DIR" in line
 
 
 def test_wiki_is_read_as_downloaded_gzip(tmp_path):

@@ -283,3 +283,44 @@ def test_the_paper_sft_mini_batch_makes_the_official_number_of_optimizer_steps(d
         trajectories = [[([1 + i % 7], [3 + i % 5])] for i in range(accepted)]
         losses = rft.sft_update(model, opt, trajectories, paper.sft_batch, 4096, 1.0)
         assert len(losses) == official, (domain, accepted)
+
+
+class SleepingBackend(HFBackend):
+    """The hf backend as vllm --vllm-sleep behaves: asleep while the trainer trains, awake for an adapter sync or
+    a generate; it notes what happens in order."""
+
+    def __init__(self, model, tok, log):
+        super().__init__(model, tok)
+        self.log, self.sleeping = log, False
+
+    def sleep(self):
+        self.log.append("sleep")
+        self.sleeping = True
+
+    def wake(self):
+        if self.sleeping:
+            self.log.append("wake")
+            self.sleeping = False
+
+    def generate(self, prompts, **kw):
+        self.wake()
+        return super().generate(prompts, **kw)
+
+    def sync_adapter(self, path):
+        self.wake()
+        super().sync_adapter(path)
+
+
+def test_the_trainer_hands_its_memory_back_between_the_update_and_the_wake(tmp_path, monkeypatch):
+    log = []
+    (tmp_path / "h.py").write_text(HARNESS)
+    model, tok = load_model("smoke")
+    policy = Policy(model, tok, SleepingBackend(model, tok, log))
+    trainer = rft.RSFT(rft_args(batch=4, group=2, workers=8), policy, FakeDomain(8, ""), tmp_path / "out")
+    update = rft.sft_update
+    monkeypatch.setattr(rft, "sft_update", lambda *a: log.append("update") or update(*a))
+    monkeypatch.setattr(rft.torch.cuda, "empty_cache", lambda: log.append("empty_cache"))
+    monkeypatch.setattr(rft.torch.cuda, "is_available", lambda: True)  # as on a GPU, from the update on
+    monkeypatch.setattr(rft, "get_rng_state", lambda: {"torch": torch.get_rng_state(), "python": None, "cuda": None})
+    trainer.step(tmp_path / "h.py")
+    assert log == ["sleep", "update", "empty_cache", "wake"]

@@ -362,3 +362,17 @@ def test_paper_chess_h0_retries_once_per_kind_with_the_verifier_feedback(qwen_to
     backend = ChatBackend(qwen_tok, ["<move>e7e4</move>", "<move>e7e3</move>"])
     [ep] = run(chess_domain(True), PAPER_CHESS, backend, tasks=[FOOLS_MATE])
     assert ep["turns"] == 2 and ep["answer"] == "e7e3" and ep["reward"] == 0.0
+
+
+def test_a_tool_call_drafted_while_thinking_is_not_run(qwen_tok):
+    ns = {}
+    exec(compile(PAPER_MATH.read_text(), "math", "exec"), ns)
+    draft = "<tool_call>\n<function=code_interpreter>\n<parameter=code>\nprint(1)\n</parameter>\n</function>\n</tool_call>"
+    assert ns["parse_tool_calls"](f"Maybe {draft}? No.\n</think>\n\n\\boxed{{2}}") == []
+    assert ns["parse_tool_calls"](f"ok\n</think>\n\n{draft}") == [("code_interpreter", {"code": "print(1)"})]
+    assert ns["parse_tool_calls"](f"<think>\nplan: {draft}") == []  # a think the reply opens itself, left open
+    # a whole episode: the drafted search is not run, the answer after the thinking ends it on the first turn
+    drafted = SEARCH_CALL.replace("</think>\n\n<tool_call>", "<tool_call>").replace(
+        "</tool_call>", "</tool_call>\nNo, I know it.\n</think>\n\n<answer>Quelm</answer>")
+    [ep] = run(SearchDomain(), PAPER_SEARCHQA, ChatBackend(qwen_tok, [drafted]))
+    assert ep["tool_calls"] == [] and ep["turns"] == 1 and ep["answer"] == "Quelm" and ep["reward"] == 1.0

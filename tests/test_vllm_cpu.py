@@ -41,6 +41,8 @@ def main():
     out["stopped"] = engine.generate(prompts[1:], temperature=0.0, max_new_tokens=16, stop=[[out["stop"]]])[0]
     out["stopped_text"] = tok.decode(out["stopped"])
     out["stopped_before"] = tok.decode(out["stopped"][:-1])
+    out["probe"] = canary.probe_engine(engine, tok)  # what every engine start does before its first rollout
+    out["probe_base"] = engine.lora is None and engine.generate(prompts, temperature=0.0, max_new_tokens=16) == out["hf"]
     torch.manual_seed(1)
     trainer = get_peft_model(copy.deepcopy(model), LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
     for n, p in trainer.named_parameters():
@@ -89,6 +91,13 @@ def test_engine_canary_passes_with_the_adapter_and_stops_without_it(probe):
     s = probe["canary"]
     assert s["noise"] < 1e-4 and s["effect"] > 2 * s["tol"] and s["to_trainer"] <= s["tol"]
     assert "adapter canary FAILED" in probe["stale"]
+
+
+def test_the_probe_adapter_moves_the_real_engine_as_it_moves_the_trainer(probe):
+    from lib.canary import PROBE_X
+    s = probe["probe"]
+    assert s["to_trainer"] <= s["tol"] and s["effect"] >= PROBE_X * s["tol"]
+    assert probe["probe_base"]  # then the engine serves the base model again, token for token as hf
 
 
 def test_engine_options_the_platform_refuses_are_one_line_naming_the_flag(probe):

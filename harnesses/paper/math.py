@@ -50,12 +50,19 @@ def strip_newline(text):
     return text[:-1] if text.endswith("\n") else text
 
 
+def outside_thinking(text):
+    """The reply after its thinking: the prompt opens <think> and the reply closes it, so what comes before the
+    last </think> (and after a <think> the reply opens itself) is a draft, not a call: a server with a reasoning
+    parser hands its tool parser only the content after the thinking."""
+    return text.rsplit("</think>", 1)[-1].split("<think>", 1)[0]
+
+
 def parse_tool_calls(text):
     """[(name, {parameter: text})] for each <tool_call><function=NAME><parameter=P>VALUE</parameter>... of a
-    reply, in order; a block, function or parameter left open at the end of the reply still counts, and a
-    parameter also ends where the next one starts."""
+    reply outside its thinking, in order; a block, function or parameter left open at the end of the reply still
+    counts, and a parameter also ends where the next one starts."""
     calls = []
-    for block in re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", text, re.DOTALL):
+    for block in re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", outside_thinking(text), re.DOTALL):
         for name, body in re.findall(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", block, re.DOTALL):
             params = re.findall(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", body, re.DOTALL)
             calls.append((name.strip(), {key.strip(): strip_newline(value) for key, value in params}))

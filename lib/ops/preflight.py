@@ -22,7 +22,7 @@ import urllib.request
 from functools import partial
 from pathlib import Path
 
-from lib import paper_data, sandbox
+from lib import driver, paper_data, sandbox
 from lib.ops import report_to
 from lib.models import CACHE
 
@@ -33,10 +33,9 @@ PROBE_QUERY = "who wrote the iliad"  # the one search the retriever check sends
 LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 CUDA_CONTEXT = 1 * GiB  # what the CUDA context and allocator take before any weights (stated, not measured)
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"  # lib/sandbox.wrap's PATH: where a proposer's program is found
-# Search-R1's retrieval server, as its retrieval_launch.sh starts it (DIR: where its scripts/download.py saved the
-# e5 index parts, joined by `cat part_* > e5_Flat.index`, and wiki-18.jsonl)
-SEARCH_R1_SERVER = ("python search_r1/search/retrieval_server.py --index_path DIR/e5_Flat.index --corpus_path "
-                    "DIR/wiki-18.jsonl --topk 3 --retriever_name e5 --retriever_model intfloat/e5-base-v2 --faiss_gpu")
+# Search-R1's retrieval server: scripts/search_r1_retriever.sh sets it up (a conda env, ~130 GB of index and corpus)
+# and starts it as its retrieval_launch.sh does, on port 8010 (paper_data.RETRIEVER_URL)
+SEARCH_R1_SERVER = "bash scripts/search_r1_retriever.sh setup DIR, then serve DIR"
 WIKI_DOWNLOAD = "hf download PeterJinGo/wiki-18-corpus wiki-18.jsonl.gz --repo-type dataset --local-dir DIR"
 SKIP_SEARCHQA = 'DOMAINS="math chess" bash run_all.sh to leave searchqa out'
 GPU_EXTRA = "bash install.sh --gpu (or pip install -r requirements-gpu.txt)"
@@ -101,7 +100,7 @@ def check_retriever(args):
     if args.wiki:
         return check_wiki(args.wiki, args.wiki_limit)
     raise Failed(f"searchqa on the paper's data needs a retriever: start Search-R1's server (`{SEARCH_R1_SERVER}`, "
-                 f"in its checkout) and pass --retriever-url http://127.0.0.1:8000/retrieve, or pass --wiki "
+                 f"sizes and time in the script) and pass --retriever-url {paper_data.RETRIEVER_URL}, or pass --wiki "
                  f"wiki-18.jsonl.gz (bm25s; `{WIKI_DOWNLOAD}`), or {SKIP_SEARCHQA}")
 
 
@@ -430,7 +429,10 @@ def check_gpu(runs):
     the engine's share of the card (vLLM refuses to start with less free), plus the CUDA context."""
     import torch
     if not torch.cuda.is_available():
-        return "no GPU"
+        why = driver.unusable_gpu(driver.gpus(), torch)
+        if why and any(args.backend == "vllm" or getattr(args, "preset", None) in ("gpu", "paper") for args in runs):
+            raise Failed(why)
+        return f"no GPU ({why})" if why else "no GPU"
     free, total = torch.cuda.mem_get_info()
     need, how = max(gpu_need(args, total) for args in runs)
     line = (f"{torch.cuda.get_device_name()}: {free / GiB:.1f} GiB free of {total / GiB:.1f}, these runs need "

@@ -15,6 +15,9 @@ sequence) and, for searchqa on the 80 GB card, Search-R1's retriever (e5 + a fla
 With --vllm-sleep the engine frees its memory while the trainer runs, so the two phases peak apart:
     rollout peak = trainer weights + LoRA/Adam + retriever + engine share (weights + overhead + KV + states)
     train peak   = trainer weights + LoRA/Adam + retriever + activations (checkpointed) + sleeping engine
+The engine (its own process) maps its whole share again at the wake after each update, beside what the
+trainer's caching allocator still reserves: rft.hand_back_memory empties that cache before the wake, so the
+wake holds the trainer's live tensors + RESERVED_SLACK, not its SFT peak (which the wake would add otherwise).
 Time of a run = its rollouts (decode: bandwidth-bound; prefill: FLOP-bound; the harness's tool waits) + its
 SFT passes (FLOP-bound) + per RSFT step the engine's sleep, wake, adapter load and canary + per process
 the model load and engine start + per proposer round the coding agent's own time. A run is one process: on
@@ -89,6 +92,10 @@ MODEL_LEN = 32768
 # memory: vLLM's own overhead (CUDA graphs, sampler, activations); what a sleeping engine keeps; the trainer's
 # CUDA context; the share of the card left free for fragmentation
 OVERHEAD_ENGINE, SLEEP_RESIDUAL, CUDA_CONTEXT, FREE_SHARE = 2 * GiB, 1 * GiB, 1 * GiB, 0.08
+# what the trainer's allocator keeps reserved past its live tensors once rft.hand_back_memory emptied its cache:
+# segments pinned by a live tensor (the LoRA weights and Adam state sit in small ones); scripts/gpu_check.sh
+# measures it after an update
+RESERVED_SLACK = GiB // 2
 # time: the share of peak bandwidth / FLOPs reached (decode and prefill, SFT); vLLM's fixed cost per decode
 # step (scheduler, sampler, Python); the least wait of a generate call for its batch (rollout.BATCH_WAIT_S)
 EFF_INFER, EFF_TRAIN, STEP_OVERHEAD_S, BATCH_WAIT_S = 0.5, 0.4, 0.004, 0.1
@@ -194,10 +201,11 @@ def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, complet
     usable = card * (1 - FREE_SHARE) - CUDA_CONTEXT - on_card
     weights, lora_opt = params * 2, lora * 16  # bf16 base; fp32 LoRA weight + grad + Adam m and v
     act = lambda m: activation_bytes(name, m, context, completion)
-    room = usable - weights - lora_opt  # what the trainer leaves for the engine (asleep while it trains)
+    held = weights + lora_opt + RESERVED_SLACK  # the trainer at the engine's wake, its cache handed back
+    room = usable - held  # what the trainer leaves for the engine (asleep while it trains)
     if sleep:
         engine = gpu_memory * card if gpu_memory else room
-        train_room = room - SLEEP_RESIDUAL
+        train_room = room + RESERVED_SLACK - SLEEP_RESIDUAL
     else:  # both awake: keep room for one micro-batch of 2 calls
         engine = gpu_memory * card if gpu_memory else room - act(2)
         train_room = room - engine
@@ -207,7 +215,9 @@ def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, complet
     micro = minibatch or largest
     kv_per_token, state = cache_sizes(name)
     kv = engine - weights - OVERHEAD_ENGINE
+    wake = CUDA_CONTEXT + on_card + held + engine  # the card at the wake after an update
     return dict(params=params, lora=lora, weights=weights, lora_opt=lora_opt, retriever=on_card, engine=engine,
+                reserved_at_wake=held, wake=wake, wake_without_hand_back=wake - RESERVED_SLACK + act(max(micro, 1)),
                 gpu_memory=engine / card, max_gpu_memory=room / card, kv=kv,
                 seqs=max(0, int(kv // (context * kv_per_token + state))), kv_per_token=kv_per_token, state=state,
                 minibatch=micro, largest=largest, act=act(max(micro, 1)), context=context, completion=completion,
