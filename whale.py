@@ -38,22 +38,10 @@ Harness phases under weights that did not change since the last one continue its
 adding its own rounds; new weights start a new archive from the incoming harness.
 `python whale.py --plan ...` prints a run's phases, steps, rounds and rollouts without loading a model.
 
-Several methods in one command run one after another in one process, each in its own folder, and never
-compute the same thing twice: a weight phase whose steps another run of the command already made (same
-settings, same harness content at every step: whale, weight-only, stagewise and fast-slow all start with
-the same phase under h0) starts from that run's snapshot; a test evaluation of the same weights
-(adapter content hash; an adapter no RSFT step updated is the base model) and harness (content hash)
-under the same settings is copied, not redone; so is a harness search from the same harness under the
-same weights and settings (stagewise after weight phases that accepted nothing is harness-only's search).
-
-Everything lands in results/<preset>/<domain>/<method>/ (results/<preset>/seed-<n>/<domain>/<method>/ for
---seed n other than 0): config.json, metrics.jsonl (one row per
-event, with the cumulative RSFT step and rollouts = training + harness scoring; test evaluation is not
-counted), weights/ (the RSFT checkpoint, and snapshot-<step>/ at the end of every weight phase, hard
-links of it), harness_w<n>/ (the harness archive after n weight phases), evals/ (test scores per task
-and traces, never shown to the proposer), state.json, summary.json.
-Rerunning the same command resumes: finished steps, iterations and evaluations are never redone, and
-the resumed run ends where an uninterrupted one would have, phase for phase.
+Several methods in one command run one after another in one process and never compute the same thing
+twice (lib/ops/reuse.py). A run's folder is results/<preset>/[seed-<n>/]<domain>/<method>/ (what it holds:
+docs/design.md section 8). Rerunning the same command resumes: finished steps, iterations and
+evaluations are never redone, and the resumed run ends where an uninterrupted one would have.
 """
 import argparse
 import gc
