@@ -195,6 +195,9 @@ def parse_args(argv=None):
     p.add_argument("--test-limit", type=positive_int, default=None, help="evaluate on a seeded sample of N test tasks")
     p.add_argument("--test-holdout", type=nonnegative_int, default=0,
                    help="never draw the first N test tasks (the cpu preset: the 50 looked at while it was built)")
+    p.add_argument("--test-evals", default="every", choices=("every", "ends"),
+                   help="every: test mean@k before training and after every phase; ends: before training and after "
+                        "the last phase only (fewer intermediate points, never fewer final tasks: the cpu preset)")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--check", nargs="*", default=None, choices=sorted(domains.DOMAINS), metavar="DOMAIN",
                    help="check every resource this run needs (and those of the same run on these domains) in "
@@ -369,6 +372,10 @@ def repair_run_folder(args, policy, domain, state, donors):
         evaluate_test(args, policy, domain, harness, f"phase_{i}", weights, donors)
         if adapter is not None:
             policy.drop_adapter()  # the trainer loads the checkpoint onto the base model
+
+
+# the phase row of a phase that --test-evals ends does not evaluate (never the first or the last)
+NOT_EVALUATED = {"mean_at_k": None, "test_tasks": 0}
 
 
 def log_eval_once(out, row):
@@ -571,23 +578,28 @@ def run(args, donors=(), domain=None):
                                                 weights_id(trainer), donors)
         state.update(phase=i, kinds=state["kinds"] + [kind], running=None, phase_start_step=None,
                      harness=stored_path(harness, args.out))
-        stats = evaluate_test(args, policy, domain, harness, f"phase_{i}", weights_id(trainer), donors)
+        last = next_phase(args.method, kind, steps - step_count(), iterations - iterations_done()) is None
+        stats = NOT_EVALUATED
+        if args.test_evals == "every" or last:
+            stats = evaluate_test(args, policy, domain, harness, f"phase_{i}", weights_id(trainer), donors)
         log_eval_once(args.out, {"event": "eval", "phase": i, "kind": kind, "step": step_count(),
                                  "rollouts": rollouts(), "seconds": time.time() - t0, **detail, **stats})
         save_state(args.out, state)
-        print(f"phase {i} {kind}: test mean@{args.k} = {stats['mean_at_k']:.4f}, RSFT steps {step_count()}/{steps}, "
+        score = "not evaluated (--test-evals ends)" if stats is NOT_EVALUATED else f"{stats['mean_at_k']:.4f}"
+        print(f"phase {i} {kind}: test mean@{args.k} = {score}, RSFT steps {step_count()}/{steps}, "
               f"harness iterations {iterations_done()}/{iterations}, rollouts {rollouts()}")
 
     write_summary(args, read_rows(args.out), harness, step_count(), iterations_done())
 
 
 def write_summary(args, rows, harness, steps, iterations):
-    evals = [r for r in rows if r.get("event") == "eval"]
+    phases = [r for r in rows if r.get("event") == "eval"]
+    evals = [r for r in phases if r["mean_at_k"] is not None]  # --test-evals ends: the first and the last
     best = max(evals, key=lambda r: (r["mean_at_k"], -r["rollouts"]))
     summary = {"domain": args.domain, "method": method_name(args), "preset": args.preset, "model": args.model,
                "k": args.k, "best_mean_at_k": best["mean_at_k"], "rollouts_to_best": best["rollouts"],
                "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
-               "total_rollouts": evals[-1]["rollouts"], "phases": len(evals) - 1, "rsft_steps": steps,
+               "total_rollouts": evals[-1]["rollouts"], "phases": len(phases) - 1, "rsft_steps": steps,
                "harness_iterations": iterations, "final_harness": stored_path(harness, args.out),
                "test_tasks": evals[-1]["test_tasks"]}
     write_json(os.path.join(args.out, "summary.json"), summary)

@@ -19,7 +19,7 @@ from lib.runfolder import resolved_path, whole_jsonl
 # evaluation computes
 PLAN_FLAGS = ("method", "out", "schedule", "preset", "prompt_only", "harness", "epochs", "phase_epochs",
               "harness_iterations", "adaptive_epochs", "harness_patience", "harness_min_iterations",
-              "harness_max_iterations", "check", "report_to")
+              "harness_max_iterations", "check", "report_to", "test_evals")
 
 
 def result_settings(args):
