@@ -110,6 +110,11 @@ def test_preset_defaults_and_overrides():
     [cpu] = whale.parse_args(["--domain", "math", "--preset", "cpu"])  # the calibrated sizes reach the run
     assert (cpu.lr, cpu.test_limit, cpu.k, cpu.temperature) == (3e-4, 50, 4, 0.6)
     assert (cpu.math_test_set, cpu.math_max_steps) == ("generated", 2)
+    assert (cpu.harness, cpu.mutate_order, cpu.test_evals) == ("harnesses/cpu/math.py", "traces", "ends")
+    kinds = [kind for kind, _ in whale.fixed_phases(cpu, cpu.train_limit)]  # the paper's proportions
+    assert kinds == ["weight", "harness", "weight", "harness", "weight"]
+    [chess] = whale.parse_args(["--domain", "chess", "--preset", "cpu"])  # chess keeps its one h0
+    assert chess.harness == "harnesses/chess.py"
     [cpu_paper] = whale.parse_args(["--domain", "math", "--preset", "cpu", "--data", "paper"])  # the paper's data:
     assert (cpu_paper.math_test_set, cpu_paper.math_max_steps) == ("gsm8k", None)  # no bundled-only choices
     domains.get("math", cpu_paper)
