@@ -45,9 +45,13 @@ def propose_mutate(run_dir, names, rows, iteration, args):
     gains, improved = best_changes(rows, changes)
     seed_name = next(r["name"] for r in rows if r["parent"] is None)
     order = search_order(sources[seed_name], args.seed, args.mutate_order)
-    focus = {}  # parent -> (its skill focus, its failure counts), read once per call
-    read_focus = lambda parent: focus.setdefault(parent, skill_focus(sources[parent], cand_root / parent / "traces.jsonl")
-                                                 if args.mutate_order == "traces" else ({}, Counter()))
+    focus = {}  # parent -> (its skill focus, its failure counts): its traces are read once per call
+
+    def read_focus(parent):
+        if parent not in focus:
+            traced = args.mutate_order == "traces"
+            focus[parent] = skill_focus(sources[parent], cand_root / parent / "traces.jsonl") if traced else ({}, Counter())
+        return focus[parent]
     for name in names:
         options = mutate_options(ranked, sources, gains, knob_tries, value_tries, order, read_focus)
         parent, source = next(((p, s) for p, s in options if normalized(s) not in seen
