@@ -108,6 +108,12 @@ class Domain:
         """The gold answer in words, for `show` and for people reading traces."""
         raise NotImplementedError
 
+    def extract(self, answer):
+        """What the reward reads from an answer, None when nothing: kept in traces, never the gold answer."""
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+            answer = str(answer)
+        return answer.strip()[:200] if isinstance(answer, str) and answer.strip() else None
+
 
 # -----------------------------------------------------------------------------
 # SearchQA
@@ -277,6 +283,9 @@ class Math(Domain):
             return 0.0
         # strict, as the official check: no normalisation at all, so "\\boxed{ 42 }" and "\\boxed{4 2}" are not 42
         return 1.0 if last_boxed(answer[-MATH_TAIL_CHARS:]) == task["answer"] else 0.0
+
+    def extract(self, answer):
+        return last_boxed(answer[-MATH_TAIL_CHARS:]) if isinstance(answer, str) else None
 
     def gold(self, task):
         return task["answer"]

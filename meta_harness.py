@@ -77,7 +77,10 @@ def add_args(parser):
     p.add_argument("--prompt-only", action="store_true", help="candidates may change only string constants (FST)")
     p = parser.add_argument_group("proposer")
     p.add_argument("--proposer", default="mutate", choices=PROPOSERS)
-    p.add_argument("--mutate-order", default="seeded", choices=("seeded", "listed"), help="mutate's knob order")
+    p.add_argument("--mutate-order", default="seeded", choices=("seeded", "listed", "traces"),
+                   help="mutate's knob order: seeded (drawn from --seed), listed (SEARCH_SPACE order), traces (the "
+                        "knobs the harness's SKILL declares for the failure kind most frequent in the parent's "
+                        "harness-set traces first, seeded within a kind)")
     p.add_argument("--proposer-cmd", default=None,
                    help="command template for --proposer command: {workdir}, {instructions}")
     p.add_argument("--proposer-url", default="http://localhost:8000/v1", help="OpenAI-compatible base URL")

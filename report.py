@@ -74,7 +74,8 @@ def load_runs(root):
 
 
 def load_run(folder):
-    evals = [r for r in read_jsonl(os.path.join(folder, "metrics.jsonl")) if r.get("event") == "eval"]
+    evals = [r for r in read_jsonl(os.path.join(folder, "metrics.jsonl"))  # phases --test-evals ends skipped: none
+             if r.get("event") == "eval" and r.get("mean_at_k") is not None]
     for row in evals:
         scores = read_json(os.path.join(folder, "evals", f"phase_{row['phase']}.json"), {})
         row["per_task"], row["sources"] = scores.get("per_task"), scores.get("sources") or {}

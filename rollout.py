@@ -244,7 +244,7 @@ class Runner:
         if ep.out_of_tokens and getattr(self.domain, "name", None) in OUT_OF_TOKENS_SCORES_ZERO:
             reward = 0.0
         ep.record = {"task_id": ep.task["id"], "sample": ep.sample, "reward": reward, "answer": answer,
-                     "error": error, "turns": len(ep.calls), "tokens": sum(len(c["completion_ids"]) for c in ep.calls),
+                     "extracted": extracted_answer(self.domain, answer), "error": error, "turns": len(ep.calls), "tokens": sum(len(c["completion_ids"]) for c in ep.calls),
                      "seconds": round(now - ep.start, 3), "calls": ep.calls, "tool_calls": ep.tool_calls,
                      "stdout": stdout, "out_of_tokens": ep.out_of_tokens, "capped": ep.capped}
         ep.state = "done"
@@ -390,7 +390,7 @@ class Runner:
         for e, ids in zip(pending, outs):
             text = cut_at_stop(self.backend.tokenizer.decode(ids, skip_special_tokens=True), e.request[3])
             e.calls.append({"messages": e.request[0], "prompt_ids": e.request[1], "completion_ids": list(ids),
-                            "completion": text, "stop": e.request[3]})
+                            "completion": text, "stop": e.request[3], "tokens": len(ids), "max_tokens": e.request[2]})
             e.waited += now - e.since
             e.state, e.since, e.request = "busy", now, None
             self.send(e.worker, {"value": text})
@@ -497,6 +497,17 @@ class Runner:
                     else self.retire(w)
         if w in self.workers and len(w.inbuf) > MAX_LINE:
             self.fail(w.episode, f"a message over {MAX_LINE} bytes", w) if w.episode else self.retire(w)
+
+
+def extracted_answer(domain, answer):
+    """The answer as the domain's reward reads it (None: nothing to read), kept in the trace so a proposer can
+    tell a missing answer from a wrong one without seeing the gold answer."""
+    if not hasattr(domain, "extract"):  # a stand-in domain (tests): the answer as given
+        return answer if isinstance(answer, str) else None
+    try:
+        return domain.extract(answer)
+    except Exception:  # the domain promises not to raise; a trace field is not worth the run
+        return None
 
 
 def run_episodes(domain, harness_path, tasks, backend, *, samples=1, temperature=1.0, top_k=20, max_new_tokens=256,

@@ -69,7 +69,7 @@ from lib.ops.run_checks import start_over
 from lib.ops.runstate import (RunState, check_run_folder, check_same_settings, evaluation_inputs, lost_evaluations,
                               lost_seeds, phase_rows, read_rows)
 from lib.policy import add_backend_args, check_backend, load_policy
-from presets import GPU, PAPER, PAPER_TRAIN_SIZES, PRESETS
+from presets import CPU, GPU, PAPER, PAPER_TRAIN_SIZES, PRESETS
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "stagewise-hw", "fast-slow")
 
@@ -122,6 +122,9 @@ def parse_args(argv=None):
     g.add_argument("--test-limit", type=positive_int, default=None, help="evaluate on a seeded sample of N test tasks")
     g.add_argument("--test-holdout", type=nonnegative_int, default=0,
                    help="never draw the first N test tasks (the cpu preset: the 50 looked at while it was built)")
+    g.add_argument("--test-evals", default="every", choices=("every", "ends"),
+                   help="every: test mean@k before training and after every phase; ends: before training and "
+                        "after the last phase only (fewer intermediate points, never fewer final tasks)")
     report_to.add_args(p)
     domains.add_args(p)
     add_backend_args(p)
@@ -132,6 +135,8 @@ def parse_args(argv=None):
     preset = dict(PRESETS[first.preset])
     if first.preset in ("paper", "gpu"):
         preset.update((PAPER if first.preset == "paper" else GPU)[first.domain])
+    if first.preset == "cpu":  # chess keeps harnesses/chess.py (not in the cpu preset's table)
+        preset.update(CPU.get(first.domain, {}))
     if first.data == "paper":  # the bundled math sets' choices do not apply to the paper's data
         preset.pop("math_test_set", None), preset.pop("math_max_steps", None)
     p.set_defaults(**preset)
@@ -274,7 +279,9 @@ def run(args, donors=(), domain=None):
             detail = {"steps": trainer.step_count - state.phase_start_step(), "epoch": trainer.epoch_progress}
         else:
             harness, detail = run_harness_phase(args, policy, domain, harness, state, donors)
-        evaluate(args, policy, domain, harness, state, state.leave(kind, harness), kind, donors, detail)
+        phase, last = state.leave(kind, harness), next_phase(args.method, kind, steps - state.step(),
+                                                             rounds - state.rounds_done()) is None
+        evaluate(args, policy, domain, harness, state, phase, kind, donors, detail, last)
     write_summary(args, read_rows(args.out), harness, state.step(), state.rounds_done())
 
 
@@ -315,9 +322,16 @@ def run_harness_phase(args, policy, domain, harness, state, donors):
                               "harness_score": result["score"], "winner": stored_path(result["winner"], args.out)}
 
 
-def evaluate(args, policy, domain, harness, state, phase, kind, donors, detail=None):
-    """Phase `phase`'s test evaluation, logged once in metrics.jsonl; a finished phase is then saved."""
-    stats = evaluate_test(args, policy, domain, harness, f"phase_{phase}", state.weights(), donors)
+# the row of a phase that --test-evals ends does not evaluate (never the first or the last)
+NOT_EVALUATED = {"mean_at_k": None, "test_tasks": 0}
+
+
+def evaluate(args, policy, domain, harness, state, phase, kind, donors, detail=None, last=True):
+    """Phase `phase`'s test evaluation (--test-evals ends: only before training and after the last phase),
+    logged once in metrics.jsonl; a finished phase is then saved."""
+    stats = NOT_EVALUATED
+    if phase == 0 or last or args.test_evals == "every":
+        stats = evaluate_test(args, policy, domain, harness, f"phase_{phase}", state.weights(), donors)
     if phase == 0:
         state.log_eval({"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats,
                         **rollout.BUDGET.counts()})
@@ -325,7 +339,8 @@ def evaluate(args, policy, domain, harness, state, phase, kind, donors, detail=N
     state.log_eval({"event": "eval", "phase": phase, "kind": kind, "step": state.step(), "rollouts": state.rollouts(),
                     "seconds": time.time() - state.started, **detail, **stats, **rollout.BUDGET.counts()})
     state.save()
-    print(f"phase {phase} {kind}: test mean@{args.k} = {stats['mean_at_k']:.4f}, RSFT steps {state.step()}/"
+    score = "not evaluated (--test-evals ends)" if stats is NOT_EVALUATED else f"{stats['mean_at_k']:.4f}"
+    print(f"phase {phase} {kind}: test mean@{args.k} = {score}, RSFT steps {state.step()}/"
           f"{state.steps}, harness rounds {state.rounds_done()}/{state.rounds}, rollouts {state.rollouts()}")
 
 
@@ -364,12 +379,13 @@ def evaluate_test(args, policy, domain, harness, tag, weights, donors):
 
 
 def write_summary(args, rows, harness, steps, iterations):
-    evals = [r for r in rows if r.get("event") == "eval"]
+    phases = [r for r in rows if r.get("event") == "eval"]
+    evals = [r for r in phases if r["mean_at_k"] is not None]  # --test-evals ends: the first and the last
     best = max(evals, key=lambda r: (r["mean_at_k"], -r["rollouts"]))
     summary = {"domain": args.domain, "method": method_name(args), "preset": args.preset, "model": args.model,
                "k": args.k, "best_mean_at_k": best["mean_at_k"], "rollouts_to_best": best["rollouts"],
                "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
-               "total_rollouts": evals[-1]["rollouts"], "phases": len(evals) - 1, "rsft_steps": steps,
+               "total_rollouts": evals[-1]["rollouts"], "phases": len(phases) - 1, "rsft_steps": steps,
                "harness_iterations": iterations, "final_harness": stored_path(harness, args.out),
                "test_tasks": evals[-1]["test_tasks"]}
     write_json(os.path.join(args.out, "summary.json"), summary)

@@ -7,6 +7,8 @@ raises, naming the file, the line and the fix), and `static_check`, the search's
 import ast
 from pathlib import Path
 
+from lib.failures import skill_problem
+
 ALLOWED_IMPORTS = ("re", "json", "math", "random", "string", "collections", "itertools", "functools",
                    "textwrap", "dataclasses", "typing")
 # names that reach files, code execution or the interpreter's internals; the runner sandboxes harness
@@ -57,7 +59,26 @@ def check_harness(path):
     if not any(isinstance(n, ast.FunctionDef) and n.name == "run" for n in tree.body):
         raise ValueError(f"{path}:1: no top-level function run; define run(task, llm, tools) returning "
                          "{'answer': ...}")
+    found = skill_misfit(tree)
+    if found:
+        raise ValueError(f"{path}:{found[0]}: {found[1]}")
     return source
+
+
+def skill_misfit(tree):
+    """(line, why) when the file declares a SKILL (failure kind -> knobs, read by the offline proposer) that
+    names a kind that does not exist or a knob that is not in its SEARCH_SPACE, else None."""
+    assigns = {n.targets[0].id: n for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
+               and isinstance(n.targets[0], ast.Name)}
+    if "SKILL" not in assigns:
+        return None
+    try:
+        skill = ast.literal_eval(assigns["SKILL"].value)
+        space = ast.literal_eval(assigns["SEARCH_SPACE"].value) if "SEARCH_SPACE" in assigns else {}
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        return assigns["SKILL"].lineno, "SKILL and SEARCH_SPACE must be literal dicts"
+    why = skill_problem(skill, space if isinstance(space, dict) else {})
+    return (assigns["SKILL"].lineno, why) if why else None
 
 
 def check_harness_fits(path, domain_name, tool_methods):
@@ -150,6 +171,9 @@ def static_check(source, parent_source=None, prompt_only=False, domain=None):
             return f"forbidden name: {node.id} (line {node.lineno})"
         if isinstance(node, ast.Attribute) and node.attr.startswith("__") and node.attr.endswith("__"):
             return f"forbidden attribute: .{node.attr} (line {node.lineno})"
+    found = skill_misfit(tree)
+    if found:
+        return f"{found[1]} (line {found[0]})"
     if prompt_only and parent_source is not None and strings_blanked(source) != strings_blanked(parent_source):
         return ("prompt-only violation: the candidate changes more than its parent's prompt text (top-level "
                 "*_PROMPT / *_TEMPLATE string constants and docstrings)")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lib.archive import candidate_rows, log_cost
 from lib.contract import normalized, static_check
+from lib.failures import FAILURE_KINDS, failure_counts, kinds_by_frequency
 from lib.proposers import finish, prepare
 
 
@@ -24,6 +25,9 @@ def propose_mutate(run_dir, names, rows, iteration, args):
        within it the least-tried value, so from each best every knob is tried once before any knob twice;
        ties in the search order (search_order: by default drawn from --seed, with --mutate-order listed
        SEARCH_SPACE's own order); when the best has no new step left, the next best's steps.
+       With --mutate-order traces, among the knobs tried equally often from a parent, first those its harness
+       file's SKILL declares for the failure kind most frequent in that parent's harness-set traces, then
+       the next kind's (lib/failures.py; skill_focus), then the rest; within a kind the seeded order.
     Deterministic: a resumed run proposes the same."""
     cand_root = Path(run_dir) / "candidates"
     rows = rows + [r for r in candidate_rows(run_dir) if r["iteration"] == iteration and r["name"] not in names]
@@ -41,8 +45,15 @@ def propose_mutate(run_dir, names, rows, iteration, args):
     gains, improved = best_changes(rows, changes)
     seed_name = next(r["name"] for r in rows if r["parent"] is None)
     order = search_order(sources[seed_name], args.seed, args.mutate_order)
+    focus = {}  # parent -> (its skill focus, its failure counts): its traces are read once per call
+
+    def read_focus(parent):
+        if parent not in focus:
+            traced = args.mutate_order == "traces"
+            focus[parent] = skill_focus(sources[parent], cand_root / parent / "traces.jsonl") if traced else ({}, Counter())
+        return focus[parent]
     for name in names:
-        options = mutate_options(ranked, sources, gains, knob_tries, value_tries, order)
+        options = mutate_options(ranked, sources, gains, knob_tries, value_tries, order, read_focus)
         parent, source = next(((p, s) for p, s in options if normalized(s) not in seen
                                and static_check(s, sources[p], args.prompt_only) is None), (None, None))
         prepare(run_dir, [name], parent or ranked[0]["name"], iteration, "mutate")
@@ -60,7 +71,7 @@ def propose_mutate(run_dir, names, rows, iteration, args):
         what = "; ".join(f"{knob} = {value!r} instead of {old.get(knob)!r}" for knob, value in change.items())
         why = " (each of these raised a score on its own)" if improved else " (together: alone each left it equal)"
         finish(run_dir, name, parent=parent, changed=changed, hypothesis=f"{what} raises the harness-set score of "
-               f"{parent}" + (why if len(change) > 1 else ""))
+               f"{parent}" + (why if len(change) > 1 else read_why(read_focus(parent), change)))
     log_cost(run_dir, {"iteration": iteration, "proposer": "mutate", "candidates": names, "seconds": 0.0})
 
 
@@ -70,19 +81,45 @@ def search_order(seed_source, seed, order="seeded"):
     by --seed, so no one chose the order the search finds things in. Drawn from the seed and the archive's
     seed harness (not the archive's folder name), so an archive copied into another run goes on in its order."""
     space = [(knob, list(values)) for knob, values in (knob_values(seed_source).get("SEARCH_SPACE") or {}).items()]
-    if order == "seeded":
+    if order == "seeded" or order == "traces":  # traces: the seeded order within each failure kind
         rng = random.Random(f"{seed}/{hashlib.sha256(seed_source.encode()).hexdigest()}")
         rng.shuffle(space)
         for _, values in space:
             rng.shuffle(values)
     elif order != "listed":
-        raise ValueError(f"mutate: unknown search order {order!r}: choose seeded or listed")
+        raise ValueError(f"mutate: unknown search order {order!r}: choose seeded, listed or traces")
     return {(knob, repr(value)): i for i, (knob, value) in enumerate((k, v) for k, vs in space for v in vs)}
 
 
-def mutate_options(ranked, sources, gains, knob_tries, value_tries, order):
+def skill_focus(source, traces_path):
+    """({knob: the failure kind it is tried for}, failure counts) of one candidate: its harness-set traces sorted
+    into failure kinds, and for each kind, most frequent first, the knobs its file's SKILL declares for it (a
+    knob declared for several kinds goes with the most frequent). Reads only the archive's own traces."""
+    counts = failure_counts(traces_path)
+    skill = knob_values(source).get("SKILL")
+    skill = skill if isinstance(skill, dict) else {}
+    focus = {}
+    for kind in kinds_by_frequency(counts):
+        for knob in skill.get(kind, []):
+            focus.setdefault(knob, kind)
+    return focus, counts
+
+
+def read_why(focus_counts, change):
+    """The hypothesis's reason for a one-knob step chosen from the traces ("" when they did not choose it)."""
+    focus, counts = focus_counts
+    knob = next(iter(change))
+    if knob not in focus:
+        return ""
+    kind = focus[knob]
+    return (f": {sum(counts.values())} of its harness-set episodes failed, {counts[kind]} as {kind} "
+            f"(lib/failures.py), and its SKILL lists {knob} for {kind}")
+
+
+def mutate_options(ranked, sources, gains, knob_tries, value_tries, order, read_focus):
     """(parent, source) in mutate's order of preference: the best with all of `gains`, then one-knob steps from
-    the best (the knob least tried from it, then its least-tried value, ties in `order`), then from the next
+    the best (the knob least tried from it, then the knobs for its most frequent failure kind (read_focus;
+    none unless --mutate-order traces), then its least-tried value, ties in `order`), then from the next
     best..."""
     best = ranked[0]["name"]
     composed, knobs = sources[best], knob_values(sources[best])
@@ -91,8 +128,11 @@ def mutate_options(ranked, sources, gains, knob_tries, value_tries, order):
     yield best, composed
     for r in ranked:
         parent = r["name"]
+        focus, counts = read_focus(parent)
+        kinds = kinds_by_frequency(counts)
+        kind_rank = lambda knob: kinds.index(focus[knob]) if knob in focus else len(FAILURE_KINDS)
         options = sorted(knob_options(sources[parent]),  # stable: a knob h0 lacks keeps its own listed place
-                         key=lambda o: (knob_tries[parent, o[0]], value_tries[parent, o[0], repr(o[2])],
+                         key=lambda o: (knob_tries[parent, o[0]], kind_rank(o[0]), value_tries[parent, o[0], repr(o[2])],
                                         order.get((o[0], repr(o[2])), len(order))))
         for knob, _, value in options:
             yield parent, set_knob(sources[parent], knob, value)

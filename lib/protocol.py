@@ -8,7 +8,7 @@ to its pipe directly, so the parent checks each request in full; the worker's ow
 import json
 
 MAX_LLM_CALLS = 32        # llm() requests per episode, empty replies included: past it llm() raises
-# The official caps on an episode's model calls (PROTOCOL.md 3), enforced by the runner whatever a harness asks:
+# The official caps on an episode's model calls (docs/protocol.md section 3), enforced by the runner whatever a harness asks:
 # searchqa and math clamp a harness's turns to 16; chess allows 18 policy calls and at most 10 retries of each
 # kind (a reply with no move, a move not legal). A request past a cap gets '' without sampling, as one past the
 # token budget does, so the harness ends the episode and is scored on what it has.

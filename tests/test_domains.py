@@ -486,6 +486,21 @@ def test_fst_has_as_many_prompt_variants_as_the_full_search_has_structural_optio
     assert prompt >= sum(options.values()) - prompt >= 10
 
 
+@pytest.mark.parametrize("name", ["searchqa", "math"])
+def test_the_cpu_h0_is_the_bundled_h0_with_a_few_knobs_set_and_a_skill(name):
+    """harnesses/cpu/<name>.py: the same code and SEARCH_SPACE as harnesses/<name>.py, two knobs set to values of
+    that SEARCH_SPACE (docs/cpu-run/paper-regime.md), and a SKILL for every failure kind that the contract accepts."""
+    from lib import contract, failures, mutate
+    bundled, cpu = (open(os.path.join(ROOT, "harnesses", *path)).read() for path in ([f"{name}.py"], ["cpu", f"{name}.py"]))
+    old, new = mutate.knob_values(bundled), mutate.knob_values(cpu)
+    changed = {k for k in old if old[k] != new[k]}
+    assert len(changed) == 2 and all(new[k] in old["SEARCH_SPACE"][k] for k in changed)
+    assert set(new) - set(old) == {"SKILL"} and set(new["SKILL"]) == set(failures.FAILURE_KINDS)
+    assert contract.static_check(cpu) is None and contract.check_harness(os.path.join(ROOT, "harnesses", "cpu", f"{name}.py"))
+    code = lambda source: [ast.dump(n) for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
+    assert code(cpu) == code(bundled)
+
+
 @pytest.mark.parametrize("name", ["searchqa", "math", "chess"])
 def test_prompt_only_lets_a_candidate_change_only_prompt_text(name):
     """--prompt-only (FST): each string literal of h0 changed on its own passes static_check exactly when it is a

@@ -166,3 +166,91 @@ def test_mutate_draws_its_knob_order_from_the_seed(tmp_path, monkeypatch):
     assert seeded[0] != seeded[1] and sorted(seeded[0]) == sorted(ALL)
     assert first_round(tmp_path / "again", monkeypatch, seed=0) == seeded[0]
     assert first_round(tmp_path / "listed", monkeypatch, seed=1, mutate_order="listed") == list(ALL)
+
+
+# --mutate-order traces: the parent's harness-set traces, sorted into failure kinds (lib/failures.py), choose
+# which knobs its SKILL says to try first; within a kind the seed orders them
+SKILL = {"no_tool": ["E", "F"], "cut": ["C", "D"], "wrong": ["A"]}
+EPISODES = {  # one failed episode of each kind, as the runner writes it (no gold answer anywhere)
+    "erred": {"reward": 0.0, "error": "deadline", "answer": None, "extracted": None, "calls": [], "tool_calls": []},
+    "cut": {"reward": 0.0, "error": None, "answer": "x = 12 +", "extracted": None,
+            "calls": [{"completion": "x = 12 +", "tokens": 32, "max_tokens": 32}], "tool_calls": []},
+    "no_answer": {"reward": 0.0, "error": None, "answer": None, "extracted": None,
+                  "calls": [{"completion": "I think", "tokens": 3, "max_tokens": 32}], "tool_calls": []},
+    "no_tool": {"reward": 0.0, "error": None, "answer": "Paris", "extracted": "Paris",
+                "calls": [{"completion": "Paris", "tokens": 2, "max_tokens": 32}],
+                "tool_calls": [{"name": "search", "result": ["Tarsk is a city."]}]},
+    "wrong": {"reward": 0.0, "error": None, "answer": "Tarsk", "extracted": "Tarsk",
+              "calls": [{"completion": "Tarsk", "tokens": 2, "max_tokens": 32}],
+              "tool_calls": [{"name": "search", "result": ["Tarsk is a city."]}]},
+}
+
+
+class TracingRollout(FakeRollout):
+    """Every episode fails as `kind`; nothing changes the score, so only the traces can order the knobs."""
+
+    def __init__(self, kind):
+        super().__init__(gain=0.0)
+        self.kind = kind
+
+    def evaluate(self, domain, harness_path, tasks, backend, k=1, traces_path=None, **kw):
+        stats = super().evaluate(domain, harness_path, tasks, backend, k=k, traces_path=traces_path, **kw)
+        Path(traces_path).write_text("".join(json.dumps({"task_id": t["id"], **EPISODES[self.kind]}) + "\n"
+                                             for t in tasks))
+        return stats
+
+
+def traced_round(work, monkeypatch, kind, seed=0, skill=SKILL, candidates=2):
+    """The knobs iteration 1 steps from h0, in order, when every h0 episode fails as `kind`."""
+    monkeypatch.setitem(globals(), "SEED", skilled(skill))  # the seed harness search() writes
+    _, proposals, _ = search(work, monkeypatch, iterations=1, candidates=candidates, fake=TracingRollout(kind),
+                             seed=seed, mutate_order="traces")
+    monkeypatch.undo()
+    return [r["changed"].split(":")[0] for r in proposals], proposals
+
+
+def skilled(skill=SKILL, source=SEED):
+    return source + f"\nSKILL = {skill!r}\n"
+
+
+def test_failure_kinds_of_episodes():
+    from lib.failures import failure_kind
+    assert {kind: failure_kind(e) for kind, e in EPISODES.items()} == {kind: kind for kind in EPISODES}
+    assert failure_kind({**EPISODES["wrong"], "reward": 1.0}) is None  # a success is no failure
+    assert failure_kind({**EPISODES["no_tool"], "tool_calls": []}) == "no_tool"  # the tool never called
+
+
+def test_traces_order_tries_first_the_skill_knobs_for_the_failure_kind_the_traces_show(tmp_path, monkeypatch):
+    for kind in ("no_tool", "cut"):
+        for seed in (0, 1, 2):
+            knobs, proposals = traced_round(tmp_path / f"{kind}{seed}", monkeypatch, kind, seed)
+            assert sorted(knobs) == sorted(SKILL[kind])  # both candidates: that kind's knobs
+            assert f"as {kind}" in proposals[0]["hypothesis"]  # and the proposal says why
+    # within a kind the seed orders the knobs: both orders occur over a few seeds, each resumes the same
+    firsts = {traced_round(tmp_path / f"order{seed}", monkeypatch, "no_tool", seed, candidates=1)[0][0]
+              for seed in range(6)}
+    assert firsts == {"E", "F"}
+    # the kind's knobs first, then the next: with 4 candidates and one kind seen, the other two follow the seed
+    knobs, _ = traced_round(tmp_path / "four", monkeypatch, "wrong", candidates=3)
+    assert knobs[0] == "A" and "A" not in knobs[1:]
+
+
+def test_traces_order_falls_back_to_the_seeded_order_without_a_skill_for_that_kind(tmp_path, monkeypatch):
+    from lib.mutate import search_order
+    rank = lambda order: list(dict.fromkeys(knob for knob, _ in sorted(order, key=order.get)))
+    knobs, _ = traced_round(tmp_path / "erred", monkeypatch, "erred", candidates=3)  # SKILL has nothing for erred
+    assert knobs == rank(search_order(skilled(), 0))[:3]
+
+
+def test_a_skill_naming_a_knob_outside_search_space_is_refused_in_one_line(tmp_path):
+    from lib.contract import check_harness, static_check
+    bad = SEED + '\nSKILL = {"no_tool": ["E", "TOP_K"]}\n'
+    reason = static_check(bad)
+    assert reason == "SKILL['no_tool'] names knob 'TOP_K', which is not in SEARCH_SPACE (line 17)"
+    assert static_check(SEED + '\nSKILL = {"slow": ["E"]}\n').startswith("SKILL names failure kind 'slow'")
+    assert static_check(skilled()) is None
+    path = tmp_path / "h.py"
+    path.write_text(bad)
+    with pytest.raises(ValueError) as e:
+        check_harness(path)
+    assert str(e.value) == f"{path}:17: SKILL['no_tool'] names knob 'TOP_K', which is not in SEARCH_SPACE"

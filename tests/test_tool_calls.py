@@ -271,9 +271,9 @@ def test_paper_preset_generation_settings():
         assert (args.temperature, args.top_k) == (1.0, 20)  # rollouts, harness scoring and test alike
         kw = rollout.sampling_kwargs(args)
         assert (kw["thinking"], kw["episode_tokens"], kw["max_model_len"]) == ("on", budget, 32768)
-    for preset in ("smoke", "cpu"):  # as before: no budget, the template's own thinking, today's h0s
-        [args] = whale.parse_args(["--domain", "searchqa", "--preset", preset])
-        assert (args.harness, args.episode_tokens, args.thinking) == ("harnesses/searchqa.py", None, "auto")
+    for preset, harness in (("smoke", "harnesses/searchqa.py"), ("cpu", "harnesses/cpu/searchqa.py")):
+        [args] = whale.parse_args(["--domain", "searchqa", "--preset", preset])  # no budget, the template's thinking
+        assert (args.harness, args.episode_tokens, args.thinking) == (harness, None, "auto")
 
 
 def test_the_tiny_qwen35_loads_as_the_hub_checkpoints_do_and_its_lora_trains():

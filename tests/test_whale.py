@@ -111,6 +111,11 @@ def test_preset_defaults_and_overrides():
     [cpu] = whale.parse_args(["--domain", "math", "--preset", "cpu"])  # the calibrated sizes reach the run
     assert (cpu.lr, cpu.test_limit, cpu.k, cpu.temperature) == (3e-4, 50, 4, 0.6)
     assert (cpu.math_test_set, cpu.math_max_steps) == ("generated", 2)
+    assert (cpu.harness, cpu.mutate_order, cpu.test_evals) == ("harnesses/cpu/math.py", "traces", "ends")
+    kinds = [kind for kind, _ in whale.fixed_phases(cpu, cpu.train_limit)]  # the paper's proportions
+    assert kinds == ["weight", "harness", "weight", "harness", "weight"]
+    [chess] = whale.parse_args(["--domain", "chess", "--preset", "cpu"])  # chess keeps its one h0
+    assert chess.harness == "harnesses/chess.py"
     [cpu_paper] = whale.parse_args(["--domain", "math", "--preset", "cpu", "--data", "paper"])  # the paper's data:
     assert (cpu_paper.math_test_set, cpu_paper.math_max_steps) == ("gsm8k", None)  # no bundled-only choices
     domains.get("math", cpu_paper)
@@ -475,3 +480,22 @@ def test_acceptance_is_strict_against_the_incoming_harness_re_scored_under_the_n
         seed = out / after["archive"] / "candidates" / "h0"
         assert (seed / "harness.py").read_bytes() == (out / before["winner"]).read_bytes()  # stored relative to out
         assert json.loads((seed / "scores.json").read_text())["rollouts"] == 3  # scored again, under new weights
+
+
+def test_test_evals_ends_evaluates_the_start_and_the_last_phase_only_and_resumes(tmp_path, fake, monkeypatch):
+    # the cpu preset's --test-evals ends: intermediate points are left out, never final tasks; the final point and
+    # the training are those of a run that evaluates every phase
+    argv, _ = fake
+    whale.main(argv + ["--out", str(tmp_path / "every")])
+    ends = argv + ["--test-evals", "ends", "--out", str(tmp_path / "ends")]
+    with monkeypatch.context() as m:
+        interrupt(m, RunState, "log_eval", 2)  # phase 1 logged without an evaluation, state not saved
+        with pytest.raises(Interrupt):
+            whale.main(ends)
+    whale.main(ends)
+    assert sorted(p.name for p in (tmp_path / "ends" / "evals").glob("*.json")) == ["phase_0.json", "phase_3.json"]
+    evaluated = [r["mean_at_k"] is not None for r in rows(tmp_path / "ends" / "metrics.jsonl") if r["event"] == "eval"]
+    assert evaluated == [True, False, False, True]
+    every, end = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("every", "ends"))
+    assert end["final_mean_at_k"] == every["final_mean_at_k"] and end["phases"] == every["phases"] == 3
+    assert record(tmp_path / "ends")["steps"] == record(tmp_path / "every")["steps"]

@@ -32,7 +32,7 @@ def describe(args, name, phases, budget, n_train, n_harness, n_test):
     harness = [n for kind, n in phases if kind == "harness"]
     lines.append(f"{len(weight)} weight phases ({' + '.join(map(str, weight)) or 0} steps), {len(harness)} harness "
                  f"phases ({' + '.join(map(str, harness)) or 0} rounds)")
-    evals = len(phases) + 1
+    evals = len(phases) + 1 if getattr(args, "test_evals", "every") == "every" else 2  # ends: before and after
     lines.append(f"total: {trained + scored:,d} rollouts ({trained:,d} training, {scored:,d} harness scoring); test "
                  f"evaluation, not counted: {evals} x {n_test} tasks x k = {args.k} = {evals * n_test * args.k:,d}")
     return lines

@@ -95,7 +95,8 @@ def rows(out):
                   for i, best in enumerate(series) if isinstance(best, (int, float))]
         offset += len(series)
     found += [(("test", r["phase"]), "test", r["phase"], numbers(r, TEST_FIELDS, "test"))
-              for r in read_rows(out / "metrics.jsonl") if r.get("event") == "eval" and "phase" in r]
+              for r in read_rows(out / "metrics.jsonl")
+              if r.get("event") == "eval" and "phase" in r and r.get("mean_at_k") is not None]
     return found
 
 

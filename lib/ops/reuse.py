@@ -20,7 +20,8 @@ from lib.ops.run_checks import whole_jsonl
 # evaluation computes
 PLAN_FLAGS = ("method", "out", "schedule", "preset", "prompt_only", "harness", "epochs", "phase_epochs",
               "harness_iterations", "adaptive_epochs", "harness_patience", "harness_min_iterations",
-              "harness_max_iterations", "check", "report_to", "infra_budget")
+              "harness_max_iterations", "check", "report_to", "infra_budget",
+              "test_evals")
 
 
 def result_settings(args):

@@ -117,8 +117,9 @@ def lost_evaluations(out, state):
     phase's only when it was made (it is redone as the phase ends); without state.json, phase 0's only when it
     was made (no phase has started: the run evaluates it first)."""
     started = os.path.exists(os.path.join(out, "state.json"))
+    skipped = {r["phase"] for r in read_rows(out) if r.get("event") == "eval" and r.get("mean_at_k", 0) is None}
     lost = []
-    for i in range(state["phase"] + 2):
+    for i in sorted(set(range(state["phase"] + 2)) - skipped):  # skipped: --test-evals ends made none
         path = Path(out, "evals", f"phase_{i}.json")
         made = path.exists() or path.with_name(f"phase_{i}.traces.jsonl").exists()
         if ((started and i <= state["phase"]) or made) and not evaluation_whole(path):
