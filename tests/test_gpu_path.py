@@ -694,7 +694,7 @@ def test_concurrent_searches_reach_the_retriever_one_request_at_a_time():
         client = paper_data.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
         with ThreadPoolExecutor(16) as pool:
             got = list(pool.map(lambda i: client.search(f"q{i}", k=1), range(16)))
-        assert got == [[f"q{i}: about q{i}"] for i in range(16)]  # each its own answer
+        assert got == [[f'"q{i}": about q{i}'] for i in range(16)]  # each its own answer (a quoted title)
         assert state["most"] == 1 and sum(state["batches"]) == 16 and len(state["batches"]) < 16
     finally:
         server.shutdown()

@@ -605,7 +605,8 @@ def test_a_chess_candidate_importing_chess_is_refused_before_any_rollout(tmp_pat
         (tmp_path / name / "harness.py").write_text(source)
     mh.write_json(tmp_path / "h1_1" / "meta.json", {"parent": "h0"})
     meta = mh.validate(tmp_path / "h1_1", [{"name": "h0", "valid": True}], None, domains.get("chess"), [],
-                       SimpleNamespace(prompt_only=False), {})
+                       SimpleNamespace(prompt_only=False), {},
+                       run_episodes=lambda *a, **kw: pytest.fail("a refused candidate runs no episode"))
     assert meta["valid"] is False and meta["reason"].startswith("chess engine: imports chess;")
     assert "\n" not in meta["reason"] and "smoke_rollouts" not in meta
 
