@@ -414,3 +414,13 @@ def train(args):
 
 if __name__ == "__main__":
     main()
+
+
+def weight_phase_over(rewards, schedule, max_steps, window):
+    """Whether the running weight phase ends after these training rewards (one per RSFT step). Fixed:
+    after max_steps. Adaptive: when the windowed mean reward has set no new phase-best for `window`
+    steps, after at least `window` steps (paper: window = minimum length = patience = 0.2 epoch), or
+    after max_steps (the weight budget)."""
+    if len(rewards) >= max_steps:
+        return True
+    return schedule == "adaptive" and should_stop_weight_phase(rewards, window, window, window)

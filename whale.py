@@ -243,16 +243,6 @@ def print_plan(args, card_gb=80):
     return est
 
 
-def weight_phase_over(rewards, schedule, max_steps, window):
-    """Whether the running weight phase ends after these training rewards (one per RSFT step). Fixed:
-    after max_steps. Adaptive: when the windowed mean reward has set no new phase-best for `window`
-    steps, after at least `window` steps (paper: window = minimum length = patience = 0.2 epoch), or
-    after max_steps (the weight budget)."""
-    if len(rewards) >= max_steps:
-        return True
-    return schedule == "adaptive" and rft.should_stop_weight_phase(rewards, window, window, window)
-
-
 # -----------------------------------------------------------------------------
 # the run: phase after phase, each followed by a test evaluation
 
@@ -292,7 +282,7 @@ def run_weight_phase(args, trainer, harness, state, n_train, donors):
     phase_steps = steps_for(args.phase_epochs, n_train, args.batch)
     cap = state.steps - start if args.schedule == "adaptive" else min(phase_steps, state.steps - start)
     window = steps_for(args.adaptive_epochs, n_train, args.batch)
-    phase_over = lambda rewards: weight_phase_over(rewards, args.schedule, cap, window)
+    phase_over = lambda rewards: rft.weight_phase_over(rewards, args.schedule, cap, window)
     trainer = reuse.adopt_steps(trainer, harness, reuse.result_settings(args), donors, phase_over, start, args.out)
     rewards = [row["reward"] for row in trainer.history if row["step"] > start]
     while not phase_over(rewards):

@@ -69,21 +69,21 @@ def test_the_paper_plan_is_the_official_schedule(capsys):
 
 def test_fixed_weight_phase_ends_after_its_steps_whatever_the_reward():
     rising = [0.1, 0.2, 0.3, 0.4, 0.5]
-    assert not whale.weight_phase_over(rising[:2], "fixed", 3, window=1)
-    assert whale.weight_phase_over(rising[:3], "fixed", 3, window=1)
-    assert not whale.weight_phase_over([0.5, 0.5], "fixed", 3, window=1)  # a plateau does not end it
+    assert not rft.weight_phase_over(rising[:2], "fixed", 3, window=1)
+    assert rft.weight_phase_over(rising[:3], "fixed", 3, window=1)
+    assert not rft.weight_phase_over([0.5, 0.5], "fixed", 3, window=1)  # a plateau does not end it
 
 
 def test_adaptive_weight_phase_ends_on_a_plateau_not_while_improving():
     window, cap = 2, 100
     rising = [0.1 * i for i in range(1, 12)]
     for n in range(len(rising) + 1):
-        assert not whale.weight_phase_over(rising[:n], "adaptive", cap, window)
+        assert not rft.weight_phase_over(rising[:n], "adaptive", cap, window)
     plateau = [0.1, 0.3, 0.5, 0.5, 0.4, 0.4, 0.3]
-    ended = [n for n in range(len(plateau) + 1) if whale.weight_phase_over(plateau[:n], "adaptive", cap, window)]
+    ended = [n for n in range(len(plateau) + 1) if rft.weight_phase_over(plateau[:n], "adaptive", cap, window)]
     assert ended and ended[0] > window  # never before the minimum phase length
-    assert whale.weight_phase_over(plateau, "adaptive", cap, window)
-    assert whale.weight_phase_over(rising[:3], "adaptive", 3, window)  # the weight budget caps it
+    assert rft.weight_phase_over(plateau, "adaptive", cap, window)
+    assert rft.weight_phase_over(rising[:3], "adaptive", 3, window)  # the weight budget caps it
 
 
 def test_adaptive_harness_phase_needs_min_iterations_then_patience():
