@@ -319,7 +319,8 @@ class RSFT:
         write_json(folder / "state.json", state)  # a new file, not the donor's hard link
         switch_checkpoint(self.out_dir, folder, state["history"])
         self.policy.drop_adapter()  # the new trainer loads the checkpoint's adapter onto the base model
-        return RSFT(self.args, self.policy, self.domain, self.out_dir, train=self.train, run_dir=self.run_dir)
+        return RSFT(self.args, self.policy, self.domain, self.out_dir, train=self.train, run_dir=self.run_dir,
+                    run_episodes=self.run_episodes)
 
 
 def examples_of(episode):

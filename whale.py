@@ -250,6 +250,7 @@ def run(args, donors=(), domain=None):
     """One method's run: plan the budgets, then phase after phase, each followed by a test evaluation.
     `donors` are the folders of the other runs of this command, whose finished weight phases and evaluations
     this run reuses where they are exactly its own. domain: the one check_inputs loaded, else loaded here."""
+    start_folder(args)
     domain, train, policy = setup(args, domain)
     steps, rounds = budgets(args, len(train))
     state = RunState(args, steps, rounds)
@@ -435,13 +436,16 @@ def check_inputs(runs):
     return domain
 
 
-def setup(args, domain=None):
-    """The run folder and its config.json, then -> (domain, train tasks, policy); bad input was refused before
-    (check_inputs)."""
+def start_folder(args):
+    """The run folder and its config.json (the settings a resume must keep), before the model loads."""
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "config.json"), vars(args))
     print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
     print(json.dumps(vars(args), indent=None))
+
+
+def setup(args, domain=None):
+    """-> (domain, train tasks, policy); bad input was refused before (check_inputs)."""
     domain = domain or domains.get(args.domain, args)
     train = domains.seeded_sample(domain.load("train"), args.train_limit)
     if args.threads:

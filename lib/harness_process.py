@@ -5,8 +5,8 @@ The harness worker: ONE episode of untrusted harness code, inside the OS sandbox
 
 lib/worker_pool.py starts each worker inside bubblewrap under the no-fork seccomp filter (lib/sandbox.py),
 before any episode needs it, so a warm one is waiting when an episode starts. Only this file is bound into
-the sandbox, so it imports the standard library only, nothing from the project (and -I keeps lib/, whose
-io.py would shadow the standard io, off sys.path). The worker says {"ready": true}, then reads one job: the
+the sandbox, so it imports the standard library only, nothing from the project (and -I keeps the project's
+folders off sys.path). The worker says {"ready": true}, then reads one job: the
 harness source, its path, the tool names, the task (only what the agent may see), the seed of the harness's
 `random`, its memory limit and the size limits. It sets the limits, then runs `run(task, llm, tools)`:
 llm() and every tool call is a JSON line to the parent on the WFD pipe, answered on the RFD pipe with

@@ -91,6 +91,7 @@ def measure(domain, path, tasks, samples, policy, preset, desc):
 def main(argv=None):
     args, preset = parse_args(argv)
     sandbox.apply_args(preset)
+    rollout.apply_args(preset)
     domain = domains.get(args.domain, preset)
     train = domains.seeded_sample(domain.load("train"), preset.train_limit)[:args.train_prompts]
     harness_set = meta_harness.harness_tasks(domain, preset)

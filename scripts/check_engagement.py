@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import meta_harness  # noqa: E402
 import rft  # noqa: E402
+import rollout  # noqa: E402
 import whale  # noqa: E402
 from lib import sandbox  # noqa: E402
 
@@ -79,11 +80,13 @@ def main():
     runs = whale.parse_args(["--domain", ours.domain, "--seed", ours.seed, "--preset", "cpu", *extra,
                              "--method", *ours.method])
     sandbox.apply_args(runs[0])
+    rollout.apply_args(runs[0])
     domain, train, policy = whale.setup(runs[0])
     folder = Path(ours.out, f"seed-{ours.seed}", ours.domain)
     report_path = folder / "engagement.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     for args in runs:
+        rollout.BUDGET.start_phase(args.method)  # each method's episodes, a budget phase of their own
         out = folder / args.method
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(vars(args), indent=1))

@@ -4,7 +4,7 @@ phase (harness_w<n>/frontier.json), and test mean@k per phase (metrics.jsonl). A
 REPORT_EVERY_S seconds and sends each row once, so the run's loop is untouched and its files stay the truth. By
 default (no flag) nothing is sent and neither package is imported.
 
-    with reporting.watch(args):   # args.report_to, args.out; a no-op without --report-to
+    with report_to.watch(args):   # args.report_to, args.out; a no-op without --report-to
         run(args)
 
 Every start of a run is a new wandb run or tensorboard folder, holding the whole history read back from the
