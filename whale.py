@@ -255,24 +255,23 @@ def run(args, donors=(), domain=None):
     steps, rounds = budgets(args, len(train))
     state = RunState(args, steps, rounds)
     repair_run_folder(args, policy, domain, state.saved, donors)
-    trainer = state.trainer = rft.RSFT(args, policy, domain, os.path.join(args.out, "weights"), train=train,
-                                       run_dir=args.out) if steps else None
+    state.trainer = rft.RSFT(args, policy, domain, os.path.join(args.out, "weights"), train=train,
+                             run_dir=args.out) if steps else None
     harness = state.harness(args.harness)
+    after = lambda kind: next_phase(args.method, kind, state.steps_left(), state.rounds_left())  # the schedule
     state.log_start()
     rollout.BUDGET.start_phase("phase 0 (start)")
     evaluate(args, policy, domain, harness, state, 0, "start", donors)
-    while kind := state.saved["running"] or next_phase(args.method, state.last_kind(), steps - state.step(),
-                                                       rounds - state.rounds_done()):
+    while kind := state.saved["running"] or after(state.last_kind()):
         state.enter(kind)
         rollout.BUDGET.start_phase(f"phase {state.saved['phase'] + 1} ({kind})")  # and its test evaluation
         if kind == "weight":
-            trainer = state.trainer = run_weight_phase(args, trainer, harness, state, len(train), donors)
+            trainer = state.trainer = run_weight_phase(args, state.trainer, harness, state, len(train), donors)
             detail = {"steps": trainer.step_count - state.phase_start_step(), "epoch": trainer.epoch_progress}
         else:
             harness, detail = run_harness_phase(args, policy, domain, harness, state, donors)
-        phase, last = state.leave(kind, harness), next_phase(args.method, kind, steps - state.step(),
-                                                             rounds - state.rounds_done()) is None
-        evaluate(args, policy, domain, harness, state, phase, kind, donors, detail, last)
+        phase = state.leave(kind, harness)
+        evaluate(args, policy, domain, harness, state, phase, kind, donors, detail, last=after(kind) is None)
     write_summary(args, read_rows(args.out), harness, state.step(), state.rounds_done())
 
 
@@ -306,7 +305,7 @@ def run_harness_phase(args, policy, domain, harness, state, donors):
     if args.schedule == "adaptive":
         stop = lambda series: len(series) - 1 > before and meta_harness.should_stop_harness_phase(
             series[before:], args.harness_patience, args.harness_min_iterations)
-    rounds = before + min(harness_phase_cap(args), state.rounds - state.rounds_done())
+    rounds = before + min(harness_phase_cap(args), state.rounds_left())
     result = meta_harness.search(policy, domain, harness, archive, args, iterations=rounds, stop=stop)
     state.record_search(name, weights, result)
     return result["winner"], {"iterations": result["iterations"] - before, "archive": name,
@@ -321,7 +320,7 @@ def evaluate(args, policy, domain, harness, state, phase, kind, donors, detail=N
     """Phase `phase`'s test evaluation (--test-evals ends: only before training and after the last phase),
     logged once in metrics.jsonl; a finished phase is then saved."""
     stats = NOT_EVALUATED
-    if phase == 0 or last or args.test_evals == "every":
+    if last or args.test_evals == "every":  # phase 0 comes with last=True
         stats = evaluate_test(args, policy, domain, harness, f"phase_{phase}", state.weights(), donors)
     if phase == 0:
         state.log_eval({"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats,

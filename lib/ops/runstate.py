@@ -208,6 +208,12 @@ class RunState:
     def rounds_done(self):
         return sum(self.saved["archive_iterations"].values())
 
+    def steps_left(self):
+        return self.steps - self.step()
+
+    def rounds_left(self):
+        return self.rounds - self.rounds_done()
+
     def rollouts(self):
         """Training rollouts plus harness scoring; test evaluation is not counted."""
         return (self.trainer.rollouts if self.trainer else 0) + sum(self.saved["harness_rollouts"].values())
