@@ -41,19 +41,21 @@ PRESETS = {
                   proposer_timeout=2400.0, temperature=1.0, top_k=20,
                   max_new_tokens=8192, thinking="on", max_model_len=32768, deadline=600.0, adaptive_epochs=0.2,
                   harness_patience=2, harness_min_iterations=5, harness_max_iterations=15),
-    # gpu: the paper preset's shape on seeded subsets, sized so that the whole table (run_all.sh: 3 domains x 6
-    # methods + adaptive WHALE on searchqa and math, one process each) fits in 12 h on one 80 GB card by
-    # lib/ops/time_model.py's estimate (docs/gpu.md). The proposer's own time (a
-    # round is a Claude Code session) bounds the rounds, so: the paper's (E, I) = (0.6, 2) ablation cell on 1.2
-    # epochs (weight, harness of re-score + 1 round, weight); 224 train prompts, 64 a step (the official searchqa
-    # driver's batch) = 2 + 2 RSFT steps; M = 3 on 128 harness tasks; G = 8, mean@8 on the test subsets in GPU
-    # (SearchQA 15 per benchmark); the adaptive harness phase scaled with I - 1 (min 1, max 3, patience 1);
-    # 256 concurrent episodes (the test evaluation keeps the runner's 64); the official h0s, SFT mini-batches and
-    # chess SAN (PAPER), but without thinking and with 1,024 tokens a call and 2,048 an episode: at the official
-    # 8,192 thinking tokens the table takes about 6x longer
+    # gpu: the paper preset's shape on seeded subsets, sized so that run_all.sh's table (3 domains x 6 methods,
+    # one process a domain sharing the phases its methods have in common) takes about 12.5 h on one 80 GB card by
+    # lib/ops/time_model.py's estimate (docs/gpu.md), with enough RSFT steps for the weights to move. The
+    # proposer's own time (a round is a Claude Code session) bounds the rounds, so: the paper's (E, I) = (0.6, 2)
+    # ablation cell on 1.2 epochs (weight, harness of re-score + 1 round, weight); 544 train prompts, 32 a step
+    # = 10 + 10 RSFT steps, and the SFT mini-batch scaled by 32 / 256 with the rollout batch, so a rollout step
+    # makes the paper's 0-6 optimizer steps; M = 3 on 128 harness tasks; G = 8, mean@4 on the test subsets in
+    # GPU (SearchQA 15 per benchmark: the interval about 5 % wider than at mean@8, half the evaluation time);
+    # the adaptive harness phase scaled with I - 1 (min 1, max 3, patience 1); 256 concurrent episodes (the
+    # test evaluation keeps the runner's 64); the official h0s and chess SAN (PAPER), but without thinking and
+    # with 1,024 tokens a call and 2,048 an episode: at the official 8,192 thinking tokens the table takes
+    # about 6x longer
     "gpu": dict(threads=None, data="paper", chess_san_marks=True, backend="vllm", vllm_sleep=True, bf16=True,
-                grad_checkpointing=True, epochs=1.2, phase_epochs=0.6, harness_iterations=2, train_limit=224,
-                test_limit=None, k=8, batch=64, group=8, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0,
+                grad_checkpointing=True, epochs=1.2, phase_epochs=0.6, harness_iterations=2, train_limit=544,
+                test_limit=None, k=4, batch=32, group=8, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0,
                 candidates=3,
                 harness_tasks=128, harness_samples=1, workers=256, proposer="claude", proposer_model="claude-opus-4-7",
                 proposer_timeout=2400.0, temperature=1.0, top_k=20, thinking="off", max_new_tokens=1024,
@@ -83,14 +85,16 @@ PAPER = {
                   harness="harnesses/paper/chess.py", episode_tokens=8129, max_prompt_tokens=4096,
                   sft_batch=OFFICIAL_SFT_BATCH_PER_GPU * OFFICIAL_DP_GPUS["chess"]),
 }
-# the gpu preset per domain: the paper's model, learning rate and SFT mini-batch; the test subset (seeded samples:
+# the gpu preset per domain: the paper's model and learning rate; the SFT mini-batch scaled with the rollout batch
+# (paper's x 32 / 256: searchqa 48, math 64, chess 32); the test subset (seeded samples:
 # SearchQA's per benchmark, 80 of chess's 256 test puzzles; all 60 AIME problems); the engine's share of the card,
 # the most that fits beside the trainer on 24, 48 and 80 GB alike (scripts/memory_plan.py; searchqa's retriever
 # index takes 32 GiB of the 80 GB card)
 GPU = {"searchqa": dict(searchqa_test_per_set=15, gpu_memory=0.45), "math": dict(gpu_memory=0.7),
        "chess": dict(test_limit=80, gpu_memory=0.5)}
 GPU = {domain: dict(model=PAPER[domain]["model"], lr=PAPER[domain]["lr"], harness=PAPER[domain]["harness"],
-                     max_prompt_tokens=PAPER[domain]["max_prompt_tokens"], sft_batch=PAPER[domain]["sft_batch"],
+                     max_prompt_tokens=PAPER[domain]["max_prompt_tokens"],
+                     sft_batch=PAPER[domain]["sft_batch"] * PRESETS["gpu"]["batch"] // PRESETS["paper"]["batch"],
                      **GPU[domain]) for domain in GPU}
 # D_weight sizes of the paper's data (docs/protocol.md), for --plan without downloading them
 PAPER_TRAIN_SIZES = {"searchqa": 18_946, "math": 17_917, "chess": 16_384}

@@ -3,7 +3,7 @@
 # Preset: `gpu` when torch sees a CUDA GPU, `cpu` when nvidia-smi sees none either (lib/driver.py); PRESET=... overrides (PRESET=paper: the official budgets,
 # GPU-days); SMOKE=1 means `smoke`.
 # DOMAINS="searchqa math" narrows the domains; ADAPTIVE=0|1 leaves out or adds the adaptive WHALE runs (default:
-# 1, except 0 under cpu, to keep it within an hour; never on chess, as in the paper). SEEDS="0 1 2" runs every seed (whale.py --seed; default 0):
+# 1 under smoke and paper, 0 under cpu and gpu, to keep them within their time; never on chess, as in the paper). SEEDS="0 1 2" runs every seed (whale.py --seed; default 0):
 # seed 0 into results/<preset>/, seed n into results/<preset>/seed-<n>/, so a finished one-seed run is seed 0 of
 # a three-seed one. Finished runs are skipped, killed ones resume. Arguments go to every whale.py call, e.g. searchqa's
 # retriever on the paper's data: PRESET=gpu bash run_all.sh --retriever-url http://127.0.0.1:8010/retrieve (or
@@ -23,7 +23,7 @@ elif [ -z "${PRESET:-}" ]; then
 fi
 # cpu: chess is left out by default (SmolLM2-135M solves none; its long multi-turn prompts cost ~8x a searchqa episode)
 if [ "$PRESET" = cpu ]; then DOMAINS=${DOMAINS:-"searchqa math"}; else DOMAINS=${DOMAINS:-"searchqa math chess"}; fi
-if [ "$PRESET" = cpu ]; then ADAPTIVE=${ADAPTIVE:-0}; else ADAPTIVE=${ADAPTIVE:-1}; fi
+if [[ "$PRESET" = cpu || "$PRESET" = gpu ]]; then ADAPTIVE=${ADAPTIVE:-0}; else ADAPTIVE=${ADAPTIVE:-1}; fi
 case $ADAPTIVE in 0|1) ;; *) echo "run_all.sh: ADAPTIVE=$ADAPTIVE: write ADAPTIVE=0 or ADAPTIVE=1" >&2; exit 2 ;; esac
 SEEDS=${SEEDS:-0}
 for seed in $SEEDS; do
@@ -33,7 +33,7 @@ METHODS="harness-only weight-only stagewise stagewise-hw fast-slow whale"
 case $PRESET in  # measured on the 2-core machine with the default DOMAINS
   smoke) eta="about 2 min" ;;  # fresh clone, 2026-11-30: 1 min 20 s
   cpu)   eta="about 30 min (estimated)" ;;  # from rollout counts (docs/cpu-run/paper-regime.md); the previous preset took 12-41 min
-  gpu)   eta="about 12 h on one 80 GB card (estimated: python scripts/memory_plan.py)" ;;
+  gpu)   eta="about 12.5 h on one 80 GB card (estimated: python scripts/memory_plan.py)" ;;
   paper) eta="GPU-days: hours per run (docs/gpu.md)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu, gpu or paper" >&2; exit 2 ;;
 esac
@@ -61,15 +61,10 @@ for seed in $SEEDS; do
     for method in $METHODS; do
       if needs_run "$seed" "$domain" "$method"; then todo+=("$method"); fi
     done
-    # the methods of a domain share one process: the imports, and the weight phases and evaluations they have
-    # in common, are paid once; a vllm engine holds the GPU until its process ends, so the gpu and paper presets
-    # run one method per process
+    # the methods of a domain share one process: the model and engine load once, and the phases and evaluations
+    # they have in common are computed once (lib/ops/reuse.py)
     run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed" "$@")
-    if [ ${#todo[@]} -gt 0 ] && [[ "$PRESET" = gpu || "$PRESET" = paper ]]; then
-      for method in "${todo[@]}"; do "${run[@]}" --method "$method"; done
-    elif [ ${#todo[@]} -gt 0 ]; then
-      "${run[@]}" --method "${todo[@]}"
-    fi
+    if [ ${#todo[@]} -gt 0 ]; then "${run[@]}" --method "${todo[@]}"; fi
     if [ "$ADAPTIVE" = 1 ] && [ "$domain" != chess ] && needs_run "$seed" "$domain" whale-adaptive; then
       "${run[@]}" --method whale --schedule adaptive
     fi

@@ -44,7 +44,6 @@ docs/design.md section 8). Rerunning the same command resumes: finished steps, i
 evaluations are never redone, and the resumed run ends where an uninterrupted one would have.
 """
 import argparse
-import gc
 import json
 import math
 import os
@@ -160,8 +159,6 @@ def run_args(args, method):
 def check_args(args, parser):
     if args.out and len(args.method) > 1:
         parser.error("--out names one run folder: give a single --method, or drop --out")
-    if args.backend == "vllm" and len(args.method) > 1 and not args.plan:  # an engine keeps the GPU till it exits
-        parser.error("--backend vllm runs one method per command: give a single --method")
     if not os.path.isfile(args.harness):
         parser.error(f"harness file {args.harness} not found: pass --harness PATH or run from the repo root")
     if args.harness_iterations < 2:
@@ -223,35 +220,55 @@ def fixed_phases(args, n_train):
     return phases
 
 
-def print_plan(args, card_gb=80):
-    """The run's phases, steps, rounds and rollouts, from the data sizes alone (no model is loaded), and its
-    estimated hours on one card of card_gb (lib/ops/time_model.py); -> that estimate, or None."""
+def plan_sizes(args):
+    """(train prompts, harness tasks, test tasks) of a run, from the data sizes alone (no model is loaded)."""
     if args.data == "paper":
         n_train = min(PAPER_TRAIN_SIZES[args.domain], args.train_limit or PAPER_TRAIN_SIZES[args.domain])
         n_test = {"searchqa": len(args.searchqa_test_sets.split(",")) * args.searchqa_test_per_set, "math": 60,
                   "chess": args.chess_test_size}[args.domain]
-        n_harness, n_test = args.harness_tasks, min(n_test, args.test_limit or n_test)
-    else:
-        domain = domains.get(args.domain, args)
-        n_train = len(domains.seeded_sample(domain.load("train"), args.train_limit))
-        n_harness = len(domains.seeded_sample(domain.load("harness"), args.harness_tasks))
-        n_test = len(test_tasks(domain, args))
-    phases = fixed_phases(args, n_train)
-    print("\n".join(plan.describe(args, method_name(args), phases, budgets(args, n_train), n_train, n_harness, n_test)))
-    est = time_model.estimate(args, phases, n_harness, n_test, card_gb)  # None: a model it lacks
-    print(time_model.describe(est, card_gb) if est else f"no time estimate for --model {args.model} (lib/ops/time_model.py)")
-    return est
+        return n_train, args.harness_tasks, min(n_test, args.test_limit or n_test)
+    domain = domains.get(args.domain, args)
+    n_train = len(domains.seeded_sample(domain.load("train"), args.train_limit))
+    n_harness = len(domains.seeded_sample(domain.load("harness"), args.harness_tasks))
+    return n_train, n_harness, len(test_tasks(domain, args))
+
+
+def print_plan(runs, card_gb=80):
+    """The phases, steps, rounds and rollouts of the runs of one command (one process), and each run's estimated
+    hours on one card of card_gb (lib/ops/time_model.py) for its own work: the phases an earlier run of the
+    process made are reused, not redone (lib/ops/reuse.py; adaptive phases end by their rules, so only the
+    start is). -> [estimate, or None for a model the time model lacks]"""
+    sizes = plan_sizes(runs[0])  # every run of a command has the same data
+    n_train, n_harness, n_test = sizes
+    phases = [fixed_phases(args, n_train) for args in runs]
+    fixed = runs[0].schedule == "fixed"
+    shared = time_model.shared_phases([(a.method, p) for a, p in zip(runs, phases)]) if fixed else [0] * len(runs)
+    estimates = []
+    for i, (args, own, reused) in enumerate(zip(runs, phases, shared)):
+        print("\n".join(plan.describe(args, method_name(args), own, budgets(args, n_train), *sizes)))
+        if i:
+            made = {0: "", 1: " and phase 1"}.get(reused, f" and phases 1-{reused}")
+            print(f"  reused from the runs before it in this process: phase 0's evaluation{made}")
+        est = time_model.estimate(args, own, n_harness, n_test, card_gb, shared=reused, first=i == 0)
+        print(time_model.describe(est, card_gb) if est else
+              f"no time estimate for --model {args.model} (lib/ops/time_model.py)")
+        estimates.append(est)
+    if len(runs) > 1 and all(estimates):
+        print(f"estimated {sum(e['total'] for e in estimates):.2f} h for these {len(runs)} runs in one process "
+              f"(reused: {sum(shared)} of their phases and {len(runs) - 1} start evaluations)")
+    return estimates
 
 
 # -----------------------------------------------------------------------------
 # the run: phase after phase, each followed by a test evaluation
 
-def run(args, donors=(), domain=None):
+def run(args, donors=(), domain=None, policy=None):
     """One method's run: plan the budgets, then phase after phase, each followed by a test evaluation.
     `donors` are the folders of the other runs of this command, whose finished weight phases and evaluations
-    this run reuses where they are exactly its own. domain: the one check_inputs loaded, else loaded here."""
+    this run reuses where they are exactly its own. domain: the one check_inputs loaded, else loaded here;
+    policy: one an earlier run of the process used (back to its base weights here), else loaded here."""
     start_folder(args)
-    domain, train, policy = setup(args, domain)
+    domain, train, policy = setup(args, domain, policy)
     steps, rounds = budgets(args, len(train))
     state = RunState(args, steps, rounds)
     repair_run_folder(args, policy, domain, state.saved, donors)
@@ -389,10 +406,7 @@ def write_summary(args, rows, harness, steps, iterations):
 def main(argv=None):
     runs = parse_args(argv)
     if runs[0].plan:
-        estimates = [print_plan(args) for args in runs]
-        if len(runs) > 1 and all(estimates):
-            print(f"estimated {sum(e['total'] for e in estimates):.2f} h for these {len(runs)} runs, one process each "
-                  "(nothing shared)")
+        print_plan(runs)
         return
     if runs[0].check is not None:  # the preflight (lib/ops/preflight.py): each --check domain parsed as its own run
         argv = sys.argv[1:] if argv is None else list(argv)
@@ -401,10 +415,14 @@ def main(argv=None):
         sandbox.apply_args(runs[0])
         rollout.apply_args(runs[0])
         domain = check_inputs(runs)
+        # an engine keeps its GPU memory until its process ends, so the runs of a command share one policy (and
+        # engine), each starting from the base weights; hf loads a fresh model per run
+        policy = load_policy(runs[0]) if runs[0].backend != "hf" else None
         for args in runs:
             with report_to.watch(args):  # --report-to: the rows of its files, live
-                run(args, donors=[other.out for other in runs if other.out != args.out], domain=domain)
-            gc.collect()  # the finished run's model and optimizer go before the next run loads its own
+                run(args, donors=[other.out for other in runs if other.out != args.out], domain=domain,
+                    policy=policy)
+            rft.hand_back_memory()  # the finished run's optimizer and graphs go before the next run starts
 
 
 def check_inputs(runs):
@@ -443,13 +461,16 @@ def start_folder(args):
     print(json.dumps(vars(args), indent=None))
 
 
-def setup(args, domain=None):
-    """-> (domain, train tasks, policy); bad input was refused before (check_inputs)."""
+def setup(args, domain=None, policy=None):
+    """-> (domain, train tasks, policy on the base weights); bad input was refused before (check_inputs)."""
     domain = domain or domains.get(args.domain, args)
     train = domains.seeded_sample(domain.load("train"), args.train_limit)
     if args.threads:
         torch.set_num_threads(args.threads)
-    return domain, train, load_policy(args)
+    if policy is None:
+        return domain, train, load_policy(args)
+    policy.to_base()
+    return domain, train, policy
 
 
 def repair_run_folder(args, policy, domain, state, donors):

@@ -120,6 +120,13 @@ class Policy:
         """Back to the base weights, so another adapter can be loaded."""
         self.set_model(self.model.unload())
 
+    def to_base(self):
+        """The trainer and the backend on the base weights, as loaded: for the next run of a process."""
+        if self.has_adapter:
+            self.drop_adapter()
+        if hasattr(self.backend, "serve_base"):
+            self.backend.serve_base()
+
     def save_adapter(self, folder):
         self.model.save_pretrained(folder)
 

@@ -28,18 +28,24 @@ def run_args(preset, domain, method, schedule, extra=()):
 
 
 def table_estimates(preset, card_gb, extra=(), domains=None, **kw):
-    """[(domain, run name, estimate)] of run_all.sh's table under `preset` on one card (whale.print_plan's)."""
+    """[(domain, run name, estimate of its own work)] of run_all.sh's table under `preset` on one card, as
+    whale.print_plan gives it for each of run_all.sh's processes (a domain's methods, then adaptive WHALE where
+    run_all.sh's ADAPTIVE default adds it: under paper, not gpu)."""
+    table = g.TABLE + (g.ADAPTIVE if preset == "paper" else [])
     rows = []
-    for domain, method, schedule in g.TABLE:
-        if domains and domain not in domains:
-            continue
-        args = run_args(preset, domain, method, schedule, extra)
-        with contextlib.redirect_stdout(io.StringIO()):
-            est = whale.print_plan(args, card_gb)
-        if kw:  # the same run under other assumptions (proposer time, fla)
-            est = g.hours(g.model_name(args.model), domain, est["counts"], card_gb, args.max_new_tokens,
-                          args.workers, args.gpu_memory, **kw)
-        rows.append((domain, whale.method_name(args), est))
+    for domain in g.DOMAIN_MODEL:
+        for schedule in ("fixed", "adaptive"):
+            methods = [m for d, m, s in table if d == domain and s == schedule]
+            if not methods or (domains and domain not in domains):
+                continue
+            runs = [run_args(preset, domain, method, schedule, extra) for method in methods]
+            with contextlib.redirect_stdout(io.StringIO()):
+                estimates = whale.print_plan(runs, card_gb)
+            for args, est in zip(runs, estimates):
+                if kw:  # the same run under other assumptions (proposer time, fla)
+                    est = g.hours(g.model_name(args.model), domain, est["counts"], card_gb, args.max_new_tokens,
+                                  args.workers, args.gpu_memory, **kw)
+                rows.append((domain, whale.method_name(args), est))
     return rows
 
 
@@ -79,10 +85,13 @@ def memory_rows():
 
 
 def run_rows(rows):
-    head = ["domain", "run", "rollouts", "test", "SFT", "engine", "proposer", "total h"]
-    out = [[d, run, *(f"{est[k]:.2f}" for k in g.PARTS), f"{est['total']:.2f}"] for d, run, est in rows]
+    head = ["domain", "run", "RSFT steps (own)", "phases reused", "rollouts", "test", "SFT", "engine", "proposer",
+            "total h"]
+    out = [[d, run, est["counts"]["steps"], est["counts"]["shared"], *(f"{est[k]:.2f}" for k in g.PARTS),
+            f"{est['total']:.2f}"] for d, run, est in rows]
     sums = [f"{sum(est[k] for _, _, est in rows):.1f}" for k in g.PARTS]
-    return head, out + [["all", f"{len(rows)} runs", *sums, f"**{total(rows):.1f}**"]]
+    steps = sum(est["counts"]["steps"] for _, _, est in rows)
+    return head, out + [["all", f"{len(rows)} runs", steps, "", *sums, f"**{total(rows):.1f}**"]]
 
 
 def domain_rows(cards, preset, extra=(), **kw):
@@ -98,15 +107,17 @@ def domain_rows(cards, preset, extra=(), **kw):
 
 
 def width_rows():
-    """95 % half-widths of one cell's mean@8 at the gpu and paper presets' test sizes."""
-    head = ["domain", "test tasks (gpu / paper)", "p = 0.1", "p = 0.3", "p = 0.5", "paper, p = 0.3"]
+    """95 % half-widths of one cell's mean@k at the gpu and paper presets' test sizes and k."""
+    k_gpu, k_paper = (run_args(preset, "math", "whale", "fixed").k for preset in ("gpu", "paper"))
+    head = ["domain", "test tasks (gpu / paper)", f"gpu mean@{k_gpu}, p = 0.1", "p = 0.3", "p = 0.5",
+            f"paper mean@{k_paper}, p = 0.3"]
     out = []
     for domain in g.DOMAIN_MODEL:
         n_gpu = table_estimates("gpu", 80, domains=[domain])[0][2]["counts"]["n_test"]
         n_paper = table_estimates("paper", 80, domains=[domain])[0][2]["counts"]["n_test"]
-        half = lambda n, p: f"±{100 * g.interval_halfwidth(n, 8, p):.1f}"
-        out.append([domain, f"{n_gpu} / {n_paper}", half(n_gpu, 0.1), half(n_gpu, 0.3), half(n_gpu, 0.5),
-                    half(n_paper, 0.3)])
+        half = lambda n, k, p: f"±{100 * g.interval_halfwidth(n, k, p):.1f}"
+        out.append([domain, f"{n_gpu} / {n_paper}", half(n_gpu, k_gpu, 0.1), half(n_gpu, k_gpu, 0.3),
+                    half(n_gpu, k_gpu, 0.5), half(n_paper, k_paper, 0.3)])
     return head, out
 
 
@@ -120,21 +131,6 @@ def print_table(head, rows, markdown):
         for r in [head] + rows:
             print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)))
     print()
-
-
-def shared_hours(card_gb=80):
-    """What one process per domain would not compute twice (whale.py's reuse; not in the estimate): the phase-0
-    evaluation of all but one run; weight-only's first weight phase and its evaluation for whale, stagewise
-    and fast-slow; its second for stagewise; harness-only's first round and its evaluation for stagewise-hw."""
-    saved = 0.0
-    for domain in g.DOMAIN_MODEL:
-        rows = {run: est for d, run, est in table_estimates("gpu", card_gb, domains=[domain])}
-        only, search = rows["weight-only"], rows["harness-only"]
-        per_eval = only["test"] / only["counts"]["evals"]
-        phase = (only["rollouts"] + only["sft"] + only["engine"] - g.START_S / 3600) / 2  # one of its two phases
-        round_h = (search["rollouts"] + search["proposer"]) / search["counts"]["rounds"]
-        saved += (len(rows) - 1) * per_eval + 3 * (phase + per_eval) + (phase + per_eval) + round_h + per_eval
-    return saved
 
 
 def main():
@@ -156,13 +152,21 @@ def main():
     print()
 
     rows = table_estimates("gpu", 80)
-    print(f"the gpu preset on one 80 GB card ({g.CARDS[80][0]}), hours per run (one process each):")
+    print(f"the gpu preset on one 80 GB card ({g.CARDS[80][0]}), hours of each run's own work (a domain's runs in "
+          "one process: phases an earlier run made are reused):")
     print_table(*run_rows(rows), md)
-    slow = total(table_estimates("gpu", 80, proposer_s=2 * g.PROPOSER_S))
+    adaptive = []
+    for domain, method, schedule in g.ADAPTIVE:
+        with contextlib.redirect_stdout(io.StringIO()):
+            [est] = whale.print_plan([run_args("gpu", domain, method, schedule)])
+        adaptive.append(est["total"])
+    print(f"ADAPTIVE=1 adds adaptive WHALE on {' and '.join(d for d, _, _ in g.ADAPTIVE)}: "
+          f"{' + '.join(f'{h:.1f}' for h in adaptive)} h")
+    fast, slow = (total(table_estimates("gpu", 80, proposer_s=s)) for s in (g.PROPOSER_S / 2, 2 * g.PROPOSER_S))
     no_fla = total(table_estimates("gpu", 80, fla=False))
-    print(f"with {2 * g.PROPOSER_S // 60} min a proposer round instead of {g.PROPOSER_S // 60}: {slow:.1f} h; "
-          f"without fla-core (SFT x {g.NO_FLA_SFT_FACTOR:g}): {no_fla:.1f} h; one process per domain would not "
-          f"redo about {shared_hours():.1f} h of it (whale.py's reuse, not counted)\n")
+    print(f"with {g.PROPOSER_S // 120:.0f} or {2 * g.PROPOSER_S // 60} min a proposer round instead of "
+          f"{g.PROPOSER_S // 60}: {fast:.1f} or {slow:.1f} h; without fla-core (SFT x {g.NO_FLA_SFT_FACTOR:g}): "
+          f"{no_fla:.1f} h\n")
     print("the gpu preset on each card, hours per domain (run_all.sh's runs of it):")
     print_table(*domain_rows(g.CARDS, "gpu"), md)
     for card in (24, 48):
@@ -183,7 +187,7 @@ def main():
               f"(what N engine GPUs share) and {rest / 24:.0f} of SFT, engine start and proposer; with the rollouts "
               f"on 7 more cards (vllm serve --data-parallel-size 7): {(rest + engine / 7) / 24:.0f} days")
     print()
-    print("95 % half-width of one cell's mean@8 (points), Var = p (1 - p) (rho + (1 - rho) / k) / n, rho = 0.5:")
+    print("95 % half-width of one cell's mean@k (points), Var = p (1 - p) (rho + (1 - rho) / k) / n, rho = 0.5:")
     print_table(*width_rows(), md)
 
 

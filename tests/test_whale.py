@@ -131,9 +131,6 @@ def test_bad_flags_name_the_fix(capsys):
     with pytest.raises(SystemExit):
         whale.parse_args(["--domain", "math", "--method", "whale", "stagewise", "--out", "x"])
     assert "--out names one run folder" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        whale.parse_args(["--domain", "math", "--method", "whale", "stagewise", "--backend", "vllm"])
-    assert "one method per command" in capsys.readouterr().err
 
 
 def rows(path):
@@ -267,6 +264,27 @@ def test_methods_in_one_command_compute_shared_weight_phases_once_and_match_sepa
                     for p in (runs[m] / "evals").glob("*.json"))
     distinct = {json.dumps(json.loads(p.read_text())["key"]) for m in methods for p in (runs[m] / "evals").glob("*.json")}
     assert evaluated == len(distinct)  # each distinct (weights, harness, settings) evaluated once
+
+
+def test_runs_on_one_policy_compute_what_they_compute_on_fresh_ones(tmp_path, fake, monkeypatch):
+    """An engine keeps its GPU until its process ends, so the runs of a command on an engine share one policy:
+    a run that starts where another left it (its adapter trained, served) computes exactly what it computes on a
+    freshly loaded model, and the backend is told to serve the base weights at each run's start."""
+    argv, _ = fake
+    methods = ["whale", "weight-only"]
+    for method in methods:
+        whale.main(argv + ["--method", method, "--out", str(tmp_path / "alone" / method)])
+    monkeypatch.chdir(tmp_path)
+    runs = whale.parse_args(argv + ["--method", *methods])
+    policy = whale.load_policy(runs[0])
+    served_base = []
+    policy.backend.serve_base = lambda: served_base.append(policy.has_adapter)
+    for args in runs:
+        whale.run(args, policy=policy)  # no donors: each run computes all of its own phases
+    assert served_base == [False, False]  # at each start, after the adapter was dropped
+    for method in methods:
+        assert_same_record(record(tmp_path / "results" / "smoke" / "math" / method), record(tmp_path / "alone" / method),
+                           method)
 
 
 class Interrupt(Exception):

@@ -4,7 +4,8 @@ scripts/memory_plan.py (the tables of docs/gpu.md) call in here; nothing here im
 
     mem = memory("Qwen3.5-2B", 80, retriever="gpu", gpu_memory=0.45, context=8192, completion=1024)
     counts = run_counts(whale.fixed_phases(args, n_train), batch=64, group=8, candidates=3, harness_tasks=128,
-                        harness_samples=1, n_test=105, k=8)
+                        harness_samples=1, n_test=105, k=8, shared=1, first=False)   # its own work only
+    shared = shared_phases([("weight-only", [("weight", 2)] * 2), ("whale", [("weight", 2), ("harness", 1)])])
     est = hours("Qwen3.5-2B", "searchqa", counts, card_gb=80)   # {"rollouts": h, ..., "total": h, "counts": ...}
     est = estimate(args, phases, n_harness, n_test)             # the same from a whale.py run's flags
     half = interval_halfwidth(n_test, 8, p=0.4)                 # 95 % half-width of one cell's mean@8
@@ -20,9 +21,11 @@ trainer's caching allocator still reserves: rft.hand_back_memory empties that ca
 wake holds the trainer's live tensors + RESERVED_SLACK, not its SFT peak (which the wake would add otherwise).
 Time of a run = its rollouts (decode: bandwidth-bound; prefill: FLOP-bound; the harness's tool waits) + its
 SFT passes (FLOP-bound) + per RSFT step the engine's sleep, wake, adapter load and canary + per process
-the model load and engine start + per proposer round the coding agent's own time. A run is one process: on
-a GPU run_all.sh starts one whale.py per method (a vllm engine keeps the card until its process ends), so
-no two runs share a phase (whale.py's in-process reuse does not apply), and none is counted.
+the model load and engine start + per proposer round the coding agent's own time. run_all.sh runs a domain's
+methods in one whale.py process with one engine, and whale.py's reuse (lib/ops/reuse.py) takes a phase that
+an earlier run of the process already made (the same steps under the same harnesses, the same search from
+the same harness under the same weights) and its test evaluation: shared_phases() counts those, and a run's
+estimate is its own work only.
 Every constant below is a stated assumption (with its source where there is one), not a measurement: the
 plan is to be checked against scripts/gpu_check.sh and the first real run's metrics.jsonl.
 """
@@ -66,14 +69,14 @@ CARD_RETRIEVER = {24: "cpu", 48: "cpu", 80: "gpu"}  # where the index goes on ea
 # share of rollouts with reward 1 (RSFT trains on those); searches = retriever queries per episode; tool_s =
 # seconds a call waits on something else than the engine (a sandboxed python run).
 # CAPPED: --max-new-tokens 1024 a call (the gpu preset), thinking as the template does, h0 harnesses.
-#   searchqa: h0 caps a turn at 500 tokens and stops at </search>; a short think + a query, then the answer;
-#   one 150-word passage. math: the first call thinks to the cap, a code block in about half of them.
+#   searchqa: a short think + a query, then the answer, one 150-word passage; h0 stops at </search> but has no
+#   cap below the call's 1,024, so at temperature 1 some call of a batch reaches it (longest). math: the first call thinks to the cap, a code block in about half of them.
 #   chess: a 650-token position (FEN, board, 30-40 legal moves in UCI and SAN), 1-2 solver moves and the
 #   wrong-move stop; the 4B thinks to the cap on most calls.
 # THINKING: the official episode (docs/protocol.md section 2): 8,192 assistant tokens an episode (chess 8,129), no
 #   per-call cap but what is left of it; AIME-level math spends most of it, searchqa and chess less.
 CAPPED = {
-    "searchqa": dict(prompt=160, calls=1.8, gen=650, longest=500, tool=220, accept=0.35, searches=0.9, tool_s=0.0),
+    "searchqa": dict(prompt=160, calls=1.8, gen=650, longest=1024, tool=220, accept=0.35, searches=0.9, tool_s=0.0),
     "math": dict(prompt=170, calls=1.4, gen=1250, longest=1024, tool=120, accept=0.15, searches=0.0, tool_s=0.5),
     "chess": dict(prompt=650, calls=1.4, gen=1300, longest=1024, tool=260, accept=0.10, searches=0.0, tool_s=0.0),
 }
@@ -99,19 +102,26 @@ RESERVED_SLACK = GiB // 2
 # time: the share of peak bandwidth / FLOPs reached (decode and prefill, SFT); vLLM's fixed cost per decode
 # step (scheduler, sampler, Python); the least wait of a generate call for its batch (rollout.BATCH_WAIT_S)
 EFF_INFER, EFF_TRAIN, STEP_OVERHEAD_S, BATCH_WAIT_S = 0.5, 0.4, 0.004, 0.1
+# every call carries its own seed (rollout.call_seed: an episode samples the same on a resume), and vLLM 0.33
+# samples seeded requests one at a time (a torch.Generator each, in a Python loop, and the PyTorch top-k path
+# instead of FlashInfer's): a stated cost per seeded sequence per decode step, i.e. per generated token
+SEEDED_TOKEN_S = 30e-6
 DEFAULT_WORKERS = 64  # rollout.py: concurrent episodes, min(64, episodes) unless --workers
 MAX_NUM_SEQS = 256    # vLLM's default cap on sequences in a batch
 SYNC_S = 20           # per RSFT step: engine sleep + wake (weights over PCIe), adapter save + load, the canary
 START_S = 180         # per process: trainer model load, vLLM start (profiling, CUDA graphs), data, worker pool
-PROPOSER_S = 600      # per proposer round: one Claude Code session writing M candidates with file tools, no
-                      # shell (docs/protocol.md section 7: the paper's timeout is 2,400 s with --effort max; ours: 10 min)
+PROPOSER_S = 1200     # per proposer round: one Claude Code session (--effort max) reading the archive and
+                      # writing M candidates with file tools; the official timeout is 2,400 s (docs/protocol.md
+                      # section 7): half of it stated, scripts/memory_plan.py also prints 10 and 40 min
 NO_FLA_SFT_FACTOR = 3.0  # SFT time without fla-core: transformers' torch path for the chunked gated delta rule
                          # (a Python loop over 64-token chunks in fp32) in 3 of every 4 layers
 
-# the runs of run_all.sh's table: every domain x method, and adaptive WHALE where the paper reports it
+# the runs of run_all.sh's table, in its order: every domain x method (one process a domain); ADAPTIVE adds
+# adaptive WHALE where the paper reports it (a process of its own: another --schedule; the gpu preset leaves
+# it out by default)
 TABLE = [(d, m, "fixed") for d in DOMAIN_MODEL
          for m in ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale")]
-TABLE += [(d, "whale", "adaptive") for d in ("searchqa", "math")]
+ADAPTIVE = [(d, "whale", "adaptive") for d in ("searchqa", "math")]
 
 
 def tokens(domain, max_new_tokens=1024):
@@ -227,19 +237,40 @@ def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, complet
 # -----------------------------------------------------------------------------
 # what a run does, from its phases
 
-def run_counts(phases, batch, group, candidates, harness_tasks, harness_samples, n_test, k):
+def run_counts(phases, batch, group, candidates, harness_tasks, harness_samples, n_test, k, shared=0, first=True,
+               test_evals="every"):
     """Work of a run with these [(kind, RSFT steps or proposer rounds)] phases (whale.fixed_phases), as
-    whale.print_plan counts it: a harness phase right after a weight phase (or the first) starts a new
-    archive by re-scoring its incoming harness; each round scores M candidates (+ one smoke episode each);
-    the test set is evaluated before the first phase and after every phase."""
+    whale.print_plan counts it, less what an earlier run of its process made: its first `shared` phases (and
+    their evaluations), and the phase-0 evaluation and engine start unless it is the process's `first` run. A
+    harness phase right after a weight phase (or the first) starts a new archive by re-scoring its incoming
+    harness; each round scores M candidates (+ one smoke episode each); the test set is evaluated before the
+    first phase and after every phase (test_evals "ends": after the last only)."""
     score = harness_tasks * harness_samples
-    steps = sum(n for kind, n in phases if kind == "weight")
-    rounds = sum(n for kind, n in phases if kind == "harness")
-    rescores = sum(1 for i, (kind, _) in enumerate(phases)
-                   if kind == "harness" and (i == 0 or phases[i - 1][0] == "weight"))
-    return dict(steps=steps, train=steps * batch * group, rounds=rounds,
-                scorings=rescores + rounds * candidates, harness=rescores * score + rounds * candidates * (score + 1),
-                evals=len(phases) + 1, n_test=n_test, test=(len(phases) + 1) * n_test * k)
+    own = list(enumerate(phases))[shared:]
+    steps = sum(n for _, (kind, n) in own if kind == "weight")
+    rounds = sum(n for _, (kind, n) in own if kind == "harness")
+    rescores = sum(1 for i, (kind, _) in own if kind == "harness" and (i == 0 or phases[i - 1][0] == "weight"))
+    evaluated = [i for i, _ in own if test_evals == "every" or i == len(phases) - 1]
+    evals = first + len(evaluated)
+    return dict(steps=steps, train=steps * batch * group, rounds=rounds, scorings=rescores + rounds * candidates,
+                harness=rescores * score + rounds * candidates * (score + 1), evals=evals, n_test=n_test,
+                test=evals * n_test * k, starts=int(first), shared=shared)
+
+
+def shared_phases(runs):
+    """[how many leading phases of each run an earlier run of the process made], runs: [(method, phases)] in
+    the process's order. whale.py's reuse takes a phase when everything before it and the phase itself are
+    the same: the same RSFT steps under the same harnesses, the same search from the same harness under the
+    same weights (fast-slow's searches, prompt strings only, are its own)."""
+    made, out = set(), []
+    for method, phases in runs:
+        path, shared = (), 0
+        for kind, size in phases:
+            path += ((kind, size, method == "fast-slow" and kind == "harness"),)
+            shared += path in made and shared == len(path) - 1
+            made.add(path)
+        out.append(shared)
+    return out
 
 
 # -----------------------------------------------------------------------------
@@ -252,7 +283,7 @@ def decode_costs(mem, card_gb, mean_context):
     _, _, bandwidth, tflops = CARDS[card_gb]
     step = mem["weights"] / (bandwidth * 1e9 * EFF_INFER) + STEP_OVERHEAD_S
     per_token = max((mean_context * mem["kv_per_token"] + 2 * mem["state"]) / (bandwidth * 1e9),
-                    2 * mem["params"] / (tflops * 1e12)) / EFF_INFER
+                    2 * mem["params"] / (tflops * 1e12)) / EFF_INFER + SEEDED_TOKEN_S
     return step, per_token
 
 
@@ -313,7 +344,7 @@ def hours(name, domain, counts, card_gb=80, max_new_tokens=1024, workers=None, g
     parts = {"rollouts": run(counts["train"], counts["steps"], w) + run(counts["harness"], counts["scorings"], w),
              "test": run(counts["test"], counts["evals"], DEFAULT_WORKERS),
              "sft": sft_s(name, t, card_gb, counts["train"] * t["accept"], fla),
-             "engine": counts["steps"] * SYNC_S + START_S, "proposer": counts["rounds"] * proposer_s}
+             "engine": counts["steps"] * SYNC_S + counts["starts"] * START_S, "proposer": counts["rounds"] * proposer_s}
     parts = {k: v / 3600 for k, v in parts.items()}
     return {**parts, "total": sum(parts.values()), "counts": counts}
 
@@ -324,13 +355,14 @@ def model_name(model):
     return tail if tail in MODELS else None
 
 
-def estimate(args, phases, n_harness, n_test, card_gb=80, **kw):
-    """hours() of a whale.py run from its flags and whale.fixed_phases, or None for a model not in MODELS."""
+def estimate(args, phases, n_harness, n_test, card_gb=80, shared=0, first=True, **kw):
+    """hours() of a whale.py run's own work (run_counts) from its flags and whale.fixed_phases, or None for a
+    model not in MODELS."""
     name = model_name(args.model)
     if name is None:
         return None
     counts = run_counts(phases, args.batch, args.group, args.candidates, n_harness, args.harness_samples, n_test,
-                        args.k)
+                        args.k, shared, first, args.test_evals)
     return hours(name, args.domain, counts, card_gb, args.max_new_tokens, args.workers, args.gpu_memory, **kw)
 
 
