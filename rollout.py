@@ -510,10 +510,16 @@ def extracted_answer(domain, answer):
         return None
 
 
-def run_episodes(domain, harness_path, tasks, backend, *, samples=1, temperature=1.0, top_k=20, max_new_tokens=256,
-                 deadline_s=120.0, workers=None, seed=0, traces_path=None, desc="episodes", thinking="auto",
-                 episode_tokens=None, max_prompt_tokens=None, max_model_len=None):
+def run_episodes(domain, harness_path, tasks, backend, **kw):
     """Run the harness on every (task, sample); -> episode dicts, task-major (docs/design.md section 4)."""
+    return run_and_count(domain, harness_path, tasks, backend, **kw)[0]
+
+
+def run_and_count(domain, harness_path, tasks, backend, *, samples=1, temperature=1.0, top_k=20, max_new_tokens=256,
+                  deadline_s=120.0, workers=None, seed=0, traces_path=None, desc="episodes", thinking="auto",
+                  episode_tokens=None, max_prompt_tokens=None, max_model_len=None):
+    """run_episodes, and how the runner batched them: -> (episodes, {"generate_calls", "llm_calls",
+    "generate_s"}) (scripts/bench_rollout.py, scripts/calibrate_cpu_h0.py)."""
     episodes = [Episode(i * samples + s, t, s, domain.public(t)) for i, t in enumerate(tasks)
                 for s in range(samples)]
     runner = Runner(domain, harness_path, backend, temperature=temperature, top_k=top_k,
@@ -521,8 +527,7 @@ def run_episodes(domain, harness_path, tasks, backend, *, samples=1, temperature
                     seed=seed, thinking=thinking, episode_tokens=episode_tokens,
                     max_prompt_tokens=max_prompt_tokens, max_model_len=max_model_len)
     records = runner.run(episodes, desc) if episodes else []
-    run_episodes.last_counts = {"generate_calls": runner.generate_calls, "llm_calls": runner.llm_calls,
-                                "generate_s": runner.generate_s}
+    counts = {"generate_calls": runner.generate_calls, "llm_calls": runner.llm_calls, "generate_s": runner.generate_s}
     if traces_path:
         Path(traces_path).parent.mkdir(parents=True, exist_ok=True)
         with open(traces_path, "a") as f:
@@ -530,7 +535,7 @@ def run_episodes(domain, harness_path, tasks, backend, *, samples=1, temperature
                 calls = [{k: v for k, v in c.items() if not k.endswith("_ids")} for c in r["calls"]]
                 f.write(json.dumps({**r, "calls": calls}) + "\n")
     BUDGET.add(len(records), runner.infra_errors)  # after the traces: they show what failed
-    return records
+    return records, counts
 
 
 def evaluate(domain, harness_path, tasks, backend, k=8, **kw):

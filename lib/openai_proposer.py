@@ -8,11 +8,10 @@ import os
 import random
 import re
 import time
-import urllib.error
-import urllib.request
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
+from lib import web
 from lib.archive import log_cost
 from lib.proposers import ProposalFailed, finish
 
@@ -60,24 +59,20 @@ def post_json(url, body, key, args):
     """POST with a timeout per request; 429, 5xx and network errors are retried with backoff (the server's
     Retry-After when it sends one). Errors a retry cannot fix stop the search with the fix; ProposalFailed
     when the retries run out."""
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    data = json.dumps(body).encode()
     for attempt in range(OPENAI_RETRIES + 1):
         wait = min(2.0 ** attempt, MAX_RETRY_WAIT_S)
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers),
-                                        timeout=args.proposer_timeout) as resp:
-                text = resp.read()
+            text = web.request(url, body, key=key, timeout=args.proposer_timeout)
             try:
                 return json.loads(text)
             except (ValueError, RecursionError):
                 raise ProposalFailed(f"the reply from {url} is not JSON: {text[:200]!r}") from None
-        except urllib.error.HTTPError as e:
+        except web.HTTPError as e:
             failure = f"HTTP {e.code} from {url}: {api_message(e)}"
             if e.code not in RETRY_STATUS and e.code < 500:
                 fatal_http_error(e.code, failure, args)
             wait = retry_after(e.headers.get("Retry-After"), wait)
-        except (urllib.error.URLError, OSError) as e:  # refused, reset, timed out
+        except (web.URLError, OSError) as e:  # refused, reset, timed out
             failure = f"no answer from {url}: {getattr(e, 'reason', e)}"
         if attempt < OPENAI_RETRIES:
             print(f"proposer openai: {failure}; retry {attempt + 1}/{OPENAI_RETRIES} in {wait:g}s")

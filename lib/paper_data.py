@@ -27,12 +27,11 @@ import os
 import random
 import threading
 import time
-import urllib.error
-import urllib.request
 from functools import lru_cache
 
 import chess
 
+from lib import web
 from lib.files import read_jsonl
 from lib.protocol import InfrastructureError
 from lib.subsets import seeded_sample
@@ -303,12 +302,10 @@ class RetrieverClient:
         return mine["hits"]
 
     def post(self, queries, k):
-        payload = json.dumps({"queries": list(queries), "topk": k, "return_scores": True}).encode()
-        req = urllib.request.Request(self.url, data=payload, headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                result = json.loads(resp.read())["result"]
-        except (urllib.error.URLError, OSError) as e:  # the machine's failure, not the harness's: never a tool result
+            result = web.request_json(self.url, {"queries": list(queries), "topk": k, "return_scores": True},
+                                      timeout=self.timeout)["result"]
+        except (web.URLError, OSError) as e:  # the machine's failure, not the harness's: never a tool result
             raise InfrastructureError(f"retrieval server {self.url} failed ({e}): start Search-R1's retrieval_server.py "
                                "or pass --wiki PATH to search a corpus file with bm25s") from None
         # with return_scores each hit is {"document": {...}, "score": s}; without, the document itself

@@ -69,8 +69,8 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
             seconds["a"] += time.time() - start
             tokens["a"] += sum(len(o) for batch in outs for o in batch)
             start = time.time()
-            eps = rollout.run_episodes(BenchDomain(), path, tasks, backend, max_new_tokens=max_new_tokens,
-                                       workers=episodes, seed=r, desc="bench")
+            eps, batching = rollout.run_and_count(BenchDomain(), path, tasks, backend, max_new_tokens=max_new_tokens,
+                                                  workers=episodes, seed=r, desc="bench")
             waited = time.time()
             POOL.wait_ready()  # the fresh sandboxes that replaced this call's: the runner's cost, so counted here
             seconds["b"] += time.time() - start
@@ -79,7 +79,7 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
             errors = [e["error"] for e in eps if e["error"]]
             if errors:
                 raise RuntimeError(f"bench episode failed: {errors[0]}")
-            for key, n in rollout.run_episodes.last_counts.items():
+            for key, n in batching.items():
                 counts[key] = counts.get(key, 0) + n
     backend.ignore_eos = False
     a, b = tokens["a"] / seconds["a"], tokens["b"] / seconds["b"]

@@ -68,8 +68,8 @@ def variant_source(source, spec):
 def measure(domain, path, tasks, samples, policy, preset, desc):
     """Run the harness on tasks x samples; -> the figures calibration needs."""
     t0 = time.time()
-    eps = rollout.run_episodes(domain, path, tasks, policy, samples=samples, seed=preset.seed, desc=desc,
-                               **{**rollout.sampling_kwargs(preset), "workers": None})
+    eps, counts = rollout.run_and_count(domain, path, tasks, policy, samples=samples, seed=preset.seed, desc=desc,
+                                        **{**rollout.sampling_kwargs(preset), "workers": None})
     kinds = {}
     for e in eps:
         kind = failure_kind(e)
@@ -78,7 +78,6 @@ def measure(domain, path, tasks, samples, policy, preset, desc):
     per_task = {}
     for e in eps:
         per_task.setdefault(e["task_id"], []).append(e["reward"])
-    counts = rollout.run_episodes.last_counts
     return {"tasks": len(tasks), "samples": samples, "rollouts": len(eps),
             "reward": round(sum(e["reward"] > 0.5 for e in eps) / len(eps), 4),
             "mean_at_k": round(sum(sum(r) / len(r) for r in per_task.values()) / len(per_task), 4),

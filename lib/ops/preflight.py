@@ -17,12 +17,10 @@ import shlex
 import shutil
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from functools import partial
 from pathlib import Path
 
-from lib import driver, paper_data, sandbox
+from lib import driver, paper_data, sandbox, web
 from lib.ops import report_to
 from lib.models import CACHE
 
@@ -313,11 +311,9 @@ def check_engine(args):
 
 def models_at(url, key, flag):
     """The model ids an OpenAI-compatible endpoint lists at /models; a failing line naming `flag` if it does not."""
-    req = urllib.request.Request(url.rstrip("/") + "/models", headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
-            body = json.loads(resp.read())
-    except (urllib.error.URLError, OSError, ValueError) as e:
+        body = web.request_json(url.rstrip("/") + "/models", key=key, timeout=TIMEOUT_S)
+    except (web.URLError, OSError, ValueError) as e:
         why = f"{url}/models does not answer ({e}): start the server, or fix {flag} (the /v1 base URL)"
         raise Failed(why) from None
     return [m.get("id") for m in body.get("data", []) if isinstance(m, dict)] if isinstance(body, dict) else []
