@@ -42,7 +42,8 @@ from functools import lru_cache
 import chess
 
 from lib import paper_data
-from lib.judge import judge_from_args
+from lib.retriever import first_wiki_passage, shared_retriever
+from lib.judge import add_judge_args, judge_from_args
 from lib.subsets import seeded_sample  # also the CLIs' limit flags' sampler, as domains.seeded_sample
 from lib.cli import Parser, one_line_errors, positive_int
 from lib.sandbox import PYTHON_TIMEOUT_S, run_python
@@ -196,7 +197,7 @@ class SearchQA(Domain):
         """The paper's retriever, made once: the retrieval server if given, else bm25s over --wiki."""
         if not hasattr(self, "retriever"):
             if self.args.retriever_url or self.args.wiki:  # one client or one loaded corpus per process
-                self.retriever = paper_data.shared_retriever(self.args.retriever_url, self.args.wiki, self.args.wiki_limit)
+                self.retriever = shared_retriever(self.args.retriever_url, self.args.wiki, self.args.wiki_limit)
             else:
                 raise ValueError("the paper's searchqa needs --retriever-url URL (Search-R1's retrieval server) "
                                  "or --wiki PATH (a wiki-18 .jsonl file for bm25s)")
@@ -406,42 +407,17 @@ def get(name, args=None):
 
 
 def add_args(parser):
-    """The --data switch and the paper data's flags (whale.py and the other CLIs pass their args to get())."""
-    p = parser.add_argument_group("data: bundled (offline, data/) or the paper's sets through `datasets` (a name may "
-                                  "be a local file)")
-    p.add_argument("--data", default="bundled", choices=("bundled", "paper"))
-    p.add_argument("--searchqa-train", default=paper_data.SEARCHQA_TRAIN, help="Search-R1's NQ + HotpotQA train set")
-    p.add_argument("--searchqa-test", default=paper_data.SEARCHQA_TEST,
-                   help="the collection holding the seven test sets, or a local copy: a folder with "
-                        "<config>/<split>.jsonl (or .parquet) per set, as FlashRAG's snapshot")
-    p.add_argument("--searchqa-test-sets", default=",".join(paper_data.SEARCHQA_TEST_SETS), help="config:split, comma-separated")
-    p.add_argument("--searchqa-test-per-set", type=positive_int, default=paper_data.SEARCHQA_TEST_PER_SET)
-    p.add_argument("--searchqa-train-size", type=int, default=paper_data.SEARCHQA_TRAIN_SIZE,
-                   help="D_weight: a seeded sample of the train set keeping its NQ / HotpotQA shares (0: all of it)")
-    p.add_argument("--retriever-url", default=None, help="Search-R1's retrieval server, e.g. http://127.0.0.1:8010/retrieve (scripts/search_r1_retriever.sh)")
-    p.add_argument("--wiki", default=None, help="without a server: bm25s over this wiki-18 .jsonl file")
-    p.add_argument("--wiki-limit", type=positive_int, default=None, help="index only the first N passages of --wiki")
-    p.add_argument("--math-train", default=paper_data.MATH_TRAIN)
-    p.add_argument("--math-test", default=",".join(paper_data.MATH_TEST), help="name:split, comma-separated")
+    """The data flags every CLI passes to get(): the paper's sets (lib/paper_data.py), the bundled sets' options,
+    and searchqa's judge (lib/judge.py)."""
+    p = paper_data.add_args(parser)
     p.add_argument("--math-test-set", default="gsm8k", choices=sorted(MATH_TEST_SETS),
                    help="bundled math test split: the GSM8K originals, or generated 1-2 step problems held out from train")
     p.add_argument("--math-max-steps", type=int, default=None, choices=range(1, 5), metavar="{1..4}",
                    help="bundled math: train (and draw the harness set) on problems of at most N steps only")
-    p.add_argument("--chess-puzzles", default=paper_data.CHESS_PUZZLES, help="hub dataset or lichess_db_puzzle.csv")
-    p.add_argument("--chess-max-plies", type=positive_int, default=paper_data.CHESS_MAX_PLIES, help="solution plies: 1..N")
-    buckets = dict(paper_data.CHESS_BUCKETS)  # the official split: its bucket sizes set the hash's modulus
-    p.add_argument("--chess-train-size", type=positive_int, default=buckets["train"])
-    p.add_argument("--chess-harness-size", type=positive_int, default=buckets["harness"])
-    p.add_argument("--chess-test-pool", type=positive_int, default=buckets["test"], help="the test bucket")
-    p.add_argument("--chess-test-size", type=positive_int, default=paper_data.CHESS_TEST_SIZE, help="a seeded sample of the test bucket")
     p.add_argument("--chess-san-marks", action="store_true",
                    help="chess: SAN with the check and mate marks + and #, as python-chess writes it and the official "
                         "observation shows it (the paper and gpu presets; default: without them)")
-    p = parser.add_argument_group("searchqa's LLM judge (the official one is off by default: exact match)")
-    p.add_argument("--judge-url", default=None, help="searchqa: an OpenAI-compatible endpoint, e.g. "
-                   "https://api.openai.com/v1, for the official LLM judge's rule (default: exact match)")
-    p.add_argument("--judge-model", default="gpt-5.4-mini", help="the judge's model (the official default)")
-    p.add_argument("--judge-key-env", default="OPENAI_API_KEY", help="environment variable holding the judge's key")
+    add_judge_args(parser)
 
 
 def check_tools(name, args):
@@ -455,7 +431,7 @@ def check_tools(name, args):
                          "searchqa out (run_all.sh: DOMAINS=\"math chess\")")
     if args.wiki:
         try:
-            paper_data.first_wiki_passage(args.wiki)  # .jsonl, or the .jsonl.gz as downloaded
+            first_wiki_passage(args.wiki)  # .jsonl, or the .jsonl.gz as downloaded
         except ValueError:
             raise ValueError(f"--wiki {args.wiki}: line 1 is not a JSON object with a 'contents' string: pass "
                              "Search-R1's wiki-18.jsonl, or a file of its shape") from None

@@ -17,7 +17,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import domains
-from lib import canary, engines, paper_data, policy
+from lib import canary, engines, paper_data, policy, retriever
 from lib.canary import EngineError
 
 # -----------------------------------------------------------------------------
@@ -651,7 +651,7 @@ def test_retriever_client_speaks_search_r1_api():
     log = []
     server = serve(retriever_handler(log))
     try:
-        client = paper_data.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
+        client = retriever.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
         assert client.search("where does the Zarnoth flow", k=2) == [
             '"Zarnoth River": The Zarnoth River flows through Kelmar and ends in the Sea of Vost.',
             '"Kelmar": Kelmar is a city founded in 1342 by the weaver Oda Prell.']
@@ -660,7 +660,7 @@ def test_retriever_client_speaks_search_r1_api():
     finally:
         server.shutdown()
     with pytest.raises(RuntimeError, match="retrieval server .* --wiki"):
-        paper_data.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5).search("x")
+        retriever.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5).search("x")
 
 
 def test_concurrent_searches_reach_the_retriever_one_request_at_a_time():
@@ -691,14 +691,14 @@ def test_concurrent_searches_reach_the_retriever_one_request_at_a_time():
 
     server = serve(Handler)
     try:
-        client = paper_data.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
+        client = retriever.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve")
         with ThreadPoolExecutor(16) as pool:
             got = list(pool.map(lambda i: client.search(f"q{i}", k=1), range(16)))
         assert got == [[f'"q{i}": about q{i}'] for i in range(16)]  # each its own answer (a quoted title)
         assert state["most"] == 1 and sum(state["batches"]) == 16 and len(state["batches"]) < 16
     finally:
         server.shutdown()
-    failing = paper_data.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5)  # a failed request fails its batch
+    failing = retriever.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5)  # a failed request fails its batch
     with ThreadPoolExecutor(4) as pool:
         errors = [f.exception() for f in [pool.submit(failing.search, f"q{i}") for i in range(4)]]
     assert all(isinstance(e, RuntimeError) and "retrieval server" in str(e) for e in errors)
@@ -709,11 +709,11 @@ def test_the_wiki_loads_once_per_process(tmp_path, capsys):
     path.write_text("".join(json.dumps(d) + "\n" for d in WIKI))
     before = paper_data.SHARED.copy()
     try:
-        first = paper_data.shared_retriever(None, str(path))
-        assert paper_data.shared_retriever(None, str(tmp_path / "." / "wiki-18.jsonl")) is first  # the same file
+        first = retriever.shared_retriever(None, str(path))
+        assert retriever.shared_retriever(None, str(tmp_path / "." / "wiki-18.jsonl")) is first  # the same file
         out = capsys.readouterr().out
         assert out.count("passages and their bm25s index loaded in") == 1 and "once for this process" in out
-        assert paper_data.shared_retriever("http://127.0.0.1:9/retrieve") is paper_data.shared_retriever("http://127.0.0.1:9/retrieve")
+        assert retriever.shared_retriever("http://127.0.0.1:9/retrieve") is retriever.shared_retriever("http://127.0.0.1:9/retrieve")
     finally:
         paper_data.SHARED.clear()
         paper_data.SHARED.update(before)
@@ -722,12 +722,12 @@ def test_the_wiki_loads_once_per_process(tmp_path, capsys):
 def test_wiki_bm25_fallback(tmp_path):
     path = tmp_path / "wiki-18.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in WIKI))
-    wiki = paper_data.WikiBM25(str(path))
+    wiki = retriever.WikiBM25(str(path))
     assert wiki.search("who founded Kelmar", k=1) == ['"Kelmar": Kelmar is a city founded in 1342 by the weaver Oda Prell.']
-    again = paper_data.WikiBM25(str(path))  # loads the saved index
+    again = retriever.WikiBM25(str(path))  # loads the saved index
     assert again.search("Oda Prell birthplace", k=3)[0].startswith('"Oda Prell":')
     with pytest.raises(FileNotFoundError, match="wiki corpus .* --retriever-url"):
-        paper_data.WikiBM25(str(tmp_path / "missing.jsonl"))
+        retriever.WikiBM25(str(tmp_path / "missing.jsonl"))
 
 
 def test_a_local_folder_of_per_set_files_reads_as_flashrag_does(tmp_path):
@@ -781,7 +781,7 @@ def test_the_paper_dry_run_stand_ins_speak_the_real_formats(tmp_path):
     server = dry.retriever(tmp_path / "searchqa" / "wiki-18.jsonl.gz", port_file)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        client = paper_data.RetrieverClient(f"http://127.0.0.1:{port_file.read_text()}/retrieve")
+        client = retriever.RetrieverClient(f"http://127.0.0.1:{port_file.read_text()}/retrieve")
         assert client.search_batch(["capital of Zorbia", "Talvia"], k=1) == [
             ['"Zorbia": Zorbia is a country whose capital is Quelm, on the river Ost.'],
             ['"Talvia": Talvia is a country whose capital is Ost, on the river Ost.']]

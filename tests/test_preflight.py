@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import whale
-from lib import paper_data, sandbox
+from lib import retriever, sandbox
 from lib.ops import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,7 +206,7 @@ def test_wiki_is_read_as_downloaded_gzip(tmp_path):
         f.write("".join(json.dumps(d) + "\n" for d in WIKI))
     ok, line = check(preflight.check_retriever, run_args("--wiki", str(path)))
     assert ok and "reads ('\"Zarnoth River\": The Zarnoth" in line and "built at the first search" in line
-    wiki = paper_data.WikiBM25(str(path))  # the run's bm25s over the .gz itself
+    wiki = retriever.WikiBM25(str(path))  # the run's bm25s over the .gz itself
     assert wiki.search("who founded Kelmar", k=1) == ['"Kelmar": Kelmar is a city founded in 1342 by the weaver Oda Prell.']
     assert "index is cached" in check(preflight.check_wiki, str(path))[1]
     ok, line = check(preflight.check_wiki, str(tmp_path / "missing.jsonl.gz"))

@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import domains  # noqa: E402
 import rollout  # noqa: E402
-from lib import paper_data, protocol, sandbox, worker_pool  # noqa: E402
+from lib import protocol, retriever, sandbox, worker_pool  # noqa: E402
 from lib.cli import one_line_errors  # noqa: E402
 from lib.hf_backend import HFBackend  # noqa: E402
 from lib.models import chat_ids, load_model  # noqa: E402
@@ -394,7 +394,7 @@ class RetrieverDomain(FakeDomain):
     TOOL_METHODS = ("search",)
 
     def tools(self, task):
-        return domains.WikiSearchTools(paper_data.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5))
+        return domains.WikiSearchTools(retriever.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5))
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from lib import driver, paper_data, sandbox, web
+from lib import driver, paper_data, retriever, sandbox, web
 from lib.ops import report_to
 from lib.models import CACHE
 
@@ -32,7 +32,7 @@ LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 CUDA_CONTEXT = 1 * GiB  # what the CUDA context and allocator take before any weights (stated, not measured)
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"  # lib/sandbox.wrap's PATH: where a proposer's program is found
 # Search-R1's retrieval server: scripts/search_r1_retriever.sh sets it up (a conda env, ~130 GB of index and corpus)
-# and starts it as its retrieval_launch.sh does, on port 8010 (paper_data.RETRIEVER_URL)
+# and starts it as its retrieval_launch.sh does, on port 8010 (retriever.RETRIEVER_URL)
 SEARCH_R1_SERVER = "bash scripts/search_r1_retriever.sh setup DIR, then serve DIR"
 WIKI_DOWNLOAD = "hf download PeterJinGo/wiki-18-corpus wiki-18.jsonl.gz --repo-type dataset --local-dir DIR"
 SKIP_SEARCHQA = 'DOMAINS="math chess" bash run_all.sh to leave searchqa out'
@@ -98,14 +98,14 @@ def check_retriever(args):
     if args.wiki:
         return check_wiki(args.wiki, args.wiki_limit)
     raise Failed(f"searchqa on the paper's data needs a retriever: start Search-R1's server (`{SEARCH_R1_SERVER}`, "
-                 f"sizes and time in the script) and pass --retriever-url {paper_data.RETRIEVER_URL}, or pass --wiki "
+                 f"sizes and time in the script) and pass --retriever-url {retriever.RETRIEVER_URL}, or pass --wiki "
                  f"wiki-18.jsonl.gz (bm25s; `{WIKI_DOWNLOAD}`), or {SKIP_SEARCHQA}")
 
 
 def check_retriever_url(url):
     """One query, sent by the client the run uses (Search-R1's POST /retrieve: queries, topk, return_scores)."""
     try:
-        hits = paper_data.RetrieverClient(url, timeout=TIMEOUT_S).search_batch([PROBE_QUERY], k=1)
+        hits = retriever.RetrieverClient(url, timeout=TIMEOUT_S).search_batch([PROBE_QUERY], k=1)
     except RuntimeError as e:  # unreachable, refused, HTTP error: the client's own one-line message
         raise Failed(f"{e} (Search-R1's server: `{SEARCH_R1_SERVER}`), or {SKIP_SEARCHQA}") from None
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
@@ -125,7 +125,7 @@ def check_wiki(path, limit=None):
     if importlib.util.find_spec("bm25s") is None:
         raise Failed("--wiki needs bm25s: pip install -r requirements.txt")
     try:
-        first = paper_data.first_wiki_passage(path)
+        first = retriever.first_wiki_passage(path)
     except ValueError as e:
         raise Failed(f"--wiki {path} is not a wiki-18 .jsonl or .jsonl.gz file ({e}): each line "
                      'must be {"id": ..., "contents": "\\"Title\\"\\ntext"}') from None

@@ -52,7 +52,7 @@ CARDS = {24: ("RTX 4090", 24, 1008, 165), 48: ("L40S", 48, 864, 362), 80: ("A100
 
 # Search-R1's retriever (its retrieval_server.py): e5-base-v2 (110M parameters) over wiki-18, 21,015,324
 # passages x 768 dims in a flat inner-product index. On the GPU in fp16: 30 GiB of index + the encoder + faiss's
-# scratch; on the CPU in fp32: 60 GiB of RAM, and each query (one per request: paper_data.RetrieverClient sends one)
+# scratch; on the CPU in fp32: 60 GiB of RAM, and each query (one per request: retriever.RetrieverClient sends one)
 # scans all of it at the machine's memory bandwidth.
 WIKI_PASSAGES, E5_DIMS = 21_015_324, 768
 RETRIEVER_GPU_BYTES = WIKI_PASSAGES * E5_DIMS * 2 + 2 * GiB  # + e5 fp16, faiss temp memory, its CUDA context

@@ -1,0 +1,147 @@
+"""searchqa's retrievers over Wikipedia 2018, for `--data paper`: Search-R1's retrieval server (e5 over wiki-18,
+--retriever-url; scripts/search_r1_retriever.sh starts one) or, without one, bm25s over a wiki-18 .jsonl file
+(--wiki). A passage's title keeps wiki-18's quotes ('"Paris": ...'), as the official tool shows it
+(Doc 1 (Title: "Paris")). One retriever per process (shared_retriever), whatever the number of episodes.
+
+    retriever = shared_retriever(url, wiki, wiki_limit)   # a RetrieverClient or a WikiBM25
+    passages = retriever.search("who wrote the iliad", k=3)
+"""
+import gzip
+import json
+import os
+import threading
+import time
+
+from lib import web
+from lib.protocol import InfrastructureError
+
+
+def passage_text(contents):
+    """wiki-18 / Search-R1 `contents` ('"Title"\\ntext') -> '"Title": text', the bundled corpus' form with the
+    title as wiki-18 writes it, quotes kept (the official tool's "Doc 1 (Title: "Paris")")."""
+    title, _, text = str(contents).partition("\n")
+    return f"{title.strip()}: {text.strip()}"
+
+
+RETRIEVER_URL = "http://127.0.0.1:8010/retrieve"  # scripts/search_r1_retriever.sh's port: 8000 is vllm serve's
+
+
+class RetrieverClient:
+    """Search-R1's retrieval server: POST {"queries", "topk", "return_scores"} -> {"result": [[hit, ...], ...]}.
+    One request at a time: the server answers from a thread pool and its FAISS GPU index is not thread-safe, so
+    the episodes' concurrent searches queue here and leave as one batch per request (search)."""
+
+    def __init__(self, url=RETRIEVER_URL, timeout=60.0):
+        self.url, self.timeout = url, timeout
+        self.sending = threading.Lock()  # held while a request is in flight
+        self.queue, self.queue_lock = [], threading.Lock()
+
+    def search_batch(self, queries, k=1):
+        with self.sending:
+            return self.post(queries, k)
+
+    def search(self, query, k=1):
+        """One query's passages. It joins the queue; whichever searcher next holds the connection sends every
+        queued query of the same k in one request and hands each its result (or the request's error)."""
+        mine = {"query": query, "k": k}
+        with self.queue_lock:
+            self.queue.append(mine)
+        with self.sending:
+            if "hits" not in mine and "error" not in mine:
+                with self.queue_lock:
+                    batch = [q for q in self.queue if q["k"] == k]
+                    self.queue = [q for q in self.queue if q["k"] != k]
+                try:
+                    for q, hits in zip(batch, self.post([q["query"] for q in batch], k)):
+                        q["hits"] = hits
+                except Exception as e:  # every query of the batch fails as its request did
+                    for q in batch:
+                        q["error"] = e
+        if "error" in mine:
+            raise mine["error"]
+        return mine["hits"]
+
+    def post(self, queries, k):
+        try:
+            result = web.request_json(self.url, {"queries": list(queries), "topk": k, "return_scores": True},
+                                      timeout=self.timeout)["result"]
+        except (web.URLError, OSError) as e:  # the machine's failure, not the harness's: never a tool result
+            raise InfrastructureError(f"retrieval server {self.url} failed ({e}): start Search-R1's retrieval_server.py "
+                               "or pass --wiki PATH to search a corpus file with bm25s") from None
+        # with return_scores each hit is {"document": {...}, "score": s}; without, the document itself
+        return [[passage_text((h.get("document") or h)["contents"]) for h in hits] for hits in result]
+
+
+def open_text(path):
+    """A text file, read through gzip when it is one (Search-R1 ships the corpus as wiki-18.jsonl.gz)."""
+    with open(path, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rt", encoding="utf-8") if gzipped else open(path, encoding="utf-8")
+
+
+def first_wiki_passage(path):
+    """The first passage of a wiki-18 .jsonl or .jsonl.gz (only its first line is read: the rest waits for the index);
+    a file of another shape is a ValueError saying what its first line is."""
+    try:
+        with open_text(path) as f:
+            row = json.loads(f.readline())
+    except (OSError, EOFError, ValueError) as e:  # ValueError: not JSON, not UTF-8
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+    if not (isinstance(row, dict) and isinstance(row.get("contents"), str)):
+        raise ValueError(f"line 1 is a JSON {type(row).__name__} without a 'contents' string")
+    return passage_text(row["contents"])
+
+
+SHARED, SHARED_LOCK = {}, threading.Lock()
+
+
+def shared_retriever(url=None, wiki=None, wiki_limit=None):
+    """The retriever of --retriever-url or --wiki, made once per process: every run and domain object in it shares
+    one client (so one queue to the server) or one loaded corpus, whose load time it says."""
+    key = (url, os.path.realpath(wiki) if wiki else None, wiki_limit)
+    with SHARED_LOCK:
+        if key not in SHARED:
+            if url:
+                SHARED[key] = RetrieverClient(url)
+            else:
+                start = time.time()
+                SHARED[key] = WikiBM25(wiki, wiki_limit)
+                print(f"--wiki {wiki}: {len(SHARED[key].passages):,} passages and their bm25s index loaded in "
+                      f"{time.time() - start:.0f} s, once for this process", flush=True)
+        return SHARED[key]
+
+
+class WikiBM25:
+    """bm25s over a wiki-18 style .jsonl file, or the .jsonl.gz as downloaded ({"id", "contents": '"Title"\\ntext'});
+    the index is built once (slow for the full 21M passages: use `limit` for a slice) and saved beside the file."""
+
+    def __init__(self, path, limit=None):
+        import bm25s
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"wiki corpus {path} not found: download Search-R1's wiki-18.jsonl.gz or pass "
+                                    "--retriever-url for a retrieval server")
+        index_dir = f"{path}.bm25s" + (f"-{limit}" if limit else "")
+        self.passages = []
+        with open_text(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if limit and len(self.passages) >= limit:
+                    break
+                try:
+                    self.passages.append(passage_text(json.loads(line)["contents"]))
+                except (ValueError, TypeError, KeyError):
+                    raise ValueError(f"wiki corpus {path}: line {lineno} is not a JSON object with a 'contents' "
+                                     "string: fix or remove that line") from None
+        if os.path.isdir(index_dir):
+            self.retriever = bm25s.BM25.load(index_dir)
+        else:
+            self.retriever = bm25s.BM25()
+            self.retriever.index(bm25s.tokenize(self.passages, stopwords="en", show_progress=False), show_progress=False)
+            self.retriever.save(index_dir)
+
+    def search(self, query, k=1):
+        import bm25s
+        tokens = bm25s.tokenize([str(query)[:2000]], stopwords="en", return_ids=False, show_progress=False)
+        if not tokens[0]:
+            return []
+        ids, scores = self.retriever.retrieve(tokens, k=min(k, len(self.passages)), show_progress=False)
+        return [self.passages[i] for i, s in zip(ids[0], scores[0]) if s > 0]
