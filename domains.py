@@ -42,8 +42,11 @@ from functools import lru_cache
 import chess
 
 from lib import paper_data
-from lib.retriever import first_wiki_passage, shared_retriever
+from lib.retriever import check_flags as check_retriever_flags, shared_retriever
+from lib.contract import check_harness_fits
 from lib.judge import add_judge_args, judge_from_args
+from lib.models import check_model
+from lib.policy import check_backend
 from lib.subsets import seeded_sample  # also the CLIs' limit flags' sampler, as domains.seeded_sample
 from lib.cli import Parser, one_line_errors, positive_int
 from lib.sandbox import PYTHON_TIMEOUT_S, run_python
@@ -420,21 +423,31 @@ def add_args(parser):
     add_judge_args(parser)
 
 
+def check_harness(args):
+    """The domain's flags and the harness against its domain (a file that parses, defines run(), and calls only
+    this domain's tools). -> the domain. --check runs it as its `harness` line."""
+    domain = get(args.domain, args)
+    check_harness_fits(args.harness, args.domain, domain.TOOL_METHODS)
+    return domain
+
+
+def check_inputs(args, split="train"):
+    """Every input of a run refused before any model loads, each error one line with its fix: the one check of
+    whale.py, rft.py, meta_harness.py and rollout.py. The harness, the tools (the paper's retriever), the engine,
+    the data of `split` read whole (a malformed row is an error now), the model. --check (lib/ops/preflight.py)
+    runs the same checks and, where it can, asks more (the server, the hub). -> (domain, the split's tasks)"""
+    domain = check_harness(args)
+    check_tools(args.domain, args)
+    check_backend(args)
+    tasks = domain.load(split)
+    check_model(args.model)
+    return domain, tasks
+
+
 def check_tools(name, args):
-    """The episode tools can be served, before any model loads: the paper's searchqa needs a retriever (a
-    --wiki file must be JSON Lines of wiki-18 passages; its first line is read here, the rest as it is indexed)."""
-    if name != "searchqa" or getattr(args, "data", "bundled") != "paper":
-        return
-    if not (args.retriever_url or args.wiki):
-        raise ValueError("--data paper: searchqa's search tool needs a retriever: pass --retriever-url URL "
-                         "(Search-R1's retrieval server) or --wiki PATH (a wiki-18 .jsonl file for bm25s), or leave "
-                         "searchqa out (run_all.sh: DOMAINS=\"math chess\")")
-    if args.wiki:
-        try:
-            first_wiki_passage(args.wiki)  # .jsonl, or the .jsonl.gz as downloaded
-        except ValueError:
-            raise ValueError(f"--wiki {args.wiki}: line 1 is not a JSON object with a 'contents' string: pass "
-                             "Search-R1's wiki-18.jsonl, or a file of its shape") from None
+    """The episode tools can be served, before any model loads: the paper's searchqa needs a retriever."""
+    if name == "searchqa" and getattr(args, "data", "bundled") == "paper":
+        check_retriever_flags(args)
 
 
 def print_stats():

@@ -53,12 +53,11 @@ from lib import sandbox
 from lib.archive import candidate_rows, proposer_costs
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors, positive_float,
                      positive_int, seed_int)
-from lib.contract import check_harness_fits, normalized, static_check
+from lib.contract import normalized, static_check
 from lib.files import read_json, read_jsonl, write_json, write_jsonl
-from lib.models import check_model
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
-from lib.policy import add_backend_args, check_backend, load_policy
+from lib.policy import add_backend_args, load_policy
 from lib.proposers import failure_advice, propose_agent, propose_in_copy
 from lib.ops.reuse import file_sha
 from lib.ops.run_checks import check_archive, check_run_files, check_same_model
@@ -401,10 +400,8 @@ def search_cli(args):
     sandbox.apply_args(args)
     rollout.apply_args(args)
     check_out(args.out)
-    domain = domains.get(args.domain, args)
-    domains.check_tools(args.domain, args)
-    check_harness_fits(args.harness, args.domain, domain.TOOL_METHODS)
-    tasks = harness_tasks(domain, args)  # a malformed data file is an error now, before any model is loaded
+    domain, _ = domains.check_inputs(args, "harness")
+    tasks = harness_tasks(domain, args)
     check_run_files(args.out)
     fix = f"restore it, or delete {args.out} to start the search over"
     if list(Path(args.out).glob("candidates/*/scores.json")):
@@ -414,8 +411,6 @@ def search_cli(args):
                               args.candidates)
     check_same_setup(args.out, search_setup(domain, tasks, args, dict(sampling_kwargs(args), seed=args.seed)))
     check_proposer(args)
-    check_backend(args)
-    check_model(args.model)
     if seed_lost:
         restore_seed(args.out, [args.harness], fix)
     os.makedirs(args.out, exist_ok=True)

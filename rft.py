@@ -37,10 +37,8 @@ import rollout
 from lib import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int, one_line_errors,
                      positive_float, positive_int, probability, seed_int)
-from lib.contract import check_harness_fits
 from lib.files import link_tree, read_json, resolved_path, sha256, stored_path, swap_link, write_json, write_jsonl
-from lib.models import check_model
-from lib.policy import add_backend_args, check_backend, load_policy
+from lib.policy import add_backend_args, load_policy
 from lib.ops.reuse import adapter_id
 from lib.ops.run_checks import CHECKPOINT_FILES, check_checkpoint, check_checkpoint_model
 
@@ -383,13 +381,9 @@ def train(args):
     check_out(args.out)
     check_checkpoint(args.out)
     check_checkpoint_model(args.out, args.model)
-    domain = domains.get(args.domain, args)
-    domains.check_tools(args.domain, args)
-    check_harness_fits(args.harness, args.domain, domain.TOOL_METHODS)
-    check_batch(args.batch, len(domain.load("train")), domain.name)
-    check_backend(args)
-    check_model(args.model)
-    trainer = RSFT(args, load_policy(args), domain, args.out)
+    domain, train = domains.check_inputs(args, "train")
+    check_batch(args.batch, len(train), domain.name)
+    trainer = RSFT(args, load_policy(args), domain, args.out, train=train)
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(vars(args), f, indent=1)
 

@@ -44,9 +44,9 @@ from tqdm import tqdm
 from lib import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int, one_line_errors,
                      positive_float, positive_int, seed_int, share)
-from lib.contract import ALLOWED_IMPORTS, check_harness, check_harness_fits
-from lib.models import chat_ids, check_model, thinking_switch
-from lib.policy import add_backend_args, check_backend, load_policy
+from lib.contract import ALLOWED_IMPORTS, check_harness
+from lib.models import chat_ids, thinking_switch
+from lib.policy import add_backend_args, load_policy
 from lib.protocol import (MAX_CHARS, MAX_LINE, MAX_LLM_CALLS, MAX_PROMPT_TOKENS, MAX_RETRIES, MAX_TOOL_CALLS,
                           MODEL_CALL_CAPS, STDOUT_KEEP, InfrastructureError, cut_at_stop, exception_reply,
                           llm_request, tool_request)
@@ -599,12 +599,8 @@ def evaluate_cli(args, domains):
     sandbox.apply_args(args)
     apply_args(args)
     check_out(args.out)
-    domain = domains.get(args.domain, args)
-    check_harness_fits(args.harness, args.domain, domain.TOOL_METHODS)
-    domains.check_tools(args.domain, args)
-    tasks = domains.seeded_sample(domain.load(args.split), args.limit)
-    check_backend(args)
-    check_model(args.model)
+    domain, tasks = domains.check_inputs(args, args.split)
+    tasks = domains.seeded_sample(tasks, args.limit)
     policy = adapted_policy(args)
     out = Path(args.out) if args.out else None
     traces = None

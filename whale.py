@@ -60,14 +60,12 @@ import rollout
 from lib import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors, positive_float,
                      positive_int, seed_int)
-from lib.contract import check_harness_fits
 from lib.files import read_json, read_jsonl, stored_path, write_json, write_jsonl
-from lib.models import check_model
 from lib.ops import plan, preflight, report_to, reuse, time_model
 from lib.ops.run_checks import start_over
 from lib.ops.runstate import (RunState, check_run_folder, check_same_settings, evaluation_inputs, lost_evaluations,
                               lost_seeds, phase_rows, read_rows)
-from lib.policy import add_backend_args, check_backend, load_policy
+from lib.policy import add_backend_args, load_policy
 from presets import CPU, GPU, PAPER, PAPER_TRAIN_SIZES, PRESETS
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "stagewise-hw", "fast-slow")
@@ -410,7 +408,8 @@ def main(argv=None):
         return
     if runs[0].check is not None:  # the preflight (lib/ops/preflight.py): each --check domain parsed as its own run
         argv = sys.argv[1:] if argv is None else list(argv)
-        raise SystemExit(preflight.main(runs + [parse_args([*argv, "--domain", d])[0] for d in runs[0].check]))
+        runs += [parse_args([*argv, "--domain", d])[0] for d in runs[0].check]
+        raise SystemExit(preflight.main(runs, check_harness=domains.check_harness))
     with one_line_errors("whale.py"):  # bad input, a damaged run folder, a refused engine: one line
         sandbox.apply_args(runs[0])
         rollout.apply_args(runs[0])
@@ -426,17 +425,14 @@ def main(argv=None):
 
 
 def check_inputs(runs):
-    """Every input refused before any model loads or any run file is written: the data, the harness against its
-    domain, the engine, the model, the proposer, and each run folder as a whole (a resume with another model or
-    harness set included). -> the domain, its data loaded (the paper's sets are slow to load twice)"""
+    """Every input refused before any model loads or any run file is written: domains.check_inputs (the data, the
+    harness against its domain, the engine, the model), then the proposer and each run folder as a whole (a resume
+    with another model or harness set included). -> the domain, its data loaded (the paper's sets are slow to
+    load twice)"""
     args = runs[0]
-    domain = domains.get(args.domain, args)
-    domains.check_tools(args.domain, args)
-    check_harness_fits(args.harness, args.domain, domain.TOOL_METHODS)
-    train = domains.seeded_sample(domain.load("train"), args.train_limit)
+    domain, train = domains.check_inputs(args, "train")
+    train = domains.seeded_sample(train, args.train_limit)
     domain.load("test")  # a malformed data file is an error now, before any model is loaded
-    check_backend(args)
-    check_model(args.model)
     for one in runs:
         check_out(one.out)
         steps, iterations = budgets(one, len(train))

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 CACHE = Path(os.environ.get("WHALE_CACHE", Path.home() / ".cache" / "whale"))
+BUILTIN = {"smoke": "smoke-v2", "cpu": "smollm2-135m"}  # --model: its folder in CACHE, built at the first load
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -95,7 +96,7 @@ def check_model(name):
     """--model names a model that loads, before any work: smoke, cpu, a local model folder, or a hub id this
     machine has cached or can fetch (only its config.json is read here). Offline (HF_HUB_OFFLINE=1) a hub id
     must be in the cache."""
-    if name in ("smoke", "cpu"):
+    if name in BUILTIN:
         return
     fix = "pass smoke, cpu, a local model folder or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct"
     if os.path.isdir(name):
@@ -128,8 +129,7 @@ def load_model(name, dtype=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
     logging.disable_progress_bar()
-    path = {"smoke": lambda: cached("smoke-v2", build_smoke), "cpu": lambda: cached("smollm2-135m", build_cpu)}.get(
-        name, lambda: name)()
+    path = cached(BUILTIN[name], {"smoke": build_smoke, "cpu": build_cpu}[name]) if name in BUILTIN else name
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
     tok = AutoTokenizer.from_pretrained(path)

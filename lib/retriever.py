@@ -24,6 +24,31 @@ def passage_text(contents):
 
 
 RETRIEVER_URL = "http://127.0.0.1:8010/retrieve"  # scripts/search_r1_retriever.sh's port: 8000 is vllm serve's
+# Search-R1's retrieval server: scripts/search_r1_retriever.sh sets it up (a conda env, ~130 GB of index and corpus)
+# and starts it as its retrieval_launch.sh does, on port 8010
+SEARCH_R1_SERVER = "bash scripts/search_r1_retriever.sh setup DIR, then serve DIR"
+WIKI_DOWNLOAD = "hf download PeterJinGo/wiki-18-corpus wiki-18.jsonl.gz --repo-type dataset --local-dir DIR"
+SKIP_SEARCHQA = 'leave searchqa out (run_all.sh: DOMAINS="math chess")'
+
+
+def check_flags(args):
+    """The paper's searchqa has a retriever, before any model loads: --retriever-url, or a --wiki file whose first
+    line is a wiki-18 passage (the rest is read as it is indexed). The check of every CLI (domains.check_inputs)
+    and the first step of --check's (lib/ops/preflight.py), which then also asks the server."""
+    if not (args.retriever_url or args.wiki):
+        raise ValueError(f"searchqa on the paper's data needs a retriever: start Search-R1's server "
+                         f"(`{SEARCH_R1_SERVER}`, sizes and time in the script) and pass --retriever-url "
+                         f"{RETRIEVER_URL}, or pass --wiki wiki-18.jsonl.gz (bm25s; `{WIKI_DOWNLOAD}`), or {SKIP_SEARCHQA}")
+    if not args.wiki:
+        return
+    if not os.path.isfile(args.wiki):
+        raise ValueError(f"--wiki {args.wiki}: no such file: `{WIKI_DOWNLOAD}` (a .jsonl.gz is read as downloaded), "
+                         "or pass --retriever-url for Search-R1's server")
+    try:
+        first_wiki_passage(args.wiki)
+    except ValueError as e:
+        raise ValueError(f"--wiki {args.wiki} is not a wiki-18 .jsonl or .jsonl.gz file ({e}): each line must be "
+                         '{"id": ..., "contents": "\\"Title\\"\\ntext"}, as Search-R1\'s wiki-18.jsonl') from None
 
 
 class RetrieverClient:

@@ -370,7 +370,7 @@ def test_the_paper_searchqa_needs_a_retriever_before_any_model_loads(tmp_path, c
     for cli in CLIS:
         argv = ["--domain", "searchqa", "--harness", SEARCHQA, "--data", "paper"]
         refused(cli, argv, 'or leave searchqa out (run_all.sh: DOMAINS="math chess")', capsys)
-        refused(cli, argv + ["--wiki", str(tmp_path / "wiki.txt")], "line 1 is not a JSON object with a 'contents'",
+        refused(cli, argv + ["--wiki", str(tmp_path / "wiki.txt")], "is not a wiki-18 .jsonl or .jsonl.gz file",
                 capsys)
 
 

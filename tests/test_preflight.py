@@ -15,6 +15,7 @@ import huggingface_hub.constants
 import pytest
 import torch
 
+import domains
 import whale
 from lib import retriever, sandbox
 from lib.ops import preflight
@@ -150,8 +151,19 @@ def test_bundled_presets_pass_with_one_ok_line_per_resource(capsys):
     out = capsys.readouterr().out.splitlines()
     assert e.value.code == 0 and all(line.startswith("ok   ") for line in out)
     names = [line[5:].split(":")[0] for line in out]
-    assert names == ["data (math)", "data (searchqa)", "data (chess)", "model (smoke)", "engine (hf)",
-                     "proposer (mutate)", "sandbox", "gpu"]  # the shared resources once
+    assert names == ["harness (math)", "harness (searchqa)", "harness (chess)", "data (math)", "data (searchqa)",
+                     "data (chess)", "model (smoke)", "engine (hf)", "proposer (mutate)", "sandbox",
+                     "gpu"]  # the shared resources once
+
+
+def test_the_harness_line_is_the_runs_own_check(capsys):
+    """--check runs domains.check_harness, the check every CLI makes (domains.check_inputs), as its harness line."""
+    with pytest.raises(SystemExit) as e:
+        whale.main(["--check", "--preset", "smoke", "--domain", "math", "--harness", "harnesses/searchqa.py"])
+    fails = capsys.readouterr().err.splitlines()
+    with pytest.raises(ValueError) as cli:
+        domains.check_inputs(run_args("--harness", "harnesses/searchqa.py", preset="smoke", domain="math"))
+    assert e.value.code == 1 and fails == [f"FAIL harness (math): {cli.value}"]
 
 
 def test_every_failure_is_a_line_and_a_broken_check_too(monkeypatch, capsys):
@@ -209,10 +221,11 @@ def test_wiki_is_read_as_downloaded_gzip(tmp_path):
     wiki = retriever.WikiBM25(str(path))  # the run's bm25s over the .gz itself
     assert wiki.search("who founded Kelmar", k=1) == ['"Kelmar": Kelmar is a city founded in 1342 by the weaver Oda Prell.']
     assert "index is cached" in check(preflight.check_wiki, str(path))[1]
-    ok, line = check(preflight.check_wiki, str(tmp_path / "missing.jsonl.gz"))
+    # the flags are checked by the runs' own check first (retriever.check_flags)
+    ok, line = check(preflight.check_retriever, run_args("--wiki", str(tmp_path / "missing.jsonl.gz")))
     assert not ok and "hf download PeterJinGo/wiki-18-corpus wiki-18.jsonl.gz" in line
     (tmp_path / "bad.jsonl").write_text("not json\n")
-    ok, line = check(preflight.check_wiki, str(tmp_path / "bad.jsonl"))
+    ok, line = check(preflight.check_retriever, run_args("--wiki", str(tmp_path / "bad.jsonl")))
     assert not ok and "is not a wiki-18 .jsonl or .jsonl.gz file" in line
 
 # -----------------------------------------------------------------------------
@@ -260,7 +273,7 @@ def test_models_built_cached_or_local(tmp_path, offline_hub):
     ok, line = check(preflight.check_model, "Qwen/Qwen3.5-4B")
     assert not ok and "HF_HUB_OFFLINE=1" in line and "`hf download Qwen/Qwen3.5-4B`" in line
     ok, line = check(preflight.check_model, str(tmp_path))
-    assert not ok and "no config.json there" in line
+    assert not ok and "holds no config.json" in line
 
 # -----------------------------------------------------------------------------
 # engine and proposer

@@ -20,9 +20,9 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from lib import driver, paper_data, retriever, sandbox, web
+from lib import driver, models, paper_data, retriever, sandbox, web
 from lib.ops import report_to
-from lib.models import CACHE
+from lib.policy import check_backend
 
 GiB = 1024 ** 3
 PROJECT = Path(__file__).resolve().parents[2]
@@ -31,11 +31,6 @@ PROBE_QUERY = "who wrote the iliad"  # the one search the retriever check sends
 LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 CUDA_CONTEXT = 1 * GiB  # what the CUDA context and allocator take before any weights (stated, not measured)
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"  # lib/sandbox.wrap's PATH: where a proposer's program is found
-# Search-R1's retrieval server: scripts/search_r1_retriever.sh sets it up (a conda env, ~130 GB of index and corpus)
-# and starts it as its retrieval_launch.sh does, on port 8010 (retriever.RETRIEVER_URL)
-SEARCH_R1_SERVER = "bash scripts/search_r1_retriever.sh setup DIR, then serve DIR"
-WIKI_DOWNLOAD = "hf download PeterJinGo/wiki-18-corpus wiki-18.jsonl.gz --repo-type dataset --local-dir DIR"
-SKIP_SEARCHQA = 'DOMAINS="math chess" bash run_all.sh to leave searchqa out'
 GPU_EXTRA = "bash install.sh --gpu (or pip install -r requirements-gpu.txt)"
 
 
@@ -47,12 +42,16 @@ class Failed(Exception):
 # the plan: which checks these runs need, each once
 
 
-def plan(runs):
+def plan(runs, check_harness=None):
     """[(name, check)] in a fixed order; a resource shared by several runs (the sandbox, one model for two
-    domains) is checked once."""
+    domains) is checked once. check_harness: whale.py's domains.check_harness (the runs' own check of the
+    harness against its domain)."""
     checks = {}
     for args in runs:
         paper = args.data == "paper"
+        if check_harness:
+            checks[("harness", args.domain, args.harness)] = (f"harness ({args.domain})",
+                                                                partial(harness_line, check_harness, args))
         if args.domain == "searchqa" and paper:
             checks[("retriever", args.retriever_url, args.wiki)] = ("retriever", partial(check_retriever, args))
         if paper and any(not is_local(name) for _, name in dataset_names(args)):
@@ -69,14 +68,14 @@ def plan(runs):
                                                    partial(check_report, args.report_to))
     checks[("sandbox",)] = ("sandbox", partial(check_sandbox, runs[0]))
     checks[("gpu",)] = ("gpu", partial(check_gpu, runs))
-    order = ("retriever", "datasets", "data", "model", "engine", "proposer", "sandbox", "report", "gpu")
+    order = ("harness", "retriever", "datasets", "data", "model", "engine", "proposer", "sandbox", "report", "gpu")
     return [checks[k] for k in sorted(checks, key=lambda k: order.index(k[0]))]
 
 
-def main(runs):
+def main(runs, check_harness=None):
     """Run every check; print the ok lines (all passed, -> 0) or the FAIL lines (-> 1)."""
     oks, fails = [], []
-    for name, check in plan(runs):
+    for name, check in plan(runs, check_harness):
         try:
             oks.append(f"ok   {name}: {check()}")
         except Failed as e:
@@ -89,17 +88,30 @@ def main(runs):
 
 
 # -----------------------------------------------------------------------------
+# the harness, by the runs' own check
+
+
+def harness_line(check_harness, args):
+    try:
+        check_harness(args)
+    except ValueError as e:
+        raise Failed(str(e)) from None
+    return f"{args.harness} fits {args.domain}"
+
+
+# -----------------------------------------------------------------------------
 # searchqa's retriever
 
 
 def check_retriever(args):
+    """The runs' own check of the flags (retriever.check_flags), then the server asked, or the wiki file's index."""
+    try:
+        retriever.check_flags(args)
+    except ValueError as e:
+        raise Failed(str(e)) from None
     if args.retriever_url:
         return check_retriever_url(args.retriever_url)
-    if args.wiki:
-        return check_wiki(args.wiki, args.wiki_limit)
-    raise Failed(f"searchqa on the paper's data needs a retriever: start Search-R1's server (`{SEARCH_R1_SERVER}`, "
-                 f"sizes and time in the script) and pass --retriever-url {retriever.RETRIEVER_URL}, or pass --wiki "
-                 f"wiki-18.jsonl.gz (bm25s; `{WIKI_DOWNLOAD}`), or {SKIP_SEARCHQA}")
+    return check_wiki(args.wiki, args.wiki_limit)
 
 
 def check_retriever_url(url):
@@ -107,7 +119,7 @@ def check_retriever_url(url):
     try:
         hits = retriever.RetrieverClient(url, timeout=TIMEOUT_S).search_batch([PROBE_QUERY], k=1)
     except RuntimeError as e:  # unreachable, refused, HTTP error: the client's own one-line message
-        raise Failed(f"{e} (Search-R1's server: `{SEARCH_R1_SERVER}`), or {SKIP_SEARCHQA}") from None
+        raise Failed(f"{e} (Search-R1's server: `{retriever.SEARCH_R1_SERVER}`), or {retriever.SKIP_SEARCHQA}") from None
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
         raise Failed(f"{url} answered, but not as Search-R1's /retrieve does ({type(e).__name__}: {e}): it must "
                      'return {"result": [[{"document": {"contents": ...}, "score": ...}, ...], ...]}; point '
@@ -119,16 +131,10 @@ def check_retriever_url(url):
 
 
 def check_wiki(path, limit=None):
-    if not os.path.isfile(path):
-        raise Failed(f"--wiki {path}: no such file: `{WIKI_DOWNLOAD}` (a .jsonl.gz is read as downloaded), or pass "
-                     "--retriever-url for Search-R1's server")
+    """A --wiki file retriever.check_flags passed: bm25s installed, and whether its index is built yet."""
     if importlib.util.find_spec("bm25s") is None:
         raise Failed("--wiki needs bm25s: pip install -r requirements.txt")
-    try:
-        first = retriever.first_wiki_passage(path)
-    except ValueError as e:
-        raise Failed(f"--wiki {path} is not a wiki-18 .jsonl or .jsonl.gz file ({e}): each line "
-                     'must be {"id": ..., "contents": "\\"Title\\"\\ntext"}') from None
+    first = retriever.first_wiki_passage(path)
     index = f"{path}.bm25s" + (f"-{limit}" if limit else "")
     when = "cached" if os.path.isdir(index) else "built at the first search (slow for all of wiki-18: --wiki-limit N)"
     return f"wiki {path} reads ({first[:50]!r}...); its bm25s index is {when}"
@@ -234,11 +240,15 @@ def hub_status(kind, name):
 
 
 def check_model(name):
-    if name in ("smoke", "cpu"):
+    """The runs' own check (lib/models.check_model) for what is on this machine; a hub id asked of the cache, then
+    the hub (nothing downloaded)."""
+    if name in models.BUILTIN:
         return check_builtin_model(name)
     if is_local(name):
-        if not os.path.isfile(os.path.join(os.path.expanduser(name), "config.json")):
-            raise Failed(f"--model {name}: no config.json there: pass a Hugging Face model folder or a hub id")
+        try:
+            models.check_model(os.path.expanduser(name))
+        except ValueError as e:
+            raise Failed(str(e)) from None
         return f"local folder {name}"
     size = cached_model_bytes(name)
     if size is not None:
@@ -251,7 +261,7 @@ def check_model(name):
 
 
 def check_builtin_model(name):
-    folder = CACHE / ("smoke-v2" if name == "smoke" else "smollm2-135m")  # lib/models.load_model's cache names
+    folder = models.CACHE / models.BUILTIN[name]
     if (folder / "config.json").exists():
         return f"cached in {folder}"
     if name == "smoke":
@@ -294,6 +304,10 @@ def check_engine(args):
     if args.backend == "hf":
         return "transformers in process"
     if args.backend == "vllm":
+        try:
+            check_backend(args)  # the runs' own check: installed
+        except ValueError as e:
+            raise Failed(str(e)) from None
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its import logs the platform it found
         try:
             vllm = importlib.import_module("vllm")
