@@ -17,8 +17,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import domains  # noqa: E402
 import rollout  # noqa: E402
-from lib import protocol, retriever, sandbox, worker_pool  # noqa: E402
+from lib import protocol, retriever, runner, sandbox, worker_pool  # noqa: E402
 from lib.cli import one_line_errors  # noqa: E402
+from lib.contract import ALLOWED_IMPORTS, check_harness  # noqa: E402
 from lib.hf_backend import HFBackend  # noqa: E402
 from lib.models import chat_ids, load_model  # noqa: E402
 
@@ -226,11 +227,11 @@ def test_bad_harness_input_names_file_line_and_fix(backend, tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.py: no such harness file"):
         rollout.run_episodes(FakeDomain(), tmp_path / "missing.py", FakeDomain().load("t", 1), backend)
     with pytest.raises(ValueError, match=r"norun.py:1: no top-level function run; define run\(task, llm, tools\)"):
-        rollout.check_harness(write(tmp_path, "norun.py", "X = 1\n"))
+        check_harness(write(tmp_path, "norun.py", "X = 1\n"))
     with pytest.raises(ValueError, match=r"syntax.py:3: syntax error: .*fix the harness"):
-        rollout.check_harness(write(tmp_path, "syntax.py", "X = 1\n\ndef run(task, llm, tools)\n    pass\n"))
+        check_harness(write(tmp_path, "syntax.py", "X = 1\n\ndef run(task, llm, tools)\n    pass\n"))
     with pytest.raises(ValueError, match=r"imports.py:2: imports 'os'; a harness may import only re, json"):
-        rollout.check_harness(write(tmp_path, "imports.py", "import re\nimport os\ndef run(t, l, x): pass\n"))
+        check_harness(write(tmp_path, "imports.py", "import re\nimport os\ndef run(t, l, x): pass\n"))
 
 
 def test_mean_at_k_is_per_task_success_rate_averaged(backend, tmp_path):
@@ -367,7 +368,7 @@ def test_generate_with_a_cap_below_one_returns_empty_rows(backend):
 
 def test_a_harness_may_import_every_allowed_module_and_gets_a_readable_traceback(backend, tmp_path):
     path = write(tmp_path, "imports.py", f'''"""Imports the whole allowlist, then fails on line 5."""
-import {", ".join(rollout.ALLOWED_IMPORTS)}
+import {", ".join(ALLOWED_IMPORTS)}
 from collections import Counter
 def run(task, llm, tools):
     raise ValueError(textwrap.shorten("all " + str(len(Counter("abc"))) + " imported", 40))
@@ -401,7 +402,7 @@ class RetrieverDomain(FakeDomain):
 def lone_pool(monkeypatch):
     """A pool of its own, so the test's starts are not served by warm workers of earlier tests."""
     pool = worker_pool.Pool()
-    monkeypatch.setattr(rollout, "POOL", pool)
+    monkeypatch.setattr(runner, "POOL", pool)
     yield pool
     pool.close()
 

@@ -100,9 +100,9 @@ OVERHEAD_ENGINE, SLEEP_RESIDUAL, CUDA_CONTEXT, FREE_SHARE = 2 * GiB, 1 * GiB, 1 
 # measures it after an update
 RESERVED_SLACK = GiB // 2
 # time: the share of peak bandwidth / FLOPs reached (decode and prefill, SFT); vLLM's fixed cost per decode
-# step (scheduler, sampler, Python); the least wait of a generate call for its batch (rollout.BATCH_WAIT_S)
+# step (scheduler, sampler, Python); the least wait of a generate call for its batch (lib/runner.BATCH_WAIT_S)
 EFF_INFER, EFF_TRAIN, STEP_OVERHEAD_S, BATCH_WAIT_S = 0.5, 0.4, 0.004, 0.1
-# every call carries its own seed (rollout.call_seed: an episode samples the same on a resume), and vLLM 0.33
+# every call carries its own seed (lib/runner.call_seed: an episode samples the same on a resume), and vLLM 0.33
 # samples seeded requests one at a time (a torch.Generator each, in a Python loop, and the PyTorch top-k path
 # instead of FlashInfer's): a stated cost per seeded sequence per decode step, i.e. per generated token
 SEEDED_TOKEN_S = 30e-6
@@ -298,7 +298,7 @@ def episode_tokens(t):
 
 
 def rollout_s(name, t, card_gb, episodes, batches, workers=DEFAULT_WORKERS, gpu_memory=None, retriever=None):
-    """Seconds to run `episodes` of token lengths `t` in `batches` runner calls (rollout.Runner). The runner
+    """Seconds to run `episodes` of token lengths `t` in `batches` runner calls (lib/runner.Runner). The runner
     keeps `workers` episodes live (at most what the KV cache holds) and samples their pending calls in one
     blocking generate call, which lasts as long as its longest completion (t["longest"]). So a generate call
     costs that many steps of the fixed step cost + its tokens, and waits for the slowest tool of its batch
