@@ -60,11 +60,9 @@ import rollout
 from lib import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors, positive_float,
                      positive_int, seed_int)
-from lib.files import read_json, read_jsonl, stored_path, write_json, write_jsonl
+from lib.files import read_json, stored_path, write_json
 from lib.ops import plan, preflight, report_to, reuse, time_model
-from lib.ops.run_checks import start_over
-from lib.ops.runstate import (RunState, check_run_folder, check_same_settings, evaluation_inputs, lost_evaluations,
-                              lost_seeds, phase_rows, read_rows)
+from lib.ops.runstate import RunState, check_run_folder, check_same_settings, read_rows
 from lib.policy import add_backend_args, load_policy
 from presets import CPU, GPU, PAPER, PAPER_TRAIN_SIZES, PRESETS
 
@@ -269,7 +267,7 @@ def run(args, donors=(), domain=None, policy=None):
     domain, train, policy = setup(args, domain, policy)
     steps, rounds = budgets(args, len(train))
     state = RunState(args, steps, rounds)
-    repair_run_folder(args, policy, domain, state.saved, donors)
+    evaluate_again(args, policy, domain, state.repair(donors), donors)
     state.trainer = rft.RSFT(args, policy, domain, os.path.join(args.out, "weights"), train=train,
                              run_dir=args.out) if steps else None
     harness = state.harness(args.harness)
@@ -469,38 +467,9 @@ def setup(args, domain=None, policy=None):
     return domain, train, policy
 
 
-def repair_run_folder(args, policy, domain, state, donors):
-    """Rebuild, exactly, what check_run_folder found lost or damaged and rebuildable, before the run goes on: a
-    seed harness copy, an archive's index (summary.jsonl, frontier.json), weights/metrics.jsonl (the checkpoint's
-    history), and test evaluations (rerun from the same weights, harness and seeds, they give the same scores)."""
-    out = args.out
-    lost = lost_evaluations(out, state)
-    for i in lost:
-        for name in (f"phase_{i}.json", f"phase_{i}.traces.jsonl"):
-            Path(out, "evals", name).unlink(missing_ok=True)
-    if not os.path.exists(os.path.join(out, "state.json")):
-        return  # no phase started: phase 0 is evaluated first, as in a fresh run
-    sources = [os.path.abspath(args.harness)] + sorted(str(p) for run_dir in [out, *donors]
-                                                       for p in Path(run_dir).glob("harness_w*/candidates/*/harness.py"))
-    for seed in sorted(lost_seeds(out, state)):
-        meta_harness.restore_seed(Path(seed).parent.parent.parent, sources, start_over(out))
-    running = f"harness_w{state['kinds'].count('weight')}" if state["running"] == "harness" else None
-    for name, iterations in state["archive_iterations"].items():
-        if name != running:  # a running search rebuilds its own index as it resumes
-            meta_harness.rebuild_index(Path(out, name), iterations)
-    ckpt = Path(out, "weights", "ckpt")
-    if ckpt.exists():
-        history = read_json(ckpt / "state.json")["history"]
-        try:
-            same = read_jsonl(ckpt.parent / "metrics.jsonl") == history
-        except ValueError:  # a cut line
-            same = False
-        if not same:
-            write_jsonl(ckpt.parent / "metrics.jsonl", history)
-            print(f"{ckpt.parent / 'metrics.jsonl'}: rebuilt from the checkpoint's history")
-    rows = phase_rows(out, state)
-    redo = [(i, *evaluation_inputs(out, state, rows, i, args)) for i in lost if i <= state["phase"]]
-    for i, weights, adapter, harness in sorted(redo, key=lambda r: r[2] is not None):  # an engine: base first
+def evaluate_again(args, policy, domain, lost, donors):
+    """The test evaluations a damaged folder lost (RunState.repair), from the same weights, harness and seeds."""
+    for i, weights, adapter, harness in lost:
         print(f"evals/phase_{i}: lost or damaged, evaluated again (the same weights, harness and seeds)")
         if adapter is not None:
             policy.load_adapter(adapter)

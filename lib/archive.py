@@ -1,10 +1,16 @@
 """The Meta-Harness archive as files, read and appended to by both the search and its proposers: one row per
-candidate folder (candidates/<name>/meta.json and scores.json) and the proposer-call log (costs.jsonl).
-The index built from them (summary.jsonl, frontier.json) is the search's own: meta_harness.write_index."""
+candidate folder (candidates/<name>/meta.json and scores.json) and the proposer-call log (costs.jsonl). The
+candidate folders are its truth; the index (summary.jsonl, frontier.json) is rebuilt from them, by the search
+as it goes (write_index) and on a resume (rebuild_index).
 
+    rows, frontier = write_index(run_dir, iterations)   # frontier["best"], ["score"], ["best_series"], ...
+    best = pick_best(rows)                              # the best score; ties to fewer mean turns, then earlier
+"""
+import os
+import shutil
 from pathlib import Path
 
-from lib.files import append_jsonl, read_json, read_jsonl
+from lib.files import append_jsonl, read_json, read_jsonl, sha256, write_json, write_jsonl
 
 
 def candidate_rows(run_dir):
@@ -39,3 +45,72 @@ def proposer_costs(run_dir):
     rows = read_jsonl(path)
     keys = ("seconds", "prompt_tokens", "completion_tokens", "cost_usd")
     return {"calls": len(rows), **{k: round(sum(r.get(k) or 0 for r in rows), 4) for k in keys}}
+
+
+def pick_best(rows):
+    """The row with the best score; ties go to fewer mean turns, then to the earlier row."""
+    scored = [r for r in rows if r.get("score") is not None]
+    if not scored:
+        raise ValueError("pick_best: no scored candidate in the archive; score the seed harness first")
+    return scored[max(range(len(scored)), key=lambda i: (scored[i]["score"], -scored[i]["mean_turns"], -i))]
+
+
+
+def restore_seed(run_dir, sources, fix):
+    """The seed's harness.py copied back from the first of `sources` that holds its recorded content (the
+    sha256 in its meta.json, or whale's key of the archive), exactly as add_seed copied it."""
+    d = Path(run_dir) / "candidates" / "h0"
+    sha = read_json(d / "meta.json").get("seed_sha256") or read_json(Path(run_dir) / "whale_key.json", {}).get("seed")
+    source = next((s for s in sources if sha and os.path.isfile(s) and sha256(s) == sha), None)
+    if source is None:
+        raise ValueError(f"{d / 'harness.py'} is missing, and no harness at hand holds the seed it was: {fix}")
+    shutil.copy(source, d / "harness.py")
+    print(f"{d / 'harness.py'}: lost, copied back from {source} (the same content)")
+
+
+def best_series_of(rows, iterations):
+    """The archive-best score after iterations 0 (the seed) .. `iterations`."""
+    return [pick_best([r for r in rows if r["iteration"] <= i])["score"] for i in range(iterations + 1)]
+
+
+def lineage(rows, name):
+    by_name, chain = {r["name"]: r for r in rows}, []
+    while name in by_name and name not in chain:
+        chain.append(name)
+        name = by_name[name]["parent"]
+    return chain[::-1]
+
+
+def write_index(run_dir, iterations):
+    """Rebuild summary.jsonl and frontier.json from the candidate folders (so resume stays consistent)."""
+    rows, frontier = index_of(run_dir, iterations)
+    write_jsonl(Path(run_dir) / "summary.jsonl", rows)  # atomic: a report reading a running search sees whole rows
+    write_json(Path(run_dir) / "frontier.json", frontier)
+    return rows, frontier
+
+
+def rebuild_index(run_dir, iterations):
+    """summary.jsonl and frontier.json written again where they are not what the candidate folders say (lost,
+    cut or edited): the index is always rebuilt exactly from them."""
+    rows, frontier = index_of(run_dir, iterations)
+    try:
+        same = read_jsonl(Path(run_dir) / "summary.jsonl") == rows and read_json(Path(run_dir) / "frontier.json") == frontier
+    except ValueError:
+        same = False
+    if not same:
+        write_index(run_dir, iterations)
+        print(f"{run_dir}: summary.jsonl and frontier.json rebuilt from its candidate folders")
+
+
+def index_of(run_dir, iterations):
+    """(summary rows, frontier) of the archive as of `iterations`."""
+    rows = candidate_rows(run_dir)
+    done = [r for r in rows if r["iteration"] <= iterations]  # as of this iteration (resume replays)
+    best = pick_best(done)
+    frontier = {"best": best["name"], "score": best["score"], "mean_turns": best["mean_turns"],
+                "harness": f"candidates/{best['name']}/harness.py", "lineage": lineage(rows, best["name"]),
+                "iterations": iterations, "best_series": best_series_of(rows, iterations),
+                "candidates": len(done), "valid": sum(bool(r["valid"]) for r in done),
+                "rollouts": sum(r["rollouts"] for r in done),
+                "proposer": proposer_costs(run_dir)}
+    return rows, frontier

@@ -1,13 +1,14 @@
 """A whale run's state across starts: state.json (which phases finished, what is running), the rows of
 metrics.jsonl, and the run folder checked as a whole against them before any work resumes, so that a damaged
-or missing file is one line naming it and the fix, or rebuilt exactly (whale.repair_run_folder), never a silent
+or missing file is one line naming it and the fix, or rebuilt exactly (RunState.repair), never a silent
 restart or a summary with phases missing. A rerun keeps the settings the folder was started with."""
 import json
 import os
 import time
 from pathlib import Path
 
-from lib.files import append_jsonl, read_json, read_jsonl, resolved_path, stored_path, write_json
+from lib.archive import rebuild_index, restore_seed
+from lib.files import append_jsonl, read_json, read_jsonl, resolved_path, stored_path, write_json, write_jsonl
 from lib.ops.reuse import adapter_id
 from lib.ops.run_checks import (check_archive, check_checkpoint, check_checkpoint_files, check_checkpoint_model,
                            check_run_files, check_same_model, damaged, json_object, start_over,
@@ -40,7 +41,7 @@ def load_state(out):
 def check_run_folder(out, args=None):
     """The run folder as a whole, before any work: every file a resume reads is there and whole, as state.json
     says it must be, else one line naming the file and the fix (never a silent restart, never a summary with
-    phases missing). What can be rebuilt exactly is left for repair_run_folder to rebuild (lost_seeds,
+    phases missing). What can be rebuilt exactly is left for RunState.repair to rebuild (lost_seeds,
     lost_evaluations). state.json is written before the first RSFT step and after phase 1's evaluation, so RSFT
     steps or a phase-2 evaluation without it mean it was lost. args: the resuming command, whose model and
     harness set must be the run's (checked where it has them). -> the state, None for a run not yet started"""
@@ -196,7 +197,7 @@ class RunState:
     work, so a resumed run finishes that phase first; leaving it is saved after its evaluation is logged."""
 
     def __init__(self, args, steps, rounds):
-        self.out, self.steps, self.rounds = args.out, steps, rounds
+        self.args, self.out, self.steps, self.rounds = args, args.out, steps, rounds
         self.saved = load_state(args.out)
         self.trainer = None  # the RSFT trainer, for the step and rollout counters (None: a run without steps)
         self.started = None
@@ -277,3 +278,38 @@ class RunState:
         self.saved["archive_weights"][name] = weights
         self.saved["archive_iterations"][name] = result["iterations"]
         self.saved["harness_rollouts"][name] = result["rollouts"]
+
+    # a damaged folder
+    def repair(self, donors):
+        """Rebuild, exactly, what check_run_folder found lost or damaged and rebuildable, before the run goes on:
+        a seed harness copy, an archive's index (summary.jsonl, frontier.json), weights/metrics.jsonl (the
+        checkpoint's history). -> [(phase, weights id, adapter folder or None, harness)] of the test evaluations
+        lost, for whale to evaluate again (from the same weights, harness and seeds they give the same scores)."""
+        out, state = self.out, self.saved
+        lost = lost_evaluations(out, state)
+        for i in lost:
+            for name in (f"phase_{i}.json", f"phase_{i}.traces.jsonl"):
+                Path(out, "evals", name).unlink(missing_ok=True)
+        if not os.path.exists(os.path.join(out, "state.json")):
+            return []  # no phase started: phase 0 is evaluated first, as in a fresh run
+        sources = [os.path.abspath(self.args.harness)] + sorted(
+            str(p) for run_dir in [out, *donors] for p in Path(run_dir).glob("harness_w*/candidates/*/harness.py"))
+        for seed in sorted(lost_seeds(out, state)):
+            restore_seed(Path(seed).parent.parent.parent, sources, start_over(out))
+        running = f"harness_w{state['kinds'].count('weight')}" if state["running"] == "harness" else None
+        for name, iterations in state["archive_iterations"].items():
+            if name != running:  # a running search rebuilds its own index as it resumes
+                rebuild_index(Path(out, name), iterations)
+        ckpt = Path(out, "weights", "ckpt")
+        if ckpt.exists():
+            history = read_json(ckpt / "state.json")["history"]
+            try:
+                same = read_jsonl(ckpt.parent / "metrics.jsonl") == history
+            except ValueError:  # a cut line
+                same = False
+            if not same:
+                write_jsonl(ckpt.parent / "metrics.jsonl", history)
+                print(f"{ckpt.parent / 'metrics.jsonl'}: rebuilt from the checkpoint's history")
+        rows = phase_rows(out, state)
+        redo = [(i, *evaluation_inputs(out, state, rows, i, self.args)) for i in lost if i <= state["phase"]]
+        return sorted(redo, key=lambda r: r[2] is not None)  # an engine: the base model's first
