@@ -18,7 +18,7 @@ import torch
 import domains
 import whale
 from lib import retriever, sandbox
-from lib.ops import preflight
+from lib.ops import hub, preflight
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = [{"id": "0", "contents": '"Zarnoth River"\nThe Zarnoth River flows through Kelmar and ends in the Sea of Vost.'},
@@ -252,7 +252,7 @@ def test_paper_datasets_cached_local_or_missing(tmp_path, offline_hub):
 def test_hub_down_is_asked_once(monkeypatch, offline_hub):
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # what the hub read at import
-    monkeypatch.setattr(preflight, "HUB_DOWN", {})
+    monkeypatch.setattr(hub, "HUB_DOWN", {})
     calls = []
 
     class Down:

