@@ -11,7 +11,7 @@ spent to reach it, each the mean over seeds with a 95 % interval from a hierarch
 seeds, then the test tasks within each resampled seed (2,000 resamples of the per-task scores in
 evals/phase_<n>.json, seed 0; with one seed, a bootstrap over test tasks). With several seeds, each seed's
 final point follows. The paired comparison: WHALE (and adaptive WHALE) minus fixed, named baselines
-(harness-only, and stagewise-hw where it ran), the mean per-task difference on the same tasks under the same
+(harness-only, weight-only, stagewise-hw, each where it ran), the mean per-task difference on the same tasks under the same
 seed, per seed and pooled over seeds, on the final points (the headline) and on the best points (labelled).
 Then in how many seeds each method's search found a harness better than the one it started from, and what
 RSFT and the searches did. Under the paper preset the paper's numbers stand beside ours.
@@ -22,6 +22,7 @@ axis, with mean@k after each phase).
 import argparse
 import os
 import re
+from statistics import fmean
 
 import matplotlib
 matplotlib.use("Agg")
@@ -30,14 +31,15 @@ import numpy as np
 
 from lib.cli import Parser, one_line_errors
 from lib.files import read_json, read_jsonl
-from lib.intervals import bootstrap_ci, hierarchical_ci, paired_difference, pooled_difference
+from lib.intervals import hierarchical_ci, interval, paired_difference, pooled_difference, seeds_interval
 
 DOMAINS = ("searchqa", "math", "chess")
 METHODS = ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale", "whale-adaptive")
 # The comparison's baselines, fixed before any result (never picked by a test score): harness-only searches
-# harnesses as WHALE does, so the difference is what the weight phases add; stagewise-hw (all harness rounds,
-# then all weight steps) has WHALE's budgets in a harness-first order, so the difference is what alternation adds
-BASELINES = ("harness-only", "stagewise-hw")
+# harnesses as WHALE does, so the difference is what the weight phases add; weight-only trains the weights as
+# WHALE does, so the difference is what the harness phases add; stagewise-hw (all harness rounds, then all
+# weight steps) has WHALE's budgets in a harness-first order, so the difference is what alternation adds
+BASELINES = ("harness-only", "weight-only", "stagewise-hw")
 # mean@8 %, SearchQA / Math / Chess (docs/design.md section 2)
 PAPER = {
     "harness-only": (38.29, 0.42, 19.82),
@@ -75,14 +77,15 @@ def load_runs(root):
 
 
 def load_run(folder):
-    evals = [r for r in read_jsonl(os.path.join(folder, "metrics.jsonl"))  # phases --test-evals ends skipped: none
-             if r.get("event") == "eval" and r.get("mean_at_k") is not None]
+    phases = [r for r in read_jsonl(os.path.join(folder, "metrics.jsonl")) if r.get("event") == "eval"]
+    evals = [r for r in phases if r.get("mean_at_k") is not None]  # phases --test-evals ends skipped: none
     for row in evals:
         scores = read_json(os.path.join(folder, "evals", f"phase_{row['phase']}.json"), {})
         row["per_task"], row["sources"] = scores.get("per_task"), scores.get("sources") or {}
     return {"summary": read_summary(folder, evals),
             "evals": evals,
             "steps": read_jsonl(os.path.join(folder, "weights", "metrics.jsonl")),
+            "weight_phase_ends": [r["step"] for r in phases if r.get("kind") == "weight" and "step" in r],
             "archives": read_archives(folder)}
 
 
@@ -112,22 +115,6 @@ def read_archives(folder):
 def finished(seed_runs):
     """{seed: run} of the runs that wrote their summary."""
     return {seed: run for seed, run in (seed_runs or {}).items() if run["summary"]}
-
-
-# -----------------------------------------------------------------------------
-# intervals of one evaluation, and over seeds (the bootstraps: lib/intervals.py)
-
-def interval(row):
-    """(mean, low, high) of one evaluation, or None when its per-task scores were not stored."""
-    return bootstrap_ci(list(row["per_task"].values())) if row.get("per_task") else None
-
-
-def seeds_interval(rows):
-    """(mean, low, high) over seeds and tasks of one evaluation per seed; without per-task scores in any of
-    them, (mean over seeds, None, None)."""
-    if all(row.get("per_task") for row in rows):
-        return hierarchical_ci([list(row["per_task"].values()) for row in rows])
-    return float(np.mean([row["mean_at_k"] for row in rows])), None, None
 
 
 # -----------------------------------------------------------------------------
@@ -341,21 +328,44 @@ def mechanism_table(runs):
     """What each axis did: RSFT's accepted examples and training reward, each harness search's harness-set
     score from its seed to its best and the knob changes that led there."""
     lines = ["", "## What moved", "",
-             "RSFT: steps, accepted examples in all, training reward of the first and last step. Harness search: "
-             "per archive (harness_w<n>: searched after n weight phases), the harness-set score of its seed and "
-             "after each iteration, and the best candidate's lineage.", "",
-             "| domain | method | seed | RSFT steps | accepted | train reward first -> last | harness searches |",
-             "|---|---|---|---|---|---|---|"]
+             "RSFT: steps, accepted examples in the first weight phase and in all, the training reward (the share "
+             "of rollouts with reward 1) per weight phase, and over the first and the last quarter of the steps. "
+             "Harness search: per archive (harness_w<n>: searched after n weight phases), the harness-set score "
+             "of its seed and after each iteration, and the best candidate's lineage.", "",
+             "| domain | method | seed | RSFT steps | accepted: first phase / all | train reward per weight phase "
+             "| first -> last quarter | harness searches |",
+             "|---|---|---|---|---|---|---|---|"]
     for domain, method in ordered(runs):
         for seed, run in runs[domain, method].items():
             steps = run["steps"]
-            reward = f"{steps[0]['reward']:.2f} -> {steps[-1]['reward']:.2f}" if steps else "-"
+            phases, first, last = weight_phases(steps, run["weight_phase_ends"]), *quarters(steps)
+            reward = " / ".join(f"{fmean(r['accept_rate'] for r in p):.2f}" for p in phases) or "-"
+            accepted = (f"{sum(r.get('examples', 0) for r in phases[0])} / {sum(r.get('examples', 0) for r in steps)}"
+                        if phases else "-")
             searches = "; ".join(f"{name}: " + ", ".join(f"{x:.2f}" for x in frontier["best_series"])
                                  + " (" + trajectory(frontier, rows) + ")"
                                  for name, (frontier, rows) in run["archives"].items())
-            lines.append(f"| {domain} | {method} | {seed} | {len(steps)} | {sum(r.get('examples', 0) for r in steps)} "
-                         f"| {reward} | {searches or '-'} |")
+            moved = f"{first:.2f} -> {last:.2f}" if steps else "-"
+            lines.append(f"| {domain} | {method} | {seed} | {len(steps)} | {accepted} | {reward} | {moved} "
+                         f"| {searches or '-'} |")
     return lines
+
+
+def weight_phases(steps, ends):
+    """The RSFT step rows of each weight phase, split at the steps where the run's weight phases ended."""
+    phases, start = [], 0
+    for end in ends:
+        phases.append([r for r in steps if start < r["step"] <= end])
+        start = end
+    return [p for p in phases if p]
+
+
+def quarters(steps):
+    """(training reward over the first quarter of the steps, over the last quarter), a quarter at least a step."""
+    if not steps:
+        return None, None
+    n = max(1, len(steps) // 4)
+    return fmean(r["accept_rate"] for r in steps[:n]), fmean(r["accept_rate"] for r in steps[-n:])
 
 
 def infrastructure_table(runs):

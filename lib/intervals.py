@@ -3,6 +3,7 @@
     mean, low, high = bootstrap_ci(per_task_scores)                 # one evaluation
     mean, low, high = hierarchical_ci([seed0_scores, seed1_scores])   # one evaluation per seed
     mean, low, high, n = paired_difference(ours, theirs)            # per-task dicts, on the tasks both scored
+    mean, low, high = interval(eval_row)                            # a metrics.jsonl row with its "per_task"
 """
 import numpy as np
 
@@ -49,3 +50,16 @@ def pooled_difference(pairs, **kw):
     common = [sorted(set(a) & set(b)) for a, b in pairs]
     return (*hierarchical_ci([[a[t] - b[t] for t in tasks] for (a, b), tasks in zip(pairs, common)], **kw),
             [len(tasks) for tasks in common])
+
+
+def interval(row):
+    """(mean, low, high) of one evaluation, or None when its per-task scores were not stored."""
+    return bootstrap_ci(list(row["per_task"].values())) if row.get("per_task") else None
+
+
+def seeds_interval(rows):
+    """(mean, low, high) over seeds and tasks of one evaluation per seed; without per-task scores in any of
+    them, (mean over seeds, None, None)."""
+    if all(row.get("per_task") for row in rows):
+        return hierarchical_ci([list(row["per_task"].values()) for row in rows])
+    return float(np.mean([row["mean_at_k"] for row in rows])), None, None

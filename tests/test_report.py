@@ -8,40 +8,41 @@ import matplotlib.axes
 import pytest
 
 import report
+from lib import intervals
 
 
 def test_a_constant_vector_has_a_zero_width_interval():
-    assert report.bootstrap_ci([0.25] * 40) == pytest.approx((0.25, 0.25, 0.25))
-    assert report.bootstrap_ci([1.0]) == (1.0, 1.0, 1.0)
+    assert intervals.bootstrap_ci([0.25] * 40) == pytest.approx((0.25, 0.25, 0.25))
+    assert intervals.bootstrap_ci([1.0]) == (1.0, 1.0, 1.0)
 
 
 def test_two_values_match_a_hand_computation():
     # [0, 1]: a resample's mean is 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4, so the 2.5 % and 97.5 %
     # quantiles are 0 and 1
-    assert report.bootstrap_ci([0.0, 1.0]) == pytest.approx((0.5, 0.0, 1.0))
+    assert intervals.bootstrap_ci([0.0, 1.0]) == pytest.approx((0.5, 0.0, 1.0))
     # 50 zeros and 50 ones: the mean of 100 resampled tasks has sd sqrt(0.25 / 100) = 0.05, so the interval
     # is about 0.5 -/+ 1.96 x 0.05
-    mean, low, high = report.bootstrap_ci([0.0] * 50 + [1.0] * 50)
+    mean, low, high = intervals.bootstrap_ci([0.0] * 50 + [1.0] * 50)
     assert mean == 0.5 and low == pytest.approx(0.402, abs=0.02) and high == pytest.approx(0.598, abs=0.02)
 
 
 def test_the_bootstrap_is_seeded():
     values = [0.0, 0.5, 1.0, 1.0, 0.25, 0.0, 0.75]
-    assert report.bootstrap_ci(values) == report.bootstrap_ci(values)
-    assert report.bootstrap_ci(values, seed=1) != report.bootstrap_ci(values, seed=2)
+    assert intervals.bootstrap_ci(values) == intervals.bootstrap_ci(values)
+    assert intervals.bootstrap_ci(values, seed=1) != intervals.bootstrap_ci(values, seed=2)
     with pytest.raises(ValueError, match="no values"):
-        report.bootstrap_ci([])
+        intervals.bootstrap_ci([])
 
 
 def test_paired_difference_on_the_same_tasks():
     a = {"t1": 0.0, "t2": 0.5, "t3": 1.0, "t4": 0.25}
-    assert report.paired_difference(a, dict(a)) == (0.0, 0.0, 0.0, 4)  # identical runs: 0, zero width
+    assert intervals.paired_difference(a, dict(a)) == (0.0, 0.0, 0.0, 4)  # identical runs: 0, zero width
     shifted = {t: v + 0.25 for t, v in a.items()}
-    assert report.paired_difference(shifted, a) == pytest.approx((0.25, 0.25, 0.25, 4))
+    assert intervals.paired_difference(shifted, a) == pytest.approx((0.25, 0.25, 0.25, 4))
     # only tasks both scored count; the spread between tasks cancels, unlike two separate intervals
-    mean, low, high, n = report.paired_difference({**shifted, "extra": 1.0}, a)
+    mean, low, high, n = intervals.paired_difference({**shifted, "extra": 1.0}, a)
     assert n == 4 and low == high == pytest.approx(0.25)
-    assert report.bootstrap_ci(list(a.values()))[1] < report.bootstrap_ci(list(a.values()))[2]
+    assert intervals.bootstrap_ci(list(a.values()))[1] < intervals.bootstrap_ci(list(a.values()))[2]
 
 
 def write_run(root, domain, method, per_phase, k=2):
@@ -73,16 +74,17 @@ def test_tables_and_bands_come_from_the_per_task_scores(tmp_path, monkeypatch):
     runs = report.load_runs(str(tmp_path))
     assert set(runs["math", "whale"]) == {0}  # the one-seed layout is seed 0
     table = report.make_table(runs, "cpu")
-    _, whale_low, whale_high = report.bootstrap_ci(list(whale_final.values()))
+    _, whale_low, whale_high = intervals.bootstrap_ci(list(whale_final.values()))
     assert f"| whale | not run | final 87.5 [{100 * whale_low:.1f}, 100.0]; best 87.5 [{100 * whale_low:.1f}, 100.0] " \
            "@ 200 | not run |" in table
     assert 70 < 100 * whale_low < 80 and whale_high == 1.0
     assert "| weight-only | not run | final 50.0 [50.0, 50.0]; best 50.0 [50.0, 50.0] @ 100 | not run |" in table
     assert "One seed" in table and "## Final test mean@2 per seed" not in table
-    # the baseline is named and fixed (harness-only), not the better of the single-axis methods (weight-only here)
-    assert "whale - weight-only" not in table
+    # the baselines are named and fixed (harness-only, weight-only, stagewise-hw: each where it ran), never the
+    # better of the single-axis methods
+    assert "| math | whale - weight-only | 0 |" in table and "whale - stagewise-hw" not in table
     row = next(line for line in table.splitlines() if line.startswith("| math | whale - harness-only"))
-    mean, low, high, n = report.paired_difference(whale_final, {t: 0.25 for t in tasks})
+    mean, low, high, n = intervals.paired_difference(whale_final, {t: 0.25 for t in tasks})
     assert mean == 0.625 and n == 8
     assert row == f"| math | whale - harness-only | 0 | +62.5 [{100 * low:+.1f}, {100 * high:+.1f}] | " \
                   f"+62.5 [{100 * low:+.1f}, {100 * high:+.1f}] | 8 |"
@@ -110,28 +112,28 @@ def test_runs_without_per_task_scores_still_report(tmp_path):
 def test_the_hierarchical_interval_on_constructed_seeds():
     # one seed: the bootstrap over tasks, draw for draw
     values = [0.0, 0.5, 1.0, 1.0, 0.25, 0.0, 0.75]
-    assert report.hierarchical_ci([values]) == report.bootstrap_ci(values)
-    assert report.hierarchical_ci([values], seed=3) == report.bootstrap_ci(values, seed=3)
+    assert intervals.hierarchical_ci([values]) == intervals.bootstrap_ci(values)
+    assert intervals.hierarchical_ci([values], seed=3) == intervals.bootstrap_ci(values, seed=3)
     # two seeds whose tasks all score the same: only the seeds vary. A resample draws (0.4, 0.4), a mixed pair or
     # (0.6, 0.6), means 0.4, 0.5, 0.6 with probabilities 1/4, 1/2, 1/4, so the 95 % interval is [0.4, 0.6]
-    assert report.hierarchical_ci([[0.4] * 10, [0.6] * 10]) == pytest.approx((0.5, 0.4, 0.6))
-    assert report.hierarchical_ci([[0.3] * 10, [0.7] * 10]) == pytest.approx((0.5, 0.3, 0.7))
-    assert report.hierarchical_ci([[0.5] * 10, [0.5] * 10]) == pytest.approx((0.5, 0.5, 0.5))
+    assert intervals.hierarchical_ci([[0.4] * 10, [0.6] * 10]) == pytest.approx((0.5, 0.4, 0.6))
+    assert intervals.hierarchical_ci([[0.3] * 10, [0.7] * 10]) == pytest.approx((0.5, 0.3, 0.7))
+    assert intervals.hierarchical_ci([[0.5] * 10, [0.5] * 10]) == pytest.approx((0.5, 0.5, 0.5))
     # the mean weighs seeds equally (not tasks): 2 tasks at 1.0 and 8 at 0.0 give 0.5, not 0.2
-    assert report.hierarchical_ci([[1.0] * 2, [0.0] * 8])[0] == pytest.approx(0.5)
+    assert intervals.hierarchical_ci([[1.0] * 2, [0.0] * 8])[0] == pytest.approx(0.5)
     # tasks that vary: the interval holds the mean and widens as the seeds move apart
     tasks = [0.0, 1.0] * 10 + [0.5] * 10  # mean 0.5
     widths = []
     for spread in (0.0, 0.1, 0.2, 0.3):
-        mean, low, high = report.hierarchical_ci([[v - spread for v in tasks], [v + spread for v in tasks]])
+        mean, low, high = intervals.hierarchical_ci([[v - spread for v in tasks], [v + spread for v in tasks]])
         assert mean == pytest.approx(0.5) and low < mean < high
         widths.append(high - low)
     assert widths == sorted(widths) and widths[-1] > widths[0] + 0.3
     # two identical seeds: the task spread is counted, narrower than one seed's (twice the tasks), never zero
-    one, two = report.hierarchical_ci([tasks]), report.hierarchical_ci([tasks, tasks])
+    one, two = intervals.hierarchical_ci([tasks]), intervals.hierarchical_ci([tasks, tasks])
     assert 0 < two[2] - two[1] < one[2] - one[1]
     with pytest.raises(ValueError, match="without values"):
-        report.hierarchical_ci([tasks, []])
+        intervals.hierarchical_ci([tasks, []])
 
 
 def write_search(folder, name, best_series):
@@ -165,12 +167,12 @@ def test_seeds_pair_on_final_points_and_pool(tmp_path):
     assert set(rows) == {"0", "1", "2", "pooled (3 seeds)"}
     for seed in (0, 1, 2):
         ours, theirs = final[seed]
-        diff = report.paired_difference(ours, theirs)
-        best = report.paired_difference(const(0.9), theirs)
+        diff = intervals.paired_difference(ours, theirs)
+        best = intervals.paired_difference(const(0.9), theirs)
         assert diff[0] == pytest.approx(0.05 + 0.05 * seed)  # 0.1 on half the tasks, + 0.05 x seed
         assert rows[str(seed)] == f"| math | whale - harness-only | {seed} | {report.signed(diff)} | " \
                                   f"{report.signed(best)} | 10 |"
-    pooled = report.pooled_difference([final[s] for s in (0, 1, 2)])
+    pooled = intervals.pooled_difference([final[s] for s in (0, 1, 2)])
     assert pooled[0] == pytest.approx(0.1) and pooled[3] == [10, 10, 10]
     assert pooled[1] < 0.1 < pooled[2]
     assert rows["pooled (3 seeds)"].startswith(f"| math | whale - harness-only | pooled (3 seeds) | **{report.signed(pooled)}** |")
@@ -239,8 +241,8 @@ def test_what_moved_sums_rsft_and_traces_each_search(tmp_path):
     folder = tmp_path / "searchqa" / "whale"
     (folder / "weights").mkdir()
     (folder / "weights" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
-        {"step": 1, "reward": 0.0, "examples": 0}, {"step": 2, "reward": 0.25, "examples": 3},
-        {"step": 3, "reward": 0.5, "examples": 5}]))
+        {"step": 1, "accept_rate": 0.0, "examples": 0}, {"step": 2, "accept_rate": 0.25, "examples": 3},
+        {"step": 3, "accept_rate": 0.5, "examples": 5}]))
     archive = folder / "harness_w1"
     archive.mkdir()
     (archive / "frontier.json").write_text(json.dumps({"best_series": [0.0, 0.125, 0.25], "lineage": ["h0", "h1_2", "h2_1"]}))
@@ -248,7 +250,8 @@ def test_what_moved_sums_rsft_and_traces_each_search(tmp_path):
         {"name": "h0", "parent": None, "changed": "copied"}, {"name": "h1_2", "parent": "h0", "changed": "A: 0 -> 1"},
         {"name": "h2_1", "parent": "h1_2", "changed": "B: 0 -> 1"}]))
     table = "\n".join(report.mechanism_table(report.load_runs(tmp_path)))
-    assert "| searchqa | whale | 0 | 3 | 8 | 0.00 -> 0.50 | harness_w1: 0.00, 0.12, 0.25 " \
+    # (its metrics.jsonl rows name no RSFT step, so no weight phase is known: "-")
+    assert "| searchqa | whale | 0 | 3 | - | - | 0.00 -> 0.50 | harness_w1: 0.00, 0.12, 0.25 " \
            "(h0 -> h1_2 [A: 1] -> h2_1 [B: 1]) |" in table
     long = {"changed": "A: 0 -> 1; EXAMPLES: [] -> " + repr([["Where was Ann Vo born?", "Ann Vo was born in Tarsk."]])}
     assert report.trajectory({"lineage": ["h0", "h1"]}, {"h0": {}, "h1": {**long, "parent": "h0"}}) == \
@@ -288,3 +291,15 @@ def test_a_test_set_of_several_benchmarks_gets_a_column_each_and_their_average(t
     whale_row = next(line for line in lines if line.startswith("| whale |"))
     cells = [c.strip() for c in whale_row.strip("|").split("|")]
     assert cells[1].startswith("25.0 [") and cells[2].startswith("75.0 [") and cells[3].startswith("50.0 [")
+
+
+def test_what_moved_gives_the_training_reward_per_weight_phase_and_quarter():
+    """The engagement figures of the cpu preset (issue 30): accepted examples in the first weight phase, the
+    training reward per weight phase and over the first and last quarter of the RSFT steps."""
+    rates = [0.1, 0.2, 0.3, 0.5, 0.6, 0.9, 0.7, 0.8]
+    steps = [{"step": i, "accept_rate": r, "examples": 10 * i} for i, r in enumerate(rates, 1)]
+    assert [[r["step"] for r in p] for p in report.weight_phases(steps, [3, 6, 8])] == [[1, 2, 3], [4, 5, 6], [7, 8]]
+    assert report.quarters(steps) == pytest.approx((0.15, 0.75))
+    run = {"steps": steps, "weight_phase_ends": [3, 6, 8], "archives": {}}
+    lines = report.mechanism_table({("math", "weight-only"): {0: run}})
+    assert "| math | weight-only | 0 | 8 | 60 / 360 | 0.20 / 0.67 / 0.75 | 0.15 -> 0.75 | - |" in lines
