@@ -707,7 +707,7 @@ def test_concurrent_searches_reach_the_retriever_one_request_at_a_time():
 def test_the_wiki_loads_once_per_process(tmp_path, capsys):
     path = tmp_path / "wiki-18.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in WIKI))
-    before = paper_data.SHARED.copy()
+    before = retriever.SHARED.copy()
     try:
         first = retriever.shared_retriever(None, str(path))
         assert retriever.shared_retriever(None, str(tmp_path / "." / "wiki-18.jsonl")) is first  # the same file
@@ -715,8 +715,8 @@ def test_the_wiki_loads_once_per_process(tmp_path, capsys):
         assert out.count("passages and their bm25s index loaded in") == 1 and "once for this process" in out
         assert retriever.shared_retriever("http://127.0.0.1:9/retrieve") is retriever.shared_retriever("http://127.0.0.1:9/retrieve")
     finally:
-        paper_data.SHARED.clear()
-        paper_data.SHARED.update(before)
+        retriever.SHARED.clear()
+        retriever.SHARED.update(before)
 
 
 def test_wiki_bm25_fallback(tmp_path):

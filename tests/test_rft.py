@@ -269,13 +269,15 @@ def test_resume_syncs_the_engine_with_the_checkpoint_adapter_first(tmp_path):
 @pytest.mark.parametrize("domain", ["searchqa", "math", "chess"])
 def test_the_paper_sft_mini_batch_makes_the_official_number_of_optimizer_steps(domain):
     """Officially every data-parallel GPU takes an even share of the accepted set and steps once per 64 of its
-    share, the GPUs' gradients averaged: ceil(ceil(accepted / GPUs) / 64) steps (6 / 8 / 4 GPUs). The paper and
-    gpu presets' global mini-batch of 64 x GPUs makes as many, on the same trajectories per step."""
+    share, the GPUs' gradients averaged: ceil(ceil(accepted / GPUs) / 64) steps (6 / 8 / 4 GPUs). The paper
+    preset's global mini-batch of 64 x GPUs makes as many, on the same trajectories per step; the gpu preset's
+    is scaled with its rollout batch (32 prompts a step, not 256), so a rollout step makes as many at most."""
     import whale
     gpus = {"searchqa": 6, "math": 8, "chess": 4}[domain]
     [paper] = whale.parse_args(["--domain", domain, "--preset", "paper"])
     [gpu] = whale.parse_args(["--domain", domain, "--preset", "gpu"])
-    assert paper.sft_batch == gpu.sft_batch == 64 * gpus
+    assert paper.sft_batch == 64 * gpus and gpu.sft_batch == 64 * gpus * gpu.batch // paper.batch
+    assert paper.batch * paper.group // paper.sft_batch == gpu.batch * gpu.group // gpu.sft_batch
     model = add_lora(tiny_model(layers=1, mlp=8), rft_args(lora_rank=1))
     for accepted in (1, 64 * gpus, 64 * gpus + 1, 1000, 2048):
         official = math.ceil(math.ceil(accepted / gpus) / 64)  # the busiest GPU's steps
