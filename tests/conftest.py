@@ -21,6 +21,8 @@ SLOW = {
     "test_cli_errors.py::test_rft_checkpoint_link_to_a_missing_folder",
     "test_cli_errors.py::test_the_cli_exits_with_one_line_and_no_traceback",
     "test_domains.py::test_chess_view_does_not_say_which_moves_mate",
+    "test_driver.py::test_run_all_never_falls_back_to_cpu_on_a_gpu_torch_cannot_use",
+    "test_rollout.py::test_time_spent_generating_is_not_charged_to_waiting_harnesses",
     "test_domains.py::test_cli_stats_show_and_errors",
     "test_domains.py::test_prompt_only_lets_a_candidate_change_only_prompt_text",
     "test_domains.py::test_public_hides_answers",
