@@ -16,7 +16,6 @@ harness-only runs first, under the base weights; weight-only then adds its adapt
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -24,16 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import meta_harness  # noqa: E402
+import report  # noqa: E402
 import rft  # noqa: E402
 import rollout  # noqa: E402
 import whale  # noqa: E402
 from lib import sandbox  # noqa: E402
-
-
-def quarter_means(rewards):
-    """(mean of the first quarter of steps, mean of the last quarter), each at least one step."""
-    n = max(1, math.floor(len(rewards) / 4))
-    return sum(rewards[:n]) / n, sum(rewards[-n:]) / n
 
 
 def harness_only(args, policy, domain, n_train, out):
@@ -56,7 +50,7 @@ def weight_only(args, policy, domain, train, out):
         trainer.step(os.path.abspath(args.harness))
     rows = trainer.history
     rewards = [r["accept_rate"] for r in rows]  # the share of rollouts with reward > 0.5
-    first, last = quarter_means(rewards)
+    first, last = report.quarters(rows)  # the table's own rule (report.py's What moved)
     accepted = [round(r["accept_rate"] * args.batch * args.group) for r in rows]
     return {"steps": steps, "phase_steps": phase, "rewards": [round(r, 4) for r in rewards],
             "accepted_episodes": accepted, "first_phase_accepted": sum(accepted[:phase]),
