@@ -6,31 +6,36 @@
     import domains
     d = domains.get("searchqa")          # or "math", "chess"
     task = d.load("train")[0]
-    tools = d.tools(task)                # fresh per episode: SearchQA search, Math python, Chess move
+    tools = d.tools(task)                # fresh per episode: SearchQA search, Math python, Chess
+                                         move
     d.reward(task, answer, tools)        # 0.0 or 1.0
 
 Splits: train and test are bundled files (data/, rebuilt by data/build.py); harness is a fixed
-seeded sample of 256 training tasks, the set every harness candidate is scored on (as in the official code, it
-overlaps the training set; only the paper's chess has a harness split of its own, disjoint from train and test).
-Every limit (--train-limit, --test-limit, --harness-tasks, rollout.py --limit, `show -n`) is seeded_sample:
-a seeded sample keeping each `source`'s share, never the first N.
-The rewards are the official verifiers (docs/protocol.md section 4):
-- searchqa: BM25 (bm25s) over a synthetic encyclopedia, split by entity (`source` "synthetic"); reward = exact
-  match after normalisation (lower case, punctuation and the articles a/an/the removed, white space folded)
-  with any gold answer, or with --judge-url the official LLM judge's verdict (lib/judge.py).
-- math: test = the GSM8K originals, or with --math-test-set generated 200 held-out generated problems of
-  1-2 steps; --math-max-steps N keeps only the bundled training problems of at most N steps (and so the
-  harness set drawn from them); `python(code)` runs in a fresh OS sandbox (lib/sandbox.py) with CPU, memory
-  and output limits; reward = the last \\boxed{...} within the answer's final 100 characters (nested braces
-  handled) equals the gold answer as a string, white space included (math_dapo's strict box check).
+seeded sample of 256 training tasks, the set every harness candidate is scored on (as in the
+official code, it overlaps the training set; only the paper's chess has a harness split of its own,
+disjoint from train and test). Every limit (--train-limit, --test-limit, --harness-tasks, rollout.py
+--limit, `show -n`) is seeded_sample: a seeded sample keeping each `source`'s share, never the first
+N. The rewards are the official verifiers (docs/protocol.md section 4):
+- searchqa: BM25 (bm25s) over a synthetic encyclopedia, split by entity (`source` "synthetic");
+reward = exact
+  match after normalisation (lower case, punctuation and the articles a/an/the removed, white space
+  folded) with any gold answer, or with --judge-url the official LLM judge's verdict (lib/judge.py).
+- math: test = the GSM8K originals, or with --math-test-set generated 200 held-out generated
+problems of
+  1-2 steps; --math-max-steps N keeps only the bundled training problems of at most N steps (and so
+  the harness set drawn from them); `python(code)` runs in a fresh OS sandbox (lib/sandbox.py) with
+  CPU, memory and output limits; reward = the last \\boxed{...} within the answer's final 100
+  characters (nested braces handled) equals the gold answer as a string, white space included
+  (math_dapo's strict box check).
 - chess: Lichess puzzles; the line's first move is the opponent's and is played before the agent
-  sees the position (FEN, board, legal moves in UCI and in SAN: without the check and mate marks + and #, or
-  with --chess-san-marks as python-chess writes them, as the official observation has them);
-  only the reference move is right: any other legal move, an alternative mate too, ends the episode;
-  reward 1.0 only for the whole line.
+  sees the position (FEN, board, legal moves in UCI and in SAN: without the check and mate marks +
+  and #, or with --chess-san-marks as python-chess writes them, as the official observation has
+  them); only the reference move is right: any other legal move, an alternative mate too, ends the
+  episode; reward 1.0 only for the whole line.
 
-The paper's data (--data paper: `domains.get(name, args)` with add_args' flags) loads through lib/paper_data.py:
-the hub datasets (or local copies of them) in the bundled tasks' shape, and Wikipedia 2018 for search.
+The paper's data (--data paper: `domains.get(name, args)` with add_args' flags) loads through
+lib/paper_data.py: the hub datasets (or local copies of them) in the bundled tasks' shape, and
+Wikipedia 2018 for search.
 """
 import json
 import os
@@ -47,7 +52,8 @@ from lib.contract import check_harness_fits
 from lib.judge import add_judge_args, judge_from_args
 from lib.models import check_model
 from lib.policy import check_backend
-from lib.subsets import seeded_sample  # also the CLIs' limit flags' sampler, as domains.seeded_sample
+# also the CLIs' limit flags' sampler, as domains.seeded_sample
+from lib.subsets import seeded_sample
 from lib.cli import Parser, one_line_errors, positive_int
 from lib.sandbox import PYTHON_TIMEOUT_S, run_python
 
@@ -71,8 +77,8 @@ def read_jsonl(name, required=()):
             except json.JSONDecodeError:
                 row = None
             if not isinstance(row, dict) or any(k not in row for k in required):
-                raise ValueError(f"corrupt data file {path} (line {lineno} is not a JSON object with keys "
-                                 f"{', '.join(required)}): {REBUILD_HINT}")
+                raise ValueError(f"corrupt data file {path} (line {lineno} is not a JSON object "
+                                 f"with keys {', '.join(required)}): {REBUILD_HINT}")
             rows.append(row)
     if not rows:
         raise ValueError(f"corrupt data file {path} (empty): {REBUILD_HINT}")
@@ -80,12 +86,13 @@ def read_jsonl(name, required=()):
 
 
 class Domain:
-    """Shared by the three domains: splits from data/<name>_<split>.jsonl, or the paper's data when built
-    with args (--data paper)."""
+    """Shared by the three domains: splits from data/<name>_<split>.jsonl, or the paper's data when
+    built with args (--data paper)."""
     name = ""
     TOOL_METHODS = ()
     REQUIRED = ("id",)
-    PAPER_HARNESS_SPLIT = False  # True: the paper's data has a harness split of its own, not drawn from train
+    # True: the paper's data has a harness split of its own, not drawn from train
+    PAPER_HARNESS_SPLIT = False
 
     def __init__(self, args=None):
         self.args = args  # None: bundled data
@@ -93,7 +100,8 @@ class Domain:
 
     def load(self, split):
         if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r} for {self.name}: choose train, harness or test")
+            raise ValueError(f"unknown split {split!r} for {self.name}: choose train, harness or "
+                             f"test")
         if split == "harness" and not (self.args is not None and self.PAPER_HARNESS_SPLIT):
             train = self.load("train")
             if len(train) <= HARNESS_SET_SIZE:
@@ -113,7 +121,8 @@ class Domain:
         raise NotImplementedError
 
     def extract(self, answer):
-        """What the reward reads from an answer, None when nothing: kept in traces, never the gold answer."""
+        """What the reward reads from an answer, None when nothing: kept in traces, never the gold
+        answer."""
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
             answer = str(answer)
         return answer.strip()[:200] if isinstance(answer, str) and answer.strip() else None
@@ -123,7 +132,8 @@ class Domain:
 # SearchQA
 
 
-MAX_PASSAGE_CHARS = 4000  # a flood guard only: whole passages come back, the harness cuts them (PASSAGE_WORDS)
+# a flood guard only: whole passages come back, the harness cuts them (PASSAGE_WORDS)
+MAX_PASSAGE_CHARS = 4000
 MAX_SEARCH_K = 10
 
 
@@ -142,7 +152,8 @@ def searchqa_index():
     docs = read_jsonl("searchqa_corpus.jsonl", ("title", "text"))
     passages = [f"{d['title']}: {d['text']}" for d in docs]
     retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize(passages, stopwords="en", show_progress=False), show_progress=False)
+    retriever.index(bm25s.tokenize(passages, stopwords="en", show_progress=False),
+                    show_progress=False)
     return passages, retriever
 
 
@@ -151,10 +162,12 @@ class SearchTools:
         self.passages, self.retriever = searchqa_index()
 
     def search(self, query, k=1):
-        """Top-k passages "Title: text" for a query, each cut to MAX_PASSAGE_CHARS; k capped at MAX_SEARCH_K."""
+        """Top-k passages "Title: text" for a query, each cut to MAX_PASSAGE_CHARS; k capped at
+        MAX_SEARCH_K."""
         import bm25s  # already loaded by searchqa_index
         k = max(1, min(k, MAX_SEARCH_K)) if isinstance(k, int) else 1
-        tokens = bm25s.tokenize([str(query)[:2000]], stopwords="en", return_ids=False, show_progress=False)
+        tokens = bm25s.tokenize([str(query)[:2000]], stopwords="en", return_ids=False,
+                                show_progress=False)
         if not tokens[0]:
             return []
         ids, scores = self.retriever.retrieve(tokens, k=k, show_progress=False)
@@ -162,7 +175,8 @@ class SearchTools:
 
 
 class WikiSearchTools:
-    """The paper's search tool: Wikipedia 2018 through the retrieval server or bm25s, passages cut as bundled ones."""
+    """The paper's search tool: Wikipedia 2018 through the retrieval server or bm25s, passages cut
+    as bundled ones."""
 
     def __init__(self, retriever):
         self.retriever = retriever
@@ -197,13 +211,17 @@ class SearchQA(Domain):
         return SearchTools() if self.args is None else WikiSearchTools(self.wiki())
 
     def wiki(self):
-        """The paper's retriever, made once: the retrieval server if given, else bm25s over --wiki."""
+        """The paper's retriever, made once: the retrieval server if given, else bm25s over
+        --wiki."""
         if not hasattr(self, "retriever"):
-            if self.args.retriever_url or self.args.wiki:  # one client or one loaded corpus per process
-                self.retriever = shared_retriever(self.args.retriever_url, self.args.wiki, self.args.wiki_limit)
+            # one client or one loaded corpus per process
+            if self.args.retriever_url or self.args.wiki:
+                self.retriever = shared_retriever(self.args.retriever_url, self.args.wiki,
+                                                  self.args.wiki_limit)
             else:
-                raise ValueError("the paper's searchqa needs --retriever-url URL (Search-R1's retrieval server) "
-                                 "or --wiki PATH (a wiki-18 .jsonl file for bm25s)")
+                raise ValueError("the paper's searchqa needs --retriever-url URL (Search-R1's "
+                                 "retrieval server) or --wiki PATH (a wiki-18 .jsonl file for "
+                                 "bm25s)")
         return self.retriever
 
     def reward(self, task, answer, tools=None):
@@ -215,7 +233,8 @@ class SearchQA(Domain):
         em = exact_match(answer, task["answers"])
         if self.judge is None:
             return em
-        return float(self.judge.verdict(task.get("question", ""), task["answers"], answer, fallback=em))
+        return float(self.judge.verdict(task.get("question", ""), task["answers"], answer,
+                                        fallback=em))
 
     def gold(self, task):
         return " | ".join(task["answers"])
@@ -230,12 +249,14 @@ class PythonTools:
         self.timeout_s = timeout_s
 
     def python(self, code):
-        """Run code; return its stdout and stderr (or an error text), cut to lib.sandbox.MAX_OUTPUT_CHARS."""
+        """Run code; return its stdout and stderr (or an error text), cut to
+        lib.sandbox.MAX_OUTPUT_CHARS."""
         return run_python(code, timeout_s=self.timeout_s)
 
 
 def last_boxed(text):
-    """Content of the last \\boxed{...} in text, nested braces handled; None if there is none or it is unclosed."""
+    """Content of the last \\boxed{...} in text, nested braces handled; None if there is none or it
+    is unclosed."""
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
@@ -250,7 +271,8 @@ def last_boxed(text):
     return None
 
 
-MATH_TAIL_CHARS = 100  # math_dapo keeps the last 300 characters, then looks for the box in the last 100
+# math_dapo keeps the last 300 characters, then looks for the box in the last 100
+MATH_TAIL_CHARS = 100
 
 
 MATH_TEST_SETS = {"gsm8k": "math_test.jsonl", "generated": "math_test_generated.jsonl"}
@@ -261,8 +283,10 @@ class Math(Domain):
     TOOL_METHODS = ("python",)
     REQUIRED = ("id", "question", "answer")
     python_timeout_s = PYTHON_TIMEOUT_S  # tests and quick runs may lower it on the instance
-    test_set = "gsm8k"  # bundled test split: GSM8K originals, or "generated" (1-2 steps, held out from train)
-    max_steps = None  # bundled train (and harness) problems of at most this many steps; None: all (1-4)
+    # bundled test split: GSM8K originals, or "generated" (1-2 steps, held out from train)
+    test_set = "gsm8k"
+    # bundled train (and harness) problems of at most this many steps; None: all (1-4)
+    max_steps = None
 
     def bundled_file(self, split):
         return MATH_TEST_SETS[self.test_set] if split == "test" else super().bundled_file(split)
@@ -271,8 +295,8 @@ class Math(Domain):
         tasks = super().load(split)
         if split == "train" and self.max_steps is not None:
             if any("steps" not in t for t in tasks):
-                raise ValueError(f"--math-max-steps needs the generated problems' `steps` field, missing in "
-                                 f"data/{self.bundled_file(split)}: {REBUILD_HINT}")
+                raise ValueError(f"--math-max-steps needs the generated problems' `steps` field, "
+                                 f"missing in data/{self.bundled_file(split)}: {REBUILD_HINT}")
             tasks = [t for t in tasks if t["steps"] <= self.max_steps]
         return tasks
 
@@ -285,7 +309,8 @@ class Math(Domain):
     def reward(self, task, answer, tools=None):
         if not isinstance(answer, str):
             return 0.0
-        # strict, as the official check: no normalisation at all, so "\\boxed{ 42 }" and "\\boxed{4 2}" are not 42
+        # strict, as the official check: no normalisation at all, so "\\boxed{ 42 }" and "\\boxed{4
+        # 2}" are not 42
         return 1.0 if last_boxed(answer[-MATH_TAIL_CHARS:]) == task["answer"] else 0.0
 
     def extract(self, answer):
@@ -300,8 +325,9 @@ class Math(Domain):
 
 
 def move_san(board, move, marks=False):
-    """SAN as python-chess writes it with marks, else without the check and mate marks (+, #), so the view does
-    not say which moves give mate (the bundled data's choice; the official observation keeps them)."""
+    """SAN as python-chess writes it with marks, else without the check and mate marks (+, #), so
+    the view does not say which moves give mate (the bundled data's choice; the official observation
+    keeps them)."""
     return board.san(move) if marks else board.san(move).rstrip("+#")
 
 
@@ -330,12 +356,15 @@ class ChessTools:
         try:
             move = chess.Move.from_uci(str(uci).strip()[:10])
         except (ValueError, TypeError):
-            return {"status": "unparseable", "message": f"{str(uci)[:40]!r} is not a UCI move like e2e4 or e7e8q"}
+            return {"status": "unparseable",
+                    "message": f"{str(uci)[:40]!r} is not a UCI move like e2e4 or e7e8q"}
         if move not in self.board.legal_moves:
             return {"status": "illegal", "message": f"{move.uci()} is not legal in this position"}
-        if move != self.line[self.next]:  # the reference move only, as the official verifier: another mate too
+        # the reference move only, as the official verifier: another mate too
+        if move != self.line[self.next]:
             self.over = True
-            return {"status": "wrong", "message": f"{move.uci()} is not the best move; the puzzle is failed"}
+            return {"status": "wrong",
+                    "message": f"{move.uci()} is not the best move; the puzzle is failed"}
         self.board.push(move)
         self.next += 1
         if self.next >= len(self.line):
@@ -345,12 +374,16 @@ class ChessTools:
         reply_san = move_san(self.board, reply, self.san_marks)
         self.board.push(reply)
         self.next += 1
-        if self.next >= len(self.line):  # a line that ends on the opponent's reply (the paper's filter allows one)
+        # a line that ends on the opponent's reply (the paper's filter allows one)
+        if self.next >= len(self.line):
             self.solved = self.over = True
-            return {"status": "solved", "message": f"{move.uci()} is correct; the opponent replied {reply.uci()}; "
+            return {"status": "solved",
+                    "message": f"{move.uci()} is correct; the opponent replied {reply.uci()}; "
                     "the puzzle is solved", "opponent_move": reply.uci(), "opponent_san": reply_san}
-        return {"status": "ok", "message": f"{move.uci()} is correct; the opponent replied {reply.uci()}",
-                "opponent_move": reply.uci(), "opponent_san": reply_san, **board_view(self.board, self.san_marks)}
+        return {"status": "ok",
+                "message": f"{move.uci()} is correct; the opponent replied {reply.uci()}",
+                "opponent_move": reply.uci(), "opponent_san": reply_san,
+                **board_view(self.board, self.san_marks)}
 
 
 class Chess(Domain):
@@ -365,8 +398,9 @@ class Chess(Domain):
         first = chess.Move.from_uci(task["moves"][0])
         first_san = move_san(board, first, self.san_marks)
         board.push(first)
-        return {**board_view(board, self.san_marks), "side": "white" if board.turn == chess.WHITE else "black",
-                "last_move": first.uci(), "last_move_san": first_san}
+        return {**board_view(board, self.san_marks),
+                "side": "white" if board.turn == chess.WHITE else "black", "last_move": first.uci(),
+                "last_move_san": first_san}
 
     def tools(self, task):
         return ChessTools(task, self.san_marks)
@@ -375,7 +409,8 @@ class Chess(Domain):
         return 1.0 if getattr(tools, "solved", False) is True else 0.0
 
     def gold(self, task):
-        return " ".join(task["moves"][1:]) + f"   (opponent first: {task['moves'][0]}; rating {task.get('rating')})"
+        first, rating = task["moves"][0], task.get("rating")
+        return " ".join(task["moves"][1:]) + f"   (opponent first: {first}; rating {rating})"
 
 
 # -----------------------------------------------------------------------------
@@ -385,7 +420,8 @@ DOMAINS = {"searchqa": SearchQA, "math": Math, "chess": Chess}
 
 
 def get(name, args=None):
-    """A domain on the bundled data, or on the paper's data when args (add_args' flags) say --data paper."""
+    """A domain on the bundled data, or on the paper's data when args (add_args' flags) say --data
+    paper."""
     if name not in DOMAINS:
         raise ValueError(f"unknown domain {name!r}: choose searchqa, math or chess")
     paper = getattr(args, "data", "bundled") == "paper"
@@ -393,13 +429,15 @@ def get(name, args=None):
     test_set = getattr(args, "math_test_set", "gsm8k")
     if name == "math" and test_set != "gsm8k":
         if paper:
-            raise ValueError(f"--math-test-set {test_set} is a bundled test split: with --data paper the test set "
+            raise ValueError(f"--math-test-set {test_set} is a bundled test split: with --data "
+                             f"paper the test set "
                              "is --math-test (default AIME 2024 + 2025); drop one of the two flags")
         domain.test_set = test_set
     max_steps = getattr(args, "math_max_steps", None)
     if name == "math" and max_steps is not None:
         if paper:
-            raise ValueError(f"--math-max-steps {max_steps} filters the bundled generated problems: with --data paper "
+            raise ValueError(f"--math-max-steps {max_steps} filters the bundled generated "
+                             f"problems: with --data paper "
                              "the train set is --math-train; drop one of the two flags")
         domain.max_steps = max_steps
     if name == "searchqa":
@@ -410,32 +448,37 @@ def get(name, args=None):
 
 
 def add_args(parser):
-    """The data flags every CLI passes to get(): the paper's sets (lib/paper_data.py), the bundled sets' options,
-    and searchqa's judge (lib/judge.py)."""
+    """The data flags every CLI passes to get(): the paper's sets (lib/paper_data.py), the bundled
+    sets' options, and searchqa's judge (lib/judge.py)."""
     p = paper_data.add_args(parser)
     p.add_argument("--math-test-set", default="gsm8k", choices=sorted(MATH_TEST_SETS),
-                   help="bundled math test split: the GSM8K originals, or generated 1-2 step problems held out from train")
-    p.add_argument("--math-max-steps", type=int, default=None, choices=range(1, 5), metavar="{1..4}",
-                   help="bundled math: train (and draw the harness set) on problems of at most N steps only")
+                   help="bundled math test split: the GSM8K originals, or generated 1-2 step "
+                        "problems held out from train")
+    p.add_argument("--math-max-steps", type=int, default=None, choices=range(1, 5),
+                   metavar="{1..4}",
+                   help="bundled math: train (and draw the harness set) on problems of at most N "
+                        "steps only")
     p.add_argument("--chess-san-marks", action="store_true",
-                   help="chess: SAN with the check and mate marks + and #, as python-chess writes it and the official "
-                        "observation shows it (the paper and gpu presets; default: without them)")
+                   help="chess: SAN with the check and mate marks + and #, as python-chess writes "
+                        "it and the official observation shows it (the paper and gpu presets; "
+                        "default: without them)")
     add_judge_args(parser)
 
 
 def check_harness(args):
-    """The domain's flags and the harness against its domain (a file that parses, defines run(), and calls only
-    this domain's tools). -> the domain. --check runs it as its `harness` line."""
+    """The domain's flags and the harness against its domain (a file that parses, defines run(), and
+    calls only this domain's tools). -> the domain. --check runs it as its `harness` line."""
     domain = get(args.domain, args)
     check_harness_fits(args.harness, args.domain, domain.TOOL_METHODS)
     return domain
 
 
 def check_inputs(args, split="train"):
-    """Every input of a run refused before any model loads, each error one line with its fix: the one check of
-    whale.py, rft.py, meta_harness.py and rollout.py. The harness, the tools (the paper's retriever), the engine,
-    the data of `split` read whole (a malformed row is an error now), the model. --check (lib/ops/preflight.py)
-    runs the same checks and, where it can, asks more (the server, the hub). -> (domain, the split's tasks)"""
+    """Every input of a run refused before any model loads, each error one line with its fix: the
+    one check of whale.py, rft.py, meta_harness.py and rollout.py. The harness, the tools (the
+    paper's retriever), the engine, the data of `split` read whole (a malformed row is an error
+    now), the model. --check (lib/ops/preflight.py) runs the same checks and, where it can, asks
+    more (the server, the hub). -> (domain, the split's tasks)"""
     domain = check_harness(args)
     check_tools(args.domain, args)
     check_backend(args)
@@ -445,7 +488,8 @@ def check_inputs(args, split="train"):
 
 
 def check_tools(name, args):
-    """The episode tools can be served, before any model loads: the paper's searchqa needs a retriever."""
+    """The episode tools can be served, before any model loads: the paper's searchqa needs a
+    retriever."""
     if name == "searchqa" and getattr(args, "data", "bundled") == "paper":
         check_retriever_flags(args)
 
@@ -454,8 +498,10 @@ def print_stats():
     print(f"{'domain':10s} {'train':>7s} {'harness':>8s} {'test':>6s}")
     for name in DOMAINS:
         d = get(name)
-        print(f"{name:10s} " + " ".join(f"{len(d.load(s)):>{w}d}" for s, w in zip(SPLITS, (7, 8, 6))))
-    print(f"math test, --math-test-set generated: {len(read_jsonl(MATH_TEST_SETS['generated']))} problems")
+        print(f"{name:10s} " + " ".join(f"{len(d.load(s)):>{w}d}"
+                                        for s, w in zip(SPLITS, (7, 8, 6))))
+    print(f"math test, --math-test-set generated: {len(read_jsonl(MATH_TEST_SETS['generated']))} "
+          f"problems")
     docs = read_jsonl("searchqa_corpus.jsonl")
     print(f"searchqa corpus: {len(docs)} documents")
 

@@ -1,42 +1,47 @@
-"""
+r"""
 Meta-Harness: search over harness code under fixed policy weights (the harness phase of WHALE,
 and on its own the harness-only baseline).
 
     python meta_harness.py --domain searchqa --harness harnesses/searchqa.py --model smoke \
         --iterations 2 --candidates 3 --proposer mutate --out runs/mh
-    python meta_harness.py ... --proposer command --proposer-cmd "my-agent --dir {workdir} --task {instructions}" \
-        --proposer-ro /opt/my-agent                        # what the sandboxed command may read besides {workdir}
-    python meta_harness.py ... --proposer claude          # Claude Code CLI in print mode, as the paper did
-    python meta_harness.py ... --proposer openai --proposer-url http://localhost:8000/v1 --proposer-model M
+    python meta_harness.py ... --proposer command \
+        --proposer-cmd "my-agent --dir {workdir} --task {instructions}" \
+        --proposer-ro /opt/my-agent         # what the sandboxed command may read besides {workdir}
+    python meta_harness.py ... --proposer claude    # Claude Code in print mode, as the paper did
+    python meta_harness.py ... --proposer openai --proposer-url http://localhost:8000/v1 \
+        --proposer-model M
 
 Algorithm. The seed harness h0 is scored once on the harness set (a fixed subset of the train split,
 1 rollout per task). Each iteration asks a proposer for M new candidate files, validates each one
 before any rollout (it parses, defines run(task, llm, tools), imports only allowed modules, uses no
 exec/open/dunder tricks, with --prompt-only differs from its parent only in string constants, and
 survives one smoke episode), scores the valid ones on the harness set and adds everything to the
-archive. The accepted harness is the best harness-set score in the archive, ties going to fewer mean
-turns. The search stops after a fixed number of iterations, or when the archive best has not improved
-for P iterations after at least N iterations (the paper's patience rule); not, as the official chess search
-does, once a candidate scores 1.0 on the harness set: every method spends its whole budget of rounds here.
+archive. An iteration's candidates run their smoke episodes, then their scoring, in one runner each:
+their model calls share batches, and each gets the rollouts it would get alone. The accepted harness
+is the best harness-set score in the archive, ties going to fewer mean turns. The search stops after
+a fixed number of iterations, or when the archive best has not improved for P iterations after at
+least N iterations (the paper's patience rule); not, as the official chess search does, once a
+candidate scores 1.0 on the harness set: every method spends its whole budget of rounds here.
 
-The run folder is the archive and the search's own truth. A proposer never works in it: it gets a copy of
-the harness-set material (code, meta, scores, traces, summary, frontier, notes) in a fresh folder outside
-the run folder, runs there in its own session inside the OS sandbox (lib/sandbox.py: it sees that folder and
-nothing of the project, the data or the run's evals/), and afterwards the search takes back only each new
-candidate's harness.py (size-capped, no symlinks), its parent / hypothesis / changed as short text, and
-notes.md. Validity and scores are always the search's own. A proposer call that fails (the CLI reports an
-error, a timeout, an API error after retries) is retried; --proposer-max-failures in a row stop the search.
-(Officially math retries too, while searchqa spends the iteration and chess aborts the run: here every domain
-retries, so a method's rounds never depend on how often the proposer's service failed.)
+The run folder is the archive and the search's own truth. A proposer never works in it: it gets a
+copy of the harness-set material (code, meta, scores, traces, summary, frontier, notes) in a fresh
+folder outside the run folder, runs there in its own session inside the OS sandbox (lib/sandbox.py:
+it sees that folder and nothing of the project, the data or the run's evals/), and afterwards the
+search takes back only each new candidate's harness.py (size-capped, no symlinks), its parent /
+hypothesis / changed as short text, and notes.md. Validity and scores are always the search's own. A
+proposer call that fails (the CLI reports an error, a timeout, an API error after retries) is
+retried; --proposer-max-failures in a row stop the search. (Officially math retries too, while
+searchqa spends the iteration and chess aborts the run: here every domain retries, so a method's
+rounds never depend on how often the proposer's service failed.)
     INSTRUCTIONS.md                  what the proposer was asked to do this iteration
     candidates/<name>/harness.py     the candidate (h0 is the seed; h<iteration>_<j> the proposals)
-    candidates/<name>/meta.json      parent, hypothesis, what changed, proposer, iteration, valid, reason
-    candidates/<name>/scores.json    harness-set score, mean turns, tokens, rollouts, errors, seconds
-    candidates/<name>/traces.jsonl   the harness-set episodes (messages, completions, tool calls, reward)
+    candidates/<name>/meta.json      parent, hypothesis, change, proposer, iteration, valid, reason
+    candidates/<name>/scores.json    harness-set score, mean turns, tokens, rollouts, errors, time
+    candidates/<name>/traces.jsonl   the harness-set episodes (messages, completions, tools, reward)
     summary.jsonl                    one row per candidate
     frontier.json                    the best so far, its lineage, the best-score series, the costs
     setup.json                       the harness-set task ids and sampling settings every score used
-    costs.jsonl                      one row per proposer call: seconds, tokens, dollars where reported
+    costs.jsonl                      one row per proposer call: seconds, tokens, dollars if known
     notes.md                         what agent proposers learned, iteration by iteration
 Rerunning the same command resumes: a candidate with a scores.json is never scored again.
 """
@@ -51,9 +56,9 @@ import domains
 import rollout
 from lib import sandbox
 from lib.archive import candidate_rows, pick_best, restore_seed, write_index
-from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors, positive_float,
-                     positive_int, seed_int)
-from lib.contract import normalized, static_check
+from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors,
+                     positive_float, positive_int, seed_int)
+from lib.contract import check_harness, normalized, static_check
 from lib.files import read_json, write_json
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
@@ -61,37 +66,45 @@ from lib.policy import add_backend_args, load_policy
 from lib.proposers import failure_advice, propose_agent, propose_in_copy
 from lib.ops.reuse import file_sha
 from lib.ops.run_checks import check_archive, check_run_files, check_same_model
-from rollout import sampling_kwargs  # by name: the tests swap the module `rollout` for a fake scorer
+# by name: the tests swap the module `rollout` for a fake scorer
+from rollout import sampling_kwargs
 
 PROPOSERS = ("mutate", "command", "claude", "openai")
 
 
 def add_args(parser):
     p = parser.add_argument_group("harness search (shared with whale.py)")
-    p.add_argument("--candidates", type=positive_int, default=3, help="M: candidates proposed per iteration")
+    p.add_argument("--candidates", type=positive_int, default=3,
+                   help="M: candidates proposed per iteration")
     p.add_argument("--harness-tasks", type=positive_int, default=None,
                    help="score on a seeded sample of N harness-set tasks (default all)")
     p.add_argument("--harness-samples", type=positive_int, default=1,
                    help="rollouts per harness-set task when scoring")
-    p.add_argument("--prompt-only", action="store_true", help="candidates may change only string constants (FST)")
+    p.add_argument("--prompt-only", action="store_true",
+                   help="candidates may change only string constants (FST)")
     p = parser.add_argument_group("proposer")
     p.add_argument("--proposer", default="mutate", choices=PROPOSERS)
     p.add_argument("--mutate-order", default="seeded", choices=("seeded", "listed", "traces"),
-                   help="mutate's knob order: seeded (drawn from --seed), listed (SEARCH_SPACE order), traces (the "
-                        "knobs the harness's SKILL declares for the failure kind most frequent in the parent's "
-                        "harness-set traces first, seeded within a kind)")
+                   help="mutate's knob order: seeded (drawn from --seed), listed (SEARCH_SPACE "
+                        "order), traces (the knobs the harness's SKILL declares for the failure "
+                        "kind most frequent in the parent's harness-set traces first, seeded "
+                        "within a kind)")
     p.add_argument("--proposer-cmd", default=None,
                    help="command template for --proposer command: {workdir}, {instructions}")
-    p.add_argument("--proposer-url", default="http://localhost:8000/v1", help="OpenAI-compatible base URL")
-    p.add_argument("--proposer-model", default=None, help="model name for openai / claude proposers")
-    p.add_argument("--proposer-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    p.add_argument("--proposer-url", default="http://localhost:8000/v1",
+                   help="OpenAI-compatible base URL")
+    p.add_argument("--proposer-model", default=None,
+                   help="model name for openai / claude proposers")
+    p.add_argument("--proposer-key-env", default="OPENAI_API_KEY",
+                   help="environment variable holding the API key")
     p.add_argument("--proposer-timeout", type=positive_float, default=1800.0,
-                   help="seconds per proposer call (command, claude: the whole process tree; openai: per request)")
+                   help="seconds per proposer call (command, claude: the whole process tree; "
+                        "openai: per request)")
     p.add_argument("--proposer-max-failures", type=positive_int, default=3,
                    help="stop the search after this many failed proposer calls in a row")
     p.add_argument("--proposer-ro", action="append", default=[], metavar="PATH",
-                   help="a file or folder the command proposer may read in its sandbox (its script, install, "
-                        "config); repeatable")
+                   help="a file or folder the command proposer may read in its sandbox (its "
+                        "script, install, config); repeatable")
     p.add_argument("--proposer-prompt-tokens", type=positive_int, default=24000,
                    help="openai prompt budget (chars/4 estimate)")
 
@@ -101,7 +114,8 @@ def add_args(parser):
 
 def should_stop_harness_phase(best_series, patience, min_iters):
     """best_series[0] is the seed's score, best_series[i] the archive best after iteration i.
-    Stop once at least min_iters iterations ran and the best has not improved for `patience` iterations."""
+    Stop once at least min_iters iterations ran and the best has not improved for `patience`
+    iterations."""
     iters = len(best_series) - 1
     if iters < max(min_iters, patience, 1):
         return False
@@ -109,85 +123,117 @@ def should_stop_harness_phase(best_series, patience, min_iters):
 
 
 # -----------------------------------------------------------------------------
-# validation (before any rollout: the harness contract of lib/contract.py, then one smoke episode) and scoring
+# validation (before any rollout: the harness contract of lib/contract.py, then one smoke episode)
+# and scoring
 
-def validate(cand_dir, rows, backend, domain, tasks, args, policy_kw, run_episodes):
-    """Static checks, duplicate check, then one smoke episode; writes valid/reason into meta.json."""
+def static_verdict(cand_dir, rows, earlier, domain, args):
+    """The checks before any rollout: a valid parent, the harness contract, not a copy of a valid
+    candidate or of one passed just before it (`earlier`). -> None, or why the candidate is
+    refused."""
     meta = read_json(cand_dir / "meta.json")
     path = cand_dir / "harness.py"
     source = path.read_text() if path.exists() else ""
     parents = {r["name"]: r for r in rows if r["valid"]}
-    try:  # a 2,000-term expression parses, then overflows the recursion of ast.dump; 6,000 overflow ast.parse
+    # a 2,000-term expression parses, then overflows the recursion of ast.dump; 6,000 overflow
+    # ast.parse
+    try:
         if meta.get("parent") not in parents:
-            reason = f"unknown parent {meta.get('parent')!r}: meta.json parent must name a valid archive candidate"
-        else:
-            parent_source = (cand_dir.parent / meta["parent"] / "harness.py").read_text()
-            reason = static_check(source, parent_source, args.prompt_only, domain.name)
+            return (f"unknown parent {meta.get('parent')!r}: meta.json parent must name a valid "
+                    "archive candidate")
+        parent_source = (cand_dir.parent / meta["parent"] / "harness.py").read_text()
+        reason = static_check(source, parent_source, args.prompt_only, domain.name)
         if reason is None:
-            same = [r["name"] for r in rows if r["name"] != cand_dir.name and r["valid"]
-                    and normalized((cand_dir.parent / r["name"] / "harness.py").read_text()) == normalized(source)]
+            # the runner's own gate: one failing harness would stop its batch-mates
+            check_harness(path)
+            same = [r["name"] for r in rows if r["name"] != cand_dir.name and r["valid"]] + earlier
+            code = lambda n: normalized((cand_dir.parent / n / "harness.py").read_text())
+            same = [n for n in same if code(n) == normalized(source)]
             reason = f"duplicate of {same[0]}: no change to score" if same else None
+        return reason
     except RecursionError:
-        reason = "too deeply nested: checking the code exceeded Python's recursion limit"
-    if reason is None:
-        try:
-            ep = run_episodes(domain, str(path), tasks[:1], backend, samples=1,
-                              desc=f"smoke {cand_dir.name}", **policy_kw)[0]
-            meta["smoke_rollouts"] = 1
-            error = ep.get("error")
-        except ValueError as e:  # the runner's own harness checks
-            error = str(e)
-        reason = f"smoke episode failed: {str(error)[:300]}" if error else None
-    meta.update(valid=reason is None, reason=reason)
-    write_json(cand_dir / "meta.json", meta)
-    return meta
+        return "too deeply nested: checking the code exceeded Python's recursion limit"
+    except ValueError as e:
+        return str(e)
 
 
-def score(cand_dir, backend, domain, tasks, args, policy_kw, evaluate):
-    traces = cand_dir / "traces.jsonl"
-    traces.unlink(missing_ok=True)  # a scoring run killed midway starts over
-    stats = evaluate(domain, str(cand_dir / "harness.py"), tasks, backend, k=args.harness_samples,
-                     traces_path=str(traces), desc=f"score {cand_dir.name}", **policy_kw)
-    scores = {"score": stats["mean_at_k"], "mean_turns": stats["mean_turns"], "tokens": stats["tokens"],
-              "rollouts": stats["rollouts"], "errors": stats["errors"], "seconds": round(stats["seconds"], 2),
-              "tasks": len(tasks), "samples": args.harness_samples}
-    write_json(cand_dir / "scores.json", scores)
-    return scores
+def validate(dirs, rows, backend, domain, tasks, args, policy_kw, run_each):
+    """Static checks, then one smoke episode for each candidate that passed them (all in one
+    runner); writes valid/reason into each meta.json."""
+    why, passed = {}, []
+    for d in dirs:
+        why[d] = static_verdict(d, rows, [e.name for e in passed], domain, args)
+        passed += [d] if why[d] is None else []
+    if passed:
+        episodes = run_each(domain, [str(d / "harness.py") for d in passed], tasks[:1], backend,
+                            samples=1, desc=f"smoke {' '.join(d.name for d in passed)}",
+                            **policy_kw)[0]
+        for d, (ep,) in zip(passed, episodes):
+            why[d] = f"smoke episode failed: {str(ep['error'])[:300]}" if ep.get("error") else None
+    for d in dirs:
+        meta = read_json(d / "meta.json")
+        smoked = {"smoke_rollouts": 1} if d in passed else {}
+        meta.update(valid=why[d] is None, reason=why[d], **smoked)
+        write_json(d / "meta.json", meta)
+
+
+def score(dirs, backend, domain, tasks, args, policy_kw, evaluate_each):
+    """Score the candidates on the harness tasks, all in one runner: their episodes share the
+    model's batches, and each gets the rollouts it would get alone (rollout.run_each). -> their
+    scores.json rows."""
+    traces = [d / "traces.jsonl" for d in dirs]
+    for t in traces:
+        t.unlink(missing_ok=True)  # a scoring run killed midway starts over
+    stats = evaluate_each(domain, [str(d / "harness.py") for d in dirs], tasks, backend,
+                          k=args.harness_samples, traces_paths=[str(t) for t in traces],
+                          desc=f"score {' '.join(d.name for d in dirs)}", **policy_kw)
+    rows = []
+    for d, st in zip(dirs, stats):
+        rows.append({"score": st["mean_at_k"], "mean_turns": st["mean_turns"],
+                     "tokens": st["tokens"], "rollouts": st["rollouts"], "errors": st["errors"],
+                     "seconds": round(st["seconds"], 2), "tasks": len(tasks),
+                     "samples": args.harness_samples, "scored_with": len(dirs)})
+        write_json(d / "scores.json", rows[-1])
+    return rows
 
 
 # -----------------------------------------------------------------------------
-# proposing: each proposer fills candidates/<name>/harness.py and meta.json for the names it is given
+# proposing: each proposer fills candidates/<name>/harness.py and meta.json for the names it is
+# given
 
 def propose(run_dir, names, rows, iteration, domain, args):
-    """Ask the proposer of --proposer for `names`. -> None, or the proposer's error (the call is asked again)."""
+    """Ask the proposer of --proposer for `names`. -> None, or the proposer's error (the call is
+    asked again)."""
     if args.proposer == "mutate":  # trusted, offline: writes its candidates into the archive itself
         propose_mutate(run_dir, names, rows, iteration, args)
         return None
     parent = pick_best(rows)["name"]  # each new candidate starts as a copy of the archive best
     if args.proposer == "openai":
-        ask = lambda work, scratch: propose_openai(work, run_dir, names, rows, parent, iteration, args)
+        ask = lambda work, _: propose_openai(work, run_dir, names, rows, parent, iteration, args)
     else:
         ask = lambda work, scratch: propose_agent(work, scratch, run_dir, names, iteration, args)
     return propose_in_copy(run_dir, names, rows, parent, iteration, domain, args, ask)
 
 
 def propose_iteration(run_dir, names, rows, iteration, domain, args, failures):
-    """Ask until every one of `names` is proposed (a resumed iteration asks only for the rest). `failures`: the
-    failed calls in a row before; -> those after. --proposer-max-failures of them in a row stop the search."""
-    while todo := [n for n in names if not read_json(run_dir / "candidates" / n / "meta.json", {}).get("proposed")]:
+    """Ask until every one of `names` is proposed (a resumed iteration asks only for the rest).
+    `failures`: the failed calls in a row before; -> those after. --proposer-max-failures of them in
+    a row stop the search."""
+    proposed = lambda n: read_json(run_dir / "candidates" / n / "meta.json", {}).get("proposed")
+    while todo := [n for n in names if not proposed(n)]:
         t0 = time.time()
         error = propose(run_dir, todo, rows, iteration, domain, args)
         if error is None:
             failures = 0
-            print(f"iteration {iteration}: proposed {len(todo)} candidates in {time.time() - t0:.1f}s")
+            print(f"iteration {iteration}: proposed {len(todo)} candidates in "
+                  f"{time.time() - t0:.1f}s")
             continue
         failures += 1
-        print(f"iteration {iteration}: proposer {args.proposer} failed ({failures}/{args.proposer_max_failures} "
-              f"in a row): {error}")
+        print(f"iteration {iteration}: proposer {args.proposer} failed "
+              f"({failures}/{args.proposer_max_failures} in a row): {error}")
         if failures >= args.proposer_max_failures:
-            raise SystemExit(f"meta_harness: proposer {args.proposer} failed {failures} times in a row, last: "
-                             f"{error}. To go on, {failure_advice(args)}, then rerun the same command (it "
-                             f"resumes at iteration {iteration})")
+            raise SystemExit(f"meta_harness: proposer {args.proposer} failed {failures} times in a "
+                             f"row, last: {error}. To go on, {failure_advice(args)}, then rerun "
+                             f"the same command (it resumes at iteration {iteration})")
     return failures
 
 
@@ -204,24 +250,28 @@ def add_seed(run_dir, seed_harness, seed_name):
     if (d / "meta.json").exists():
         return
     if not Path(seed_harness).is_file():
-        raise FileNotFoundError(f"seed harness {seed_harness} not found: pass the path of a harness file")
+        raise FileNotFoundError(f"seed harness {seed_harness} not found: pass the path of a "
+                                f"harness file")
     d.mkdir(parents=True, exist_ok=True)
     shutil.copy(seed_harness, d / "harness.py")
     write_json(d / "meta.json", {"parent": None, "hypothesis": "the seed harness",
-                                 "changed": f"copied from {seed_harness}", "seed_sha256": file_sha(d / "harness.py"),
-                                 "proposer": "seed", "iteration": 0, "proposed": True, "valid": True, "reason": None})
+                                 "changed": f"copied from {seed_harness}",
+                                 "seed_sha256": file_sha(d / "harness.py"), "proposer": "seed",
+                                 "iteration": 0, "proposed": True, "valid": True, "reason": None})
 
 
 def check_setup(run_dir, domain, tasks, args, policy_kw):
-    """Scores are only comparable under one harness set and one sampling setup: a resumed run must match."""
+    """Scores are only comparable under one harness set and one sampling setup: a resumed run must
+    match."""
     setup = search_setup(domain, tasks, args, policy_kw)
     check_same_setup(run_dir, setup)
     write_json(run_dir / "setup.json", setup)
 
 
 def search_setup(domain, tasks, args, policy_kw):
-    return {"domain": domain.name, "tasks": [t["id"] for t in tasks], "samples": args.harness_samples,
-            "prompt_only": args.prompt_only, **{k: v for k, v in policy_kw.items() if k != "workers"}}
+    sampling = {k: v for k, v in policy_kw.items() if k != "workers"}
+    return {"domain": domain.name, "tasks": [t["id"] for t in tasks],
+            "samples": args.harness_samples, "prompt_only": args.prompt_only, **sampling}
 
 
 def check_same_setup(run_dir, setup):
@@ -229,69 +279,81 @@ def check_same_setup(run_dir, setup):
     old = read_json(Path(run_dir) / "setup.json")
     if old is not None and old != setup:
         diff = ", ".join(k for k in setup if old.get(k) != setup[k])
-        raise ValueError(f"{run_dir} was scored under another setup ({diff} differ): rerun with the same "
-                         f"flags or use a fresh run folder")
+        raise ValueError(f"{run_dir} was scored under another setup ({diff} differ): rerun with "
+                         f"the same flags or use a fresh run folder")
 
 
 def check_proposer(args):
-    """The proposer can run at all (its command, its CLI, the sandbox it runs in), before any work."""
+    """The proposer can run at all (its command, its CLI, the sandbox it runs in), before any
+    work."""
     if args.proposer == "command" and not args.proposer_cmd:
         raise ValueError("--proposer command needs --proposer-cmd 'CLI ... {workdir}'")
     if args.proposer == "claude" and shutil.which("claude") is None:
         raise ValueError("--proposer claude: no `claude` on PATH; install Claude Code "
-                         "(npm install -g @anthropic-ai/claude-code) or use --proposer command / openai")
+                         "(npm install -g @anthropic-ai/claude-code) or use --proposer command / "
+                         "openai")
     if args.proposer in ("command", "claude"):
         sandbox.check()  # these proposers run only inside it (or with the documented opt-out)
 
 
-def judge(run_dir, name, backend, domain, tasks, args, policy_kw, run_episodes, evaluate):
-    """Validate a proposed candidate (once, by a smoke episode of run_episodes), then score it when valid
-    (once, by evaluate)."""
-    d = run_dir / "candidates" / name
-    meta = read_json(d / "meta.json")
-    if meta["valid"] is None:
-        meta = validate(d, candidate_rows(run_dir), backend, domain, tasks, args, policy_kw, run_episodes)
-    if meta["valid"] and not (d / "scores.json").exists():
-        s = score(d, backend, domain, tasks, args, policy_kw, evaluate)
-        print(f"  {name}: score {s['score']:.4f}, mean turns {s['mean_turns']:.2f}  ({meta['changed']})")
-    elif not meta["valid"]:
-        print(f"  {name}: rejected, {meta['reason']}")
+def judge(run_dir, names, backend, domain, tasks, args, policy_kw, run_each, evaluate_each):
+    """Validate the iteration's proposed candidates (once: their smoke episodes by run_each), then
+    score the valid ones (once: by evaluate_each), each step for all of them together."""
+    dirs = [run_dir / "candidates" / n for n in names]
+    todo = [d for d in dirs if read_json(d / "meta.json")["valid"] is None]
+    if todo:
+        validate(todo, candidate_rows(run_dir), backend, domain, tasks, args, policy_kw, run_each)
+    metas = {d: read_json(d / "meta.json") for d in dirs}
+    unscored = [d for d in dirs if metas[d]["valid"] and not (d / "scores.json").exists()]
+    if unscored:
+        score(unscored, backend, domain, tasks, args, policy_kw, evaluate_each)
+    for d in dirs:
+        if not metas[d]["valid"]:
+            print(f"  {d.name}: rejected, {metas[d]['reason']}")
+        elif d in unscored:
+            s = read_json(d / "scores.json")
+            print(f"  {d.name}: score {s['score']:.4f}, mean turns {s['mean_turns']:.2f}  "
+                  f"({metas[d]['changed']})")
 
 
 def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=None, seed_name="h0",
-           run_episodes=None, evaluate=None):
+           run_each=None, evaluate_each=None):
     """Meta-Harness under fixed weights. stop(best_series) -> bool ends the search early (see
-    should_stop_harness_phase); `iterations` caps it (default args.iterations). run_episodes and evaluate
-    (default: rollout's) run a candidate's smoke episode and score it: a test passes its own."""
-    run_episodes, evaluate = run_episodes or rollout.run_episodes, evaluate or rollout.evaluate
+    should_stop_harness_phase); `iterations` caps it (default args.iterations). run_each and
+    evaluate_each (default: rollout's) run the candidates' smoke episodes and score them: a test
+    passes its own."""
+    run_each, evaluate_each = run_each or rollout.run_each, evaluate_each or rollout.evaluate_each
     check_proposer(args)
     iterations = args.iterations if iterations is None else iterations
     run_dir = Path(run_dir)
     (run_dir / "candidates").mkdir(parents=True, exist_ok=True)
-    tasks, kw, M = harness_tasks(domain, args), dict(sampling_kwargs(args), seed=args.seed), args.candidates
-    print(f"meta-harness: {domain.name}, {len(tasks)} harness tasks x {args.harness_samples} samples, proposer "
-          f"{args.proposer}; budget: {iterations} iterations x {M} = {iterations * M} proposals, at most "
+    tasks, M = harness_tasks(domain, args), args.candidates
+    kw = dict(sampling_kwargs(args), seed=args.seed)
+    print(f"meta-harness: {domain.name}, {len(tasks)} harness tasks x {args.harness_samples} "
+          f"samples, proposer {args.proposer}; budget: {iterations} iterations x {M} = "
+          f"{iterations * M} proposals, at most "
           f"{(iterations * M + 1) * len(tasks) * args.harness_samples + iterations * M} rollouts "
           f"(scoring plus one smoke episode per candidate) -> {run_dir}")
     check_setup(run_dir, domain, tasks, args, kw)
     add_seed(run_dir, seed_harness, seed_name)
     if not (run_dir / "candidates" / seed_name / "scores.json").exists():
-        score(run_dir / "candidates" / seed_name, backend, domain, tasks, args, kw, evaluate)
+        score([run_dir / "candidates" / seed_name], backend, domain, tasks, args, kw, evaluate_each)
     rows, frontier = write_index(run_dir, 0)
     done = failures = 0
     for it in range(1, iterations + 1):
         names = [f"h{it}_{j}" for j in range(1, M + 1)]
         failures = propose_iteration(run_dir, names, rows, it, domain, args, failures)  # propose
-        for name in names:
-            judge(run_dir, name, backend, domain, tasks, args, kw, run_episodes, evaluate)  # validate, score
+        # validate, score
+        judge(run_dir, names, backend, domain, tasks, args, kw, run_each, evaluate_each)
         rows, frontier = write_index(run_dir, it)  # accept: the archive best
         done = it
-        print(f"iteration {it}: best {frontier['best']} = {frontier['score']:.4f}, series {frontier['best_series']}")
+        print(f"iteration {it}: best {frontier['best']} = {frontier['score']:.4f}, series "
+              f"{frontier['best_series']}")
         if stop is not None and stop(frontier["best_series"]):
             break
     return {"winner": str((run_dir / frontier["harness"]).resolve()), "score": frontier["score"],
-            "rollouts": frontier["rollouts"], "iterations": done, "best_series": frontier["best_series"],
-            "proposer": frontier["proposer"]}
+            "rollouts": frontier["rollouts"], "iterations": done,
+            "best_series": frontier["best_series"], "proposer": frontier["proposer"]}
 
 
 # -----------------------------------------------------------------------------
@@ -304,7 +366,8 @@ def main(argv=None):
     p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
     p.add_argument("--out", required=True, help="run folder: the archive (rerun to resume)")
     # stopping
-    p.add_argument("--iterations", type=nonnegative_int, default=6, help="at most this many iterations")
+    p.add_argument("--iterations", type=nonnegative_int, default=6,
+                   help="at most this many iterations")
     p.add_argument("--patience", type=nonnegative_int, default=0,
                    help="stop when the best has not improved for P iterations (0: off)")
     p.add_argument("--min-iterations", type=nonnegative_int, default=6,
@@ -324,7 +387,8 @@ def main(argv=None):
 
 
 def search_cli(args):
-    """meta_harness.py's run: every check before the model loads (bad input, a damaged archive), then the search."""
+    """meta_harness.py's run: every check before the model loads (bad input, a damaged archive),
+    then the search."""
     sandbox.apply_args(args)
     rollout.apply_args(args)
     check_out(args.out)
@@ -335,21 +399,25 @@ def search_cli(args):
     if list(Path(args.out).glob("candidates/*/scores.json")):
         check_same_model(args.out, args.model)  # scores made by another model do not compare
     frontier = read_json(Path(args.out) / "frontier.json", {})  # the iterations it finished
-    seed_lost = check_archive(args.out, fix, frontier.get("iterations") if isinstance(frontier, dict) else None,
-                              args.candidates)
-    check_same_setup(args.out, search_setup(domain, tasks, args, dict(sampling_kwargs(args), seed=args.seed)))
+    done = frontier.get("iterations") if isinstance(frontier, dict) else None
+    seed_lost = check_archive(args.out, fix, done, args.candidates)
+    kw = dict(sampling_kwargs(args), seed=args.seed)
+    check_same_setup(args.out, search_setup(domain, tasks, args, kw))
     check_proposer(args)
     if seed_lost:
         restore_seed(args.out, [args.harness], fix)
     os.makedirs(args.out, exist_ok=True)
     write_json(Path(args.out) / "config.json", vars(args))
-    stop = (lambda s: should_stop_harness_phase(s, args.patience, args.min_iterations)) if args.patience else None
+    stop = None
+    if args.patience:
+        stop = lambda s: should_stop_harness_phase(s, args.patience, args.min_iterations)
     t0 = time.time()
     result = search(load_policy(args), domain, args.harness, args.out, args, stop=stop)
     print(json.dumps(result))
-    print(f"h0 score {read_json(Path(args.out) / 'candidates' / 'h0' / 'scores.json')['score']:.4f}, "
-          f"winner {Path(result['winner']).parent.name} score {result['score']:.4f}, {result['rollouts']} rollouts, "
-          f"{time.time() - t0:.0f}s")
+    h0 = read_json(Path(args.out) / "candidates" / "h0" / "scores.json")["score"]
+    print(f"h0 score {h0:.4f}, "
+          f"winner {Path(result['winner']).parent.name} score {result['score']:.4f}, "
+          f"{result['rollouts']} rollouts, {time.time() - t0:.0f}s")
 
 
 if __name__ == "__main__":

@@ -1,82 +1,90 @@
-"""The presets: named bundles of whale.py's defaults (any flag given on the command line wins), and the paper
-and gpu presets' per-domain settings. Why each value is what it is: docs/cpu-run/README.md (cpu),
-docs/protocol.md and docs/fidelity.md (paper), docs/gpu.md (gpu).
+"""The presets: named bundles of whale.py's defaults (any flag given on the command line wins), and
+the paper and gpu presets' per-domain settings. Why each value is what it is: docs/cpu-run/README.md
+(cpu), docs/protocol.md and docs/fidelity.md (paper), docs/gpu.md (gpu).
 
-    python whale.py --domain math --preset cpu --plan     # what a preset spends, without loading a model
+    python whale.py --domain math --preset cpu --plan     # what a preset spends, no model loaded
 """
 
-# Named bundles of defaults; any flag given on the command line wins. I (--harness-iterations) counts the
-# re-scoring of the incoming harness, so a harness phase makes I - 1 proposer rounds.
+# Named bundles of defaults; any flag given on the command line wins. I (--harness-iterations)
+# counts the re-scoring of the incoming harness, so a harness phase makes I - 1 proposer rounds.
 # smoke only checks the wiring (all runs in minutes).
-# cpu is calibrated on SmolLM2-135M on the train and harness splits only, never on test tasks (its calibration,
-# each value's reason and measurement: docs/cpu-run/README.md); its test tasks are a seeded sample that leaves out
-# the first 50 of each test split, which were looked at while the preset was built. Its h0s (CPU below) are the
-# bundled ones with the fewest knob changes under which the base model earns a small training reward (3-30 %),
-# so both axes can move from the first phase, as in the paper; the offline proposer reads the traces
-# (mutate_order traces). In the paper's proportions: 8 RSFT steps in 3 weight phases of 3, 3, 2 (E = 0.375),
-# a harness phase of one round between each two (I = 2), so harness-only gets (I - 1) x 3 = 3 rounds; test
-# mean@4 on 50 tasks before training and after the last phase only (test_evals ends).
-# paper is the official protocol (docs/protocol.md; its deviations: docs/fidelity.md), with the per-domain
-# settings in PAPER below;
-# --minibatch is the micro-batch of one forward/backward inside an SFT mini-batch of --sft-batch trajectories
-# (PAPER: the official runs' global mini-batch).
+# cpu is calibrated on SmolLM2-135M on the train and harness splits only, never on test tasks (its
+# calibration, each value's reason and measurement: docs/cpu-run/README.md); its test tasks are a
+# seeded sample that leaves out the first 50 of each test split, which were looked at while the
+# preset was built. Its h0s (CPU below) are the bundled ones with the fewest knob changes under
+# which the base model earns a small training reward (3-30 %), so both axes can move from the first
+# phase, as in the paper; the offline proposer reads the traces (mutate_order traces). In the
+# paper's proportions: 8 RSFT steps in 3 weight phases of 3, 3, 2 (E = 0.375), a harness phase of
+# one round between each two (I = 2), so harness-only gets (I - 1) x 3 = 3 rounds; test mean@4 on 50
+# tasks before training and after the last phase only (test_evals ends). paper is the official
+# protocol (docs/protocol.md; its deviations: docs/fidelity.md), with the per-domain settings in
+# PAPER below; --minibatch is the micro-batch of one forward/backward inside an SFT mini-batch of
+# --sft-batch trajectories (PAPER: the official runs' global mini-batch).
 PRESETS = {
-    "smoke": dict(model="smoke", threads=1, epochs=1.0, phase_epochs=0.5, harness_iterations=2, train_limit=8,
-                  test_limit=4, k=1, batch=2, group=2, minibatch=8, candidates=2, harness_tasks=2,
-                  max_new_tokens=8, deadline=60.0, adaptive_epochs=0.5, harness_patience=1,
-                  harness_min_iterations=1, harness_max_iterations=2),
-    "cpu": dict(model="cpu", threads=2, epochs=1.0, phase_epochs=0.375, harness_iterations=2, train_limit=64,
-                test_limit=50, test_holdout=50, test_evals="ends", k=4, batch=8, group=4, minibatch=8, lr=3e-4,
-                warmup=2, weight_decay=0.0, candidates=3, harness_tasks=24, max_new_tokens=32, temperature=0.6,
-                deadline=300.0, adaptive_epochs=0.25, harness_patience=1, harness_min_iterations=1,
-                harness_max_iterations=2, math_test_set="generated", math_max_steps=2, mutate_order="traces"),
-    # generation (docs/protocol.md): Qwen3.5 thinks (its template's enable_thinking), no per-call cap but the
-    # episode's assistant-token budget (PAPER), the official model length; chess SAN with + and #
-    # (docs/protocol.md section 3)
-    "paper": dict(threads=None, data="paper", chess_san_marks=True, backend="vllm", vllm_sleep=True, bf16=True,
-                  grad_checkpointing=True, phase_epochs=0.6, harness_iterations=6, train_limit=None,
-                  test_limit=None, k=8, batch=256, group=8, minibatch=2, warmup=0, weight_decay=0.01,
-                  grad_clip=1.0, candidates=3,
-                  harness_tasks=256, harness_samples=1, proposer="claude", proposer_model="claude-opus-4-7",
-                  proposer_timeout=2400.0, temperature=1.0, top_k=20,
-                  max_new_tokens=8192, thinking="on", max_model_len=32768, deadline=600.0, adaptive_epochs=0.2,
-                  harness_patience=2, harness_min_iterations=5, harness_max_iterations=15),
-    # gpu: the paper preset's shape on seeded subsets, sized so that run_all.sh's table (3 domains x 6 methods,
-    # one process a domain sharing the phases its methods have in common) takes about 12.5 h on one 80 GB card by
-    # lib/ops/time_model.py's estimate (docs/gpu.md), with enough RSFT steps for the weights to move. The
-    # proposer's own time (a round is a Claude Code session) bounds the rounds, so: the paper's (E, I) = (0.6, 2)
-    # ablation cell on 1.2 epochs (weight, harness of re-score + 1 round, weight); 544 train prompts, 32 a step
-    # = 10 + 10 RSFT steps, and the SFT mini-batch scaled by 32 / 256 with the rollout batch, so a rollout step
-    # makes the paper's 0-6 optimizer steps; M = 3 on 128 harness tasks; G = 8, mean@4 on the test subsets in
-    # GPU (SearchQA 15 per benchmark: the interval about 5 % wider than at mean@8, half the evaluation time);
-    # the adaptive harness phase scaled with I - 1 (min 1, max 3, patience 1); 256 concurrent episodes (the
-    # test evaluation keeps the runner's 64); the official h0s and chess SAN (PAPER), but without thinking and
-    # with 1,024 tokens a call and 2,048 an episode: at the official 8,192 thinking tokens the table takes
-    # about 6x longer
-    "gpu": dict(threads=None, data="paper", chess_san_marks=True, backend="vllm", vllm_sleep=True, bf16=True,
-                grad_checkpointing=True, epochs=1.2, phase_epochs=0.6, harness_iterations=2, train_limit=544,
-                test_limit=None, k=4, batch=32, group=8, minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0,
-                candidates=3,
-                harness_tasks=128, harness_samples=1, workers=256, proposer="claude", proposer_model="claude-opus-4-7",
-                proposer_timeout=2400.0, temperature=1.0, top_k=20, thinking="off", max_new_tokens=1024,
-                episode_tokens=2048, max_model_len=8192, deadline=600.0, adaptive_epochs=0.2, harness_patience=1,
+    "smoke": dict(model="smoke", threads=1, epochs=1.0, phase_epochs=0.5, harness_iterations=2,
+                  train_limit=8, test_limit=4, k=1, batch=2, group=2, minibatch=8, candidates=2,
+                  harness_tasks=2, max_new_tokens=8, deadline=60.0, adaptive_epochs=0.5,
+                  harness_patience=1, harness_min_iterations=1, harness_max_iterations=2),
+    "cpu": dict(model="cpu", threads=2, epochs=1.0, phase_epochs=0.375, harness_iterations=2,
+                train_limit=64, test_limit=50, test_holdout=50, test_evals="ends", k=4, batch=8,
+                group=4, minibatch=8, lr=3e-4, warmup=2, weight_decay=0.0, candidates=3,
+                harness_tasks=24, max_new_tokens=32, temperature=0.6, deadline=300.0,
+                adaptive_epochs=0.25, harness_patience=1, harness_min_iterations=1,
+                harness_max_iterations=2, math_test_set="generated", math_max_steps=2,
+                mutate_order="traces"),
+    # generation (docs/protocol.md): Qwen3.5 thinks (its template's enable_thinking), no per-call
+    # cap but the episode's assistant-token budget (PAPER), the official model length; chess SAN
+    # with + and # (docs/protocol.md section 3)
+    "paper": dict(threads=None, data="paper", chess_san_marks=True, backend="vllm", vllm_sleep=True,
+                  bf16=True, grad_checkpointing=True, phase_epochs=0.6, harness_iterations=6,
+                  train_limit=None, test_limit=None, k=8, batch=256, group=8, minibatch=2, warmup=0,
+                  weight_decay=0.01, grad_clip=1.0, candidates=3,
+                  harness_tasks=256, harness_samples=1, proposer="claude",
+                  proposer_model="claude-opus-4-7", proposer_timeout=2400.0, temperature=1.0,
+                  top_k=20, max_new_tokens=8192, thinking="on", max_model_len=32768, deadline=600.0,
+                  adaptive_epochs=0.2, harness_patience=2, harness_min_iterations=5,
+                  harness_max_iterations=15),
+    # gpu: the paper preset's shape on seeded subsets, sized so that run_all.sh's table (3 domains x
+    # 6 methods, one process a domain sharing the phases its methods have in common) takes about
+    # 12.5 h on one 80 GB card by lib/ops/time_model.py's estimate (docs/gpu.md), with enough RSFT
+    # steps for the weights to move. The proposer's own time (a round is a Claude Code session)
+    # bounds the rounds, so: the paper's (E, I) = (0.6, 2) ablation cell on 1.2 epochs (weight,
+    # harness of re-score + 1 round, weight); 544 train prompts, 32 a step = 10 + 10 RSFT steps, and
+    # the SFT mini-batch scaled by 32 / 256 with the rollout batch, so a rollout step makes the
+    # paper's 0-6 optimizer steps; M = 3 on 128 harness tasks; G = 8, mean@4 on the test subsets in
+    # GPU (SearchQA 15 per benchmark: the interval about 5 % wider than at mean@8, half the
+    # evaluation time); the adaptive harness phase scaled with I - 1 (min 1, max 3, patience 1); 256
+    # concurrent episodes (the test evaluation keeps the runner's 64); the official h0s and chess
+    # SAN (PAPER), but without thinking and with 1,024 tokens a call and 2,048 an episode: at the
+    # official 8,192 thinking tokens the table takes about 6x longer
+    "gpu": dict(threads=None, data="paper", chess_san_marks=True, backend="vllm", vllm_sleep=True,
+                bf16=True, grad_checkpointing=True, epochs=1.2, phase_epochs=0.6,
+                harness_iterations=2, train_limit=544, test_limit=None, k=4, batch=32, group=8,
+                minibatch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
+                harness_tasks=128, harness_samples=1, workers=256, proposer="claude",
+                proposer_model="claude-opus-4-7", proposer_timeout=2400.0, temperature=1.0,
+                top_k=20, thinking="off", max_new_tokens=1024, episode_tokens=2048,
+                max_model_len=8192, deadline=600.0, adaptive_epochs=0.2, harness_patience=1,
                 harness_min_iterations=1, harness_max_iterations=3),
 }
-# the paper preset per domain: model; epochs and harness-only rounds (docs/protocol.md); the official h0s
-# (docs/protocol.md: searchqa and math call their tools natively; chess has no tools); the assistant-token budget of an
-# episode (chess: 8,129, as the official chess config has it) and the limit on its first prompt (docs/protocol.md); and
-# the LoRA learning rate (ours: 10x the official full fine-tuning rates of 1e-6 and 1e-7, as a rank-16 adapter
-# whose B starts at zero moves the model far less per step than a full update at the same rate); the SFT
-# mini-batch: officially 64 trajectories on each data-parallel GPU, gradients averaged over the GPUs, so one
+# the paper preset per domain: model; epochs and harness-only rounds (docs/protocol.md); the
+# official h0s (docs/protocol.md: searchqa and math call their tools natively; chess has no tools);
+# the assistant-token budget of an episode (chess: 8,129, as the official chess config has it) and
+# the limit on its first prompt (docs/protocol.md); and the LoRA learning rate (ours: 10x the
+# official full fine-tuning rates of 1e-6 and 1e-7, as a rank-16 adapter whose B starts at zero
+# moves the model far less per step than a full update at the same rate); the SFT mini-batch:
+# officially 64 trajectories on each data-parallel GPU, gradients averaged over the GPUs, so one
 # optimizer step covers 64 x the launchers' training GPUs (OFFICIAL_DP_GPUS) of the accepted set
 OFFICIAL_SFT_BATCH_PER_GPU = 64
-# searchqa: the driver's default N_GPUS_PER_NODE=6 (the retriever holds the other 2 of 8), as the WHALE launchers
-# (whale.sh -> alternate.sh) leave it; its 8 is only for the MULTI_RETRIEVE=1 layout, which no launcher sets.
-# math: 8. chess: the trainer's 1 node x 4 GPUs (the rollout engines hold 2 x 6 others)
+# searchqa: the driver's default N_GPUS_PER_NODE=6 (the retriever holds the other 2 of 8), as the
+# WHALE launchers (whale.sh -> alternate.sh) leave it; its 8 is only for the MULTI_RETRIEVE=1
+# layout, which no launcher sets. math: 8. chess: the trainer's 1 node x 4 GPUs (the rollout engines
+# hold 2 x 6 others)
 OFFICIAL_DP_GPUS = {"searchqa": 6, "math": 8, "chess": 4}
 PAPER = {
     "searchqa": dict(model="Qwen/Qwen3.5-2B", epochs=4.0, harness_only_iterations=40, lr=1e-5,
-                     harness="harnesses/paper/searchqa.py", episode_tokens=8192, max_prompt_tokens=2048,
+                     harness="harnesses/paper/searchqa.py", episode_tokens=8192,
+                     max_prompt_tokens=2048,
                      sft_batch=OFFICIAL_SFT_BATCH_PER_GPU * OFFICIAL_DP_GPUS["searchqa"]),
     "math": dict(model="Qwen/Qwen3.5-2B", epochs=6.0, harness_only_iterations=60, lr=1e-6,
                  harness="harnesses/paper/math.py", episode_tokens=8192, max_prompt_tokens=2048,
@@ -85,19 +93,21 @@ PAPER = {
                   harness="harnesses/paper/chess.py", episode_tokens=8129, max_prompt_tokens=4096,
                   sft_batch=OFFICIAL_SFT_BATCH_PER_GPU * OFFICIAL_DP_GPUS["chess"]),
 }
-# the gpu preset per domain: the paper's model and learning rate; the SFT mini-batch scaled with the rollout batch
-# (paper's x 32 / 256: searchqa 48, math 64, chess 32); the test subset (seeded samples:
-# SearchQA's per benchmark, 80 of chess's 256 test puzzles; all 60 AIME problems); the engine's share of the card,
-# the most that fits beside the trainer on 24, 48 and 80 GB alike (scripts/memory_plan.py; searchqa's retriever
-# index takes 32 GiB of the 80 GB card)
+# the gpu preset per domain: the paper's model and learning rate; the SFT mini-batch scaled with the
+# rollout batch (paper's x 32 / 256: searchqa 48, math 64, chess 32); the test subset (seeded
+# samples: SearchQA's per benchmark, 80 of chess's 256 test puzzles; all 60 AIME problems); the
+# engine's share of the card, the most that fits beside the trainer on 24, 48 and 80 GB alike
+# (scripts/memory_plan.py; searchqa's retriever index takes 32 GiB of the 80 GB card)
 GPU = {"searchqa": dict(searchqa_test_per_set=15, gpu_memory=0.45), "math": dict(gpu_memory=0.7),
        "chess": dict(test_limit=80, gpu_memory=0.5)}
-GPU = {domain: dict(model=PAPER[domain]["model"], lr=PAPER[domain]["lr"], harness=PAPER[domain]["harness"],
-                     max_prompt_tokens=PAPER[domain]["max_prompt_tokens"],
-                     sft_batch=PAPER[domain]["sft_batch"] * PRESETS["gpu"]["batch"] // PRESETS["paper"]["batch"],
-                     **GPU[domain]) for domain in GPU}
+SCALE = PRESETS["gpu"]["batch"] / PRESETS["paper"]["batch"]
+GPU = {domain: dict(model=PAPER[domain]["model"], lr=PAPER[domain]["lr"],
+                    harness=PAPER[domain]["harness"],
+                    max_prompt_tokens=PAPER[domain]["max_prompt_tokens"],
+                    sft_batch=int(PAPER[domain]["sft_batch"] * SCALE), **GPU[domain])
+       for domain in GPU}
 # D_weight sizes of the paper's data (docs/protocol.md), for --plan without downloading them
 PAPER_TRAIN_SIZES = {"searchqa": 18_946, "math": 17_917, "chess": 16_384}
-# the cpu preset per domain: its h0 (harnesses/cpu/; chess, outside the cpu preset's default domains, keeps
-# harnesses/chess.py)
+# the cpu preset per domain: its h0 (harnesses/cpu/; chess, outside the cpu preset's default
+# domains, keeps harnesses/chess.py)
 CPU = {domain: dict(harness=f"harnesses/cpu/{domain}.py") for domain in ("searchqa", "math")}

@@ -1,22 +1,23 @@
 """
 Tables and plots from the result folders that whale.py writes. It only reads results.
 
-    python report.py --preset cpu          # reads results/cpu/, writes results/cpu/tables.md and *.png
+    python report.py --preset cpu       # reads results/cpu/, writes results/cpu/tables.md and *.png
 
-Runs of --seed 0 are read from results/<preset>/<domain>/<method>/ (or seed-0/<domain>/<method>/), runs of
---seed n from results/<preset>/seed-<n>/<domain>/<method>/.
-Table 1: per method and domain, the final test mean@k (the last evaluation, chosen without looking at the test
-set) and beside it the best over training (the best evaluation, picked on the test set) with the rollouts
-spent to reach it, each the mean over seeds with a 95 % interval from a hierarchical bootstrap: resample the
-seeds, then the test tasks within each resampled seed (2,000 resamples of the per-task scores in
-evals/phase_<n>.json, seed 0; with one seed, a bootstrap over test tasks). With several seeds, each seed's
-final point follows. The paired comparison: WHALE (and adaptive WHALE) minus fixed, named baselines
-(harness-only, weight-only, stagewise-hw, each where it ran), the mean per-task difference on the same tasks under the same
-seed, per seed and pooled over seeds, on the final points (the headline) and on the best points (labelled).
-Then in how many seeds each method's search found a harness better than the one it started from, and what
-RSFT and the searches did. Under the paper preset the paper's numbers stand beside ours.
-Plots: curves.png (test mean@k against cumulative rollouts, a panel per domain, a line per method and seed,
-its 95 % interval over test tasks as a band) and timeline.png (each WHALE run's phases along the rollout
+Runs of --seed 0 are read from results/<preset>/<domain>/<method>/ (or seed-0/<domain>/<method>/),
+runs of --seed n from results/<preset>/seed-<n>/<domain>/<method>/.
+Table 1: per method and domain, the final test mean@k (the last evaluation, chosen without looking
+at the test set) and beside it the best over training (the best evaluation, picked on the test set)
+with the rollouts spent to reach it, each the mean over seeds with a 95 % interval from a
+hierarchical bootstrap: resample the seeds, then the test tasks within each resampled seed (2,000
+resamples of the per-task scores in evals/phase_<n>.json, seed 0; with one seed, a bootstrap over
+test tasks). With several seeds, each seed's final point follows. The paired comparison: WHALE (and
+adaptive WHALE) minus fixed, named baselines (harness-only, weight-only, stagewise-hw, each where it
+ran), the mean per-task difference on the same tasks under the same seed, per seed and pooled over
+seeds, on the final points (the headline) and on the best points (labelled). Then in how many seeds
+each method's search found a harness better than the one it started from, and what RSFT and the
+searches did. Under the paper preset the paper's numbers stand beside ours. Plots: curves.png (test
+mean@k against cumulative rollouts, a panel per domain, a line per method and seed, its 95 %
+interval over test tasks as a band) and timeline.png (each WHALE run's phases along the rollout
 axis, with mean@k after each phase).
 """
 import argparse
@@ -31,14 +32,17 @@ import numpy as np
 
 from lib.cli import Parser, one_line_errors
 from lib.files import read_json, read_jsonl
-from lib.intervals import hierarchical_ci, interval, paired_difference, pooled_difference, seeds_interval
+from lib.intervals import (hierarchical_ci, interval, paired_difference, pooled_difference,
+                           seeds_interval)
 
 DOMAINS = ("searchqa", "math", "chess")
-METHODS = ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale", "whale-adaptive")
-# The comparison's baselines, fixed before any result (never picked by a test score): harness-only searches
-# harnesses as WHALE does, so the difference is what the weight phases add; weight-only trains the weights as
-# WHALE does, so the difference is what the harness phases add; stagewise-hw (all harness rounds, then all
-# weight steps) has WHALE's budgets in a harness-first order, so the difference is what alternation adds
+METHODS = ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale",
+           "whale-adaptive")
+# The comparison's baselines, fixed before any result (never picked by a test score): harness-only
+# searches harnesses as WHALE does, so the difference is what the weight phases add; weight-only
+# trains the weights as WHALE does, so the difference is what the harness phases add; stagewise-hw
+# (all harness rounds, then all weight steps) has WHALE's budgets in a harness-first order, so the
+# difference is what alternation adds
 BASELINES = ("harness-only", "weight-only", "stagewise-hw")
 # mean@8 %, SearchQA / Math / Chess (docs/design.md section 2)
 PAPER = {
@@ -51,8 +55,9 @@ PAPER = {
 
 
 def seed_folders(root):
-    """{seed: the folders that may hold its <domain>/<method>/ runs, first found first read}: root itself is
-    seed 0 (whale.py's folder for --seed 0, and every run made before seeds), root/seed-<n>/ is seed n."""
+    """{seed: the folders that may hold its <domain>/<method>/ runs, first found first read}: root
+    itself is seed 0 (whale.py's folder for --seed 0, and every run made before seeds),
+    root/seed-<n>/ is seed n."""
     seeds = {0: [root]}
     for name in sorted(os.listdir(root)):
         match = re.fullmatch(r"seed-(\d+)", name)
@@ -62,9 +67,9 @@ def seed_folders(root):
 
 
 def load_runs(root):
-    """{(domain, method): {seed: run}} for every finished or running folder, a run being {"summary": ...,
-    "evals": [...], "steps": [...], "archives": {...}}; each eval row carries its per-task scores ("per_task",
-    None for runs made before whale.py stored them)."""
+    """{(domain, method): {seed: run}} for every finished or running folder, a run being {"summary":
+    ..., "evals": [...], "steps": [...], "archives": {...}}; each eval row carries its per-task
+    scores ("per_task", None for runs made before whale.py stored them)."""
     runs = {}
     for seed, bases in seed_folders(root).items():
         for domain in DOMAINS:
@@ -77,22 +82,27 @@ def load_runs(root):
 
 
 def load_run(folder):
-    phases = [r for r in read_jsonl(os.path.join(folder, "metrics.jsonl")) if r.get("event") == "eval"]
-    evals = [r for r in phases if r.get("mean_at_k") is not None]  # phases --test-evals ends skipped: none
+    phases = [r for r in read_jsonl(os.path.join(folder,
+                                                 "metrics.jsonl")) if r.get("event") == "eval"]
+    # phases --test-evals ends skipped: none
+    evals = [r for r in phases if r.get("mean_at_k") is not None]
     for row in evals:
         scores = read_json(os.path.join(folder, "evals", f"phase_{row['phase']}.json"), {})
         row["per_task"], row["sources"] = scores.get("per_task"), scores.get("sources") or {}
     return {"summary": read_summary(folder, evals),
             "evals": evals,
             "steps": read_jsonl(os.path.join(folder, "weights", "metrics.jsonl")),
-            "weight_phase_ends": [r["step"] for r in phases if r.get("kind") == "weight" and "step" in r],
+            "weight_phase_ends": [r["step"] for r in phases if r.get("kind") == "weight"
+                                  and "step" in r],
             "archives": read_archives(folder)}
 
 
 def read_summary(folder, evals):
-    """A run's summary.json (None while it runs); a damaged one is an error naming it and the fix."""
+    """A run's summary.json (None while it runs); a damaged one is an error naming it and the
+    fix."""
     path = os.path.join(folder, "summary.json")
-    fix = "rerun the run's whale.py command (a finished run only writes its summary again), then report.py"
+    fix = ("rerun the run's whale.py command (a finished run only writes its summary again), then "
+           "report.py")
     try:
         summary = read_json(path, {})
     except ValueError:
@@ -100,7 +110,8 @@ def read_summary(folder, evals):
     keys = ("k", "best_phase", "best_mean_at_k", "rollouts_to_best", "final_mean_at_k")
     if summary != {} and not (isinstance(summary, dict) and all(k in summary for k in keys)
                               and summary["best_phase"] in {r["phase"] for r in evals}):
-        raise ValueError(f"damaged run file {path} (not the summary of the phases in metrics.jsonl): {fix}")
+        raise ValueError(f"damaged run file {path} (not the summary of the phases in "
+                         f"metrics.jsonl): {fix}")
     return summary or None
 
 
@@ -109,7 +120,8 @@ def read_archives(folder):
     names = sorted(n for n in os.listdir(folder) if re.fullmatch(r"harness_w\d+", n) and
                    os.path.exists(os.path.join(folder, n, "frontier.json")))
     return {n: (read_json(os.path.join(folder, n, "frontier.json"), {}),
-                {r["name"]: r for r in read_jsonl(os.path.join(folder, n, "summary.jsonl"))}) for n in names}
+                {r["name"]: r for r in read_jsonl(os.path.join(folder, n,
+                                                               "summary.jsonl"))}) for n in names}
 
 
 def finished(seed_runs):
@@ -124,14 +136,17 @@ BEST, FINAL = 0, 1  # the two points of a run, in the order points() gives them
 
 
 def points(run):
-    """(best, final) eval rows of a finished run: the summary's best phase and the last evaluation."""
+    """(best, final) eval rows of a finished run: the summary's best phase and the last
+    evaluation."""
     by_phase = {r["phase"]: r for r in run["evals"]}
     return by_phase[run["summary"]["best_phase"]], run["evals"][-1]
 
 
 def percent(ci):
     mean, low, high = ci
-    return f"{100 * mean:.1f}" if low is None else f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+    if low is None:
+        return f"{100 * mean:.1f}"
+    return f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
 
 
 def signed(difference):
@@ -143,17 +158,20 @@ def signed(difference):
 
 
 def cell(seed_runs):
-    """Table 1's cell for one method and domain: final, then best over training @ rollouts, over the seeds
-    that finished."""
+    """Table 1's cell for one method and domain: final, then best over training @ rollouts, over the
+    seeds that finished."""
     if not seed_runs:
         return "not run"
     done = finished(seed_runs)
     if not done:  # evals[0] is the start, not a phase
-        return f"running ({', '.join(str(max(len(run['evals']) - 1, 0)) for run in seed_runs.values())} phases done)"
+        phases = ", ".join(str(max(len(run["evals"]) - 1, 0)) for run in seed_runs.values())
+        return f"running ({phases} phases done)"
     best, final = zip(*(points(run) for run in done.values()))
     rollouts = round(np.mean([row["rollouts"] for row in best]))
-    text = f"final {percent(seeds_interval(final))}; best {percent(seeds_interval(best))} @ {rollouts:,}"
-    return text + (f" ({len(done)} of {len(seed_runs)} seeds done)" if len(done) < len(seed_runs) else "")
+    text = (f"final {percent(seeds_interval(final))}; best {percent(seeds_interval(best))} "
+            f"@ {rollouts:,}")
+    return text + (f" ({len(done)} of {len(seed_runs)} seeds done)" if len(done) < len(seed_runs)
+                   else "")
 
 
 def seed_list(runs):
@@ -161,21 +179,26 @@ def seed_list(runs):
 
 
 def make_table(runs, preset):
-    k = next((r["summary"]["k"] for seed_runs in runs.values() for r in seed_runs.values() if r["summary"]), 8)
+    k = next((r["summary"]["k"] for seed_runs in runs.values() for r in seed_runs.values()
+              if r["summary"]), 8)
     seeds = seed_list(runs)
     if len(seeds) > 1:
-        over = (f"Mean over {len(seeds)} seeds ({', '.join(map(str, seeds))}); intervals: hierarchical bootstrap, "
+        over = (f"Mean over {len(seeds)} seeds ({', '.join(map(str, seeds))}); intervals: "
+                f"hierarchical bootstrap, "
                 "resampling the seeds, then the test tasks within each (2,000 resamples, seed 0).")
     else:
-        over = "One seed; intervals: percentile bootstrap over test tasks (2,000 resamples, seed 0)."
+        over = ("One seed; intervals: percentile bootstrap over test tasks (2,000 resamples, "
+                "seed 0).")
     lines = [f"# Results: preset `{preset}`", "",
-             f"Final test mean@{k} in % [95 % CI] (the last evaluation: chosen without looking at the test set); "
-             f"best over training in % [95 % CI] (the best evaluation: picked on the test set, so biased upwards) "
-             f"@ rollouts to reach it. Rollouts = training + harness scoring; test evaluation is not counted. {over}",
+             f"Final test mean@{k} in % [95 % CI] (the last evaluation: chosen without looking at "
+             f"the test set); best over training in % [95 % CI] (the best evaluation: picked on "
+             f"the test set, so biased upwards) @ rollouts to reach it. Rollouts = training + "
+             f"harness scoring; test evaluation is not counted. {over}",
              "",
              "| method | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
     for method in shown_methods(runs):
-        lines.append(f"| {method} | " + " | ".join(cell(runs.get((d, method))) for d in DOMAINS) + " |")
+        lines.append(f"| {method} | " + " | ".join(cell(runs.get((d, method)))
+                                                   for d in DOMAINS) + " |")
     lines += ["", "Test sets: " + ", ".join(f"{d}: {tasks_of(runs, d)} tasks" for d in DOMAINS), ""]
     if len(seeds) > 1:
         lines += per_seed_table(runs, seeds, k)
@@ -188,45 +211,54 @@ def make_table(runs, preset):
         lines += ["", "The paper's numbers (best mean@8 %):", "",
                   "| method | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
         for method, values in PAPER.items():
-            lines.append(f"| {method} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in values) + " |")
+            lines.append(f"| {method} | " + " | ".join("-" if v is None else f"{v:.2f}"
+                                                       for v in values) + " |")
     return "\n".join(lines) + "\n"
 
 
 def benchmark_table(runs, k):
-    """Per domain whose test tasks come from several benchmarks (the paper's searchqa: 7 x 100), each method's
-    final mean@k per benchmark and their average, over the seeds and tasks."""
+    """Per domain whose test tasks come from several benchmarks (the paper's searchqa: 7 x 100),
+    each method's final mean@k per benchmark and their average, over the seeds and tasks."""
     lines = []
     for domain in DOMAINS:
         done = {m: finished(runs.get((domain, m))) for m in shown_methods(runs)}
         finals = {m: [run["evals"][-1] for run in d.values()] for m, d in done.items() if d}
-        names = sorted({s for rows in finals.values() for row in rows for s in row["sources"].values()})
+        names = sorted({s for rows in finals.values() for row in rows
+                        for s in row["sources"].values()})
         if len(names) < 2:
             continue
         lines += [f"## {domain}: final test mean@{k} per benchmark, % [95 % CI]", "",
-                  "| method | " + " | ".join(names) + " | average of benchmarks |", "|---|" + "---|" * (len(names) + 1)]
+                  "| method | " + " | ".join(names) + " | average of benchmarks |",
+                  "|---|" + "---|" * (len(names) + 1)]
         for method, rows in finals.items():
-            per = [percent(hierarchical_ci([[v for t, v in row["per_task"].items() if row["sources"].get(t) == name]
+            per = [percent(hierarchical_ci([[v for t, v in row["per_task"].items()
+                                             if row["sources"].get(t) == name]
                                             for row in rows])) for name in names]
-            lines.append(f"| {method} | " + " | ".join(per) + f" | {percent(benchmarks_ci(rows, names))} |")
+            all_ci = percent(benchmarks_ci(rows, names))
+            lines.append(f"| {method} | " + " | ".join(per) + f" | {all_ci} |")
         lines.append("")
     return lines
 
 
 def benchmarks_ci(rows, names, resamples=2000, seed=0, level=0.95):
-    """(mean, low, high) of the average over benchmarks of each benchmark's mean, over seeds: each resample
-    draws the seeds with replacement, then each benchmark's tasks within each drawn seed."""
-    by = [[np.asarray([v for t, v in row["per_task"].items() if row["sources"].get(t) == name], dtype=float)
+    """(mean, low, high) of the average over benchmarks of each benchmark's mean, over seeds: each
+    resample draws the seeds with replacement, then each benchmark's tasks within each drawn
+    seed."""
+    by = [[np.asarray([v for t, v in row["per_task"].items() if row["sources"].get(t) == name],
+                      dtype=float)
            for name in names] for row in rows]
     rng = np.random.default_rng(seed)
     stats = [np.mean([np.mean([x[rng.integers(0, x.size, x.size)].mean() for x in by[i]])
                       for i in rng.integers(0, len(by), len(by))]) for _ in range(resamples)]
     low, high = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
-    return float(np.mean([[x.mean() for x in seed_rows] for seed_rows in by])), float(low), float(high)
+    return float(np.mean([[x.mean() for x in seed_rows]
+                          for seed_rows in by])), float(low), float(high)
 
 
 def shown_methods(runs):
     """METHODS, less the optional ones (adaptive WHALE, stagewise-hw) where no domain ran them."""
-    return [m for m in METHODS if m not in ("whale-adaptive", "stagewise-hw") or any((d, m) in runs for d in DOMAINS)]
+    return [m for m in METHODS if m not in ("whale-adaptive",
+                                            "stagewise-hw") or any((d, m) in runs for d in DOMAINS)]
 
 
 def per_seed_table(runs, seeds, k):
@@ -238,74 +270,90 @@ def per_seed_table(runs, seeds, k):
         cells = []
         for domain in DOMAINS:
             done = finished(runs.get((domain, method)))
-            cells.append(" / ".join(f"{100 * points(done[s])[1]['mean_at_k']:.1f}" if s in done else "-" for s in seeds)
+            cells.append(" / ".join(f"{100 * points(done[s])[1]['mean_at_k']:.1f}" if s in done
+                                    else "-" for s in seeds)
                          if done else "not run")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
 def comparison_table(runs):
-    """WHALE (and adaptive WHALE) minus each fixed baseline, per task under the same seed: per seed, then
-    pooled over the seeds both finished; the final points first (the headline), the best points beside them."""
+    """WHALE (and adaptive WHALE) minus each fixed baseline, per task under the same seed: per seed,
+    then pooled over the seeds both finished; the final points first (the headline), the best points
+    beside them."""
     lines = ["## WHALE against fixed baselines", "",
-             "Mean per-task difference in test mean@k (percentage points) on the same tasks under the same seed, "
-             "with its 95 % interval: per seed a bootstrap over test tasks, pooled a hierarchical bootstrap over "
-             "seeds, then tasks. The headline is the final points (each run's last evaluation, chosen without "
-             "looking at the test set); best over training (each run's best evaluation, picked on the test set) "
-             f"stands beside it. The baselines are fixed, not picked by a test score: {', '.join(BASELINES)}.", "",
-             "| domain | comparison | seed | final: difference [95 % CI] | best over training: difference [95 % CI] "
-             "| tasks |", "|---|---|---|---|---|---|"]
+             "Mean per-task difference in test mean@k (percentage points) on the same tasks under "
+             "the same seed, with its 95 % interval: per seed a bootstrap over test tasks, pooled "
+             "a hierarchical bootstrap over seeds, then tasks. The headline is the final points "
+             "(each run's last evaluation, chosen without looking at the test set); best over "
+             "training (each run's best evaluation, picked on the test set) "
+             f"stands beside it. The baselines are fixed, not picked by a test score: "
+             f"{', '.join(BASELINES)}.", "",
+             "| domain | comparison | seed | final: difference [95 % CI] | best over training: "
+             "difference [95 % CI] | tasks |", "|---|---|---|---|---|---|"]
     rows = 0
     for domain in DOMAINS:
         for method in ("whale", "whale-adaptive"):
             for baseline in BASELINES:
-                found = comparison_rows(domain, f"{method} - {baseline}", finished(runs.get((domain, method))),
+                found = comparison_rows(domain, f"{method} - {baseline}",
+                                        finished(runs.get((domain, method))),
                                         finished(runs.get((domain, baseline))))
                 lines += found
                 rows += len(found)
     if not rows:
-        return lines[:2] + [f"Not enough finished runs: it needs whale and one of {', '.join(BASELINES)} under the "
+        return lines[:2] + [f"Not enough finished runs: it needs whale and one of "
+                            f"{', '.join(BASELINES)} under the "
                             "same seed."]
     return lines
 
 
 def paired_scores(ours, theirs, point):
-    """(ours, theirs) per-task scores at `point` (FINAL or BEST) of two finished runs; None if either lacks them."""
+    """(ours, theirs) per-task scores at `point` (FINAL or BEST) of two finished runs; None if
+    either lacks them."""
     a, b = points(ours)[point], points(theirs)[point]
     return (a["per_task"], b["per_task"]) if a.get("per_task") and b.get("per_task") else None
 
 
 def comparison_rows(domain, label, ours, theirs):
-    """A row per seed both {seed: run} finished, then the pooled row (with more than one such seed)."""
+    """A row per seed both {seed: run} finished, then the pooled row (with more than one such
+    seed)."""
     seeds = sorted(set(ours) & set(theirs))
-    scores = {point: [paired_scores(ours[s], theirs[s], point) for s in seeds] for point in (FINAL, BEST)}
+    scores = {point: [paired_scores(ours[s], theirs[s],
+                                    point) for s in seeds] for point in (FINAL, BEST)}
     lines = []
     for i, seed in enumerate(seeds):
-        final, best = (paired_difference(*scores[p][i]) if scores[p][i] else None for p in (FINAL, BEST))
+        final, best = (paired_difference(*scores[p][i]) if scores[p][i] else None
+                       for p in (FINAL, BEST))
         tasks = final[3] if final else "-"
-        lines.append(f"| {domain} | {label} | {seed} | {signed(final)} | {signed(best)} | {tasks} |")
+        cells = [domain, label, seed, signed(final), signed(best), tasks]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     if len(seeds) > 1:
-        final, best = (pooled_difference(scores[p]) if all(scores[p]) else None for p in (FINAL, BEST))
-        lines.append(f"| {domain} | {label} | pooled ({len(seeds)} seeds) | **{signed(final)}** | {signed(best)} | "
-                     f"{' + '.join(map(str, final[3])) if final else '-'} |")
+        final, best = (pooled_difference(scores[p]) if all(scores[p]) else None
+                       for p in (FINAL, BEST))
+        lines.append(f"| {domain} | {label} | pooled ({len(seeds)} seeds) | **{signed(final)}** | "
+                     f"{signed(best)} | {' + '.join(map(str, final[3])) if final else '-'} |")
     return lines
 
 
 def better_harnesses(run):
-    """[(archive, its h0's harness-set score, its best's)] for each search of a run that found a harness beating
-    the one it started from (its h0): the archive best is not h0 and scores above it. None: no search."""
+    """[(archive, its h0's harness-set score, its best's)] for each search of a run that found a
+    harness beating the one it started from (its h0): the archive best is not h0 and scores above
+    it. None: no search."""
     if not run["archives"]:
         return None
-    series = [(name, frontier.get("best_series") or [0.0]) for name, (frontier, _) in run["archives"].items()]
+    series = [(name,
+               frontier.get("best_series") or [0.0]) for name, (frontier,
+                                                                _) in run["archives"].items()]
     return [(name, scores[0], scores[-1]) for name, scores in series if scores[-1] > scores[0]]
 
 
 def search_table(runs):
     """In how many seeds each method's harness search found a better harness than its start."""
     lines = ["", "## Did the search find a better harness?", "",
-             "Per method, the finished seeds in which a harness search found a harness that beats its start (the "
-             "archive's h0: h0 itself, or the harness the phase began from) on the harness set; then per seed the "
-             "archives (harness_w<n>: searched after n weight phases) that did, h0's score -> the best's.", "",
+             "Per method, the finished seeds in which a harness search found a harness that beats "
+             "its start (the archive's h0: h0 itself, or the harness the phase began from) on the "
+             "harness set; then per seed the archives (harness_w<n>: searched after n weight "
+             "phases) that did, h0's score -> the best's.", "",
              "| domain | method | seeds with a better harness | per seed |", "|---|---|---|---|"]
     header = len(lines)
     for key in ordered(runs):
@@ -313,9 +361,11 @@ def search_table(runs):
         found = {seed: archives for seed, archives in found.items() if archives is not None}
         if found:
             per_seed = "; ".join(f"seed {seed}: " + (", ".join(f"{name} ({start:.2f} -> {best:.2f})"
-                                                               for name, start, best in archives) or "none")
+                                                               for name, start, best in archives)
+                                                               or "none")
                                  for seed, archives in found.items())
-            lines.append(f"| {key[0]} | {key[1]} | {sum(map(bool, found.values()))} of {len(found)} | {per_seed} |")
+            lines.append(f"| {key[0]} | {key[1]} | {sum(map(bool, found.values()))} of "
+                         f"{len(found)} | {per_seed} |")
     return lines if len(lines) > header else lines[:3] + ["No finished run has searched yet."]
 
 
@@ -325,34 +375,38 @@ def ordered(runs):
 
 
 def mechanism_table(runs):
-    """What each axis did: RSFT's accepted examples and training reward, each harness search's harness-set
-    score from its seed to its best and the knob changes that led there."""
+    """What each axis did: RSFT's accepted examples and training reward, each harness search's
+    harness-set score from its seed to its best and the knob changes that led there."""
     lines = ["", "## What moved", "",
-             "RSFT: steps, accepted examples in the first weight phase and in all, the training reward (the share "
-             "of rollouts with reward 1) per weight phase, and over the first and the last quarter of the steps. "
-             "Harness search: per archive (harness_w<n>: searched after n weight phases), the harness-set score "
-             "of its seed and after each iteration, and the best candidate's lineage.", "",
-             "| domain | method | seed | RSFT steps | accepted: first phase / all | train reward per weight phase "
-             "| first -> last quarter | harness searches |",
+             "RSFT: steps, accepted examples in the first weight phase and in all, the training "
+             "reward (the share of rollouts with reward 1) per weight phase, and over the first "
+             "and the last quarter of the steps. Harness search: per archive (harness_w<n>: "
+             "searched after n weight phases), the harness-set score of its seed and after each "
+             "iteration, and the best candidate's lineage.", "",
+             "| domain | method | seed | RSFT steps | accepted: first phase / all | train reward "
+             "per weight phase | first -> last quarter | harness searches |",
              "|---|---|---|---|---|---|---|---|"]
     for domain, method in ordered(runs):
         for seed, run in runs[domain, method].items():
             steps = run["steps"]
             phases, first, last = weight_phases(steps, run["weight_phase_ends"]), *quarters(steps)
             reward = " / ".join(f"{fmean(r['accept_rate'] for r in p):.2f}" for p in phases) or "-"
-            accepted = (f"{sum(r.get('examples', 0) for r in phases[0])} / {sum(r.get('examples', 0) for r in steps)}"
+            accepted = (f"{sum(r.get('examples', 0) for r in phases[0])} / "
+                        f"{sum(r.get('examples', 0) for r in steps)}"
                         if phases else "-")
-            searches = "; ".join(f"{name}: " + ", ".join(f"{x:.2f}" for x in frontier["best_series"])
+            searches = "; ".join(f"{name}: " + ", ".join(f"{x:.2f}"
+                                                         for x in frontier["best_series"])
                                  + " (" + trajectory(frontier, rows) + ")"
                                  for name, (frontier, rows) in run["archives"].items())
             moved = f"{first:.2f} -> {last:.2f}" if steps else "-"
-            lines.append(f"| {domain} | {method} | {seed} | {len(steps)} | {accepted} | {reward} | {moved} "
-                         f"| {searches or '-'} |")
+            lines.append(f"| {domain} | {method} | {seed} | {len(steps)} | {accepted} | {reward} | "
+                         f"{moved} | {searches or '-'} |")
     return lines
 
 
 def weight_phases(steps, ends):
-    """The RSFT step rows of each weight phase, split at the steps where the run's weight phases ended."""
+    """The RSFT step rows of each weight phase, split at the steps where the run's weight phases
+    ended."""
     phases, start = [], 0
     for end in ends:
         phases.append([r for r in steps if start < r["step"] <= end])
@@ -361,7 +415,8 @@ def weight_phases(steps, ends):
 
 
 def quarters(steps):
-    """(training reward over the first quarter of the steps, over the last quarter), a quarter at least a step."""
+    """(training reward over the first quarter of the steps, over the last quarter), a quarter at
+    least a step."""
     if not steps:
         return None, None
     n = max(1, len(steps) // 4)
@@ -369,32 +424,40 @@ def quarters(steps):
 
 
 def infrastructure_table(runs):
-    """The phases with episodes lost outside the harness's own code (scored 0, within the run's --infra-budget)
-    or with worker starts tried twice: nothing when there were none, so a clean table reads as before."""
-    rows = [(domain, method, seed, r) for domain, method in ordered(runs) for seed, run in runs[domain, method].items()
+    """The phases with episodes lost outside the harness's own code (scored 0, within the run's
+    --infra-budget) or with worker starts tried twice: nothing when there were none, so a clean
+    table reads as before."""
+    rows = [(domain, method, seed,
+             r) for domain, method in ordered(runs) for seed, run in runs[domain, method].items()
             for r in run["evals"] if r.get("infra_failures") or r.get("start_retries")]
     if not rows:
         return []
     lines = ["", "## Infrastructure failures", "",
-             "Per phase (its test evaluation included): episodes lost outside the harness's code (a worker that did "
-             "not start, a tool server that did not answer; each scored 0), and sandbox starts tried again.", "",
-             "| domain | method | seed | phase | episodes lost | starts retried |", "|---|---|---|---|---|---|"]
+             "Per phase (its test evaluation included): episodes lost outside the harness's code "
+             "(a worker that did not start, a tool server that did not answer; each scored 0), and "
+             "sandbox starts tried again.", "",
+             "| domain | method | seed | phase | episodes lost | starts retried |",
+             "|---|---|---|---|---|---|"]
     for domain, method, seed, r in rows:
-        lines.append(f"| {domain} | {method} | {seed} | {r['phase']} ({r['kind']}) | {r.get('infra_failures', 0)} "
-                     f"| {r.get('start_retries', 0)} |")
+        lines.append(f"| {domain} | {method} | {seed} | {r['phase']} ({r['kind']}) | "
+                     f"{r.get('infra_failures', 0)} | {r.get('start_retries', 0)} |")
     return lines
 
 
 def trajectory(frontier, rows, width=40):
-    """The best candidate's lineage with each step's knob change, e.g. h0 -> h1_2 [SEARCH_FIRST: False -> True];
-    a new value longer than `width` characters is cut (the archive's summary.jsonl has it whole)."""
+    """The best candidate's lineage with each step's knob change, e.g. h0 -> h1_2 [SEARCH_FIRST:
+    False -> True]; a new value longer than `width` characters is cut (the archive's summary.jsonl
+    has it whole)."""
     def cut(text):
         return text if len(text) <= width else text[:width - 3] + "..."
 
-    def short(changed):  # "KNOB: old -> new; KNOB2: ..." -> "KNOB: new; KNOB2: ..."; other text just cut
+    # "KNOB: old -> new; KNOB2: ..." -> "KNOB: new; KNOB2: ..."; other text just cut
+    def short(changed):
         parts = [part.rpartition(" -> ") for part in re.split(r"; (?=[A-Z][A-Z_0-9]*: )", changed)]
-        return "; ".join(head.split(":")[0] + ": " + cut(new) if sep else cut(new) for head, sep, new in parts)
-    text = " -> ".join(name + (f" [{short(rows[name]['changed'])}]" if name in rows and rows[name].get("parent") else "")
+        return "; ".join(head.split(":")[0] + ": " + cut(new) if sep else cut(new)
+                         for head, sep, new in parts)
+    text = " -> ".join(name + (f" [{short(rows[name]['changed'])}]" if name in rows
+                               and rows[name].get("parent") else "")
                        for name in frontier.get("lineage", []))
     return re.sub(r"[|\n]", " ", text)  # a proposer's free text must not break the table row
 
@@ -409,13 +472,15 @@ def tasks_of(runs, domain):
 # plots
 
 def percent_axis(ax):
-    """mean@k in %: from 0 (never negative), at least 0-10 so an all-zero line lies visibly on the floor."""
+    """mean@k in %: from 0 (never negative), at least 0-10 so an all-zero line lies visibly on the
+    floor."""
     ax.set_ylim(0, max(10.0, 1.1 * ax.get_ylim()[1]))
     ax.set_ylabel("test mean@k (%)")
 
 
 def plot_curves(runs, path):
-    """A panel per domain, a line per method and seed (a method's seeds share its colour), each with its band."""
+    """A panel per domain, a line per method and seed (a method's seeds share its colour), each with
+    its band."""
     fig, axes = plt.subplots(1, len(DOMAINS), figsize=(5 * len(DOMAINS), 4), squeeze=False)
     for ax, domain in zip(axes[0], DOMAINS):
         for method in METHODS:
@@ -428,10 +493,13 @@ def plot_curves(runs, path):
                 line, = ax.plot(xs, ys, marker="o", color=color, label=None if color else method)
                 color = line.get_color()
                 cis = [interval(r) or (None, np.nan, np.nan) for r in run["evals"]]
-                ax.fill_between(xs, [100 * c[1] for c in cis], [100 * c[2] for c in cis], color=color,
-                                alpha=0.15, linewidth=0)
-        seeds = sorted({seed for (d, _), seed_runs in runs.items() if d == domain for seed in seed_runs})
-        ax.set_title(f"{domain} (bands: 95 % CI over test tasks)" + (f", {len(seeds)} seeds" if len(seeds) > 1 else ""))
+                ax.fill_between(xs, [100 * c[1] for c in cis], [100 * c[2] for c in cis],
+                                color=color, alpha=0.15, linewidth=0)
+        seeds = sorted({seed for (d,
+                                  _), seed_runs in runs.items() if d == domain
+                                  for seed in seed_runs})
+        ax.set_title(f"{domain} (bands: 95 % CI over test tasks)"
+                     + (f", {len(seeds)} seeds" if len(seeds) > 1 else ""))
         percent_axis(ax)
         ax.set_xlabel("cumulative rollouts (training + harness scoring)")
         ax.grid(alpha=0.3)
@@ -447,15 +515,18 @@ def plot_curves(runs, path):
 def plot_timeline(runs, path):
     whale_runs = [(d, m, seed) for (d, m), seed_runs in runs.items() if m.startswith("whale")
                   for seed, run in seed_runs.items() if run["evals"]]
-    fig, axes = plt.subplots(max(1, len(whale_runs)), 1, figsize=(10, 2.4 * max(1, len(whale_runs))), squeeze=False)
+    fig, axes = plt.subplots(max(1, len(whale_runs)), 1,
+                             figsize=(10, 2.4 * max(1, len(whale_runs))), squeeze=False)
     colors = {"weight": "tab:blue", "harness": "tab:orange"}
     for ax, (domain, method, seed) in zip(axes[:, 0], whale_runs):
         evals = runs[domain, method][seed]["evals"]
         for prev, row in zip(evals, evals[1:]):
-            ax.axvspan(prev["rollouts"], max(row["rollouts"], prev["rollouts"] + 1), color=colors[row["kind"]], alpha=0.25)
+            ax.axvspan(prev["rollouts"], max(row["rollouts"], prev["rollouts"] + 1),
+                       color=colors[row["kind"]], alpha=0.25)
         ax.plot([r["rollouts"] for r in evals], [100 * r["mean_at_k"] for r in evals], "k-o")
         percent_axis(ax)
-        ax.set_title(f"{domain} / {method} / seed {seed}: weight phases blue, harness phases orange")
+        ax.set_title(f"{domain} / {method} / seed {seed}: weight phases blue, "
+                     "harness phases orange")
         ax.set_xlabel("cumulative rollouts")
     if not whale_runs:
         axes[0, 0].text(0.5, 0.5, "no WHALE run yet", ha="center")
@@ -475,7 +546,8 @@ def main(argv=None):
 
 def write_report(args):
     root = os.path.join(args.results, args.preset)
-    fill = (f"run `PRESET={args.preset} bash run_all.sh` (or `python whale.py --preset {args.preset} --domain D "
+    fill = (f"run `PRESET={args.preset} bash run_all.sh` (or `python whale.py --preset "
+            f"{args.preset} --domain D "
             "--method M`) first")
     if not os.path.isdir(root):
         raise ValueError(f"no results in {root}: {fill}")

@@ -1,25 +1,32 @@
-"""
-Online rejection-sampling fine-tuning (RSFT) with LoRA: the weight phase of WHALE, also the weight-only baseline.
+r"""
+Online rejection-sampling fine-tuning (RSFT) with LoRA: the weight phase of WHALE, also the
+weight-only baseline.
 
-    python rft.py --domain math --harness harnesses/math.py --model smoke --steps 4 --batch 8 --group 8 --out out/rft
-    python rft.py --domain math --harness harnesses/math.py --model cpu --steps 5 --batch 4 --group 4 --max-new-tokens 96 --out out/rft-cpu
+    python rft.py --domain math --harness harnesses/math.py --model smoke --steps 4 --batch 8 \
+        --group 8 --out out/rft
+    python rft.py --domain math --harness harnesses/math.py --model cpu --steps 5 --batch 4 \
+        --group 4 --max-new-tokens 96 --out out/rft-cpu
 
 Each rollout step (RSFT.step) is sample, filter, update:
-- sample: the next --batch prompts of the train split from a seeded epoch sampler (a fresh shuffle per epoch, so
-  "0.6 epoch" is exactly 0.6 * len(train) prompts), G = --group episodes each, under the current harness with
-  the current weights;
-- filter: keep every episode with reward > 0.5 (all correct ones, not best-of-n): an accepted trajectory, whose
+- sample: the next --batch prompts of the train split from a seeded epoch sampler (a fresh shuffle
+per epoch, so
+  "0.6 epoch" is exactly 0.6 * len(train) prompts), G = --group episodes each, under the current
+  harness with the current weights;
+- filter: keep every episode with reward > 0.5 (all correct ones, not best-of-n): an accepted
+trajectory, whose
   every llm() call is one example (prompt ids, sampled completion ids);
 - update: one pass over the accepted trajectories in order, one optimizer step per SFT mini-batch of
-  --sft-batch of them, so ceil(accepted / sft_batch) steps (the paper presets: 64 per GPU x the official runs'
-  data-parallel GPUs, presets.OFFICIAL_DP_GPUS); a mini-batch's loss is the summed NLL of its
-  completion tokens only (the prompt, which holds the system and user turns and the tool outputs, is masked)
-  over its number of completion tokens, accumulated in length-sorted micro-batches of --minibatch examples
-  (AdamW on the LoRA weights with weight decay, gradient clipping, a constant lr unless --warmup). No replay
-  buffer; a step with nothing accepted makes no update, but its rollouts still count.
-After every step the trainer checkpoints (adapter, optimizer, scheduler, sampler, RNG, counters) atomically to
-OUT/ckpt, rewrites OUT/metrics.jsonl and has the policy serve the new adapter; rerunning the same command resumes
-after the last finished step. The update's speed against a bare HF loop: scripts/bench_rft.py.
+  --sft-batch of them, so ceil(accepted / sft_batch) steps (the paper presets: 64 per GPU x the
+  official runs' data-parallel GPUs, presets.OFFICIAL_DP_GPUS); a mini-batch's loss is the summed
+  NLL of its completion tokens only (the prompt, which holds the system and user turns and the tool
+  outputs, is masked) over its number of completion tokens, accumulated in length-sorted
+  micro-batches of --minibatch examples (AdamW on the LoRA weights with weight decay, gradient
+  clipping, a constant lr unless --warmup). No replay buffer; a step with nothing accepted makes no
+  update, but its rollouts still count.
+After every step the trainer checkpoints (adapter, optimizer, scheduler, sampler, RNG, counters)
+atomically to OUT/ckpt, rewrites OUT/metrics.jsonl and has the policy serve the new adapter;
+rerunning the same command resumes after the last finished step. The update's speed against a bare
+HF loop: scripts/bench_rft.py.
 """
 import gc
 import json
@@ -35,47 +42,58 @@ from tqdm import tqdm
 
 import rollout
 from lib import sandbox
-from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int, one_line_errors,
-                     positive_float, positive_int, probability, seed_int)
-from lib.files import link_tree, read_json, resolved_path, sha256, stored_path, swap_link, write_json, write_jsonl
+from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int,
+                     one_line_errors, positive_float, positive_int, probability, seed_int)
+from lib.files import (link_tree, read_json, resolved_path, sha256, stored_path, swap_link,
+                       write_json, write_jsonl)
 from lib.policy import add_backend_args, load_policy
 from lib.ops.reuse import adapter_id
 from lib.ops.run_checks import CHECKPOINT_FILES, check_checkpoint, check_checkpoint_model
 
 
 def add_args(parser):
-    """The RSFT, LoRA and sampling flags (whale.py reuses them). The caller adds --model and --seed."""
+    """The RSFT, LoRA and sampling flags (whale.py reuses them). The caller adds --model and
+    --seed."""
     group = parser.add_argument_group("RSFT rollout step (paper: 256 prompts x G = 8)")
-    group.add_argument("--batch", type=positive_int, default=256, help="training prompts per rollout step")
+    group.add_argument("--batch", type=positive_int, default=256,
+                       help="training prompts per rollout step")
     group.add_argument("--group", type=positive_int, default=8, help="G: rollouts per prompt")
     rollout.add_sampling_args(group)
-    group = parser.add_argument_group("SFT update (paper: one pass over the accepted set, one optimizer step per "
-                                      "64 accepted trajectories on each GPU)")
+    group = parser.add_argument_group("SFT update (paper: one pass over the accepted set, one "
+                                      "optimizer step per 64 accepted trajectories on each GPU)")
     group.add_argument("--sft-batch", type=positive_int, default=64,
-                        help="accepted trajectories per optimizer step (the SFT mini-batch; the paper presets: 64 x "
-                             "the official runs' GPUs)")
+                        help="accepted trajectories per optimizer step (the SFT mini-batch; the "
+                             "paper presets: 64 x the official runs' GPUs)")
     group.add_argument("--minibatch", type=positive_int, default=8,
-                        help="examples per forward/backward inside an SFT mini-batch (gradient accumulation)")
-    group.add_argument("--lr", type=positive_float, default=1e-4, help="AdamW lr on the LoRA weights")
+                        help="examples per forward/backward inside an SFT mini-batch (gradient "
+                             "accumulation)")
+    group.add_argument("--lr", type=positive_float, default=1e-4,
+                       help="AdamW lr on the LoRA weights")
     group.add_argument("--warmup", type=nonnegative_int, default=0,
                         help="rollout steps of linear lr warm-up (paper: 0, a constant lr)")
-    group.add_argument("--weight-decay", type=nonnegative_float, default=0.01, help="AdamW weight decay")
-    group.add_argument("--grad-clip", type=nonnegative_float, default=1.0, help="max gradient norm (0 = off)")
+    group.add_argument("--weight-decay", type=nonnegative_float, default=0.01,
+                       help="AdamW weight decay")
+    group.add_argument("--grad-clip", type=nonnegative_float, default=1.0,
+                       help="max gradient norm (0 = off)")
     group = parser.add_argument_group("LoRA")
     group.add_argument("--lora-rank", type=positive_int, default=16)
     group.add_argument("--lora-alpha", type=positive_int, default=32)
     group.add_argument("--lora-dropout", type=probability, default=0.0)
-    group.add_argument("--lora-targets", default="all-linear", help="'all-linear' or comma-separated module names")
+    group.add_argument("--lora-targets", default="all-linear",
+                       help="'all-linear' or comma-separated module names")
     group = parser.add_argument_group("GPU training")
-    group.add_argument("--bf16", action="store_true", help="load the base model in bf16 (LoRA weights stay fp32)")
-    group.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
+    group.add_argument("--bf16", action="store_true",
+                       help="load the base model in bf16 (LoRA weights stay fp32)")
+    group.add_argument("--grad-checkpointing", action="store_true",
+                       help="recompute activations in backward")
 
 
 # -----------------------------------------------------------------------------
 # pieces: sampler, loss, update, stop rule
 
 class EpochSampler:
-    """Prompt indices in a seeded shuffle, reshuffled every epoch; its state is two integers, so it resumes exactly."""
+    """Prompt indices in a seeded shuffle, reshuffled every epoch; its state is two integers, so it
+    resumes exactly."""
 
     def __init__(self, n, seed, epoch=0, pos=0):
         self.n, self.seed, self.epoch, self.pos = n, seed, epoch, pos
@@ -98,18 +116,21 @@ class EpochSampler:
 
 
 def completion_nll(model, examples):
-    """Summed NLL of the completion tokens of `examples` [(prompt_ids, completion_ids)], in one right-padded batch.
+    """Summed NLL of the completion tokens of `examples` [(prompt_ids, completion_ids)], in one
+    right-padded batch.
 
-    The head runs only on the positions that predict a completion token, so prompt positions (system and user
-    turns, tool outputs) neither add to the loss nor cost a vocabulary-sized projection."""
+    The head runs only on the positions that predict a completion token, so prompt positions (system
+    and user turns, tool outputs) neither add to the loss nor cost a vocabulary-sized projection."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     device = next(model.parameters()).device
     width = max(len(p) + len(c) for p, c in examples)
-    ids = torch.zeros((len(examples), width), dtype=torch.long)  # pad id is irrelevant: right padding + causal attention
+    # pad id is irrelevant: right padding + causal attention
+    ids = torch.zeros((len(examples), width), dtype=torch.long)
     targets = torch.full((len(examples), width), -100, dtype=torch.long)
     for i, (p, c) in enumerate(examples):
         ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-        targets[i, len(p) - 1:len(p) + len(c) - 1] = torch.tensor(c)  # position t predicts token t + 1
+        # position t predicts token t + 1
+        targets[i, len(p) - 1:len(p) + len(c) - 1] = torch.tensor(c)
     ids, targets = ids.to(device), targets.to(device)
     hidden = base.get_decoder()(input_ids=ids).last_hidden_state
     keep = targets != -100
@@ -124,9 +145,10 @@ def length_batches(examples, size):
 
 
 def sft_update(model, optimizer, trajectories, sft_batch, minibatch, grad_clip):
-    """One SFT pass over the accepted trajectories in order (each a list of examples): one optimizer step per
-    mini-batch of `sft_batch` trajectories, its loss the token mean over that mini-batch's completion tokens,
-    accumulated over forward/backward micro-batches of `minibatch` examples. Returns the mini-batch losses."""
+    """One SFT pass over the accepted trajectories in order (each a list of examples): one optimizer
+    step per mini-batch of `sft_batch` trajectories, its loss the token mean over that mini-batch's
+    completion tokens, accumulated over forward/backward micro-batches of `minibatch` examples.
+    Returns the mini-batch losses."""
     model.train()
     losses = []
     for i in range(0, len(trajectories), sft_batch):
@@ -138,7 +160,8 @@ def sft_update(model, optimizer, trajectories, sft_batch, minibatch, grad_clip):
             part.backward()
             loss += part.item()
         if grad_clip:
-            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                           grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss)
@@ -147,44 +170,50 @@ def sft_update(model, optimizer, trajectories, sft_batch, minibatch, grad_clip):
 
 
 def hand_back_memory():
-    """Give the trainer's cached GPU memory back to the driver after an update. PyTorch's caching allocator keeps
-    the SFT peak (activations, logits) reserved, and the vLLM engine, another process, must map its whole share
-    again at its wake: with both, the card holds the two peaks at once."""
+    """Give the trainer's cached GPU memory back to the driver after an update. PyTorch's caching
+    allocator keeps the SFT peak (activations, logits) reserved, and the vLLM engine, another
+    process, must map its whole share again at its wake: with both, the card holds the two peaks at
+    once."""
     gc.collect()  # autograd graphs and tensors held by reference cycles first
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
 def should_stop_weight_phase(rewards, window, min_len, patience):
-    """The paper's adaptive rule: stop once the trailing `window`-step mean of the phase's training rewards has
-    set no new phase-best (strictly higher) for `patience` steps, and the phase has run at least `min_len` steps.
-    The first window-1 means are over the steps so far."""
+    """The paper's adaptive rule: stop once the trailing `window`-step mean of the phase's training
+    rewards has set no new phase-best (strictly higher) for `patience` steps, and the phase has run
+    at least `min_len` steps. The first window-1 means are over the steps so far."""
     if not rewards or len(rewards) < min_len:
         return False
     means = []
     for t in range(len(rewards)):
         recent = rewards[max(0, t - window + 1):t + 1]
         means.append(sum(recent) / len(recent))
-    best_at = max(range(len(means)), key=lambda t: (means[t], -t))  # the first step that reached the best
+    # the first step that reached the best
+    best_at = max(range(len(means)), key=lambda t: (means[t], -t))
     return len(means) - 1 - best_at >= patience
 
 
 def check_batch(batch, n_train, domain_name):
     if not 1 <= batch <= n_train:
-        raise ValueError(f"--batch {batch} does not fit the train split of {domain_name} ({n_train} prompts): "
-                         f"use 1 <= --batch <= {n_train}")
+        raise ValueError(f"--batch {batch} does not fit the train split of {domain_name} "
+                         f"({n_train} prompts): use 1 <= --batch <= {n_train}")
 
 
 # -----------------------------------------------------------------------------
-# the trainer: state that lives across steps (model, optimizer, sampler, counters) and its checkpoint
+# the trainer: state that lives across steps (model, optimizer, sampler, counters) and its
+# checkpoint
 
 class RSFT:
-    """trainer = RSFT(args, policy, domain, out_dir); row = trainer.step(harness_path). Resumes from out_dir/ckpt."""
+    """trainer = RSFT(args, policy, domain, out_dir); row = trainer.step(harness_path). Resumes from
+    out_dir/ckpt."""
 
     def __init__(self, args, policy, domain, out_dir, train=None, run_dir=None, run_episodes=None):
         self.args, self.policy, self.domain, self.out_dir = args, policy, domain, Path(out_dir)
-        self.run_dir = Path(run_dir or out_dir)  # the history's harness paths inside it are stored relative to it
-        self.run_episodes = run_episodes or rollout.run_episodes  # the episode runner (a test passes its own)
+        # the history's harness paths inside it are stored relative to it
+        self.run_dir = Path(run_dir or out_dir)
+        # the episode runner (a test passes its own)
+        self.run_episodes = run_episodes or rollout.run_episodes
         self.train = train if train is not None else domain.load("train")
         if args.group < 1:
             raise ValueError(f"--group {args.group}: G must be >= 1 rollout per prompt")
@@ -205,15 +234,18 @@ class RSFT:
             policy.add_adapter(args)
         model = policy.model
         if args.grad_checkpointing:
-            model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.get_base_model().gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         model.eval()  # sampling mode; sft_update switches to train mode and back
         if resume:  # the engine serves the checkpoint's adapter (canary checked) before any rollout
             policy.serve_adapter(ckpt / "adapter")
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / (args.warmup + 1)))
+        warmup = lambda s: min(1.0, (s + 1) / (args.warmup + 1))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup)
         self.sampler = EpochSampler(len(self.train), args.seed, **state["sampler"])
-        self.step_count, self.rollouts, self.history = state["step"], state["rollouts"], state["history"]
+        self.step_count, self.rollouts = state["step"], state["rollouts"]
+        self.history = state["history"]
         if resume:
             opt = torch.load(ckpt / "optimizer.pt", weights_only=False)
             self.optimizer.load_state_dict(opt["optimizer"])
@@ -226,14 +258,15 @@ class RSFT:
 
     @property
     def weights_id(self):
-        """The weights, for the evaluation cache: the base model (also an adapter no step updated: a fresh
-        LoRA's B is zero), or the content of the current adapter."""
+        """The weights, for the evaluation cache: the base model (also an adapter no step updated: a
+        fresh LoRA's B is zero), or the content of the current adapter."""
         if all(row["skipped"] for row in self.history):
             return "base"
         return adapter_id(self.out_dir / "ckpt" / "adapter")
 
     def step(self, harness_path):
-        """One rollout step: sample, filter, update; then checkpoint and serve the new weights. -> the metrics row."""
+        """One rollout step: sample, filter, update; then checkpoint and serve the new weights. ->
+        the metrics row."""
         tasks = [self.train[i] for i in self.sampler.take(self.args.batch)]
         t0 = time.time()
         episodes = self.sample(tasks, harness_path)
@@ -271,14 +304,16 @@ class RSFT:
         return row
 
     def sample(self, tasks, harness_path):
-        """G episodes per task under the harness, each seeded by (seed, step), so a resumed step samples the same."""
+        """G episodes per task under the harness, each seeded by (seed, step), so a resumed step
+        samples the same."""
         return self.run_episodes(
             self.domain, str(harness_path), tasks, self.policy, samples=self.args.group,
             **rollout.sampling_kwargs(self.args), seed=self.args.seed * 1_000_003 + self.step_count,
             desc=f"rft step {self.step_count + 1} rollouts")
 
     def update(self, trajectories):
-        """ceil(accepted / --sft-batch) optimizer steps; the lr schedule steps once per rollout step."""
+        """ceil(accepted / --sft-batch) optimizer steps; the lr schedule steps once per rollout
+        step."""
         self.policy.free_memory()  # vllm --vllm-sleep: the engine's memory goes to the trainer
         losses = sft_update(self.policy.model, self.optimizer, trajectories, self.args.sft_batch,
                             self.args.minibatch, self.args.grad_clip)
@@ -287,16 +322,18 @@ class RSFT:
         return losses
 
     def save(self):
-        """Write the checkpoint into a fresh folder, then switch to it, so a kill at any moment leaves the previous
-        or the new checkpoint, never a broken one."""
+        """Write the checkpoint into a fresh folder, then switch to it, so a kill at any moment
+        leaves the previous or the new checkpoint, never a broken one."""
         folder = self.out_dir / f"ckpt-{self.step_count:06d}"
         shutil.rmtree(folder, ignore_errors=True)
         self.policy.save_adapter(folder / "adapter")
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "rng": get_rng_state()}, folder / "optimizer.pt")
+        torch.save({"optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(), "rng": get_rng_state()},
+                    folder / "optimizer.pt")
         state = {"model": self.args.model, "step": self.step_count, "rollouts": self.rollouts,
                  "sampler": self.sampler.state_dict(), "history": self.history}
-        state["sha256"] = {name: sha256(folder / name) for name in CHECKPOINT_FILES}  # what a resume checks
+        # what a resume checks
+        state["sha256"] = {name: sha256(folder / name) for name in CHECKPOINT_FILES}
         (folder / "state.json").write_text(json.dumps(state))
         switch_checkpoint(self.out_dir, folder, self.history)
         for old in self.out_dir.glob("ckpt-*"):
@@ -304,8 +341,8 @@ class RSFT:
                 shutil.rmtree(old, ignore_errors=True)
 
     def adopt(self, snapshot):
-        """Make the checkpoint folder `snapshot` (another run's) this run's, as if its steps had run here.
-        -> a trainer on it."""
+        """Make the checkpoint folder `snapshot` (another run's) this run's, as if its steps had run
+        here. -> a trainer on it."""
         state = read_json(snapshot / "state.json")
         folder = self.out_dir / f"ckpt-{state['step']:06d}"
         shutil.rmtree(folder, ignore_errors=True)
@@ -316,19 +353,21 @@ class RSFT:
             row["harness"] = stored_path(resolved_path(row["harness"], donor), self.run_dir)
         write_json(folder / "state.json", state)  # a new file, not the donor's hard link
         switch_checkpoint(self.out_dir, folder, state["history"])
-        self.policy.drop_adapter()  # the new trainer loads the checkpoint's adapter onto the base model
-        return RSFT(self.args, self.policy, self.domain, self.out_dir, train=self.train, run_dir=self.run_dir,
-                    run_episodes=self.run_episodes)
+        # the new trainer loads the checkpoint's adapter onto the base model
+        self.policy.drop_adapter()
+        return RSFT(self.args, self.policy, self.domain, self.out_dir, train=self.train,
+                    run_dir=self.run_dir, run_episodes=self.run_episodes)
 
 
 def examples_of(episode):
-    """The SFT examples of one episode: (prompt ids, sampled completion ids) of each llm() call that sampled any."""
+    """The SFT examples of one episode: (prompt ids, sampled completion ids) of each llm() call that
+    sampled any."""
     return [(c["prompt_ids"], c["completion_ids"]) for c in episode["calls"] if c["completion_ids"]]
 
 
 def switch_checkpoint(out_dir, folder, history):
-    """`ckpt` -> folder in one atomic rename, then metrics.jsonl rewritten from its history, so a kill between the
-    two writes never loses or repeats a row."""
+    """`ckpt` -> folder in one atomic rename, then metrics.jsonl rewritten from its history, so a
+    kill between the two writes never loses or repeats a row."""
     swap_link(Path(out_dir) / "ckpt", Path(folder).name)
     write_jsonl(Path(out_dir) / "metrics.jsonl", history)
 
@@ -348,18 +387,21 @@ def set_rng_state(state):
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
-    import domains  # here, not at the top: the SFT update (scripts/gpu_check.sh) needs no domain, nor python-chess
+    # here, not at the top: the SFT update (scripts/gpu_check.sh) needs no domain, nor python-chess
+    import domains
     p = Parser(description="Online RSFT with LoRA (the weight phase of WHALE).")
     # run
     p.add_argument("--domain", choices=("searchqa", "math", "chess"))
     p.add_argument("--harness", help="the harness file the rollouts run under")
     p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
     p.add_argument("--out", help="run folder: config.json, metrics.jsonl, ckpt/, summary.json")
-    p.add_argument("--steps", type=positive_int, default=10, help="rollout steps in all (a rerun resumes)")
+    p.add_argument("--steps", type=positive_int, default=10,
+                   help="rollout steps in all (a rerun resumes)")
     p.add_argument("--seed", type=seed_int, default=0)
     # adaptive stop (paper: window = minimum phase length = patience = 0.2 epoch)
     p.add_argument("--stop-patience", type=nonnegative_int, default=0,
-                   help="stop early when the N-step mean reward set no new best for N steps, after N steps (0 = off)")
+                   help="stop early when the N-step mean reward set no new best for N steps, after "
+                        "N steps (0 = off)")
     add_args(p)
     add_backend_args(p)
     domains.add_args(p)
@@ -373,8 +415,8 @@ def main(argv=None):
 
 
 def train(args):
-    """rft.py's run: every check before the model loads (the first thing to hear about is a bad input or a
-    damaged run folder), then RSFT steps until --steps or the early stop."""
+    """rft.py's run: every check before the model loads (the first thing to hear about is a bad
+    input or a damaged run folder), then RSFT steps until --steps or the early stop."""
     import domains
     sandbox.apply_args(args)
     rollout.apply_args(args)
@@ -390,16 +432,20 @@ def train(args):
     rewards = [r["reward"] for r in trainer.history]
     n = args.stop_patience
     bar = tqdm(total=args.steps, initial=trainer.step_count, desc="rft steps")
-    while trainer.step_count < args.steps and not (n and should_stop_weight_phase(rewards, n, n, n)):
+    while trainer.step_count < args.steps and not (n
+                                                   and should_stop_weight_phase(rewards, n, n, n)):
         row = trainer.step(args.harness)
         rewards.append(row["reward"])
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward']:.3f}", accept=f"{row['accept_rate']:.2f}",
-                        loss="skip" if row["skipped"] else f"{row['loss']:.3f}", rollouts=row["rollouts"])
+                        loss="skip" if row["skipped"] else f"{row['loss']:.3f}",
+                        rollouts=row["rollouts"])
     bar.close()
-    summary = {"steps": trainer.step_count, "rollouts": trainer.rollouts, "epochs": trainer.epoch_progress,
-               "rewards": rewards, "first_reward": rewards[0] if rewards else None,
-               "last_reward": rewards[-1] if rewards else None, "stopped_early": trainer.step_count < args.steps,
+    summary = {"steps": trainer.step_count, "rollouts": trainer.rollouts,
+               "epochs": trainer.epoch_progress, "rewards": rewards,
+               "first_reward": rewards[0] if rewards else None,
+               "last_reward": rewards[-1] if rewards else None,
+               "stopped_early": trainer.step_count < args.steps,
                "seconds": sum(r["sample_s"] + r["train_s"] for r in trainer.history),
                "adapter": os.path.join(args.out, "ckpt", "adapter")}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
@@ -412,10 +458,10 @@ if __name__ == "__main__":
 
 
 def weight_phase_over(rewards, schedule, max_steps, window):
-    """Whether the running weight phase ends after these training rewards (one per RSFT step). Fixed:
-    after max_steps. Adaptive: when the windowed mean reward has set no new phase-best for `window`
-    steps, after at least `window` steps (paper: window = minimum length = patience = 0.2 epoch), or
-    after max_steps (the weight budget)."""
+    """Whether the running weight phase ends after these training rewards (one per RSFT step).
+    Fixed: after max_steps. Adaptive: when the windowed mean reward has set no new phase-best for
+    `window` steps, after at least `window` steps (paper: window = minimum length = patience = 0.2
+    epoch), or after max_steps (the weight budget)."""
     if len(rewards) >= max_steps:
         return True
     return schedule == "adaptive" and should_stop_weight_phase(rewards, window, window, window)

@@ -1,32 +1,38 @@
-"""
-The batched, sandboxed episode runner and mean@k evaluation (the policy and its backends: lib/policy.py).
+r"""
+The batched, sandboxed episode runner and mean@k evaluation (the policy and its backends:
+lib/policy.py).
 
-    python rollout.py --domain chess --harness harnesses/chess.py --model smoke --split test --k 8 --limit 4 --out out/eval
-    python rollout.py --domain searchqa --harness harnesses/searchqa.py --model cpu --k 2 --limit 4 --out out/sq
+    python rollout.py --domain chess --harness harnesses/chess.py --model smoke --split test \
+        --k 8 --limit 4 --out out/eval
+    python rollout.py --domain searchqa --harness harnesses/searchqa.py --model cpu --k 2 \
+        --limit 4 --out out/sq
 
-Algorithm. A harness is untrusted Python: `run(task, llm, tools)`. Each episode runs it in its own worker
-(lib/harness_process.py) inside the OS sandbox (lib/sandbox.py: no project folder, no data, no other process, no
-network), so it holds no answers and no hidden tool state. The worker talks JSON lines over its own pipes:
-it asks for `llm(messages, tools, max_tokens, stop)` or a tool call and waits for the reply. The parent
-process holds the tasks, the tools and the model; it checks every request (lib/protocol.py), renders it
-through the model's chat template (tool schemas in the model's native format, thinking per --thinking),
-answers tool calls from a thread pool and collects the llm() requests of all episodes, and when every live
-episode is waiting (or the rest are busy for a while) it samples them all in ONE batched `backend.generate`
-call. It records the exact prompt and completion token ids of every call, and cuts the reply text after
-the first stop string. Each call's token cap is the harness's and --max-new-tokens, cut to what is left of
-the episode's assistant-token budget (--episode-tokens) and of the model length; once nothing is left, the
-reply is empty (docs/protocol.md section 2). So is every request past the official caps on an episode's model
-calls, whatever the harness asks (lib/protocol.py MODEL_CALL_CAPS: searchqa and math 16; chess 18, and 10
-retries of each kind). When an episode ends (done, error, its deadline, a forged request: reward 0, error in
-the trace) its sandbox is killed with every process and thread in it, and a fresh one starts in its place:
-every episode gets a fresh interpreter (started ones wait in a pool across calls, so an episode rarely waits).
-An episode lost outside the harness's own code (its worker did not start, a tool server or the python tool's
-sandbox failed: lib.protocol.InfrastructureError) also scores 0, but counts against its phase's error budget,
-not the candidate: past --infra-budget (5 %) of a phase's episodes the run stops with one line (ErrorBudget).
-Seeds: each call's sampling seed and the harness's `random` seed come from (--seed, the episode's index,
-task id, sample, call number): the same prompt twice in one batch gets two rollouts, a rerun the same ones.
-The parent computes the reward from the returned answer. mean@k = per-task success rate over k samples,
-averaged over tasks. The runner (lib/runner.py)'s overhead over raw batched generation: scripts/bench_rollout.py.
+Algorithm. A harness is untrusted Python: `run(task, llm, tools)`. Each episode runs it in its own
+worker (lib/harness_process.py) inside the OS sandbox (lib/sandbox.py: no project folder, no data,
+no other process, no network), so it holds no answers and no hidden tool state. The worker talks
+JSON lines over its own pipes: it asks for `llm(messages, tools, max_tokens, stop)` or a tool call
+and waits for the reply. The parent process holds the tasks, the tools and the model; it checks
+every request (lib/protocol.py), renders it through the model's chat template (tool schemas in the
+model's native format, thinking per --thinking), answers tool calls from a thread pool and collects
+the llm() requests of all episodes, and when every live episode is waiting (or the rest are busy for
+a while) it samples them all in ONE batched `backend.generate` call. It records the exact prompt and
+completion token ids of every call, and cuts the reply text after the first stop string. Each call's
+token cap is the harness's and --max-new-tokens, cut to what is left of the episode's
+assistant-token budget (--episode-tokens) and of the model length; once nothing is left, the reply
+is empty (docs/protocol.md section 2). So is every request past the official caps on an episode's
+model calls, whatever the harness asks (lib/protocol.py MODEL_CALL_CAPS: searchqa and math 16; chess
+18, and 10 retries of each kind). When an episode ends (done, error, its deadline, a forged request:
+reward 0, error in the trace) its sandbox is killed with every process and thread in it, and a fresh
+one starts in its place: every episode gets a fresh interpreter (started ones wait in a pool across
+calls, so an episode rarely waits). An episode lost outside the harness's own code (its worker did
+not start, a tool server or the python tool's sandbox failed: lib.protocol.InfrastructureError) also
+scores 0, but counts against its phase's error budget, not the candidate: past --infra-budget (5 %)
+of a phase's episodes the run stops with one line (ErrorBudget). Seeds: each call's sampling seed
+and the harness's `random` seed come from (--seed, the episode's index, task id, sample, call
+number): the same prompt twice in one batch gets two rollouts, a rerun the same ones. The parent
+computes the reward from the returned answer. mean@k = per-task success rate over k samples,
+averaged over tasks. The runner (lib/runner.py)'s overhead over raw batched generation:
+scripts/bench_rollout.py.
 """
 import argparse
 import json
@@ -35,8 +41,8 @@ import time
 from pathlib import Path
 
 from lib import sandbox
-from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int, one_line_errors,
-                     positive_float, positive_int, seed_int, share)
+from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int,
+                     one_line_errors, positive_float, positive_int, seed_int, share)
 from lib.policy import add_backend_args, load_policy
 from lib.protocol import MAX_PROMPT_TOKENS, InfrastructureError
 from lib.runner import Episode, Runner
@@ -47,39 +53,43 @@ from lib.runner import Episode, Runner
 
 def add_sampling_args(p):
     """Sampling and runner flags, shared by every script that runs episodes."""
-    # sampling (paper: temperature 1.0, top-k 20, for training and test alike; its top-p 1.0 is no filter,
-    # which is every backend's default, so there is no flag for it) and the runner
+    # sampling (paper: temperature 1.0, top-k 20, for training and test alike; its top-p 1.0 is no
+    # filter, which is every backend's default, so there is no flag for it) and the runner
     p.add_argument("--temperature", type=nonnegative_float, default=1.0, help="0 = greedy")
     p.add_argument("--top-k", type=nonnegative_int, default=20, help="0 = off")
     p.add_argument("--max-new-tokens", type=positive_int, default=256, help="cap per llm() call")
     p.add_argument("--thinking", default="auto", choices=("on", "off", "auto"),
-                   help="the chat template's enable_thinking switch; auto: on where the template has it (Qwen3.5 "
-                        "thinks only when it is on), else not passed")
+                   help="the chat template's enable_thinking switch; auto: on where the template "
+                        "has it (Qwen3.5 thinks only when it is on), else not passed")
     p.add_argument("--episode-tokens", type=positive_int, default=None,
-                   help="assistant-token budget per episode: each llm() call gets at most what is left, then an "
-                        "empty reply (paper: 8192; default: none)")
+                   help="assistant-token budget per episode: each llm() call gets at most what is "
+                        "left, then an empty reply (paper: 8192; default: none)")
     p.add_argument("--max-prompt-tokens", type=positive_int, default=None,
-                   help=f"longest first prompt of an episode (paper: 2048, chess 4096); a longer one is refused "
-                        f"(default {MAX_PROMPT_TOKENS})")
-    p.add_argument("--deadline", type=positive_float, default=120.0, help="seconds of harness time per episode")
-    p.add_argument("--workers", type=positive_int, default=None, help="concurrent episodes (default min(64, episodes))")
+                   help=f"longest first prompt of an episode (paper: 2048, chess 4096); a longer "
+                        f"one is refused (default {MAX_PROMPT_TOKENS})")
+    p.add_argument("--deadline", type=positive_float, default=120.0,
+                   help="seconds of harness time per episode")
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="concurrent episodes (default min(64, episodes))")
     p.add_argument("--infra-budget", type=share, default=INFRA_BUDGET,
-                   help="stop the run when more than this share of a phase's episodes failed outside the harness "
-                        "(a worker that did not start, a tool server that did not answer)")
+                   help="stop the run when more than this share of a phase's episodes failed "
+                        "outside the harness (a worker that did not start, a tool server that did "
+                        "not answer)")
     sandbox.add_args(p)
 
 
 def apply_args(args):
-    """--infra-budget for every run_episodes call of this process (not a sampling setting: results never depend
-    on it, so it is not part of what a resumed or reused run must match)."""
+    """--infra-budget for every run_episodes call of this process (not a sampling setting: results
+    never depend on it, so it is not part of what a resumed or reused run must match)."""
     BUDGET.share = args.infra_budget
 
 
 def sampling_kwargs(args):
     """The add_sampling_args flags as run_episodes/evaluate keyword arguments."""
-    # the generation flags by getattr: callers that build args by hand (tests) set only the ones above
+    # the generation flags by getattr: callers that build args by hand (tests) set only those above
     return dict(temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
-                deadline_s=args.deadline, workers=args.workers, thinking=getattr(args, "thinking", "auto"),
+                deadline_s=args.deadline, workers=args.workers,
+                thinking=getattr(args, "thinking", "auto"),
                 episode_tokens=getattr(args, "episode_tokens", None),
                 max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
                 max_model_len=getattr(args, "max_model_len", None))
@@ -92,87 +102,129 @@ INFRA_BUDGET = 0.05  # default --infra-budget
 
 
 class ErrorBudget:
-    """Episodes that failed outside the harness's own code (its worker did not start, a tool server did not
-    answer, the sandbox was refused), per phase. Each scores 0 like a harness's own failure, so past a small
-    share a phase's scores measure the machine, not the candidates: the run stops with one line naming the
-    cause. Checked after every run_episodes call on the phase so far. whale.py names the phases; a lone
-    rft.py, meta_harness.py or rollout.py run is one phase. Starts tried again (sandbox.start_retries) are
-    counted beside them."""
+    """Episodes that failed outside the harness's own code (its worker did not start, a tool server
+    did not answer, the sandbox was refused), per phase. Each scores 0 like a harness's own failure,
+    so past a small share a phase's scores measure the machine, not the candidates: the run stops
+    with one line naming the cause. Checked after every run_episodes call on the phase so far.
+    whale.py names the phases; a lone rft.py, meta_harness.py or rollout.py run is one phase. Starts
+    tried again (sandbox.start_retries) are counted beside them."""
 
     def __init__(self, share=INFRA_BUDGET):
         self.share = share
         self.start_phase("the run")
 
     def start_phase(self, name):
-        self.phase, self.episodes, self.failures, self.retries_before = name, 0, 0, sandbox.start_retries
+        self.phase, self.episodes, self.failures = name, 0, 0
+        self.retries_before = sandbox.start_retries
 
     def counts(self):
         """The phase's counters for its metrics row."""
-        return {"infra_failures": self.failures, "start_retries": sandbox.start_retries - self.retries_before}
+        return {"infra_failures": self.failures,
+                "start_retries": sandbox.start_retries - self.retries_before}
 
     def add(self, episodes, errors):
-        """A run_episodes call's episodes and the errors of those that failed outside the harness."""
+        """A run_episodes call's episodes and the errors of those that failed outside the
+        harness."""
         self.episodes += episodes
         self.failures += len(errors)
         if errors and self.failures > self.share * self.episodes:
-            raise InfrastructureError(f"{self.failures} of {self.episodes} episodes of {self.phase} failed outside "
-                                      f"the harness, over --infra-budget {self.share:g}; the last: {errors[-1]}")
+            raise InfrastructureError(f"{self.failures} of {self.episodes} episodes of "
+                                      f"{self.phase} failed outside the harness, over "
+                                      f"--infra-budget {self.share:g}; the last: {errors[-1]}")
 
 
 BUDGET = ErrorBudget()
 
 
 def run_episodes(domain, harness_path, tasks, backend, **kw):
-    """Run the harness on every (task, sample); -> episode dicts, task-major (docs/design.md section 4)."""
+    """Run the harness on every (task, sample); -> episode dicts, task-major (docs/design.md section
+    4)."""
     return run_and_count(domain, harness_path, tasks, backend, **kw)[0]
 
 
-def run_and_count(domain, harness_path, tasks, backend, *, samples=1, temperature=1.0, top_k=20, max_new_tokens=256,
-                  deadline_s=120.0, workers=None, seed=0, traces_path=None, desc="episodes", thinking="auto",
-                  episode_tokens=None, max_prompt_tokens=None, max_model_len=None):
+def run_and_count(domain, harness_path, tasks, backend, *, traces_path=None, **kw):
     """run_episodes, and how the runner batched them: -> (episodes, {"generate_calls", "llm_calls",
     "generate_s"}) (scripts/bench_rollout.py, scripts/calibrate_cpu_h0.py)."""
-    episodes = [Episode(i * samples + s, t, s, domain.public(t)) for i, t in enumerate(tasks)
-                for s in range(samples)]
-    runner = Runner(domain, harness_path, backend, temperature=temperature, top_k=top_k,
-                    max_new_tokens=max_new_tokens, deadline_s=deadline_s, workers=workers or min(64, len(episodes)),
-                    seed=seed, thinking=thinking, episode_tokens=episode_tokens,
+    episodes, counts = run_each(domain, [harness_path], tasks, backend, traces_paths=[traces_path],
+                                **kw)
+    return episodes[0], counts
+
+
+def run_each(domain, harness_paths, tasks, backend, *, samples=1, temperature=1.0, top_k=20,
+             max_new_tokens=256, deadline_s=120.0, workers=None, seed=0, traces_paths=None,
+             desc="episodes", thinking="auto", episode_tokens=None, max_prompt_tokens=None,
+             max_model_len=None):
+    """Every harness on every (task, sample) in one runner, so that their model calls share the
+    batches (an iteration's candidates: meta_harness.judge). -> (one list of episode dicts per
+    harness, task-major; the runner's counts). A harness's episodes are seeded by their place in its
+    own list, and a row's sample does not depend on the other rows of its batch (lib/hf_backend.py),
+    so each gets the rollouts it gets alone."""
+    episodes = [Episode(i * samples + s, t, s, domain.public(t), h)
+                for h in range(len(harness_paths))
+                for i, t in enumerate(tasks) for s in range(samples)]
+    runner = Runner(domain, harness_paths, backend, temperature=temperature, top_k=top_k,
+                    max_new_tokens=max_new_tokens, deadline_s=deadline_s,
+                    workers=workers or min(64, len(episodes)), seed=seed, thinking=thinking,
+                    episode_tokens=episode_tokens,
                     max_prompt_tokens=max_prompt_tokens, max_model_len=max_model_len)
     records = runner.run(episodes, desc) if episodes else []
-    counts = {"generate_calls": runner.generate_calls, "llm_calls": runner.llm_calls, "generate_s": runner.generate_s}
-    if traces_path:
-        Path(traces_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(traces_path, "a") as f:
-            for r in records:
-                calls = [{k: v for k, v in c.items() if not k.endswith("_ids")} for c in r["calls"]]
-                f.write(json.dumps({**r, "calls": calls}) + "\n")
-    BUDGET.add(len(records), runner.infra_errors)  # after the traces: they show what failed
-    return records, counts
+    counts = {"generate_calls": runner.generate_calls, "llm_calls": runner.llm_calls,
+              "generate_s": runner.generate_s}
+    per_harness = [records[h * len(tasks) * samples:(h + 1) * len(tasks) * samples]
+                   for h in range(len(harness_paths))]
+    for eps, path in zip(per_harness, traces_paths or ()):
+        if path:
+            write_traces(path, eps)
+    BUDGET.add(len(episodes), runner.infra_errors)  # after the traces: they show what failed
+    return per_harness, counts
 
 
-def evaluate(domain, harness_path, tasks, backend, k=8, **kw):
+def write_traces(path, records):
+    """Append the episodes to a traces.jsonl, without the token ids (the calls' text stays)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for r in records:
+            calls = [{k: v for k, v in c.items() if not k.endswith("_ids")} for c in r["calls"]]
+            f.write(json.dumps({**r, "calls": calls}) + "\n")
+
+
+def evaluate(domain, harness_path, tasks, backend, k=8, traces_path=None, **kw):
     """mean@k: each task's success rate over k samples, averaged over tasks (not pass@k)."""
+    return evaluate_each(domain, [harness_path], tasks, backend, k=k, traces_paths=[traces_path],
+                         **kw)[0]
+
+
+def evaluate_each(domain, harness_paths, tasks, backend, k=8, **kw):
+    """evaluate for several harnesses in one runner (run_each); "seconds" is the wall time of them
+    all."""
     start = time.time()
-    eps = run_episodes(domain, harness_path, tasks, backend, samples=k, **{"desc": f"mean@{k}", **kw})
+    kw = {"desc": f"mean@{k}", **kw}
+    per_harness = run_each(domain, harness_paths, tasks, backend, samples=k, **kw)[0]
+    return [mean_at_k(eps, k, time.time() - start) for eps in per_harness]
+
+
+def mean_at_k(eps, k, seconds):
     per_task = {}
     for e in eps:
         per_task.setdefault(e["task_id"], []).append(e["reward"])
     per_task = {t: sum(r) / len(r) for t, r in per_task.items()}
     n = max(len(eps), 1)
-    return {"mean_at_k": sum(per_task.values()) / max(len(per_task), 1), "k": k, "per_task": per_task,
-            "mean_turns": sum(e["turns"] for e in eps) / n, "tokens": sum(e["tokens"] for e in eps),
-            "rollouts": len(eps), "errors": sum(e["error"] is not None for e in eps),
-            "seconds": round(time.time() - start, 2)}
+    return {"mean_at_k": sum(per_task.values()) / max(len(per_task), 1), "k": k,
+            "per_task": per_task, "mean_turns": sum(e["turns"] for e in eps) / n,
+            "tokens": sum(e["tokens"] for e in eps), "rollouts": len(eps),
+            "errors": sum(e["error"] is not None for e in eps), "seconds": round(seconds, 2)}
 
 
 # -----------------------------------------------------------------------------
 # CLI
 
 def adapted_policy(args):
-    """The policy for --model with --adapter: the trainer-side model holds it, and the vllm and openai engines load
-    it too and pass the canary before the first episode; a bad folder or a refused engine option is one line."""
+    """The policy for --model with --adapter: the trainer-side model holds it, and the vllm and
+    openai engines load it too and pass the canary before the first episode; a bad folder or a
+    refused engine option is one line."""
     if args.adapter and not os.path.isfile(os.path.join(args.adapter, "adapter_config.json")):
-        raise SystemExit(f"--adapter {args.adapter}: no adapter_config.json there; pass a LoRA folder such as "
+        raise SystemExit(f"--adapter {args.adapter}: no adapter_config.json there; pass a LoRA "
+                         f"folder such as "
                          "OUT/ckpt/adapter from rft.py")
     try:
         return load_policy(args, adapter=args.adapter)
@@ -187,7 +239,8 @@ def main(argv=None):
     p.add_argument("--domain", choices=["searchqa", "math", "chess"])
     p.add_argument("--harness", help="harness file, e.g. harnesses/chess.py")
     p.add_argument("--split", default="test", choices=["train", "harness", "test"])
-    p.add_argument("--limit", type=positive_int, default=None, help="a seeded sample of N tasks of the split")
+    p.add_argument("--limit", type=positive_int, default=None,
+                   help="a seeded sample of N tasks of the split")
     p.add_argument("--k", type=positive_int, default=8, help="samples per task (mean@k)")
     p.add_argument("--out", default=None, help="folder for traces.jsonl and results.json")
     # model and sampling
@@ -207,7 +260,8 @@ def main(argv=None):
 
 
 def evaluate_cli(args, domains):
-    """rollout.py's run: every check before the model loads, then mean@k with traces and results in --out."""
+    """rollout.py's run: every check before the model loads, then mean@k with traces and results in
+    --out."""
     sandbox.apply_args(args)
     apply_args(args)
     check_out(args.out)
@@ -221,8 +275,8 @@ def evaluate_cli(args, domains):
         (out / "config.json").write_text(json.dumps(vars(args), indent=1))
         traces = out / "traces.jsonl"
         traces.unlink(missing_ok=True)
-    stats = evaluate(domain, args.harness, tasks, policy, k=args.k, **sampling_kwargs(args), seed=args.seed,
-                     traces_path=traces)
+    stats = evaluate(domain, args.harness, tasks, policy, k=args.k, **sampling_kwargs(args),
+                     seed=args.seed, traces_path=traces)
     if out:
         (out / "results.json").write_text(json.dumps(stats, indent=1))
     print(f"tasks {len(tasks)}  rollouts {stats['rollouts']}  errors {stats['errors']}  mean turns "

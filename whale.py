@@ -1,25 +1,28 @@
-"""
+r"""
 WHALE: Weight-Harness Alternating LEarning, and the five baselines it is compared with.
 
     python whale.py --domain math --method whale --preset smoke
-    python whale.py --domain searchqa --method whale --preset paper --plan     # the budget, no model loaded
+    python whale.py --domain searchqa --method whale --preset paper --plan   # the budget, no model
     python whale.py --domain searchqa --method whale --schedule adaptive --preset cpu
     python whale.py --domain chess --method weight-only --preset paper
-    python whale.py --domain math --method harness-only weight-only stagewise stagewise-hw fast-slow whale --preset cpu
+    python whale.py --domain math --preset cpu \
+        --method harness-only weight-only stagewise stagewise-hw fast-slow whale
 
 The agent is weights (a LoRA adapter on the base model) plus a harness (a Python file). A run is a
 sequence of phases, each followed by a mean@k evaluation on the test split:
 
     weight phase   online RSFT (rft.py) under the current harness
-    harness phase  Meta-Harness search (meta_harness.py) under the current weights; the winner goes on
+    harness phase  Meta-Harness search (meta_harness.py) under the current weights; the winner goes
+                   on
 
 Budgets, the same totals for every method under both schedules (the official protocol's rule):
     weight budget   S = round(epochs x |train| / batch) RSFT steps, in fixed phases of
                     s = round(phase_epochs x |train| / batch) steps (E), the last one what is left
-    harness budget  R = (I - 1) x (ceil(S / s) - 1) proposer rounds: a harness phase between every two
-                    weight phases, each the re-scoring of the incoming harness under the new weights (the
-                    first of its I iterations) and I - 1 rounds of M candidates; harness-only gets
-                    --harness-only-iterations rounds (default (I - 1) x ceil(S / s))
+    harness budget  R = (I - 1) x (ceil(S / s) - 1) proposer rounds: a harness phase between every
+                    two weight phases, each the re-scoring of the incoming harness under the new
+                    weights (the first of its I iterations) and I - 1 rounds of M candidates;
+                    harness-only gets --harness-only-iterations rounds (default (I - 1) x ceil(S /
+                    s))
 A method spends its budgets in this order:
     whale         weight, harness, weight, ..., weight: it ends after a weight phase
     weight-only   RSFT for the whole weight budget under h0 (no harness budget)
@@ -30,17 +33,18 @@ A method spends its budgets in this order:
 The schedule decides where a phase ends, never how much a method gets in all:
     fixed      a weight phase is s steps, a harness phase I - 1 rounds
     adaptive   a weight phase ends when its windowed training reward has set no new phase-best for
-               --adaptive-epochs (also its minimum length), a harness phase when its archive best has not
-               improved for --harness-patience rounds after --harness-min-iterations (at most
-               --harness-max-iterations); either ends early when its budget is spent, and whale never
-               ends on a harness phase (rounds left when the weight budget is spent go unused)
+               --adaptive-epochs (also its minimum length), a harness phase when its archive best
+               has not improved for --harness-patience rounds after --harness-min-iterations (at
+               most --harness-max-iterations); either ends early when its budget is spent, and whale
+               never ends on a harness phase (rounds left when the weight budget is spent go unused)
 Harness phases under weights that did not change since the last one continue its archive, each phase
 adding its own rounds; new weights start a new archive from the incoming harness.
-`python whale.py --plan ...` prints a run's phases, steps, rounds and rollouts without loading a model.
+`python whale.py --plan ...` prints a run's phases, steps, rounds and rollouts without loading a
+model.
 
 Several methods in one command run one after another in one process and never compute the same thing
-twice (lib/ops/reuse.py). A run's folder is results/<preset>/[seed-<n>/]<domain>/<method>/ (what it holds:
-docs/design.md section 8). Rerunning the same command resumes: finished steps, iterations and
+twice (lib/ops/reuse.py). A run's folder is results/<preset>/[seed-<n>/]<domain>/<method>/ (what it
+holds: docs/design.md section 8). Rerunning the same command resumes: finished steps, iterations and
 evaluations are never redone, and the resumed run ends where an uninterrupted one would have.
 """
 import argparse
@@ -58,8 +62,8 @@ import meta_harness
 import rft
 import rollout
 from lib import sandbox
-from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors, positive_float,
-                     positive_int, seed_int)
+from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors,
+                     positive_float, positive_int, seed_int)
 from lib.files import read_json, stored_path, write_json
 from lib.ops import plan, preflight, report_to, reuse, time_model
 from lib.ops.runstate import RunState, check_run_folder, check_same_settings, read_rows
@@ -75,51 +79,67 @@ def parse_args(argv=None):
     g = p.add_argument_group("what to run")
     g.add_argument("--domain", required=True, choices=sorted(domains.DOMAINS))
     g.add_argument("--method", nargs="+", default=["whale"], choices=METHODS,
-                   help="one or more methods, run one after another in this process (the imports and h0's "
-                        "test evaluation are paid once)")
+                   help="one or more methods, run one after another in this process (the imports "
+                        "and h0's test evaluation are paid once)")
     g.add_argument("--schedule", default="fixed", choices=("fixed", "adaptive"))
     g.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
-    g.add_argument("--out", default=None, help="run folder (default results/<preset>/<domain>/<method>; "
-                                               "results/<preset>/seed-<n>/<domain>/<method> for --seed n, n != 0)")
-    g.add_argument("--model", default=None, help="smoke | cpu | hub id | local path (default: the preset's)")
-    g.add_argument("--harness", default=None, help="starting harness h0 (default harnesses/<domain>.py; "
-                   "the paper and gpu presets: harnesses/paper/<domain>.py)")
+    g.add_argument("--out", default=None,
+                   help="run folder (default results/<preset>/<domain>/<method>; "
+                        "results/<preset>/seed-<n>/<domain>/<method> for --seed n, n != 0)")
+    g.add_argument("--model", default=None,
+                   help="smoke | cpu | hub id | local path (default: the preset's)")
+    g.add_argument("--harness", default=None,
+                   help="starting harness h0 (default harnesses/<domain>.py; "
+                        "the paper and gpu presets: harnesses/paper/<domain>.py)")
     g.add_argument("--seed", type=seed_int, default=0)
     g.add_argument("--threads", type=positive_int, default=None,
-                   help="torch CPU threads; 1 on 2-core machines, where the harness workers need the other core")
+                   help="torch CPU threads; 1 on 2-core machines, where the harness workers need "
+                        "the other core")
     g = p.add_argument_group("before a run: print its plan, or check its resources, then exit")
-    g.add_argument("--plan", action="store_true", help="print the phases, steps, rounds and rollouts, then exit")
-    g.add_argument("--check", nargs="*", default=None, choices=sorted(domains.DOMAINS), metavar="DOMAIN",
-                   help="check every resource this run needs (and those of the same run on these domains) in "
-                        "seconds, before any model loads, then exit: one line per check, 0 when all pass")
+    g.add_argument("--plan", action="store_true",
+                   help="print the phases, steps, rounds and rollouts, then exit")
+    g.add_argument("--check", nargs="*", default=None, choices=sorted(domains.DOMAINS),
+                   metavar="DOMAIN",
+                   help="check every resource this run needs (and those of the same run on these "
+                        "domains) in seconds, before any model loads, then exit: one line per "
+                        "check, 0 when all pass")
     g = p.add_argument_group("budgets (the same totals for every method)")
-    g.add_argument("--epochs", type=positive_float, default=None, help="total weight-training budget in train epochs")
+    g.add_argument("--epochs", type=positive_float, default=None,
+                   help="total weight-training budget in train epochs")
     g.add_argument("--phase-epochs", type=positive_float, default=None,
                    help="E: epochs per weight phase (fixed schedule)")
     g.add_argument("--harness-iterations", type=positive_int, default=None,
-                   help="I: per harness phase, the re-scoring of the incoming harness plus I - 1 proposer rounds")
-    g.add_argument("--harness-only-rounds", "--harness-only-iterations", dest="harness_only_iterations",
-                   type=positive_int, default=None,
-                   help="harness-only's proposer rounds (default (I - 1) x the number of fixed weight phases)")
+                   help="I: per harness phase, the re-scoring of the incoming harness plus I - 1 "
+                        "proposer rounds")
+    g.add_argument("--harness-only-rounds", "--harness-only-iterations",
+                   dest="harness_only_iterations", type=positive_int, default=None,
+                   help="harness-only's proposer rounds (default (I - 1) x the number of fixed "
+                        "weight phases)")
     g.add_argument("--train-limit", type=positive_int, default=None,
                    help="use a seeded sample of N train tasks (small presets)")
-    g = p.add_argument_group("adaptive schedule (paper: window = min length = patience = 0.2 epoch; P_h = 2, "
-                             "at least 6 rounds)")
+    g = p.add_argument_group("adaptive schedule (paper: window = min length = patience = 0.2 "
+                             "epoch; P_h = 2, at least 6 rounds)")
     g.add_argument("--adaptive-epochs", type=positive_float, default=0.2,
                    help="weight phase window, minimum length and patience")
-    g.add_argument("--harness-patience", type=nonnegative_int, default=2, help="rounds without a new archive best")
-    g.add_argument("--harness-min-rounds", "--harness-min-iterations", dest="harness_min_iterations",
-                   type=nonnegative_int, default=6, help="proposer rounds a harness phase makes at least")
-    g.add_argument("--harness-max-rounds", "--harness-max-iterations", dest="harness_max_iterations",
-                   type=positive_int, default=12, help="proposer rounds a harness phase makes at most")
+    g.add_argument("--harness-patience", type=nonnegative_int, default=2,
+                   help="rounds without a new archive best")
+    g.add_argument("--harness-min-rounds", "--harness-min-iterations",
+                   dest="harness_min_iterations", type=nonnegative_int, default=6,
+                   help="proposer rounds a harness phase makes at least")
+    g.add_argument("--harness-max-rounds", "--harness-max-iterations",
+                   dest="harness_max_iterations", type=positive_int, default=12,
+                   help="proposer rounds a harness phase makes at most")
     g = p.add_argument_group("test evaluation")
     g.add_argument("--k", type=positive_int, default=None, help="samples per test task for mean@k")
-    g.add_argument("--test-limit", type=positive_int, default=None, help="evaluate on a seeded sample of N test tasks")
+    g.add_argument("--test-limit", type=positive_int, default=None,
+                   help="evaluate on a seeded sample of N test tasks")
     g.add_argument("--test-holdout", type=nonnegative_int, default=0,
-                   help="never draw the first N test tasks (the cpu preset: the 50 looked at while it was built)")
+                   help="never draw the first N test tasks (the cpu preset: the 50 looked at while "
+                        "it was built)")
     g.add_argument("--test-evals", default="every", choices=("every", "ends"),
-                   help="every: test mean@k before training and after every phase; ends: before training and "
-                        "after the last phase only (fewer intermediate points, never fewer final tasks)")
+                   help="every: test mean@k before training and after every phase; ends: before "
+                        "training and after the last phase only (fewer intermediate points, never "
+                        "fewer final tasks)")
     report_to.add_args(p)
     domains.add_args(p)
     add_backend_args(p)
@@ -138,14 +158,16 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")
     check_args(args, p)
-    return [run_args(args, method) for method in dict.fromkeys(args.method)]  # each method once, in order
+    # each method once, in order
+    return [run_args(args, method) for method in dict.fromkeys(args.method)]
 
 
 def run_args(args, method):
     """The flags of one method's run: the shared ones plus its method, folder and FST switch."""
     one = argparse.Namespace(**vars(args))
     one.method = method
-    # seed 0 keeps the one-seed layout, so a finished one-seed run is seed 0 of a multi-seed one (report.py reads both)
+    # seed 0 keeps the one-seed layout, so a finished one-seed run is seed 0 of a multi-seed one
+    # (report.py reads both)
     seed_dir = os.path.join(args.preset, f"seed-{args.seed}") if args.seed else args.preset
     one.out = args.out or os.path.join("results", seed_dir, args.domain, method_name(one))
     one.prompt_only = args.prompt_only or method == "fast-slow"  # FST: prompt strings only
@@ -156,9 +178,11 @@ def check_args(args, parser):
     if args.out and len(args.method) > 1:
         parser.error("--out names one run folder: give a single --method, or drop --out")
     if not os.path.isfile(args.harness):
-        parser.error(f"harness file {args.harness} not found: pass --harness PATH or run from the repo root")
+        parser.error(f"harness file {args.harness} not found: pass --harness PATH or run from the "
+                     f"repo root")
     if args.harness_iterations < 2:
-        parser.error(f"--harness-iterations {args.harness_iterations}: I counts the re-scoring of the incoming "
+        parser.error(f"--harness-iterations {args.harness_iterations}: I counts the re-scoring of "
+                     f"the incoming "
                      "harness, so a harness phase with proposer rounds needs I >= 2")
     if conflicting_flags(args):
         parser.error(conflicting_flags(args))
@@ -187,8 +211,9 @@ def budgets(args, n_train):
 
 
 def next_phase(method, last, steps_left, rounds_left):
-    """The kind of the next phase, or None when the run is over. whale and fast-slow alternate, weight first,
-    and end after a weight phase; stagewise-hw spends its rounds first; every other method its steps first."""
+    """The kind of the next phase, or None when the run is over. whale and fast-slow alternate,
+    weight first, and end after a weight phase; stagewise-hw spends its rounds first; every other
+    method its steps first."""
     if method in ("whale", "fast-slow"):
         if steps_left <= 0:
             return None
@@ -199,14 +224,17 @@ def next_phase(method, last, steps_left, rounds_left):
 
 
 def harness_phase_cap(args):
-    return args.harness_max_iterations if args.schedule == "adaptive" else args.harness_iterations - 1
+    if args.schedule == "adaptive":
+        return args.harness_max_iterations
+    return args.harness_iterations - 1
 
 
 def fixed_phases(args, n_train):
-    """[(kind, RSFT steps or proposer rounds)] of a run under the fixed schedule (an adaptive run's phases end
-    by its rules, within the same budgets)."""
+    """[(kind, RSFT steps or proposer rounds)] of a run under the fixed schedule (an adaptive run's
+    phases end by its rules, within the same budgets)."""
     steps, rounds = budgets(args, n_train)
-    phase_steps, cap = steps_for(args.phase_epochs, n_train, args.batch), args.harness_iterations - 1
+    phase_steps, cap = steps_for(args.phase_epochs, n_train,
+                                 args.batch), args.harness_iterations - 1
     phases, last = [], None
     while kind := next_phase(args.method, last, steps, rounds):
         size = min(phase_steps, steps) if kind == "weight" else min(cap, rounds)
@@ -217,11 +245,13 @@ def fixed_phases(args, n_train):
 
 
 def plan_sizes(args):
-    """(train prompts, harness tasks, test tasks) of a run, from the data sizes alone (no model is loaded)."""
+    """(train prompts, harness tasks, test tasks) of a run, from the data sizes alone (no model is
+    loaded)."""
     if args.data == "paper":
-        n_train = min(PAPER_TRAIN_SIZES[args.domain], args.train_limit or PAPER_TRAIN_SIZES[args.domain])
-        n_test = {"searchqa": len(args.searchqa_test_sets.split(",")) * args.searchqa_test_per_set, "math": 60,
-                  "chess": args.chess_test_size}[args.domain]
+        n_train = min(PAPER_TRAIN_SIZES[args.domain],
+                      args.train_limit or PAPER_TRAIN_SIZES[args.domain])
+        n_test = {"searchqa": len(args.searchqa_test_sets.split(",")) * args.searchqa_test_per_set,
+                  "math": 60, "chess": args.chess_test_size}[args.domain]
         return n_train, args.harness_tasks, min(n_test, args.test_limit or n_test)
     domain = domains.get(args.domain, args)
     n_train = len(domains.seeded_sample(domain.load("train"), args.train_limit))
@@ -230,28 +260,34 @@ def plan_sizes(args):
 
 
 def print_plan(runs, card_gb=80):
-    """The phases, steps, rounds and rollouts of the runs of one command (one process), and each run's estimated
-    hours on one card of card_gb (lib/ops/time_model.py) for its own work: the phases an earlier run of the
-    process made are reused, not redone (lib/ops/reuse.py; adaptive phases end by their rules, so only the
-    start is). -> [estimate, or None for a model the time model lacks]"""
+    """The phases, steps, rounds and rollouts of the runs of one command (one process), and each
+    run's estimated hours on one card of card_gb (lib/ops/time_model.py) for its own work: the
+    phases an earlier run of the process made are reused, not redone (lib/ops/reuse.py; adaptive
+    phases end by their rules, so only the start is). -> [estimate, or None for a model the time
+    model lacks]"""
     sizes = plan_sizes(runs[0])  # every run of a command has the same data
     n_train, n_harness, n_test = sizes
     phases = [fixed_phases(args, n_train) for args in runs]
     fixed = runs[0].schedule == "fixed"
-    shared = time_model.shared_phases([(a.method, p) for a, p in zip(runs, phases)]) if fixed else [0] * len(runs)
+    shared = [0] * len(runs)
+    if fixed:
+        shared = time_model.shared_phases([(a.method, p) for a, p in zip(runs, phases)])
     estimates = []
     for i, (args, own, reused) in enumerate(zip(runs, phases, shared)):
-        print("\n".join(plan.describe(args, method_name(args), own, budgets(args, n_train), *sizes)))
+        lines = plan.describe(args, method_name(args), own, budgets(args, n_train), *sizes)
+        print("\n".join(lines))
         if i:
             made = {0: "", 1: " and phase 1"}.get(reused, f" and phases 1-{reused}")
             print(f"  reused from the runs before it in this process: phase 0's evaluation{made}")
-        est = time_model.estimate(args, own, n_harness, n_test, card_gb, shared=reused, first=i == 0)
+        est = time_model.estimate(args, own, n_harness, n_test, card_gb, shared=reused,
+                                  first=i == 0)
         print(time_model.describe(est, card_gb) if est else
               f"no time estimate for --model {args.model} (lib/ops/time_model.py)")
         estimates.append(est)
     if len(runs) > 1 and all(estimates):
-        print(f"estimated {sum(e['total'] for e in estimates):.2f} h for these {len(runs)} runs in one process "
-              f"(reused: {sum(shared)} of their phases and {len(runs) - 1} start evaluations)")
+        print(f"estimated {sum(e['total'] for e in estimates):.2f} h for these {len(runs)} runs in "
+              f"one process (reused: {sum(shared)} of their phases and {len(runs) - 1} start "
+              f"evaluations)")
     return estimates
 
 
@@ -259,56 +295,62 @@ def print_plan(runs, card_gb=80):
 # the run: phase after phase, each followed by a test evaluation
 
 def run(args, donors=(), domain=None, policy=None):
-    """One method's run: plan the budgets, then phase after phase, each followed by a test evaluation.
-    `donors` are the folders of the other runs of this command, whose finished weight phases and evaluations
-    this run reuses where they are exactly its own. domain: the one check_inputs loaded, else loaded here;
-    policy: one an earlier run of the process used (back to its base weights here), else loaded here."""
+    """One method's run: plan the budgets, then phase after phase, each with its test evaluation.
+    `donors`: the other runs of this command, whose finished phases and evaluations it reuses where
+    they are exactly its own. domain, policy: an earlier run's of this process, else loaded here."""
     start_folder(args)
     domain, train, policy = setup(args, domain, policy)
     steps, rounds = budgets(args, len(train))
     state = RunState(args, steps, rounds)
     evaluate_again(args, policy, domain, state.repair(donors), donors)
-    state.trainer = rft.RSFT(args, policy, domain, os.path.join(args.out, "weights"), train=train,
-                             run_dir=args.out) if steps else None
+    weights = os.path.join(args.out, "weights")
+    if steps:
+        state.trainer = rft.RSFT(args, policy, domain, weights, train=train, run_dir=args.out)
     harness = state.harness(args.harness)
-    after = lambda kind: next_phase(args.method, kind, state.steps_left(), state.rounds_left())  # the schedule
+    after = lambda kind: next_phase(args.method, kind, state.steps_left(), state.rounds_left())
     state.log_start()
     rollout.BUDGET.start_phase("phase 0 (start)")
     evaluate(args, policy, domain, harness, state, 0, "start", donors)
     while kind := state.saved["running"] or after(state.last_kind()):
         state.enter(kind)
-        rollout.BUDGET.start_phase(f"phase {state.saved['phase'] + 1} ({kind})")  # and its test evaluation
+        rollout.BUDGET.start_phase(f"phase {state.saved['phase'] + 1} ({kind})")
         if kind == "weight":
-            trainer = state.trainer = run_weight_phase(args, state.trainer, harness, state, len(train), donors)
-            detail = {"steps": trainer.step_count - state.phase_start_step(), "epoch": trainer.epoch_progress}
+            state.trainer = run_weight_phase(args, harness, state, len(train), donors)
+            detail = {"steps": state.trainer.step_count - state.phase_start_step(),
+                      "epoch": state.trainer.epoch_progress}
         else:
             harness, detail = run_harness_phase(args, policy, domain, harness, state, donors)
         phase = state.leave(kind, harness)
-        evaluate(args, policy, domain, harness, state, phase, kind, donors, detail, last=after(kind) is None)
+        evaluate(args, policy, domain, harness, state, phase, kind, donors, detail,
+                 last=after(kind) is None)
     write_summary(args, read_rows(args.out), harness, state.step(), state.rounds_done())
 
 
-def run_weight_phase(args, trainer, harness, state, n_train, donors):
-    """RSFT steps under `harness` until this phase ends (see the docstring); resumes mid-phase from the
-    trainer's history and takes finished steps from a donor run where one made exactly these. -> trainer"""
+def run_weight_phase(args, harness, state, n_train, donors):
+    """RSFT steps of state.trainer under `harness` until this phase ends (see the docstring);
+    resumes mid-phase from the trainer's history and takes finished steps from a donor run where one
+    made exactly these. -> the trainer"""
     start = state.phase_start_step()
     phase_steps = steps_for(args.phase_epochs, n_train, args.batch)
-    cap = state.steps - start if args.schedule == "adaptive" else min(phase_steps, state.steps - start)
+    left = state.steps - start
+    cap = left if args.schedule == "adaptive" else min(phase_steps, left)
     window = steps_for(args.adaptive_epochs, n_train, args.batch)
     phase_over = lambda rewards: rft.weight_phase_over(rewards, args.schedule, cap, window)
-    trainer = reuse.adopt_steps(trainer, harness, reuse.result_settings(args), donors, phase_over, start, args.out)
+    trainer = reuse.adopt_steps(state.trainer, harness, reuse.result_settings(args), donors,
+                                phase_over, start, args.out)
     rewards = [row["reward"] for row in trainer.history if row["step"] > start]
     while not phase_over(rewards):
         rewards.append(trainer.step(harness)["reward"])
-    reuse.snapshot_weights(trainer.out_dir, trainer.step_count, trainer.history, reuse.result_settings(args))
+    reuse.snapshot_weights(trainer.out_dir, trainer.step_count, trainer.history,
+                           reuse.result_settings(args))
     return trainer
 
 
 def run_harness_phase(args, policy, domain, harness, state, donors):
-    """Meta-Harness from `harness` under the current weights, in the archive state.archive_for names; a new
-    archive starts by re-scoring `harness`. This phase adds at most its cap of rounds: fixed, all of them;
-    adaptive, until the archive best has stalled (patience, minimum) counted from this phase's start.
-    -> (winner, the phase's metrics)"""
+    """Meta-Harness from `harness` under the current weights, in the archive state.archive_for
+    names; a new archive starts by re-scoring `harness`. This phase adds at most its cap of rounds:
+    fixed, all of them; adaptive, until the archive best has stalled (patience, minimum) counted
+    from this phase's start. -> (winner, the phase's metrics)"""
     weights = state.weights()
     name, before = state.archive_for(weights)
     archive = os.path.join(args.out, name)
@@ -319,10 +361,12 @@ def run_harness_phase(args, policy, domain, harness, state, donors):
         stop = lambda series: len(series) - 1 > before and meta_harness.should_stop_harness_phase(
             series[before:], args.harness_patience, args.harness_min_iterations)
     rounds = before + min(harness_phase_cap(args), state.rounds_left())
-    result = meta_harness.search(policy, domain, harness, archive, args, iterations=rounds, stop=stop)
+    result = meta_harness.search(policy, domain, harness, archive, args, iterations=rounds,
+                                 stop=stop)
     state.record_search(name, weights, result)
     return result["winner"], {"iterations": result["iterations"] - before, "archive": name,
-                              "harness_score": result["score"], "winner": stored_path(result["winner"], args.out)}
+                              "harness_score": result["score"],
+                              "winner": stored_path(result["winner"], args.out)}
 
 
 # the row of a phase that --test-evals ends does not evaluate (never the first or the last)
@@ -330,70 +374,82 @@ NOT_EVALUATED = {"mean_at_k": None, "test_tasks": 0}
 
 
 def evaluate(args, policy, domain, harness, state, phase, kind, donors, detail=None, last=True):
-    """Phase `phase`'s test evaluation (--test-evals ends: only before training and after the last phase),
-    logged once in metrics.jsonl; a finished phase is then saved."""
+    """Phase `phase`'s test evaluation (--test-evals ends: only before training and after the last
+    phase), logged once in metrics.jsonl; a finished phase is then saved."""
     stats = NOT_EVALUATED
     if last or args.test_evals == "every":  # phase 0 comes with last=True
-        stats = evaluate_test(args, policy, domain, harness, f"phase_{phase}", state.weights(), donors)
+        stats = evaluate_test(args, policy, domain, harness, f"phase_{phase}", state.weights(),
+                              donors)
     if phase == 0:
-        state.log_eval({"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats,
-                        **rollout.BUDGET.counts()})
+        state.log_eval({"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0,
+                        **stats, **rollout.BUDGET.counts()})
         return
-    state.log_eval({"event": "eval", "phase": phase, "kind": kind, "step": state.step(), "rollouts": state.rollouts(),
-                    "seconds": time.time() - state.started, **detail, **stats, **rollout.BUDGET.counts()})
+    state.log_eval({"event": "eval", "phase": phase, "kind": kind, "step": state.step(),
+                    "rollouts": state.rollouts(), "seconds": time.time() - state.started, **detail,
+                    **stats, **rollout.BUDGET.counts()})
     state.save()
-    score = "not evaluated (--test-evals ends)" if stats is NOT_EVALUATED else f"{stats['mean_at_k']:.4f}"
+    score = ("not evaluated (--test-evals ends)" if stats is NOT_EVALUATED
+             else f"{stats['mean_at_k']:.4f}")
     print(f"phase {phase} {kind}: test mean@{args.k} = {score}, RSFT steps {state.step()}/"
-          f"{state.steps}, harness rounds {state.rounds_done()}/{state.rounds}, rollouts {state.rollouts()}")
+          f"{state.steps}, harness rounds {state.rounds_done()}/{state.rounds}, rollouts "
+          f"{state.rollouts()}")
 
 
 def test_tasks(domain, args):
     """The seeded sample of --test-limit test tasks, none of the first --test-holdout."""
     tasks = domain.load("test")
-    return domains.seeded_sample(tasks, args.test_limit, exclude={t["id"] for t in tasks[: args.test_holdout]})
+    return domains.seeded_sample(tasks, args.test_limit,
+                                 exclude={t["id"] for t in tasks[: args.test_holdout]})
 
 
 def evaluate_test(args, policy, domain, harness, tag, weights, donors):
-    """mean@k on the test split with the score of every task, in evals/<tag>.json. A resumed run reads it
-    back; the same evaluation (weights, harness content, settings) made earlier by this run or a donor run
-    is copied with its traces instead of redone."""
+    """mean@k on the test split with the score of every task, in evals/<tag>.json. A resumed run
+    reads it back; the same evaluation (weights, harness content, settings) made earlier by this run
+    or a donor run is copied with its traces instead of redone."""
     folder = Path(args.out, "evals")
     path = folder / f"{tag}.json"
     if path.exists():
         return read_json(path)["stats"]
     folder.mkdir(parents=True, exist_ok=True)
-    key = {"weights": weights, "harness": reuse.file_sha(harness), "settings": reuse.result_settings(args)}
+    key = {"weights": weights, "harness": reuse.file_sha(harness),
+           "settings": reuse.result_settings(args)}
     stats = reuse.copy_evaluation(key, [args.out, *donors], path, f"test mean@{args.k} ({tag})")
     if stats is not None:
         return stats
     traces = folder / f"{tag}.traces.jsonl"
     traces.unlink(missing_ok=True)  # an evaluation killed midway starts over
     tasks = test_tasks(domain, args)
-    kw = {**rollout.sampling_kwargs(args), "workers": None}  # the runner's own width, as for every evaluation
+    # the runner's own width, as for every evaluation
+    kw = {**rollout.sampling_kwargs(args), "workers": None}
     stats = rollout.evaluate(domain, harness, tasks, policy, k=args.k, **kw, seed=args.seed,
                              traces_path=str(traces), desc=f"test mean@{args.k} ({tag})")
-    # prefixed so they never clash with the run's own counters (test rollouts are not part of the cost)
+    # prefixed so they never clash with the run's own counters (test rollouts are not part of the
+    # cost)
     per_task = stats["per_task"]
     stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(per_task),
-             **{f"test_{name}": stats[name] for name in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
-    sources = {t["id"]: t["source"] for t in tasks if "source" in t}  # the report's per-benchmark columns
+             **{f"test_{name}": stats[name]
+                for name in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
+    # the report's per-benchmark columns
+    sources = {t["id"]: t["source"] for t in tasks if "source" in t}
     write_json(path, {"key": key, "stats": stats, "per_task": per_task, "sources": sources})
     return stats
 
 
 def write_summary(args, rows, harness, steps, iterations):
     phases = [r for r in rows if r.get("event") == "eval"]
-    evals = [r for r in phases if r["mean_at_k"] is not None]  # --test-evals ends: the first and the last
+    # --test-evals ends: the first and the last
+    evals = [r for r in phases if r["mean_at_k"] is not None]
     best = max(evals, key=lambda r: (r["mean_at_k"], -r["rollouts"]))
-    summary = {"domain": args.domain, "method": method_name(args), "preset": args.preset, "model": args.model,
-               "k": args.k, "best_mean_at_k": best["mean_at_k"], "rollouts_to_best": best["rollouts"],
-               "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
-               "total_rollouts": evals[-1]["rollouts"], "phases": len(phases) - 1, "rsft_steps": steps,
-               "harness_iterations": iterations, "final_harness": stored_path(harness, args.out),
+    summary = {"domain": args.domain, "method": method_name(args), "preset": args.preset,
+               "model": args.model, "k": args.k, "best_mean_at_k": best["mean_at_k"],
+               "rollouts_to_best": best["rollouts"], "best_phase": best["phase"],
+               "final_mean_at_k": evals[-1]["mean_at_k"], "total_rollouts": evals[-1]["rollouts"],
+               "phases": len(phases) - 1, "rsft_steps": steps, "harness_iterations": iterations,
+               "final_harness": stored_path(harness, args.out),
                "test_tasks": evals[-1]["test_tasks"]}
     write_json(os.path.join(args.out, "summary.json"), summary)
-    print(f"best mean@{args.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} rollouts; "
-          f"final {summary['final_mean_at_k']:.4f}")
+    print(f"best mean@{args.k} = {summary['best_mean_at_k']:.4f} after "
+          f"{summary['rollouts_to_best']} rollouts; final {summary['final_mean_at_k']:.4f}")
 
 
 # -----------------------------------------------------------------------------
@@ -404,7 +460,8 @@ def main(argv=None):
     if runs[0].plan:
         print_plan(runs)
         return
-    if runs[0].check is not None:  # the preflight (lib/ops/preflight.py): each --check domain parsed as its own run
+    # the preflight (lib/ops/preflight.py): each --check domain parsed as its own run
+    if runs[0].check is not None:
         argv = sys.argv[1:] if argv is None else list(argv)
         runs += [parse_args([*argv, "--domain", d])[0] for d in runs[0].check]
         raise SystemExit(preflight.main(runs, check_harness=domains.check_harness))
@@ -412,21 +469,22 @@ def main(argv=None):
         sandbox.apply_args(runs[0])
         rollout.apply_args(runs[0])
         domain = check_inputs(runs)
-        # an engine keeps its GPU memory until its process ends, so the runs of a command share one policy (and
-        # engine), each starting from the base weights; hf loads a fresh model per run
+        # an engine keeps its GPU memory until its process ends, so the runs of a command share one
+        # policy (and engine), each starting from the base weights; hf loads a fresh model per run
         policy = load_policy(runs[0]) if runs[0].backend != "hf" else None
         for args in runs:
             with report_to.watch(args):  # --report-to: the rows of its files, live
-                run(args, donors=[other.out for other in runs if other.out != args.out], domain=domain,
-                    policy=policy)
-            rft.hand_back_memory()  # the finished run's optimizer and graphs go before the next run starts
+                run(args, donors=[other.out for other in runs if other.out != args.out],
+                    domain=domain, policy=policy)
+            # the finished run's optimizer and graphs go before the next run starts
+            rft.hand_back_memory()
 
 
 def check_inputs(runs):
-    """Every input refused before any model loads or any run file is written: domains.check_inputs (the data, the
-    harness against its domain, the engine, the model), then the proposer and each run folder as a whole (a resume
-    with another model or harness set included). -> the domain, its data loaded (the paper's sets are slow to
-    load twice)"""
+    """Every input refused before any model loads or any run file is written: domains.check_inputs
+    (the data, the harness against its domain, the engine, the model), then the proposer and each
+    run folder as a whole (a resume with another model or harness set included). -> the domain, its
+    data loaded (the paper's sets are slow to load twice)"""
     args = runs[0]
     domain, train = domains.check_inputs(args, "train")
     train = domains.seeded_sample(train, args.train_limit)
@@ -448,7 +506,8 @@ def check_inputs(runs):
 
 
 def start_folder(args):
-    """The run folder and its config.json (the settings a resume must keep), before the model loads."""
+    """The run folder and its config.json (the settings a resume must keep), before the model
+    loads."""
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "config.json"), vars(args))
     print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
@@ -456,7 +515,8 @@ def start_folder(args):
 
 
 def setup(args, domain=None, policy=None):
-    """-> (domain, train tasks, policy on the base weights); bad input was refused before (check_inputs)."""
+    """-> (domain, train tasks, policy on the base weights); bad input was refused before
+    (check_inputs)."""
     domain = domain or domains.get(args.domain, args)
     train = domains.seeded_sample(domain.load("train"), args.train_limit)
     if args.threads:
@@ -468,9 +528,11 @@ def setup(args, domain=None, policy=None):
 
 
 def evaluate_again(args, policy, domain, lost, donors):
-    """The test evaluations a damaged folder lost (RunState.repair), from the same weights, harness and seeds."""
+    """The test evaluations a damaged folder lost (RunState.repair), from the same weights, harness
+    and seeds."""
     for i, weights, adapter, harness in lost:
-        print(f"evals/phase_{i}: lost or damaged, evaluated again (the same weights, harness and seeds)")
+        print(f"evals/phase_{i}: lost or damaged, evaluated again (the same weights, harness and "
+              f"seeds)")
         if adapter is not None:
             policy.load_adapter(adapter)
             policy.model.eval()
