@@ -1,32 +1,29 @@
 """The three domains: bundled data, what a harness may see, the episode tools and the rewards.
-
-    python domains.py stats                          # every split's size per domain
-    python domains.py show chess --split test -n 3   # tasks as a harness sees them, then the gold
+(Their split sizes and tasks as a harness sees them: scripts/show_data.py.)
 
     import domains
     d = domains.get("searchqa")          # or "math", "chess"
     task = d.load("train")[0]
-    tools = d.tools(task)                # fresh per episode: SearchQA search, Math python, Chess
-                                         move
+    tools = d.tools(task)                # fresh per episode: search, python, or the chess move
     d.reward(task, answer, tools)        # 0.0 or 1.0
 
 Splits: train and test are bundled files (data/, rebuilt by data/build.py); harness is a fixed
 seeded sample of 256 training tasks, the set every harness candidate is scored on (as in the
 official code, it overlaps the training set; only the paper's chess has a harness split of its own,
 disjoint from train and test). Every limit (--train-limit, --test-limit, --harness-tasks, rollout.py
---limit, `show -n`) is seeded_sample: a seeded sample keeping each `source`'s share, never the first
-N. The rewards are the official verifiers (docs/protocol.md section 4):
+--limit, `show_data.py show -n`) is lib/subsets.seeded_sample: a seeded sample keeping each
+`source`'s share, never the first N. The rewards are the official verifiers (docs/protocol.md
+section 4):
 - searchqa: BM25 (bm25s) over a synthetic encyclopedia, split by entity (`source` "synthetic");
-reward = exact
-  match after normalisation (lower case, punctuation and the articles a/an/the removed, white space
-  folded) with any gold answer, or with --judge-url the official LLM judge's verdict (lib/judge.py).
+  reward = exact match after normalisation (lower case, punctuation and the articles a/an/the
+  removed, white space folded) with any gold answer, or with --judge-url the official LLM judge's
+  verdict (lib/judge.py).
 - math: test = the GSM8K originals, or with --math-test-set generated 200 held-out generated
-problems of
-  1-2 steps; --math-max-steps N keeps only the bundled training problems of at most N steps (and so
-  the harness set drawn from them); `python(code)` runs in a fresh OS sandbox (lib/sandbox.py) with
-  CPU, memory and output limits; reward = the last \\boxed{...} within the answer's final 100
-  characters (nested braces handled) equals the gold answer as a string, white space included
-  (math_dapo's strict box check).
+  problems of 1-2 steps; --math-max-steps N keeps only the bundled training problems of at most N
+  steps (and so the harness set drawn from them); `python(code)` runs in a fresh OS sandbox
+  (lib/sandbox.py) with CPU, memory and output limits; reward = the last \\boxed{...} within the
+  answer's final 100 characters (nested braces handled) equals the gold answer as a string, white
+  space included (math_dapo's strict box check).
 - chess: Lichess puzzles; the line's first move is the opponent's and is played before the agent
   sees the position (FEN, board, legal moves in UCI and in SAN: without the check and mate marks +
   and #, or with --chess-san-marks as python-chess writes them, as the official observation has
@@ -52,9 +49,6 @@ from lib.contract import check_harness_fits
 from lib.judge import add_judge_args, judge_from_args
 from lib.models import check_model
 from lib.policy import check_backend
-# also the CLIs' limit flags' sampler, as domains.seeded_sample
-from lib.subsets import seeded_sample
-from lib.cli import Parser, one_line_errors, positive_int
 from lib.sandbox import PYTHON_TIMEOUT_S, run_python
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -430,15 +424,15 @@ def get(name, args=None):
     if name == "math" and test_set != "gsm8k":
         if paper:
             raise ValueError(f"--math-test-set {test_set} is a bundled test split: with --data "
-                             f"paper the test set "
-                             "is --math-test (default AIME 2024 + 2025); drop one of the two flags")
+                             "paper the test set is --math-test (default AIME 2024 + 2025); "
+                             "drop one of the two flags")
         domain.test_set = test_set
     max_steps = getattr(args, "math_max_steps", None)
     if name == "math" and max_steps is not None:
         if paper:
             raise ValueError(f"--math-max-steps {max_steps} filters the bundled generated "
-                             f"problems: with --data paper "
-                             "the train set is --math-train; drop one of the two flags")
+                             "problems: with --data paper the train set is --math-train; drop one "
+                             "of the two flags")
         domain.max_steps = max_steps
     if name == "searchqa":
         domain.judge = judge_from_args(args)
@@ -492,46 +486,3 @@ def check_tools(name, args):
     retriever."""
     if name == "searchqa" and getattr(args, "data", "bundled") == "paper":
         check_retriever_flags(args)
-
-
-def print_stats():
-    print(f"{'domain':10s} {'train':>7s} {'harness':>8s} {'test':>6s}")
-    for name in DOMAINS:
-        d = get(name)
-        print(f"{name:10s} " + " ".join(f"{len(d.load(s)):>{w}d}"
-                                        for s, w in zip(SPLITS, (7, 8, 6))))
-    print(f"math test, --math-test-set generated: {len(read_jsonl(MATH_TEST_SETS['generated']))} "
-          f"problems")
-    docs = read_jsonl("searchqa_corpus.jsonl")
-    print(f"searchqa corpus: {len(docs)} documents")
-
-
-def show(name, split, n, args=None):
-    d = get(name, args)
-    for task in seeded_sample(d.load(split), n):
-        print(f"--- {name}/{split} {task['id']}")
-        for key, value in d.public(task).items():
-            text = value if isinstance(value, str) else json.dumps(value)
-            print(f"{key}:\n{text}" if "\n" in text else f"{key}: {text}")
-        print(f"gold: {d.gold(task)}")
-
-
-def main(argv=None):
-    parser = Parser(description="Inspect the bundled domains.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("stats", help="every split's size per domain")
-    p = sub.add_parser("show", help="tasks as a harness sees them, then the gold answer")
-    p.add_argument("domain")
-    p.add_argument("--split", default="test")
-    p.add_argument("-n", type=positive_int, default=3)
-    add_args(p)  # `show DOMAIN --data paper` reads the paper's sets
-    args = parser.parse_args(argv)
-    with one_line_errors("domains.py"):
-        if args.command == "stats":
-            print_stats()
-        else:
-            show(args.domain, args.split, args.n, args)
-
-
-if __name__ == "__main__":
-    main()

@@ -66,6 +66,7 @@ from lib.policy import add_backend_args, load_policy
 from lib.proposers import failure_advice, propose_agent, propose_in_copy
 from lib.ops.reuse import file_sha
 from lib.ops.run_checks import check_archive, check_run_files, check_same_model
+from lib.subsets import seeded_sample
 # by name: the tests swap the module `rollout` for a fake scorer
 from rollout import sampling_kwargs
 
@@ -242,7 +243,7 @@ def propose_iteration(run_dir, names, rows, iteration, domain, args, failures):
 
 def harness_tasks(domain, args):
     tasks = domain.load("harness")
-    return domains.seeded_sample(tasks, args.harness_tasks or None)
+    return seeded_sample(tasks, args.harness_tasks or None)
 
 
 def add_seed(run_dir, seed_harness, seed_name):
@@ -251,7 +252,7 @@ def add_seed(run_dir, seed_harness, seed_name):
         return
     if not Path(seed_harness).is_file():
         raise FileNotFoundError(f"seed harness {seed_harness} not found: pass the path of a "
-                                f"harness file")
+                                "harness file")
     d.mkdir(parents=True, exist_ok=True)
     shutil.copy(seed_harness, d / "harness.py")
     write_json(d / "meta.json", {"parent": None, "hypothesis": "the seed harness",

@@ -25,15 +25,13 @@ import os
 import re
 from statistics import fmean
 
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 
 from lib.cli import Parser, one_line_errors
 from lib.files import read_json, read_jsonl
-from lib.intervals import (hierarchical_ci, interval, paired_difference, pooled_difference,
+from lib.intervals import (benchmarks_ci, hierarchical_ci, paired_difference, pooled_difference,
                            seeds_interval)
+from lib.plots import plot_curves, plot_timeline
 
 DOMAINS = ("searchqa", "math", "chess")
 METHODS = ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale",
@@ -184,8 +182,8 @@ def make_table(runs, preset):
     seeds = seed_list(runs)
     if len(seeds) > 1:
         over = (f"Mean over {len(seeds)} seeds ({', '.join(map(str, seeds))}); intervals: "
-                f"hierarchical bootstrap, "
-                "resampling the seeds, then the test tasks within each (2,000 resamples, seed 0).")
+                "hierarchical bootstrap, resampling the seeds, then the test tasks within each "
+                "(2,000 resamples, seed 0).")
     else:
         over = ("One seed; intervals: percentile bootstrap over test tasks (2,000 resamples, "
                 "seed 0).")
@@ -238,21 +236,6 @@ def benchmark_table(runs, k):
             lines.append(f"| {method} | " + " | ".join(per) + f" | {all_ci} |")
         lines.append("")
     return lines
-
-
-def benchmarks_ci(rows, names, resamples=2000, seed=0, level=0.95):
-    """(mean, low, high) of the average over benchmarks of each benchmark's mean, over seeds: each
-    resample draws the seeds with replacement, then each benchmark's tasks within each drawn
-    seed."""
-    by = [[np.asarray([v for t, v in row["per_task"].items() if row["sources"].get(t) == name],
-                      dtype=float)
-           for name in names] for row in rows]
-    rng = np.random.default_rng(seed)
-    stats = [np.mean([np.mean([x[rng.integers(0, x.size, x.size)].mean() for x in by[i]])
-                      for i in rng.integers(0, len(by), len(by))]) for _ in range(resamples)]
-    low, high = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
-    return float(np.mean([[x.mean() for x in seed_rows]
-                          for seed_rows in by])), float(low), float(high)
 
 
 def shown_methods(runs):
@@ -471,70 +454,6 @@ def tasks_of(runs, domain):
 # -----------------------------------------------------------------------------
 # plots
 
-def percent_axis(ax):
-    """mean@k in %: from 0 (never negative), at least 0-10 so an all-zero line lies visibly on the
-    floor."""
-    ax.set_ylim(0, max(10.0, 1.1 * ax.get_ylim()[1]))
-    ax.set_ylabel("test mean@k (%)")
-
-
-def plot_curves(runs, path):
-    """A panel per domain, a line per method and seed (a method's seeds share its colour), each with
-    its band."""
-    fig, axes = plt.subplots(1, len(DOMAINS), figsize=(5 * len(DOMAINS), 4), squeeze=False)
-    for ax, domain in zip(axes[0], DOMAINS):
-        for method in METHODS:
-            color = None
-            for seed, run in (runs.get((domain, method)) or {}).items():
-                if not run["evals"]:
-                    continue
-                xs = [r["rollouts"] for r in run["evals"]]
-                ys = [100 * r["mean_at_k"] for r in run["evals"]]
-                line, = ax.plot(xs, ys, marker="o", color=color, label=None if color else method)
-                color = line.get_color()
-                cis = [interval(r) or (None, np.nan, np.nan) for r in run["evals"]]
-                ax.fill_between(xs, [100 * c[1] for c in cis], [100 * c[2] for c in cis],
-                                color=color, alpha=0.15, linewidth=0)
-        seeds = sorted({seed for (d,
-                                  _), seed_runs in runs.items() if d == domain
-                                  for seed in seed_runs})
-        ax.set_title(f"{domain} (bands: 95 % CI over test tasks)"
-                     + (f", {len(seeds)} seeds" if len(seeds) > 1 else ""))
-        percent_axis(ax)
-        ax.set_xlabel("cumulative rollouts (training + harness scoring)")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "not run", ha="center", transform=ax.transAxes)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_timeline(runs, path):
-    whale_runs = [(d, m, seed) for (d, m), seed_runs in runs.items() if m.startswith("whale")
-                  for seed, run in seed_runs.items() if run["evals"]]
-    fig, axes = plt.subplots(max(1, len(whale_runs)), 1,
-                             figsize=(10, 2.4 * max(1, len(whale_runs))), squeeze=False)
-    colors = {"weight": "tab:blue", "harness": "tab:orange"}
-    for ax, (domain, method, seed) in zip(axes[:, 0], whale_runs):
-        evals = runs[domain, method][seed]["evals"]
-        for prev, row in zip(evals, evals[1:]):
-            ax.axvspan(prev["rollouts"], max(row["rollouts"], prev["rollouts"] + 1),
-                       color=colors[row["kind"]], alpha=0.25)
-        ax.plot([r["rollouts"] for r in evals], [100 * r["mean_at_k"] for r in evals], "k-o")
-        percent_axis(ax)
-        ax.set_title(f"{domain} / {method} / seed {seed}: weight phases blue, "
-                     "harness phases orange")
-        ax.set_xlabel("cumulative rollouts")
-    if not whale_runs:
-        axes[0, 0].text(0.5, 0.5, "no WHALE run yet", ha="center")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main(argv=None):
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="cpu")
@@ -557,7 +476,7 @@ def write_report(args):
     table = make_table(runs, args.preset)
     with open(os.path.join(root, "tables.md"), "w") as f:
         f.write(table)
-    plot_curves(runs, os.path.join(root, "curves.png"))
+    plot_curves(runs, os.path.join(root, "curves.png"), DOMAINS, METHODS)
     plot_timeline(runs, os.path.join(root, "timeline.png"))
     print(table)
     print(f"wrote {root}/tables.md, curves.png, timeline.png")

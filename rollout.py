@@ -46,6 +46,7 @@ from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, no
 from lib.policy import add_backend_args, load_policy
 from lib.protocol import MAX_PROMPT_TOKENS, InfrastructureError
 from lib.runner import Episode, Runner
+from lib.subsets import seeded_sample
 
 
 # -----------------------------------------------------------------------------
@@ -224,8 +225,7 @@ def adapted_policy(args):
     refused engine option is one line."""
     if args.adapter and not os.path.isfile(os.path.join(args.adapter, "adapter_config.json")):
         raise SystemExit(f"--adapter {args.adapter}: no adapter_config.json there; pass a LoRA "
-                         f"folder such as "
-                         "OUT/ckpt/adapter from rft.py")
+                         "folder such as OUT/ckpt/adapter from rft.py")
     try:
         return load_policy(args, adapter=args.adapter)
     except (ValueError, RuntimeError) as e:
@@ -266,7 +266,7 @@ def evaluate_cli(args, domains):
     apply_args(args)
     check_out(args.out)
     domain, tasks = domains.check_inputs(args, args.split)
-    tasks = domains.seeded_sample(tasks, args.limit)
+    tasks = seeded_sample(tasks, args.limit)
     policy = adapted_policy(args)
     out = Path(args.out) if args.out else None
     traces = None

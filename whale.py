@@ -12,8 +12,7 @@ The agent is weights (a LoRA adapter on the base model) plus a harness (a Python
 sequence of phases, each followed by a mean@k evaluation on the test split:
 
     weight phase   online RSFT (rft.py) under the current harness
-    harness phase  Meta-Harness search (meta_harness.py) under the current weights; the winner goes
-                   on
+    harness phase  Meta-Harness (meta_harness.py) under the current weights; its winner goes on
 
 Budgets, the same totals for every method under both schedules (the official protocol's rule):
     weight budget   S = round(epochs x |train| / batch) RSFT steps, in fixed phases of
@@ -21,8 +20,7 @@ Budgets, the same totals for every method under both schedules (the official pro
     harness budget  R = (I - 1) x (ceil(S / s) - 1) proposer rounds: a harness phase between every
                     two weight phases, each the re-scoring of the incoming harness under the new
                     weights (the first of its I iterations) and I - 1 rounds of M candidates;
-                    harness-only gets --harness-only-iterations rounds (default (I - 1) x ceil(S /
-                    s))
+                    harness-only: --harness-only-iterations rounds (default (I - 1) x ceil(S / s))
 A method spends its budgets in this order:
     whale         weight, harness, weight, ..., weight: it ends after a weight phase
     weight-only   RSFT for the whole weight budget under h0 (no harness budget)
@@ -39,8 +37,7 @@ The schedule decides where a phase ends, never how much a method gets in all:
                never ends on a harness phase (rounds left when the weight budget is spent go unused)
 Harness phases under weights that did not change since the last one continue its archive, each phase
 adding its own rounds; new weights start a new archive from the incoming harness.
-`python whale.py --plan ...` prints a run's phases, steps, rounds and rollouts without loading a
-model.
+`python whale.py --plan ...` prints a run's phases, steps, rounds and rollouts, no model loaded.
 
 Several methods in one command run one after another in one process and never compute the same thing
 twice (lib/ops/reuse.py). A run's folder is results/<preset>/[seed-<n>/]<domain>/<method>/ (what it
@@ -65,9 +62,10 @@ from lib import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors,
                      positive_float, positive_int, seed_int)
 from lib.files import read_json, stored_path, write_json
-from lib.ops import plan, preflight, report_to, reuse, time_model
-from lib.ops.runstate import RunState, check_run_folder, check_same_settings, read_rows
+from lib.ops import plan, preflight, report_to, reuse
+from lib.ops.runstate import RunState, check_run_folder, check_same_settings
 from lib.policy import add_backend_args, load_policy
+from lib.subsets import seeded_sample
 from presets import CPU, GPU, PAPER, PAPER_TRAIN_SIZES, PRESETS
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "stagewise-hw", "fast-slow")
@@ -158,16 +156,14 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")
     check_args(args, p)
-    # each method once, in order
-    return [run_args(args, method) for method in dict.fromkeys(args.method)]
+    return [run_args(args, method) for method in dict.fromkeys(args.method)]  # each once, in order
 
 
 def run_args(args, method):
     """The flags of one method's run: the shared ones plus its method, folder and FST switch."""
     one = argparse.Namespace(**vars(args))
     one.method = method
-    # seed 0 keeps the one-seed layout, so a finished one-seed run is seed 0 of a multi-seed one
-    # (report.py reads both)
+    # seed 0 keeps the one-seed layout: a finished one-seed run is seed 0 of a multi-seed one
     seed_dir = os.path.join(args.preset, f"seed-{args.seed}") if args.seed else args.preset
     one.out = args.out or os.path.join("results", seed_dir, args.domain, method_name(one))
     one.prompt_only = args.prompt_only or method == "fast-slow"  # FST: prompt strings only
@@ -179,11 +175,10 @@ def check_args(args, parser):
         parser.error("--out names one run folder: give a single --method, or drop --out")
     if not os.path.isfile(args.harness):
         parser.error(f"harness file {args.harness} not found: pass --harness PATH or run from the "
-                     f"repo root")
+                     "repo root")
     if args.harness_iterations < 2:
         parser.error(f"--harness-iterations {args.harness_iterations}: I counts the re-scoring of "
-                     f"the incoming "
-                     "harness, so a harness phase with proposer rounds needs I >= 2")
+                     "the incoming harness, so a harness phase with proposer rounds needs I >= 2")
     if conflicting_flags(args):
         parser.error(conflicting_flags(args))
 
@@ -254,41 +249,19 @@ def plan_sizes(args):
                   "math": 60, "chess": args.chess_test_size}[args.domain]
         return n_train, args.harness_tasks, min(n_test, args.test_limit or n_test)
     domain = domains.get(args.domain, args)
-    n_train = len(domains.seeded_sample(domain.load("train"), args.train_limit))
-    n_harness = len(domains.seeded_sample(domain.load("harness"), args.harness_tasks))
+    n_train = len(seeded_sample(domain.load("train"), args.train_limit))
+    n_harness = len(seeded_sample(domain.load("harness"), args.harness_tasks))
     return n_train, n_harness, len(test_tasks(domain, args))
 
 
 def print_plan(runs, card_gb=80):
-    """The phases, steps, rounds and rollouts of the runs of one command (one process), and each
-    run's estimated hours on one card of card_gb (lib/ops/time_model.py) for its own work: the
-    phases an earlier run of the process made are reused, not redone (lib/ops/reuse.py; adaptive
-    phases end by their rules, so only the start is). -> [estimate, or None for a model the time
-    model lacks]"""
+    """--plan: the phases, steps, rounds and rollouts of the runs of one command (one process), and
+    each run's estimated hours on one card of card_gb for its own work (lib/ops/plan.print_runs).
+    -> [estimate, or None for a model the time model lacks]"""
     sizes = plan_sizes(runs[0])  # every run of a command has the same data
-    n_train, n_harness, n_test = sizes
-    phases = [fixed_phases(args, n_train) for args in runs]
-    fixed = runs[0].schedule == "fixed"
-    shared = [0] * len(runs)
-    if fixed:
-        shared = time_model.shared_phases([(a.method, p) for a, p in zip(runs, phases)])
-    estimates = []
-    for i, (args, own, reused) in enumerate(zip(runs, phases, shared)):
-        lines = plan.describe(args, method_name(args), own, budgets(args, n_train), *sizes)
-        print("\n".join(lines))
-        if i:
-            made = {0: "", 1: " and phase 1"}.get(reused, f" and phases 1-{reused}")
-            print(f"  reused from the runs before it in this process: phase 0's evaluation{made}")
-        est = time_model.estimate(args, own, n_harness, n_test, card_gb, shared=reused,
-                                  first=i == 0)
-        print(time_model.describe(est, card_gb) if est else
-              f"no time estimate for --model {args.model} (lib/ops/time_model.py)")
-        estimates.append(est)
-    if len(runs) > 1 and all(estimates):
-        print(f"estimated {sum(e['total'] for e in estimates):.2f} h for these {len(runs)} runs in "
-              f"one process (reused: {sum(shared)} of their phases and {len(runs) - 1} start "
-              f"evaluations)")
-    return estimates
+    phases = [fixed_phases(args, sizes[0]) for args in runs]
+    budget = [budgets(args, sizes[0]) for args in runs]
+    return plan.print_runs(runs, [method_name(a) for a in runs], phases, budget, sizes, card_gb)
 
 
 # -----------------------------------------------------------------------------
@@ -323,7 +296,7 @@ def run(args, donors=(), domain=None, policy=None):
         phase = state.leave(kind, harness)
         evaluate(args, policy, domain, harness, state, phase, kind, donors, detail,
                  last=after(kind) is None)
-    write_summary(args, read_rows(args.out), harness, state.step(), state.rounds_done())
+    state.write_summary(method_name(args), harness)
 
 
 def run_weight_phase(args, harness, state, n_train, donors):
@@ -398,7 +371,7 @@ def evaluate(args, policy, domain, harness, state, phase, kind, donors, detail=N
 def test_tasks(domain, args):
     """The seeded sample of --test-limit test tasks, none of the first --test-holdout."""
     tasks = domain.load("test")
-    return domains.seeded_sample(tasks, args.test_limit,
+    return seeded_sample(tasks, args.test_limit,
                                  exclude={t["id"] for t in tasks[: args.test_holdout]})
 
 
@@ -433,23 +406,6 @@ def evaluate_test(args, policy, domain, harness, tag, weights, donors):
     sources = {t["id"]: t["source"] for t in tasks if "source" in t}
     write_json(path, {"key": key, "stats": stats, "per_task": per_task, "sources": sources})
     return stats
-
-
-def write_summary(args, rows, harness, steps, iterations):
-    phases = [r for r in rows if r.get("event") == "eval"]
-    # --test-evals ends: the first and the last
-    evals = [r for r in phases if r["mean_at_k"] is not None]
-    best = max(evals, key=lambda r: (r["mean_at_k"], -r["rollouts"]))
-    summary = {"domain": args.domain, "method": method_name(args), "preset": args.preset,
-               "model": args.model, "k": args.k, "best_mean_at_k": best["mean_at_k"],
-               "rollouts_to_best": best["rollouts"], "best_phase": best["phase"],
-               "final_mean_at_k": evals[-1]["mean_at_k"], "total_rollouts": evals[-1]["rollouts"],
-               "phases": len(phases) - 1, "rsft_steps": steps, "harness_iterations": iterations,
-               "final_harness": stored_path(harness, args.out),
-               "test_tasks": evals[-1]["test_tasks"]}
-    write_json(os.path.join(args.out, "summary.json"), summary)
-    print(f"best mean@{args.k} = {summary['best_mean_at_k']:.4f} after "
-          f"{summary['rollouts_to_best']} rollouts; final {summary['final_mean_at_k']:.4f}")
 
 
 # -----------------------------------------------------------------------------
@@ -487,7 +443,7 @@ def check_inputs(runs):
     data loaded (the paper's sets are slow to load twice)"""
     args = runs[0]
     domain, train = domains.check_inputs(args, "train")
-    train = domains.seeded_sample(train, args.train_limit)
+    train = seeded_sample(train, args.train_limit)
     domain.load("test")  # a malformed data file is an error now, before any model is loaded
     for one in runs:
         check_out(one.out)
@@ -518,7 +474,7 @@ def setup(args, domain=None, policy=None):
     """-> (domain, train tasks, policy on the base weights); bad input was refused before
     (check_inputs)."""
     domain = domain or domains.get(args.domain, args)
-    train = domains.seeded_sample(domain.load("train"), args.train_limit)
+    train = seeded_sample(domain.load("train"), args.train_limit)
     if args.threads:
         torch.set_num_threads(args.threads)
     if policy is None:
@@ -528,11 +484,9 @@ def setup(args, domain=None, policy=None):
 
 
 def evaluate_again(args, policy, domain, lost, donors):
-    """The test evaluations a damaged folder lost (RunState.repair), from the same weights, harness
-    and seeds."""
+    """The test evaluations a damaged folder lost (RunState.repair), from the same inputs."""
     for i, weights, adapter, harness in lost:
-        print(f"evals/phase_{i}: lost or damaged, evaluated again (the same weights, harness and "
-              f"seeds)")
+        print(f"evals/phase_{i}: lost or damaged, evaluated again (same weights, harness, seeds)")
         if adapter is not None:
             policy.load_adapter(adapter)
             policy.model.eval()

@@ -63,3 +63,18 @@ def seeds_interval(rows):
     if all(row.get("per_task") for row in rows):
         return hierarchical_ci([list(row["per_task"].values()) for row in rows])
     return float(np.mean([row["mean_at_k"] for row in rows])), None, None
+
+
+def benchmarks_ci(rows, names, resamples=2000, seed=0, level=0.95):
+    """(mean, low, high) of the average over benchmarks of each benchmark's mean, over seeds: each
+    resample draws the seeds with replacement, then each benchmark's tasks within each drawn
+    seed."""
+    by = [[np.asarray([v for t, v in row["per_task"].items() if row["sources"].get(t) == name],
+                      dtype=float)
+           for name in names] for row in rows]
+    rng = np.random.default_rng(seed)
+    stats = [np.mean([np.mean([x[rng.integers(0, x.size, x.size)].mean() for x in by[i]])
+                      for i in rng.integers(0, len(by), len(by))]) for _ in range(resamples)]
+    low, high = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
+    return float(np.mean([[x.mean() for x in seed_rows]
+                          for seed_rows in by])), float(low), float(high)

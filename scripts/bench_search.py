@@ -27,6 +27,7 @@ from lib.cli import Parser, positive_int  # noqa: E402
 from lib.hf_backend import HFBackend  # noqa: E402
 from lib.models import load_model  # noqa: E402
 from lib.mutate import knob_options, set_knob  # noqa: E402
+from lib.subsets import seeded_sample  # noqa: E402
 from lib.worker_pool import POOL  # noqa: E402
 
 
@@ -55,7 +56,7 @@ def main():
     sandbox.apply_args(args)
     cpu = presets.PRESETS["cpu"]
     domain = domains.get(args.domain, argparse.Namespace(**{k: v for k, v in cpu.items() if k.startswith("math_")}))
-    tasks = domains.seeded_sample(domain.load("harness"), cpu["harness_tasks"])
+    tasks = seeded_sample(domain.load("harness"), cpu["harness_tasks"])
     torch.set_num_threads(cpu["threads"])
     model, tokenizer = load_model("cpu")
     backend = HFBackend(model, tokenizer)

@@ -37,6 +37,7 @@ from lib import sandbox  # noqa: E402
 from lib.failures import failure_kind  # noqa: E402
 from lib.mutate import knob_values, set_knob  # noqa: E402
 from lib.policy import load_policy  # noqa: E402
+from lib.subsets import seeded_sample  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -92,7 +93,7 @@ def main(argv=None):
     sandbox.apply_args(preset)
     rollout.apply_args(preset)
     domain = domains.get(args.domain, preset)
-    train = domains.seeded_sample(domain.load("train"), preset.train_limit)[:args.train_prompts]
+    train = seeded_sample(domain.load("train"), preset.train_limit)[:args.train_prompts]
     harness_set = meta_harness.harness_tasks(domain, preset)
     torch.set_num_threads(preset.threads)
     t0 = time.time()

@@ -18,6 +18,7 @@ import rft
 import report
 import rollout
 import whale
+from scripts import show_data
 from lib import sandbox
 from lib.ops import run_checks, runstate
 from lib.canary import EngineError
@@ -258,8 +259,8 @@ def test_every_number_is_range_checked_and_finite(flag, value, clis, capsys):
 
 def test_domains_show_refuses_a_negative_count(capsys):
     with pytest.raises(SystemExit) as e:
-        as_cli("domains.py", domains.main)(["show", "searchqa", "-n", "-1"])
-    assert e.value.code == 2 and capsys.readouterr().err == "domains.py show: error: argument -n: must be >= 1, got -1\n"
+        as_cli("show_data.py", show_data.main)(["show", "searchqa", "-n", "-1"])
+    assert e.value.code == 2 and capsys.readouterr().err == "show_data.py show: error: argument -n: must be >= 1, got -1\n"
 
 
 def test_every_h0_fits_its_own_domain_only():

@@ -71,7 +71,8 @@ def test_missing_and_corrupt_files(tmp_path, monkeypatch):
 
 
 def run_cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "domains.py", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "scripts/show_data.py", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=60)
 
 
 def test_cli_stats_show_and_errors(tmp_path):
@@ -86,6 +87,7 @@ def test_cli_stats_show_and_errors(tmp_path):
         assert len(out.stderr.strip().splitlines()) == 1
     # a checkout whose data file is missing, then corrupt
     shutil.copy(os.path.join(ROOT, "domains.py"), tmp_path)
+    shutil.copytree(os.path.join(ROOT, "scripts"), tmp_path / "scripts")
     shutil.copytree(os.path.join(ROOT, "lib"), tmp_path / "lib")  # domains.py imports lib.paper_data and lib.sandbox
     (tmp_path / "data").mkdir()
     out = run_cli("show", "chess", cwd=tmp_path)

@@ -13,6 +13,7 @@ import domains
 import meta_harness
 from lib import judge
 from lib.subsets import seeded_sample
+from scripts import show_data
 
 # -----------------------------------------------------------------------------
 # seeded, stratified limits
@@ -58,7 +59,7 @@ def test_limit_call_sites_take_the_seeded_sample(capsys):
     args = SimpleNamespace(harness_tasks=24)
     assert meta_harness.harness_tasks(d, args) == seeded_sample(harness, 24) != harness[:24]
     assert meta_harness.harness_tasks(d, SimpleNamespace(harness_tasks=None)) == harness
-    domains.show("math", "test", 3)
+    show_data.show("math", "test", 3)
     shown = [line.split()[-1] for line in capsys.readouterr().out.splitlines() if line.startswith("--- ")]
     assert shown == [t["id"] for t in seeded_sample(domains.get("math").load("test"), 3)]
     for script in ("whale.py", "rollout.py", "meta_harness.py"):  # no first-N slice is left at a limit flag

@@ -1,6 +1,8 @@
 """whale.py --plan: a run's phases, RSFT steps, proposer rounds and rollouts, from its flags and data sizes alone."""
 import math
 
+from lib.ops import time_model
+
 
 def describe(args, name, phases, budget, n_train, n_harness, n_test):
     """The plan's lines: `phases` as whale.fixed_phases gives them, `budget` as whale.budgets does."""
@@ -44,3 +46,27 @@ def sft_line(args):
     most = math.ceil(args.batch * args.group / args.sft_batch)
     return (f"  SFT: one optimizer step per {args.sft_batch} accepted trajectories: 0-{most} optimizer steps per "
             f"rollout step of {args.batch * args.group:,d} trajectories")
+
+
+def print_runs(runs, names, phases, budgets, sizes, card_gb):
+    """Each run's plan (describe) and its estimated hours on one card of card_gb (time_model) for its
+    own work: the phases an earlier run of the process made are reused, not redone (lib/ops/reuse.py;
+    adaptive phases end by their rules, so only the start is). -> [estimate, or None]"""
+    _, n_harness, n_test = sizes
+    shared = [0] * len(runs)
+    if runs[0].schedule == "fixed":
+        shared = time_model.shared_phases([(a.method, p) for a, p in zip(runs, phases)])
+    estimates = []
+    for i, (args, name, own, budget, reused) in enumerate(zip(runs, names, phases, budgets, shared)):
+        print("\n".join(describe(args, name, own, budget, *sizes)))
+        if i:
+            made = {0: "", 1: " and phase 1"}.get(reused, f" and phases 1-{reused}")
+            print(f"  reused from the runs before it in this process: phase 0's evaluation{made}")
+        est = time_model.estimate(args, own, n_harness, n_test, card_gb, shared=reused, first=i == 0)
+        print(time_model.describe(est, card_gb) if est else
+              f"no time estimate for --model {args.model} (lib/ops/time_model.py)")
+        estimates.append(est)
+    if len(runs) > 1 and all(estimates):
+        print(f"estimated {sum(e['total'] for e in estimates):.2f} h for these {len(runs)} runs in one "
+              f"process (reused: {sum(shared)} of their phases and {len(runs) - 1} start evaluations)")
+    return estimates

@@ -263,6 +263,22 @@ class RunState:
         save_state(self.out, self.saved)
 
     # the harness archives
+    def write_summary(self, name, harness):
+        """summary.json: the best and the final test evaluation of the finished run, its totals."""
+        args = self.args
+        phases = [r for r in read_rows(args.out) if r.get("event") == "eval"]
+        evals = [r for r in phases if r["mean_at_k"] is not None]  # --test-evals ends: the first and the last
+        best = max(evals, key=lambda r: (r["mean_at_k"], -r["rollouts"]))
+        summary = {"domain": args.domain, "method": name, "preset": args.preset, "model": args.model,
+                   "k": args.k, "best_mean_at_k": best["mean_at_k"], "rollouts_to_best": best["rollouts"],
+                   "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
+                   "total_rollouts": evals[-1]["rollouts"], "phases": len(phases) - 1,
+                   "rsft_steps": self.step(), "harness_iterations": self.rounds_done(),
+                   "final_harness": stored_path(harness, args.out), "test_tasks": evals[-1]["test_tasks"]}
+        write_json(os.path.join(args.out, "summary.json"), summary)
+        print(f"best mean@{args.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} "
+              f"rollouts; final {summary['final_mean_at_k']:.4f}")
+
     def archive_for(self, weights):
         """-> (the archive a harness phase searches in, the rounds it already holds): the last one if the weights
         have not changed since it ran (whatever the method: no search is repeated or charged twice), else a new
