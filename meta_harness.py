@@ -16,12 +16,11 @@ Algorithm. The seed harness h0 is scored once on the harness set (a fixed subset
 before any rollout (it parses, defines run(task, llm, tools), imports only allowed modules, uses no
 exec/open/dunder tricks, with --prompt-only differs from its parent only in string constants, and
 survives one smoke episode), scores the valid ones on the harness set and adds everything to the
-archive. An iteration's candidates run their smoke episodes, then their scoring, in one runner each:
-their model calls share batches, and each gets the rollouts it would get alone. The accepted harness
-is the best harness-set score in the archive, ties going to fewer mean turns. The search stops after
-a fixed number of iterations, or when the archive best has not improved for P iterations after at
-least N iterations (the paper's patience rule); not, as the official chess search does, once a
-candidate scores 1.0 on the harness set: every method spends its whole budget of rounds here.
+archive. The accepted harness is the best harness-set score in the archive, ties going to fewer
+mean turns. The search stops after a fixed number of iterations, or when the archive best has not
+improved for P iterations after at least N iterations (the paper's patience rule); not, as the
+official chess search does, once a candidate scores 1.0 on the harness set: every method spends its
+whole budget of rounds here.
 
 The run folder is the archive and the search's own truth. A proposer never works in it: it gets a
 copy of the harness-set material (code, meta, scores, traces, summary, frontier, notes) in a fresh
@@ -58,7 +57,7 @@ from lib import sandbox
 from lib.archive import candidate_rows, pick_best, restore_seed, write_index
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors,
                      positive_float, positive_int, seed_int)
-from lib.contract import check_harness, normalized, static_check
+from lib.contract import normalized, static_check
 from lib.files import read_json, write_json
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
@@ -127,74 +126,52 @@ def should_stop_harness_phase(best_series, patience, min_iters):
 # validation (before any rollout: the harness contract of lib/contract.py, then one smoke episode)
 # and scoring
 
-def static_verdict(cand_dir, rows, earlier, domain, args):
-    """The checks before any rollout: a valid parent, the harness contract, not a copy of a valid
-    candidate or of one passed just before it (`earlier`). -> None, or why the candidate is
-    refused."""
+def validate(cand_dir, rows, backend, domain, tasks, args, policy_kw, run_episodes):
+    """Static checks, duplicate check, then one smoke episode; writes valid/reason in meta.json."""
     meta = read_json(cand_dir / "meta.json")
     path = cand_dir / "harness.py"
     source = path.read_text() if path.exists() else ""
     parents = {r["name"]: r for r in rows if r["valid"]}
-    # a 2,000-term expression parses, then overflows the recursion of ast.dump; 6,000 overflow
-    # ast.parse
+    code = lambda name: normalized((cand_dir.parent / name / "harness.py").read_text())
+    # a 2,000-term expression parses, then overflows ast.dump's recursion; 6,000 overflow ast.parse
     try:
         if meta.get("parent") not in parents:
-            return (f"unknown parent {meta.get('parent')!r}: meta.json parent must name a valid "
-                    "archive candidate")
-        parent_source = (cand_dir.parent / meta["parent"] / "harness.py").read_text()
-        reason = static_check(source, parent_source, args.prompt_only, domain.name)
+            reason = (f"unknown parent {meta.get('parent')!r}: meta.json parent must name a valid "
+                      "archive candidate")
+        else:
+            parent_source = (cand_dir.parent / meta["parent"] / "harness.py").read_text()
+            reason = static_check(source, parent_source, args.prompt_only, domain.name)
         if reason is None:
-            # the runner's own gate: one failing harness would stop its batch-mates
-            check_harness(path)
-            same = [r["name"] for r in rows if r["name"] != cand_dir.name and r["valid"]] + earlier
-            code = lambda n: normalized((cand_dir.parent / n / "harness.py").read_text())
-            same = [n for n in same if code(n) == normalized(source)]
+            same = [r["name"] for r in rows if r["name"] != cand_dir.name and r["valid"]
+                    and code(r["name"]) == normalized(source)]
             reason = f"duplicate of {same[0]}: no change to score" if same else None
-        return reason
     except RecursionError:
-        return "too deeply nested: checking the code exceeded Python's recursion limit"
-    except ValueError as e:
-        return str(e)
+        reason = "too deeply nested: checking the code exceeded Python's recursion limit"
+    if reason is None:
+        try:
+            ep = run_episodes(domain, str(path), tasks[:1], backend, samples=1,
+                              desc=f"smoke {cand_dir.name}", **policy_kw)[0]
+            meta["smoke_rollouts"] = 1
+            error = ep.get("error")
+        except ValueError as e:  # the runner's own harness checks
+            error = str(e)
+        reason = f"smoke episode failed: {str(error)[:300]}" if error else None
+    meta.update(valid=reason is None, reason=reason)
+    write_json(cand_dir / "meta.json", meta)
+    return meta
 
 
-def validate(dirs, rows, backend, domain, tasks, args, policy_kw, run_each):
-    """Static checks, then one smoke episode for each candidate that passed them (all in one
-    runner); writes valid/reason into each meta.json."""
-    why, passed = {}, []
-    for d in dirs:
-        why[d] = static_verdict(d, rows, [e.name for e in passed], domain, args)
-        passed += [d] if why[d] is None else []
-    if passed:
-        episodes = run_each(domain, [str(d / "harness.py") for d in passed], tasks[:1], backend,
-                            samples=1, desc=f"smoke {' '.join(d.name for d in passed)}",
-                            **policy_kw)[0]
-        for d, (ep,) in zip(passed, episodes):
-            why[d] = f"smoke episode failed: {str(ep['error'])[:300]}" if ep.get("error") else None
-    for d in dirs:
-        meta = read_json(d / "meta.json")
-        smoked = {"smoke_rollouts": 1} if d in passed else {}
-        meta.update(valid=why[d] is None, reason=why[d], **smoked)
-        write_json(d / "meta.json", meta)
-
-
-def score(dirs, backend, domain, tasks, args, policy_kw, evaluate_each):
-    """Score the candidates on the harness tasks, all in one runner: their episodes share the
-    model's batches, and each gets the rollouts it would get alone (rollout.run_each). -> their
-    scores.json rows."""
-    traces = [d / "traces.jsonl" for d in dirs]
-    for t in traces:
-        t.unlink(missing_ok=True)  # a scoring run killed midway starts over
-    stats = evaluate_each(domain, [str(d / "harness.py") for d in dirs], tasks, backend,
-                          k=args.harness_samples, traces_paths=[str(t) for t in traces],
-                          desc=f"score {' '.join(d.name for d in dirs)}", **policy_kw)
-    rows = []
-    for d, st in zip(dirs, stats):
-        rows.append({"score": st["mean_at_k"], "mean_turns": st["mean_turns"],
-                     "tokens": st["tokens"], "rollouts": st["rollouts"], "errors": st["errors"],
-                     "seconds": round(st["seconds"], 2), "tasks": len(tasks),
-                     "samples": args.harness_samples, "scored_with": len(dirs)})
-        write_json(d / "scores.json", rows[-1])
-    return rows
+def score(cand_dir, backend, domain, tasks, args, policy_kw, evaluate):
+    traces = cand_dir / "traces.jsonl"
+    traces.unlink(missing_ok=True)  # a scoring run killed midway starts over
+    stats = evaluate(domain, str(cand_dir / "harness.py"), tasks, backend, k=args.harness_samples,
+                     traces_path=str(traces), desc=f"score {cand_dir.name}", **policy_kw)
+    scores = {"score": stats["mean_at_k"], "mean_turns": stats["mean_turns"],
+              "tokens": stats["tokens"], "rollouts": stats["rollouts"], "errors": stats["errors"],
+              "seconds": round(stats["seconds"], 2), "tasks": len(tasks),
+              "samples": args.harness_samples}
+    write_json(cand_dir / "scores.json", scores)
+    return scores
 
 
 # -----------------------------------------------------------------------------
@@ -297,33 +274,29 @@ def check_proposer(args):
         sandbox.check()  # these proposers run only inside it (or with the documented opt-out)
 
 
-def judge(run_dir, names, backend, domain, tasks, args, policy_kw, run_each, evaluate_each):
-    """Validate the iteration's proposed candidates (once: their smoke episodes by run_each), then
-    score the valid ones (once: by evaluate_each), each step for all of them together."""
-    dirs = [run_dir / "candidates" / n for n in names]
-    todo = [d for d in dirs if read_json(d / "meta.json")["valid"] is None]
-    if todo:
-        validate(todo, candidate_rows(run_dir), backend, domain, tasks, args, policy_kw, run_each)
-    metas = {d: read_json(d / "meta.json") for d in dirs}
-    unscored = [d for d in dirs if metas[d]["valid"] and not (d / "scores.json").exists()]
-    if unscored:
-        score(unscored, backend, domain, tasks, args, policy_kw, evaluate_each)
-    for d in dirs:
-        if not metas[d]["valid"]:
-            print(f"  {d.name}: rejected, {metas[d]['reason']}")
-        elif d in unscored:
-            s = read_json(d / "scores.json")
-            print(f"  {d.name}: score {s['score']:.4f}, mean turns {s['mean_turns']:.2f}  "
-                  f"({metas[d]['changed']})")
+def judge(run_dir, name, backend, domain, tasks, args, policy_kw, run_episodes, evaluate):
+    """Validate a proposed candidate (once, by a smoke episode of run_episodes), then score it when
+    valid (once, by evaluate)."""
+    d = run_dir / "candidates" / name
+    meta = read_json(d / "meta.json")
+    if meta["valid"] is None:
+        meta = validate(d, candidate_rows(run_dir), backend, domain, tasks, args, policy_kw,
+                        run_episodes)
+    if meta["valid"] and not (d / "scores.json").exists():
+        s = score(d, backend, domain, tasks, args, policy_kw, evaluate)
+        print(f"  {name}: score {s['score']:.4f}, mean turns {s['mean_turns']:.2f}  "
+              f"({meta['changed']})")
+    elif not meta["valid"]:
+        print(f"  {name}: rejected, {meta['reason']}")
 
 
 def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=None, seed_name="h0",
-           run_each=None, evaluate_each=None):
+           run_episodes=None, evaluate=None):
     """Meta-Harness under fixed weights. stop(best_series) -> bool ends the search early (see
-    should_stop_harness_phase); `iterations` caps it (default args.iterations). run_each and
-    evaluate_each (default: rollout's) run the candidates' smoke episodes and score them: a test
-    passes its own."""
-    run_each, evaluate_each = run_each or rollout.run_each, evaluate_each or rollout.evaluate_each
+    should_stop_harness_phase); `iterations` caps it (default args.iterations). run_episodes and
+    evaluate (default: rollout's) run a candidate's smoke episode and score it: a test passes its
+    own."""
+    run_episodes, evaluate = run_episodes or rollout.run_episodes, evaluate or rollout.evaluate
     check_proposer(args)
     iterations = args.iterations if iterations is None else iterations
     run_dir = Path(run_dir)
@@ -338,14 +311,14 @@ def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=N
     check_setup(run_dir, domain, tasks, args, kw)
     add_seed(run_dir, seed_harness, seed_name)
     if not (run_dir / "candidates" / seed_name / "scores.json").exists():
-        score([run_dir / "candidates" / seed_name], backend, domain, tasks, args, kw, evaluate_each)
+        score(run_dir / "candidates" / seed_name, backend, domain, tasks, args, kw, evaluate)
     rows, frontier = write_index(run_dir, 0)
     done = failures = 0
     for it in range(1, iterations + 1):
         names = [f"h{it}_{j}" for j in range(1, M + 1)]
         failures = propose_iteration(run_dir, names, rows, it, domain, args, failures)  # propose
-        # validate, score
-        judge(run_dir, names, backend, domain, tasks, args, kw, run_each, evaluate_each)
+        for name in names:  # validate, score
+            judge(run_dir, name, backend, domain, tasks, args, kw, run_episodes, evaluate)
         rows, frontier = write_index(run_dir, it)  # accept: the archive best
         done = it
         print(f"iteration {it}: best {frontier['best']} = {frontier['score']:.4f}, series "

@@ -138,73 +138,42 @@ BUDGET = ErrorBudget()
 
 
 def run_episodes(domain, harness_path, tasks, backend, **kw):
-    """Run the harness on every (task, sample); -> episode dicts, task-major (docs/design.md section
-    4)."""
+    """Run the harness on every (task, sample); -> episode dicts, task-major (docs/design.md
+    section 4)."""
     return run_and_count(domain, harness_path, tasks, backend, **kw)[0]
 
 
-def run_and_count(domain, harness_path, tasks, backend, *, traces_path=None, **kw):
+def run_and_count(domain, harness_path, tasks, backend, *, samples=1, temperature=1.0, top_k=20,
+                  max_new_tokens=256, deadline_s=120.0, workers=None, seed=0, traces_path=None,
+                  desc="episodes", thinking="auto", episode_tokens=None, max_prompt_tokens=None,
+                  max_model_len=None):
     """run_episodes, and how the runner batched them: -> (episodes, {"generate_calls", "llm_calls",
     "generate_s"}) (scripts/bench_rollout.py, scripts/calibrate_cpu_h0.py)."""
-    episodes, counts = run_each(domain, [harness_path], tasks, backend, traces_paths=[traces_path],
-                                **kw)
-    return episodes[0], counts
-
-
-def run_each(domain, harness_paths, tasks, backend, *, samples=1, temperature=1.0, top_k=20,
-             max_new_tokens=256, deadline_s=120.0, workers=None, seed=0, traces_paths=None,
-             desc="episodes", thinking="auto", episode_tokens=None, max_prompt_tokens=None,
-             max_model_len=None):
-    """Every harness on every (task, sample) in one runner, so that their model calls share the
-    batches (an iteration's candidates: meta_harness.judge). -> (one list of episode dicts per
-    harness, task-major; the runner's counts). A harness's episodes are seeded by their place in its
-    own list, and a row's sample does not depend on the other rows of its batch (lib/hf_backend.py),
-    so each gets the rollouts it gets alone."""
-    episodes = [Episode(i * samples + s, t, s, domain.public(t), h)
-                for h in range(len(harness_paths))
-                for i, t in enumerate(tasks) for s in range(samples)]
-    runner = Runner(domain, harness_paths, backend, temperature=temperature, top_k=top_k,
+    episodes = [Episode(i * samples + s, t, s, domain.public(t)) for i, t in enumerate(tasks)
+                for s in range(samples)]
+    runner = Runner(domain, harness_path, backend, temperature=temperature, top_k=top_k,
                     max_new_tokens=max_new_tokens, deadline_s=deadline_s,
                     workers=workers or min(64, len(episodes)), seed=seed, thinking=thinking,
-                    episode_tokens=episode_tokens,
-                    max_prompt_tokens=max_prompt_tokens, max_model_len=max_model_len)
+                    episode_tokens=episode_tokens, max_prompt_tokens=max_prompt_tokens,
+                    max_model_len=max_model_len)
     records = runner.run(episodes, desc) if episodes else []
     counts = {"generate_calls": runner.generate_calls, "llm_calls": runner.llm_calls,
               "generate_s": runner.generate_s}
-    per_harness = [records[h * len(tasks) * samples:(h + 1) * len(tasks) * samples]
-                   for h in range(len(harness_paths))]
-    for eps, path in zip(per_harness, traces_paths or ()):
-        if path:
-            write_traces(path, eps)
-    BUDGET.add(len(episodes), runner.infra_errors)  # after the traces: they show what failed
-    return per_harness, counts
+    if traces_path:
+        Path(traces_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(traces_path, "a") as f:
+            for r in records:
+                calls = [{k: v for k, v in c.items() if not k.endswith("_ids")} for c in r["calls"]]
+                f.write(json.dumps({**r, "calls": calls}) + "\n")
+    BUDGET.add(len(records), runner.infra_errors)  # after the traces: they show what failed
+    return records, counts
 
 
-def write_traces(path, records):
-    """Append the episodes to a traces.jsonl, without the token ids (the calls' text stays)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        for r in records:
-            calls = [{k: v for k, v in c.items() if not k.endswith("_ids")} for c in r["calls"]]
-            f.write(json.dumps({**r, "calls": calls}) + "\n")
-
-
-def evaluate(domain, harness_path, tasks, backend, k=8, traces_path=None, **kw):
+def evaluate(domain, harness_path, tasks, backend, k=8, **kw):
     """mean@k: each task's success rate over k samples, averaged over tasks (not pass@k)."""
-    return evaluate_each(domain, [harness_path], tasks, backend, k=k, traces_paths=[traces_path],
-                         **kw)[0]
-
-
-def evaluate_each(domain, harness_paths, tasks, backend, k=8, **kw):
-    """evaluate for several harnesses in one runner (run_each); "seconds" is the wall time of them
-    all."""
     start = time.time()
     kw = {"desc": f"mean@{k}", **kw}
-    per_harness = run_each(domain, harness_paths, tasks, backend, samples=k, **kw)[0]
-    return [mean_at_k(eps, k, time.time() - start) for eps in per_harness]
-
-
-def mean_at_k(eps, k, seconds):
+    eps = run_episodes(domain, harness_path, tasks, backend, samples=k, **kw)
     per_task = {}
     for e in eps:
         per_task.setdefault(e["task_id"], []).append(e["reward"])
@@ -212,8 +181,9 @@ def mean_at_k(eps, k, seconds):
     n = max(len(eps), 1)
     return {"mean_at_k": sum(per_task.values()) / max(len(per_task), 1), "k": k,
             "per_task": per_task, "mean_turns": sum(e["turns"] for e in eps) / n,
-            "tokens": sum(e["tokens"] for e in eps), "rollouts": len(eps),
-            "errors": sum(e["error"] is not None for e in eps), "seconds": round(seconds, 2)}
+            "tokens": sum(e["tokens"] for e in eps),
+            "rollouts": len(eps), "errors": sum(e["error"] is not None for e in eps),
+            "seconds": round(time.time() - start, 2)}
 
 
 # -----------------------------------------------------------------------------

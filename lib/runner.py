@@ -1,12 +1,9 @@
 """The episode runner, parent side: one event loop over the harness workers' pipes, the tool threads and
 batched generation, behind rollout.run_episodes (the algorithm: rollout.py's docstring).
 
-    runner = Runner(domain, [harness_path], policy, temperature=1.0, top_k=20, max_new_tokens=256, deadline_s=120,
+    runner = Runner(domain, harness_path, policy, temperature=1.0, top_k=20, max_new_tokens=256, deadline_s=120,
                     workers=64, seed=0)
     records = runner.run([Episode(i, task, 0, domain.public(task)) for i, task in enumerate(tasks)], "episodes")
-
-Several harnesses run in one runner (Episode.harness: an index into its list) when their episodes should share
-the model's batches, as an iteration's candidates do (meta_harness.judge).
 """
 import hashlib
 import json
@@ -39,9 +36,8 @@ def call_seed(*parts):
 
 
 class Episode:
-    def __init__(self, index, task, sample, public, harness=0):
-        # index seeds the episode; harness: which of the runner's harnesses it runs
-        self.index, self.task, self.sample, self.public, self.harness = index, task, sample, public, harness
+    def __init__(self, index, task, sample, public):
+        self.index, self.task, self.sample, self.public = index, task, sample, public
         self.calls, self.tool_calls, self.record = [], [], None
         self.asked, self.out_of_tokens = 0, False  # llm() requests so far; whether one found no tokens left
         self.capped = False  # whether a request went past the domain's caps on model calls (MODEL_CALL_CAPS)
@@ -59,11 +55,11 @@ class Episode:
 class Runner:
     """The parent's event loop over worker pipes, tool threads and batched generation."""
 
-    def __init__(self, domain, harness_paths, backend, *, temperature, top_k, max_new_tokens, deadline_s, workers,
+    def __init__(self, domain, harness_path, backend, *, temperature, top_k, max_new_tokens, deadline_s, workers,
                  seed, thinking="auto", episode_tokens=None, max_prompt_tokens=None, max_model_len=None):
         sandbox.check()  # once per process: fails closed, naming --unsafe-no-sandbox
-        self.sources = [check_harness(p) for p in harness_paths]
-        self.domain, self.paths, self.backend, self.seed = domain, [str(p) for p in harness_paths], backend, seed
+        self.source = check_harness(harness_path)
+        self.domain, self.path, self.backend, self.seed = domain, str(harness_path), backend, seed
         self.gen_kw = dict(temperature=temperature, top_k=top_k)
         self.max_new_tokens, self.deadline_s, self.n_workers = max_new_tokens, deadline_s, workers
         self.thinking = thinking_switch(backend.tokenizer, thinking)
@@ -114,8 +110,7 @@ class Runner:
                 ep.state, ep.start, ep.since = "busy", now, now
                 w.episode, ep.worker = ep, w
                 self.running.add(ep)
-                self.send(w, {"source": self.sources[ep.harness], "path": self.paths[ep.harness],
-                              "methods": list(self.domain.TOOL_METHODS),
+                self.send(w, {"source": self.source, "path": self.path, "methods": list(self.domain.TOOL_METHODS),
                               "task": ep.public, "seed": call_seed(self.seed, ep.index, ep.task["id"], ep.sample,
                                                                    "random"),
                               "memory_bytes": self.memory_bytes, "allowed": list(ALLOWED_IMPORTS),
@@ -266,7 +261,7 @@ class Runner:
         return pending and all(e.state == "llm" or now - e.since > self.hold_s() for e in self.running)
 
     def generate(self):
-        pending = sorted((e for e in self.running if e.state == "llm"), key=lambda e: (e.index, e.harness))
+        pending = sorted((e for e in self.running if e.state == "llm"), key=lambda e: e.index)
         prompts = [e.request[1] for e in pending]
         seeds = [call_seed(self.seed, e.index, e.task["id"], e.sample, len(e.calls)) for e in pending]
         stops = [e.request[3] for e in pending]

@@ -44,7 +44,7 @@ class FakeRollout:
     """Runs the harness in-process with a canned llm; score = 0.1 * MAX_TURNS (+0.05 when STYLE is tagged)."""
 
     def __init__(self):
-        self.evaluated, self.smoked, self.together = [], [], []  # together: the names of each evaluate_each call
+        self.evaluated, self.smoked = [], []
 
     def run_episodes(self, domain, harness_path, tasks, backend, *, samples=1, desc="", **kw):
         self.smoked.append(harness_path)
@@ -69,13 +69,6 @@ class FakeRollout:
                                                                "completion": "ok"}], "tool_calls": []}) + "\n")
         return {"mean_at_k": score, "k": k, "per_task": {}, "mean_turns": float(ns["MAX_TURNS"]), "tokens": 10 * len(tasks),
                 "rollouts": len(tasks) * k, "errors": 0, "seconds": 0.01}
-
-    def run_each(self, domain, harness_paths, tasks, backend, **kw):
-        return [self.run_episodes(domain, h, tasks, backend, **kw) for h in harness_paths], {}
-
-    def evaluate_each(self, domain, harness_paths, tasks, backend, traces_paths=None, **kw):
-        self.together.append([Path(h).parent.name for h in harness_paths])
-        return [self.evaluate(domain, h, tasks, backend, traces_path=t, **kw) for h, t in zip(harness_paths, traces_paths)]
 
 
 def make_args(**over):
@@ -159,7 +152,6 @@ def test_mutate_archive_and_resume_never_rescore(fake):
     fr, seed, run_dir = fake
     res = mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=2), iterations=2)
     assert fr.evaluated == ["h0", "h1_1", "h1_2", "h2_1", "h2_2"]
-    assert fr.together == [["h0"], ["h1_1", "h1_2"], ["h2_1", "h2_2"]]  # an iteration's candidates in one runner
     assert res["iterations"] == 2 and len(res["best_series"]) == 3
     assert res["best_series"] == sorted(res["best_series"]) and res["score"] == max(res["best_series"])
     assert res["rollouts"] == 5 * 4 + 4  # 5 scorings of 4 tasks + one smoke episode per proposal
@@ -612,10 +604,9 @@ def test_a_chess_candidate_importing_chess_is_refused_before_any_rollout(tmp_pat
         (tmp_path / name).mkdir()
         (tmp_path / name / "harness.py").write_text(source)
     mh.write_json(tmp_path / "h1_1" / "meta.json", {"parent": "h0"})
-    mh.validate([tmp_path / "h1_1"], [{"name": "h0", "valid": True}], None, domains.get("chess"), [],
-                SimpleNamespace(prompt_only=False), {},
-                run_each=lambda *a, **kw: pytest.fail("a refused candidate runs no episode"))
-    meta = json.loads((tmp_path / "h1_1" / "meta.json").read_text())
+    meta = mh.validate(tmp_path / "h1_1", [{"name": "h0", "valid": True}], None, domains.get("chess"), [],
+                       SimpleNamespace(prompt_only=False), {},
+                       run_episodes=lambda *a, **kw: pytest.fail("a refused candidate runs no episode"))
     assert meta["valid"] is False and meta["reason"].startswith("chess engine: imports chess;")
     assert "\n" not in meta["reason"] and "smoke_rollouts" not in meta
 

@@ -62,12 +62,6 @@ class FakeRollout:
         return {"mean_at_k": score, "k": k, "per_task": {}, "mean_turns": 1.0, "tokens": 1, "rollouts": len(tasks),
                 "errors": 0, "seconds": 0.0}
 
-    def run_each(self, domain, harness_paths, tasks, backend, **kw):
-        return [self.run_episodes(domain, h, tasks, backend, **kw) for h in harness_paths], {}
-
-    def evaluate_each(self, domain, harness_paths, tasks, backend, traces_paths=None, **kw):
-        return [self.evaluate(domain, h, tasks, backend, traces_path=t, **kw) for h, t in zip(harness_paths, traces_paths)]
-
 
 def search(work, monkeypatch, iterations, candidates=2, fake=None, **over):
     """Meta-Harness with mutate in work/run; -> (result, the proposals' summary rows, the archive folder)"""
@@ -82,7 +76,7 @@ def search(work, monkeypatch, iterations, candidates=2, fake=None, **over):
                       workers=None, seed=0)
     vars(args).update(over)
     result = mh.search(None, FakeDomain(), str(seed), work / "run", args, iterations=iterations,
-                       run_each=fake.run_each, evaluate_each=fake.evaluate_each)  # the seam: no module swapped
+                       run_episodes=fake.run_episodes, evaluate=fake.evaluate)  # the seam: no module swapped
     proposals = [r for r in map(json.loads, open(work / "run" / "summary.jsonl")) if r["iteration"] > 0]
     return result, proposals, work / "run"
 

@@ -213,22 +213,6 @@ def test_same_seed_same_results(backend, tmp_path):
     assert ids[0] != ids[2]
 
 
-def test_harnesses_run_together_get_the_rollouts_they_get_alone_in_fewer_batches(backend, tmp_path):
-    """rollout.run_each (an iteration's candidates): one runner for two harnesses; each harness's episodes
-    are the ones it gets alone, and their model calls share batches."""
-    other = GOOD.replace('" turn "', '" step "')
-    paths = [write(tmp_path, "a.py", GOOD), write(tmp_path, "b.py", other)]
-    tasks = FakeDomain().load("train", n=3)
-    kw = dict(samples=2, max_new_tokens=6, seed=3)
-    alone = [rollout.run_and_count(FakeDomain(), p, tasks, backend, **kw) for p in paths]
-    together, counts = rollout.run_each(FakeDomain(), paths, tasks, backend, **kw)
-    ids = lambda eps: [(e["task_id"], e["sample"], [c["completion_ids"] for c in e["calls"]]) for e in eps]
-    assert [ids(eps) for eps in together] == [ids(eps) for eps, _ in alone]
-    assert ids(together[0]) != ids(together[1])  # two harnesses, two prompts: not one run twice
-    assert counts["llm_calls"] == sum(c["llm_calls"] for _, c in alone) == 2 * 6 * 2
-    assert counts["generate_calls"] < sum(c["generate_calls"] for _, c in alone)
-
-
 def test_generate_rows_do_not_depend_on_the_batch(backend):
     p = chat_ids(backend.tokenizer, [{"role": "user", "content": "hello"}])
     q = chat_ids(backend.tokenizer, [{"role": "user", "content": "a longer prompt than the other one"}])

@@ -15,7 +15,7 @@ import pytest
 
 import whale
 from lib.ops import reuse
-from test_whale import HARNESS, Interrupt, fake_each, fake_episodes, interrupt, record
+from test_whale import HARNESS, Interrupt, fake_episodes, interrupt, record
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def runs(tmp_path_factory):
     argv = ["--domain", "math", "--preset", "smoke", "--harness", str(base / "h0.py"), "--test-limit", "3", "--k", "2",
             "--harness-tasks", "3", "--candidates", "2"]
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(whale.rollout, "run_each", fake_each())
+        m.setattr(whale.rollout, "run_episodes", fake_episodes)
         with m.context() as stop:
             interrupt(stop, whale.rft.RSFT, "step", 3, before=True)
             with pytest.raises(Interrupt):
@@ -42,7 +42,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    monkeypatch.setattr(whale.rollout, "run_each", fake_each())
+    monkeypatch.setattr(whale.rollout, "run_episodes", fake_episodes)
 
 
 def listing(folder):
@@ -136,7 +136,7 @@ def test_a_finished_run_rebuilds_what_no_later_phase_would_write_again(runs, tmp
 
 def test_a_lost_evaluation_after_a_weight_phase_is_rerun_under_the_snapshot_that_ended_it(tmp_path, monkeypatch):
     # h0 earns 0.9 here, so the first weight phase's RSFT steps surely accept and update the adapter
-    monkeypatch.setattr(whale.rollout, "run_each", fake_each(lambda *a, **kw: fake_episodes(*a, h0_reward=0.9, **kw)))
+    monkeypatch.setattr(whale.rollout, "run_episodes", lambda *a, **kw: fake_episodes(*a, h0_reward=0.9, **kw))
     (tmp_path / "h0.py").write_text(HARNESS)
     argv = ["--domain", "math", "--preset", "smoke", "--harness", str(tmp_path / "h0.py"), "--test-limit", "3",
             "--k", "2", "--harness-tasks", "3", "--candidates", "2", "--out", str(tmp_path / "run")]

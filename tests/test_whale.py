@@ -203,18 +203,10 @@ def fake_episodes(domain, harness_path, tasks, backend, *, samples=1, seed=0, tr
     return episodes
 
 
-def fake_each(episodes=fake_episodes):
-    """rollout.run_each (the one door every episode goes through) from a fake of one harness's episodes."""
-    def run_each(domain, harness_paths, tasks, backend, *, traces_paths=None, **kw):
-        traces = traces_paths or [None] * len(harness_paths)
-        return [episodes(domain, h, tasks, backend, traces_path=t, **kw) for h, t in zip(harness_paths, traces)], {}
-    return run_each
-
-
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
     """-> (argv for a small smoke run, the trainer folders of every RSFT step actually executed)"""
-    monkeypatch.setattr(whale.rollout, "run_each", fake_each())
+    monkeypatch.setattr(whale.rollout, "run_episodes", fake_episodes)
     executed, step = [], whale.rft.RSFT.step
     monkeypatch.setattr(whale.rft.RSFT, "step", lambda self, harness: executed.append(self.out_dir.parent.name)
                         or step(self, harness))
@@ -320,8 +312,8 @@ def test_a_search_under_weights_that_never_moved_is_copied_from_the_run_that_mad
     argv, _ = fake
     argv = argv + ["--harness-iterations", "3"]  # 2 rounds: enough for the search to find the better harness
     scored = []
-    monkeypatch.setattr(whale.rollout, "run_each", fake_each(lambda *a, **kw: scored.append(kw.get("desc", ""))
-                                                             or fake_episodes(*a, h0_reward=0.0, **kw)))
+    monkeypatch.setattr(whale.rollout, "run_episodes", lambda *a, **kw: scored.append(kw.get("desc", "")) or
+                        fake_episodes(*a, h0_reward=0.0, **kw))
     whale.main(argv + ["--method", "stagewise", "--out", str(tmp_path / "alone")])
     assert sum("score" in d for d in scored) > 0
     scored.clear()
@@ -458,8 +450,8 @@ def test_fast_slow_under_weights_that_never_moved_continues_its_archive_and_char
     # of 1 step) all run under the base weights and so continue one archive, each adding its own round
     argv, _ = fake
     scored = []
-    monkeypatch.setattr(whale.rollout, "run_each", fake_each(lambda *a, **kw: scored.append(kw.get("desc", ""))
-                                                             or fake_episodes(*a, h0_reward=0.0, **kw)))
+    monkeypatch.setattr(whale.rollout, "run_episodes", lambda *a, **kw: scored.append(kw.get("desc", "")) or
+                        fake_episodes(*a, h0_reward=0.0, **kw))
     out = tmp_path / "fst"
     whale.main(argv + ["--method", "fast-slow", "--phase-epochs", "0.25", "--out", str(out)])
     evals = [r for r in rows(out / "metrics.jsonl") if r["event"] == "eval"]

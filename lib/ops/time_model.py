@@ -243,9 +243,8 @@ def run_counts(phases, batch, group, candidates, harness_tasks, harness_samples,
     whale.print_plan counts it, less what an earlier run of its process made: its first `shared` phases (and
     their evaluations), and the phase-0 evaluation and engine start unless it is the process's `first` run. A
     harness phase right after a weight phase (or the first) starts a new archive by re-scoring its incoming
-    harness; each round scores M candidates (+ one smoke episode each), in two runner calls (the smoke episodes
-    together, then the scorings: meta_harness.judge); the test set is evaluated before the first phase and after
-    every phase (test_evals "ends": after the last only). harness_calls: the runner calls of harness scoring."""
+    harness; each round scores M candidates (+ one smoke episode each); the test set is evaluated before the
+    first phase and after every phase (test_evals "ends": after the last only)."""
     score = harness_tasks * harness_samples
     own = list(enumerate(phases))[shared:]
     steps = sum(n for _, (kind, n) in own if kind == "weight")
@@ -253,7 +252,7 @@ def run_counts(phases, batch, group, candidates, harness_tasks, harness_samples,
     rescores = sum(1 for i, (kind, _) in own if kind == "harness" and (i == 0 or phases[i - 1][0] == "weight"))
     evaluated = [i for i, _ in own if test_evals == "every" or i == len(phases) - 1]
     evals = first + len(evaluated)
-    return dict(steps=steps, train=steps * batch * group, rounds=rounds, harness_calls=rescores + 2 * rounds,
+    return dict(steps=steps, train=steps * batch * group, rounds=rounds, scorings=rescores + rounds * candidates,
                 harness=rescores * score + rounds * candidates * (score + 1), evals=evals, n_test=n_test,
                 test=evals * n_test * k, starts=int(first), shared=shared)
 
@@ -342,7 +341,7 @@ def hours(name, domain, counts, card_gb=80, max_new_tokens=1024, workers=None, g
     retriever = retriever or (CARD_RETRIEVER[card_gb] if domain == "searchqa" else None)
     run = lambda n, batches, w: rollout_s(name, t, card_gb, n, batches, w, gpu_memory, retriever)
     w = workers or DEFAULT_WORKERS
-    parts = {"rollouts": run(counts["train"], counts["steps"], w) + run(counts["harness"], counts["harness_calls"], w),
+    parts = {"rollouts": run(counts["train"], counts["steps"], w) + run(counts["harness"], counts["scorings"], w),
              "test": run(counts["test"], counts["evals"], DEFAULT_WORKERS),
              "sft": sft_s(name, t, card_gb, counts["train"] * t["accept"], fla),
              "engine": counts["steps"] * SYNC_S + counts["starts"] * START_S, "proposer": counts["rounds"] * proposer_s}
