@@ -76,5 +76,5 @@ def benchmarks_ci(rows, names, resamples=2000, seed=0, level=0.95):
     stats = [np.mean([np.mean([x[rng.integers(0, x.size, x.size)].mean() for x in by[i]])
                       for i in rng.integers(0, len(by), len(by))]) for _ in range(resamples)]
     low, high = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
-    return float(np.mean([[x.mean() for x in seed_rows]
-                          for seed_rows in by])), float(low), float(high)
+    mean = np.mean([[x.mean() for x in seed_rows] for seed_rows in by])
+    return float(mean), float(low), float(high)

@@ -21,8 +21,8 @@ def print_stats():
         d = get(name)
         print(f"{name:10s} " + " ".join(f"{len(d.load(s)):>{w}d}"
                                         for s, w in zip(SPLITS, (7, 8, 6))))
-    print(f"math test, --math-test-set generated: {len(read_jsonl(MATH_TEST_SETS['generated']))} "
-          f"problems")
+    generated = read_jsonl(MATH_TEST_SETS["generated"])
+    print(f"math test, --math-test-set generated: {len(generated)} problems")
     docs = read_jsonl("searchqa_corpus.jsonl")
     print(f"searchqa corpus: {len(docs)} documents")
 

@@ -262,7 +262,6 @@ class RunState:
     def save(self):
         save_state(self.out, self.saved)
 
-    # the harness archives
     def write_summary(self, name, harness):
         """summary.json: the best and the final test evaluation of the finished run, its totals."""
         args = self.args
@@ -279,6 +278,7 @@ class RunState:
         print(f"best mean@{args.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} "
               f"rollouts; final {summary['final_mean_at_k']:.4f}")
 
+    # the harness archives
     def archive_for(self, weights):
         """-> (the archive a harness phase searches in, the rounds it already holds): the last one if the weights
         have not changed since it ran (whatever the method: no search is repeated or charged twice), else a new
