@@ -46,6 +46,7 @@ from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, no
                      one_line_errors, positive_float, positive_int, probability, seed_int)
 from lib.files import (link_tree, read_json, resolved_path, sha256, stored_path, swap_link,
                        write_json, write_jsonl)
+from lib.models import shared_prefix
 from lib.policy import add_backend_args, load_policy
 from lib.ops.reuse import adapter_id
 from lib.ops.run_checks import CHECKPOINT_FILES, check_checkpoint, check_checkpoint_model
@@ -119,20 +120,33 @@ def completion_nll(model, examples):
     """Summed NLL of the completion tokens of `examples` [(prompt_ids, completion_ids)], in one
     right-padded batch.
 
-    The head runs only on the positions that predict a completion token, so prompt positions (system
-    and user turns, tool outputs) neither add to the loss nor cost a vocabulary-sized projection."""
+    The head runs only on the positions that predict a completion token, so prompt positions
+    (system and user turns, tool outputs) neither add to the loss nor cost a vocabulary-sized
+    projection. The leading tokens every example shares (models.shared_prefix: the harness's system
+    turn and examples) run once, their keys and values copied to every row: the same loss and
+    gradients, the shared part paid once (scripts/bench_rft.py). Not under gradient checkpointing,
+    which runs the decoder without a cache."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    device = next(model.parameters()).device
-    width = max(len(p) + len(c) for p, c in examples)
+    device, decoder = next(model.parameters()).device, base.get_decoder()
+    ids = [p + c for p, c in examples]
+    prompts = [p for p, _ in examples]
+    shared = 0 if base.is_gradient_checkpointing else shared_prefix(prompts, base.config)
+    cache = None
+    if shared:
+        cache = decoder(input_ids=torch.tensor([ids[0][:shared]], device=device),
+                        use_cache=True).past_key_values
+        cache.batch_repeat_interleave(len(examples))  # differentiable: the rows' gradients add up
+    width = max(map(len, ids)) - shared
     # pad id is irrelevant: right padding + causal attention
-    ids = torch.zeros((len(examples), width), dtype=torch.long)
+    batch = torch.zeros((len(examples), width), dtype=torch.long)
     targets = torch.full((len(examples), width), -100, dtype=torch.long)
     for i, (p, c) in enumerate(examples):
-        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-        # position t predicts token t + 1
-        targets[i, len(p) - 1:len(p) + len(c) - 1] = torch.tensor(c)
-    ids, targets = ids.to(device), targets.to(device)
-    hidden = base.get_decoder()(input_ids=ids).last_hidden_state
+        batch[i, :len(ids[i]) - shared] = torch.tensor(ids[i][shared:])
+        # position t predicts token t + 1; shared < len(p), so all those positions are in `batch`
+        targets[i, len(p) - 1 - shared:len(ids[i]) - 1 - shared] = torch.tensor(c)
+    batch, targets = batch.to(device), targets.to(device)
+    # positions and the causal mask continue from the cache's length
+    hidden = decoder(input_ids=batch, past_key_values=cache).last_hidden_state
     keep = targets != -100
     logits = base.get_output_embeddings()(hidden[keep]).float()
     return F.cross_entropy(logits, targets[keep], reduction="sum")

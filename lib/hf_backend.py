@@ -3,7 +3,8 @@ trainer's (no canary needed).
 
 Rows are left-padded into one batch with a KV cache, and each row draws from its own seeded generator, so a
 row's sample does not depend on which other rows share the batch. Rows with the same prompt ids share one prefill
-(the G samples of a prompt pay for its prompt once) and, on CPU, one copy of its KV while decoding (Cascade).
+(the G samples of a prompt pay for its prompt once) and, on CPU, one copy of its KV while decoding (Cascade); the
+leading tokens all prompts share (a harness's system turn and examples) are prefilled once for all of them.
 
 The second half of the file: faster hf decoding on CPU, each with the same logits as transformers' own path
 (the tests check them): a KV cache that grows in place, grouped-query attention without copying K and V to every
@@ -12,6 +13,8 @@ head, shared-prefix (cascade) attention for the G samples of one prompt, and the
 from functools import lru_cache
 
 import torch
+
+from lib.models import shared_prefix
 
 
 class HFBackend:
@@ -69,8 +72,15 @@ class HFBackend:
                 slot[key] = len(unique)
                 unique.append(prompts[i])
             rows.append(slot[key])
-        cache = roomy_cache(model.config, room)
-        ids, mask, pos = self.left_pad(unique, device)
+        shared = shared_prefix(unique, model.config) if self.share_prefix else 0
+        ids, mask, pos = self.left_pad([p[shared:] for p in unique], device)
+        cache = roomy_cache(model.config, room + ids.shape[1] * (shared > 0))
+        if shared:  # the leading tokens every prompt has, once, their KV then copied to every prompt's row
+            ones = torch.ones((1, shared), dtype=torch.long, device=device)
+            self.next_logits(ones.new_tensor([unique[0][:shared]]), ones, ones.cumsum(-1) - 1, cache)
+            cache.reorder_cache(torch.zeros(len(unique), dtype=torch.long, device=device))
+            # each row: the shared part, its left padding (masked), its own part at the next positions
+            mask, pos = torch.cat([ones.expand(len(unique), -1), mask], dim=1), pos + shared
         logits = self.next_logits(ids, mask, pos, cache)
         cascade = None
         if len(unique) < len(live):

@@ -141,6 +141,26 @@ def load_model(name, dtype=None):
     return model, tok
 
 
+# fewer shared leading tokens than this and a separate pass over them saves less than it costs
+MIN_SHARED_PREFIX = 16
+
+
+def shared_prefix(sequences, config):
+    """How many leading tokens all `sequences` have in common (a harness's system turn, instructions and
+    examples open every prompt it writes), to be computed once for all of them: 0 when fewer than
+    MIN_SHARED_PREFIX, for a single sequence, or when a layer of the model is not full attention (a
+    recurrent or sliding-window layer's cache cannot be copied to the rows like this). Every sequence keeps
+    at least one token after it, whose output the caller reads."""
+    if len(sequences) < 2 or set(getattr(config, "layer_types", None) or ["full_attention"]) != {"full_attention"}:
+        return 0
+    n, room = 0, min(len(s) for s in sequences) - 1
+    for column in zip(*sequences):
+        if n == room or any(t != column[0] for t in column):
+            break
+        n += 1
+    return n if n >= MIN_SHARED_PREFIX else 0
+
+
 def chat_ids(tok, messages, tools=None, thinking=None):
     """The prompt token ids of a chat: the template with the assistant turn opened. tools: OpenAI-style function
     schemas, rendered by the template in the model's own tool format (a template without tool support ignores

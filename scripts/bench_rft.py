@@ -1,10 +1,13 @@
 """
 The RSFT update's speed: rft.sft_update against a bare HF forward/backward loop on the same minibatches and
 adapter, best of --repeats, interleaved. Prints tokens/s of both and "ratio = X" (1.0: the update costs no more
-than the bare loop; docs/cpu-run/README.md quotes the measured ratios).
+than the bare loop; docs/cpu-run/README.md quotes the measured ratios). With --shared-tokens N every example
+opens with the same N tokens (a harness's system turn and examples), and it also times the update with that
+opening run per row (rft.shared_prefix off): "opening speedup = X".
 
     python scripts/bench_rft.py --model smoke
     python scripts/bench_rft.py --model cpu --minibatch 2
+    python scripts/bench_rft.py --model cpu --shared-tokens 120
 """
 import argparse
 import os
@@ -30,7 +33,8 @@ def bench(args, repeats=5):
         model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     vocab = model.config.vocab_size
     rng = random.Random(args.seed)
-    examples = [([rng.randrange(vocab) for _ in range(rng.randint(64, 384))],
+    opening = [rng.randrange(vocab) for _ in range(args.shared_tokens)]
+    examples = [(opening + [rng.randrange(vocab) for _ in range(rng.randint(64, 384))],
                  [rng.randrange(vocab) for _ in range(rng.randint(16, 128))]) for _ in range(4 * args.minibatch)]
     n_tokens = sum(len(p) + len(c) for p, c in examples)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
@@ -47,6 +51,13 @@ def bench(args, repeats=5):
 
     def rsft():
         sft_update(model, optimizer, [examples], len(examples), args.minibatch, args.grad_clip)  # one step
+
+    def per_row():  # the same update with the shared opening run in every row
+        shared_prefix, rft.shared_prefix = rft.shared_prefix, lambda *a: 0
+        try:
+            rsft()
+        finally:
+            rft.shared_prefix = shared_prefix
 
     def bare():
         model.train()
@@ -65,16 +76,20 @@ def bench(args, repeats=5):
 
     rsft()  # warm up both
     bare()
-    times = {"rsft": [], "bare": []}
+    sides = {"rsft": rsft, "bare": bare, **({"per_row": per_row} if args.shared_tokens else {})}
+    times = {k: [] for k in sides}
     for _ in tqdm(range(repeats), desc="bench"):  # interleaved, best of N: robust to a busy machine
-        times["rsft"].append(timed(rsft))
-        times["bare"].append(timed(bare))
+        for k, fn in sides.items():
+            times[k].append(timed(fn))
     speed = {k: n_tokens / min(v) for k, v in times.items()}
     print(f"model {args.model}, LoRA rank {args.lora_rank}, {len(examples)} examples, {n_tokens} tokens, "
           f"minibatch {args.minibatch}, device {device.type}, best of {repeats}")
     print(f"rsft update (sft_update):        {speed['rsft']:10.0f} tokens/s")
     print(f"bare forward/backward (HF loss): {speed['bare']:10.0f} tokens/s")
     print(f"ratio = {speed['rsft'] / speed['bare']:.2f}")
+    if args.shared_tokens:
+        print(f"opening of {args.shared_tokens} tokens run per row: {speed['per_row']:10.0f} tokens/s")
+        print(f"opening speedup = {speed['rsft'] / speed['per_row']:.2f}")
 
 
 def main(argv=None):
@@ -82,6 +97,8 @@ def main(argv=None):
     p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--shared-tokens", type=int, default=0,
+                   help="the opening every example shares (0: none, the bench as before)")
     rft.add_args(p)
     args = p.parse_args(argv)
     bench(args, repeats=args.repeats)

@@ -1,9 +1,10 @@
 """
-The episode runner's speed: (1) hf's shared prefill against a prefill per row, G samples of one long prompt;
-(2) the runner (rollout.run_episodes: sandboxed workers, batching) against raw batched backend.generate on
-the same prompts and lengths, each episode's fresh sandboxed interpreter charged to the runner. Both alternate
-their two sides for --rounds rounds, so a shared machine's changing load hits both alike. Prints
-"prefix speedup = X" (hf only: vllm and openai servers share prefixes on their own) and "ratio = X" (runner
+The episode runner's speed: (1) hf's shared prefill against a prefill per row, G samples of one long prompt,
+and distinct prompts that open alike (the opening prefilled once); (2) the runner (rollout.run_episodes:
+sandboxed workers, batching) against raw batched backend.generate on the same prompts and lengths, each
+episode's fresh sandboxed interpreter charged to the runner. Both alternate their two sides for --rounds
+rounds, so a shared machine's changing load hits both alike. Prints "prefix speedup = X" and "opening
+speedup = X" (hf only: vllm and openai servers share prefixes on their own) and "ratio = X" (runner
 tokens/s over direct tokens/s; 1.0: the runner costs nothing; docs/cpu-run/README.md quotes the measured figures).
 
     python scripts/bench_rollout.py --model smoke
@@ -21,7 +22,7 @@ import rollout  # noqa: E402
 from lib import sandbox  # noqa: E402
 from lib.cli import Parser, positive_int  # noqa: E402
 from lib.hf_backend import HFBackend  # noqa: E402
-from lib.models import chat_ids  # noqa: E402
+from lib.models import chat_ids, shared_prefix  # noqa: E402
 from lib.policy import add_backend_args  # noqa: E402
 from lib.worker_pool import POOL, Pool, Worker  # noqa: E402
 
@@ -123,6 +124,35 @@ def prefix_bench(backend, samples=8, prompt_tokens=300, max_new_tokens=32, round
     return seconds[False] / seconds[True]
 
 
+OPENING = ("Answer the question. You may search an encyclopedia by writing <search>query</search>. Give the "
+           "final answer, a few words only, as <answer>answer</answer>. Example: Question: Who founded the city? "
+           "<search>city founded</search> Passage: ")
+
+
+def opening_bench(backend, prompts=24, max_new_tokens=32, rounds=2):
+    """Distinct prompts that open alike, one sample each (a harness set scored under one harness: its system
+    turn and example open every prompt, EOS ignored): the opening prefilled once against a prefill per row."""
+    rows = [chat_ids(backend.tokenizer, [{"role": "system", "content": OPENING + PREFIX_TEXT},
+                                         {"role": "user", "content": f"Question {i}: {PREFIX_TEXT[:40 + 3 * i]}?"}])
+            for i in range(prompts)]
+    backend.ignore_eos = True
+    backend.generate(rows[:2], max_new_tokens=2)  # warm up
+    seconds = {True: 0.0, False: 0.0}
+    for _ in range(rounds):
+        for share in (True, False):
+            backend.share_prefix = share
+            start = time.time()
+            backend.generate(rows, max_new_tokens=max_new_tokens, seeds=list(range(prompts)))
+            seconds[share] += time.time() - start
+    backend.share_prefix, backend.ignore_eos = True, False
+    opening = shared_prefix(rows, backend.model.config)
+    print(f"opening: {prompts} prompts of {min(map(len, rows))}-{max(map(len, rows))} tokens, {opening} of them "
+          f"shared, x {max_new_tokens} tokens, {rounds} rounds: opening prefilled once {seconds[True]:.2f} s, "
+          f"a prefill per row {seconds[False]:.2f} s")
+    print(f"opening speedup = {seconds[False] / seconds[True]:.2f}")
+    return seconds[False] / seconds[True]
+
+
 SANDBOX_TRIAL = 16
 
 
@@ -158,6 +188,7 @@ def main():
     backend = rollout.adapted_policy(args).backend
     if isinstance(backend, HFBackend):  # vllm and openai servers share prefixes on their own
         prefix_bench(backend, rounds=args.rounds)
+        opening_bench(backend, rounds=args.rounds)
     bench(backend, episodes=args.episodes, calls=args.calls, max_new_tokens=args.tokens, rounds=args.rounds)
 
 

@@ -4,6 +4,7 @@
 """
 import re
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,11 @@ def test_prefix_bench_prints_the_speedup(backend, capsys):
     assert 40 <= length <= 45  # grown a word at a time to about the asked length
     assert f"prefix speedup = {speedup:.2f}" in out and speedup > 0
     assert backend.share_prefix and not backend.ignore_eos  # the bench leaves the backend as it found it
+    speedup = bench_rollout.opening_bench(backend, prompts=3, max_new_tokens=2, rounds=1)
+    out = capsys.readouterr().out
+    shared = int(re.search(r"3 prompts of \d+-\d+ tokens, (\d+) of them shared", out).group(1))
+    assert shared >= models.MIN_SHARED_PREFIX and f"opening speedup = {speedup:.2f}" in out
+    assert backend.share_prefix and not backend.ignore_eos
 
 
 def test_roomy_cache_gives_dynamic_cache_logits(backend):
@@ -147,6 +153,34 @@ def test_grouped_attention_under_a_padding_mask_gives_the_sdpa_logits(backend, m
     monkeypatch.setattr(hf_backend, "cascade_attention", lambda *a: pytest.fail("no cascade outside sdpa_grouped"))
     copied, copied_logits = generate(backend, True, [p, q, q], **kw)
     assert copied == plain and torch.allclose(copied_logits, plain_logits, atol=1e-4)
+
+
+def test_the_prompts_shared_opening_is_prefilled_once_with_the_same_samples(backend, monkeypatch):
+    """Prompts that open alike (a harness's system turn) prefill that opening once: the same tokens and,
+    within 1e-4, the same logits as a prefill per row, with duplicated prompts (cascade) and without."""
+    system = "You answer questions. Think step by step, then give the answer in <answer></answer> tags."
+    prompts = [models.chat_ids(backend.tokenizer, [{"role": "system", "content": system},
+                                                   {"role": "user", "content": q}])
+               for q in ("hello", "a longer question than the other one", "Who wrote it?")]
+    real, seen = hf_backend.shared_prefix, []
+    monkeypatch.setattr(hf_backend, "shared_prefix", lambda *a: seen.append(real(*a)) or seen[-1])
+    for rows in ([0, 1, 2], [0, 1, 1, 2, 0, 1]):
+        batch, seeds = [prompts[i] for i in rows], list(range(1, len(rows) + 1))
+        shared, shared_logits = generate(backend, True, batch, max_new_tokens=8, seeds=seeds)
+        alone, alone_logits = generate(backend, False, batch, max_new_tokens=8, seeds=seeds)
+        assert shared == alone and (shared_logits - alone_logits).abs().max() <= 1e-4
+    assert len(seen) == 2 and seen[0] == seen[1] >= models.MIN_SHARED_PREFIX
+
+
+def test_shared_prefix_counts_only_what_pays_and_what_the_model_can_share():
+    config = types.SimpleNamespace(layer_types=["full_attention"] * 2)
+    head = list(range(40))
+    assert models.shared_prefix([head + [1, 2], head + [3]], config) == 40
+    assert models.shared_prefix([head + [1], head], config) == 39  # each keeps a token of its own
+    assert models.shared_prefix([head + [1]], config) == 0  # one prompt: nothing to share
+    assert models.shared_prefix([head[:10] + [1], head[:10] + [2]], config) == 0  # too short to pay
+    hybrid = types.SimpleNamespace(layer_types=["linear_attention", "full_attention"])
+    assert models.shared_prefix([head + [1], head + [2]], hybrid) == 0  # a recurrent layer's state
 
 
 def test_cascade_decode_gives_the_unshared_logits(backend, monkeypatch):

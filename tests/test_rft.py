@@ -96,6 +96,28 @@ def test_loss_masks_the_prompt_and_is_normalised_over_all_completion_tokens():
     assert same(grads(deep, ex, minibatch=1), grads(deep, ex, minibatch=2))
 
 
+def test_the_shared_prompt_prefix_runs_once_with_the_same_loss_and_gradients(monkeypatch):
+    """The leading tokens every example shares run once (their KV copied to each row), and the loss and
+    gradients are those of every example run whole: prompts of several lengths, two with the same prompt
+    and the same first completion token, one that is all shared part but its last token."""
+    model = tiny_model(layers=2)
+    head = list(range(1, 21))
+    ex = [(head + [30, 31], [40, 41, 42]), (head + [30, 31], [40, 41, 43]), (head + [33], [44]),
+          (head + [34, 35, 36, 37], [45, 46]), (head[:18], [47, 48])]
+    real, seen = rft.shared_prefix, []
+    monkeypatch.setattr(rft, "shared_prefix", lambda *a: seen.append(real(*a)) or seen[-1])
+    shared = grads(model, ex)
+    with torch.no_grad():
+        shared_loss = rft.completion_nll(model, ex).item()
+    assert seen == [17, 17]  # the shortest prompt keeps its last token: 18 - 1
+    monkeypatch.setattr(rft, "shared_prefix", lambda *a: 0)
+    whole = grads(model, ex)
+    with torch.no_grad():
+        assert shared_loss == pytest.approx(rft.completion_nll(model, ex).item(), rel=1e-6)
+    assert whole.keys() == shared.keys()
+    assert all(torch.allclose(whole[k], shared[k], atol=1e-6) for k in whole)
+
+
 def test_tool_output_in_the_prompt_leaves_the_gradient_unchanged():
     _, tok = load_model("smoke")
     model = tiny_model(vocab=len(tok), layers=0)
