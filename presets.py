@@ -17,8 +17,9 @@ the paper and gpu presets' per-domain settings. Why each value is what it is: do
 # paper's proportions: 8 RSFT steps in 3 weight phases of 3, 3, 2 (E = 0.375), a harness phase of
 # one round between each two (I = 2), so harness-only gets (I - 1) x 3 = 3 rounds; test mean@4 on 50
 # tasks before training and after the last phase only (test_evals ends). 64 train prompts, 8 a step
-# (G = 4), M = 3 on 24 harness tasks: 48 prompts, 6 a step and 16 harness tasks fit 30 min a seed,
-# but math's RSFT reward then rose in 1 of 3 seeds only (docs/cpu-run/trial-48-16.md).
+# (G = 4), M = 3 on 24 harness tasks: within 30 min a seed since the prompts' shared opening runs
+# once (docs/cpu-run/README.md); 48 prompts at 6 a step lost math's RSFT signal
+# (docs/cpu-run/trial-48-16.md).
 # paper is the official protocol (docs/protocol.md; its deviations: docs/fidelity.md), with the
 # per-domain settings in PAPER below; --minibatch is the micro-batch of one forward/backward
 # inside an SFT mini-batch of --sft-batch trajectories (PAPER: the official global mini-batch).

@@ -32,7 +32,7 @@ done
 METHODS="harness-only weight-only stagewise stagewise-hw fast-slow whale"
 case $PRESET in  # measured on the 2-core machine with the default DOMAINS
   smoke) eta="about 2 min" ;;  # fresh clone, 2026-11-30: 1 min 20 s
-  cpu)   eta="about 34 min" ;;  # fresh clone, idle, 2026-12-01: seeds 0, 1, 2 took 35.6, 32.1, 33.5 min
+  cpu)   eta="about 21 min" ;;  # fresh clone, idle, 2026-12-02: seeds 0, 1, 2 took 21.0, 22.5, 18.4 min
   gpu)   eta="about 12.5 h on one 80 GB card (estimated: python scripts/memory_plan.py)" ;;
   paper) eta="GPU-days: hours per run (docs/gpu.md)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu, gpu or paper" >&2; exit 2 ;;
