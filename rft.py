@@ -125,12 +125,16 @@ def completion_nll(model, examples):
     projection. The leading tokens every example shares (models.shared_prefix: the harness's system
     turn and examples) run once, their keys and values copied to every row: the same loss and
     gradients, the shared part paid once (scripts/bench_rft.py). Not under gradient checkpointing,
-    which runs the decoder without a cache."""
+    which runs the decoder without a cache, nor with dropout, which would draw one mask for all rows
+    there."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     device, decoder = next(model.parameters()).device, base.get_decoder()
     ids = [p + c for p, c in examples]
     prompts = [p for p, _ in examples]
-    shared = 0 if base.is_gradient_checkpointing else shared_prefix(prompts, base.config)
+    dropout = model.training and any(isinstance(m, torch.nn.Dropout) and m.p > 0
+                                     for m in model.modules())
+    plain = dropout or getattr(base, "is_gradient_checkpointing", False)
+    shared = 0 if plain else shared_prefix(prompts, base.config)
     cache = None
     if shared:
         cache = decoder(input_ids=torch.tensor([ids[0][:shared]], device=device),

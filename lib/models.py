@@ -149,9 +149,12 @@ def shared_prefix(sequences, config):
     """How many leading tokens all `sequences` have in common (a harness's system turn, instructions and
     examples open every prompt it writes), to be computed once for all of them: 0 when fewer than
     MIN_SHARED_PREFIX, for a single sequence, or when a layer of the model is not full attention (a
-    recurrent or sliding-window layer's cache cannot be copied to the rows like this). Every sequence keeps
-    at least one token after it, whose output the caller reads."""
-    if len(sequences) < 2 or set(getattr(config, "layer_types", None) or ["full_attention"]) != {"full_attention"}:
+    recurrent layer's state, or a sliding window, which counts cache slots, padding included, cannot
+    be copied to the rows like this). Every sequence keeps at least one token after it, whose output
+    the caller reads."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+    text = config.get_text_config(decoder=True)  # a vision-language model's decoder
+    if len(sequences) < 2 or set(get_layer_types_and_kwargs(text)[0]) != {"full_attention"}:
         return 0
     n, room = 0, min(len(s) for s in sequences) - 1
     for column in zip(*sequences):

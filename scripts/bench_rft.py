@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rft  # noqa: E402
-from lib.models import load_model  # noqa: E402
+from lib.models import MIN_SHARED_PREFIX, load_model  # noqa: E402
 from lib.policy import add_lora  # noqa: E402
 from rft import length_batches, sft_update  # noqa: E402
 
@@ -101,6 +101,9 @@ def main(argv=None):
                    help="the opening every example shares (0: none, the bench as before)")
     rft.add_args(p)
     args = p.parse_args(argv)
+    if args.shared_tokens and (args.shared_tokens < MIN_SHARED_PREFIX or args.grad_checkpointing):
+        p.error(f"--shared-tokens {args.shared_tokens}: the update shares an opening of at least "
+                f"{MIN_SHARED_PREFIX} tokens, and none under --grad-checkpointing; give more, or drop one")
     bench(args, repeats=args.repeats)
 
 

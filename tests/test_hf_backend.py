@@ -4,7 +4,6 @@
 """
 import re
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -157,30 +156,41 @@ def test_grouped_attention_under_a_padding_mask_gives_the_sdpa_logits(backend, m
 
 def test_the_prompts_shared_opening_is_prefilled_once_with_the_same_samples(backend, monkeypatch):
     """Prompts that open alike (a harness's system turn) prefill that opening once: the same tokens and,
-    within 1e-4, the same logits as a prefill per row, with duplicated prompts (cascade) and without."""
+    within 1e-4, the same logits as a prefill per row, with duplicated prompts (cascade) and without, rows
+    dropping out at different steps, and under transformers' own sdpa (no cascade: the cache copied)."""
     system = "You answer questions. Think step by step, then give the answer in <answer></answer> tags."
     prompts = [models.chat_ids(backend.tokenizer, [{"role": "system", "content": system},
                                                    {"role": "user", "content": q}])
                for q in ("hello", "a longer question than the other one", "Who wrote it?")]
     real, seen = hf_backend.shared_prefix, []
     monkeypatch.setattr(hf_backend, "shared_prefix", lambda *a: seen.append(real(*a)) or seen[-1])
-    for rows in ([0, 1, 2], [0, 1, 1, 2, 0, 1]):
-        batch, seeds = [prompts[i] for i in rows], list(range(1, len(rows) + 1))
-        shared, shared_logits = generate(backend, True, batch, max_new_tokens=8, seeds=seeds)
-        alone, alone_logits = generate(backend, False, batch, max_new_tokens=8, seeds=seeds)
-        assert shared == alone and (shared_logits - alone_logits).abs().max() <= 1e-4
-    assert len(seen) == 2 and seen[0] == seen[1] >= models.MIN_SHARED_PREFIX
+    backend.ignore_eos = True
+    try:
+        for attention in ("sdpa_grouped", "sdpa"):
+            monkeypatch.setattr(hf_backend, "register_sdpa_grouped", lambda: attention)
+            for rows, caps in (([0, 1, 2], [8, 3, 6]), ([0, 1, 1, 2, 0, 1], [8, 2, 8, 5, 8, 1])):
+                batch, seeds = [prompts[i] for i in rows], list(range(1, len(rows) + 1))
+                shared, shared_logits = generate(backend, True, batch, max_new_tokens=caps, seeds=seeds)
+                alone, alone_logits = generate(backend, False, batch, max_new_tokens=caps, seeds=seeds)
+                assert shared == alone and [len(o) for o in shared] == caps
+                assert (shared_logits - alone_logits).abs().max() <= 1e-4
+    finally:
+        backend.ignore_eos = False
+    assert len(seen) == 4 and len(set(seen)) == 1 and seen[0] >= models.MIN_SHARED_PREFIX
 
 
 def test_shared_prefix_counts_only_what_pays_and_what_the_model_can_share():
-    config = types.SimpleNamespace(layer_types=["full_attention"] * 2)
+    from transformers import LlamaConfig, MistralConfig, Qwen3_5Config
+    full = LlamaConfig()
     head = list(range(40))
-    assert models.shared_prefix([head + [1, 2], head + [3]], config) == 40
-    assert models.shared_prefix([head + [1], head], config) == 39  # each keeps a token of its own
-    assert models.shared_prefix([head + [1]], config) == 0  # one prompt: nothing to share
-    assert models.shared_prefix([head[:10] + [1], head[:10] + [2]], config) == 0  # too short to pay
-    hybrid = types.SimpleNamespace(layer_types=["linear_attention", "full_attention"])
-    assert models.shared_prefix([head + [1], head + [2]], hybrid) == 0  # a recurrent layer's state
+    assert models.shared_prefix([head + [1, 2], head + [3]], full) == 40
+    assert models.shared_prefix([head + [1], head], full) == 39  # each keeps a token of its own
+    assert models.shared_prefix([head + [1]], full) == 0  # one prompt: nothing to share
+    assert models.shared_prefix([head[:10] + [1], head[:10] + [2]], full) == 0  # too short to pay
+    # a sliding window (Mistral's, inferred from the config) counts cache slots, padding included; a
+    # recurrent layer (Qwen3.5's decoder, inside a vision-language config) carries a state
+    for config in (MistralConfig(), Qwen3_5Config()):
+        assert models.shared_prefix([head + [1], head + [2]], config) == 0
 
 
 def test_cascade_decode_gives_the_unshared_logits(backend, monkeypatch):

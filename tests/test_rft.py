@@ -118,6 +118,20 @@ def test_the_shared_prompt_prefix_runs_once_with_the_same_loss_and_gradients(mon
     assert all(torch.allclose(whole[k], shared[k], atol=1e-6) for k in whole)
 
 
+def test_the_opening_runs_per_row_under_gradient_checkpointing_or_dropout(monkeypatch):
+    """Gradient checkpointing runs the decoder without a cache, and dropout would draw one mask for all
+    rows in a shared opening: either way every example runs whole."""
+    monkeypatch.setattr(rft, "shared_prefix", lambda *a: pytest.fail("no shared opening here"))
+    ex = [(list(range(1, 21)) + [30], [40, 41]), (list(range(1, 21)) + [31], [42])]
+    model = tiny_model(layers=2)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    assert rft.completion_nll(model, ex).item() > 0
+    args = argparse.Namespace(lora_rank=4, lora_alpha=8, lora_dropout=0.1, lora_targets="all-linear")
+    adapted = add_lora(tiny_model(layers=2), args).train()
+    assert rft.completion_nll(adapted, ex).item() > 0
+
+
 def test_tool_output_in_the_prompt_leaves_the_gradient_unchanged():
     _, tok = load_model("smoke")
     model = tiny_model(vocab=len(tok), layers=0)
