@@ -74,6 +74,7 @@ class HFBackend:
             rows.append(slot[key])
         shared = shared_prefix(unique, model.config) if self.share_prefix else 0
         ids, mask, pos = self.left_pad([p[shared:] for p in unique], device)
+        # with an opening, the buffers are made at its prefill: they need room for the rows' own parts too
         cache = roomy_cache(model.config, room + ids.shape[1] * (shared > 0))
         if shared:  # the leading tokens every prompt has, once, their KV then copied to every prompt's row
             ones = torch.ones((1, shared), dtype=torch.long, device=device)

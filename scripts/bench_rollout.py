@@ -100,6 +100,22 @@ PREFIX_TEXT = ("Passage: The city was founded in 1821 by settlers from the coast
                "company that built its first engine. The war ended when the novel's author signed the treaty. ")
 
 
+def time_sharing(backend, rows, max_new_tokens, rounds):
+    """-> {share_prefix: seconds}: the same rows and seeds generated with hf's prefix sharing on and off
+    (EOS ignored), the two alternating for `rounds` rounds, as in bench; the backend ends sharing and reading EOS."""
+    backend.ignore_eos = True
+    backend.generate(rows[:2], max_new_tokens=2)  # warm up
+    seconds = {True: 0.0, False: 0.0}
+    for _ in range(rounds):
+        for share in (True, False):
+            backend.share_prefix = share
+            start = time.time()
+            backend.generate(rows, max_new_tokens=max_new_tokens, seeds=list(range(len(rows))))
+            seconds[share] += time.time() - start
+    backend.share_prefix, backend.ignore_eos = True, False
+    return seconds
+
+
 def prefix_bench(backend, samples=8, prompt_tokens=300, max_new_tokens=32, rounds=2):
     """G samples of one long prompt (EOS ignored): one shared prefill against a prefill per row, same rows and
     seeds. The two alternate for `rounds` rounds, as in bench."""
@@ -108,16 +124,7 @@ def prefix_bench(backend, samples=8, prompt_tokens=300, max_new_tokens=32, round
         prompt = chat_ids(backend.tokenizer, [{"role": "user", "content": " ".join(words[:n])}])
         if len(prompt) >= prompt_tokens:
             break
-    backend.ignore_eos = True
-    backend.generate([prompt] * 2, max_new_tokens=2)  # warm up
-    seconds = {True: 0.0, False: 0.0}
-    for _ in range(rounds):
-        for share in (True, False):
-            backend.share_prefix = share
-            start = time.time()
-            backend.generate([prompt] * samples, max_new_tokens=max_new_tokens, seeds=list(range(samples)))
-            seconds[share] += time.time() - start
-    backend.share_prefix, backend.ignore_eos = True, False
+    seconds = time_sharing(backend, [prompt] * samples, max_new_tokens, rounds)
     print(f"prefix: {samples} samples x {max_new_tokens} tokens of one {len(prompt)}-token prompt, {rounds} rounds: "
           f"shared prefill {seconds[True]:.2f} s, a prefill per row {seconds[False]:.2f} s")
     print(f"prefix speedup = {seconds[False] / seconds[True]:.2f}")
@@ -135,16 +142,7 @@ def opening_bench(backend, prompts=24, max_new_tokens=32, rounds=2):
     rows = [chat_ids(backend.tokenizer, [{"role": "system", "content": OPENING + PREFIX_TEXT},
                                          {"role": "user", "content": f"Question {i}: {PREFIX_TEXT[:40 + 3 * i]}?"}])
             for i in range(prompts)]
-    backend.ignore_eos = True
-    backend.generate(rows[:2], max_new_tokens=2)  # warm up
-    seconds = {True: 0.0, False: 0.0}
-    for _ in range(rounds):
-        for share in (True, False):
-            backend.share_prefix = share
-            start = time.time()
-            backend.generate(rows, max_new_tokens=max_new_tokens, seeds=list(range(prompts)))
-            seconds[share] += time.time() - start
-    backend.share_prefix, backend.ignore_eos = True, False
+    seconds = time_sharing(backend, rows, max_new_tokens, rounds)
     opening = shared_prefix(rows, backend.model.config)
     print(f"opening: {prompts} prompts of {min(map(len, rows))}-{max(map(len, rows))} tokens, {opening} of them "
           f"shared, x {max_new_tokens} tokens, {rounds} rounds: opening prefilled once {seconds[True]:.2f} s, "
