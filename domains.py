@@ -34,6 +34,7 @@ The paper's data (--data paper: `domains.get(name, args)` with add_args' flags) 
 lib/paper_data.py: the hub datasets (or local copies of them) in the bundled tasks' shape, and
 Wikipedia 2018 for search.
 """
+import argparse
 import json
 import os
 import random
@@ -46,7 +47,7 @@ import chess
 from lib import paper_data
 from lib.retriever import check_flags as check_retriever_flags, shared_retriever
 from lib.contract import check_harness_fits
-from lib.judge import add_judge_args, judge_from_args
+from lib.judge import FLAGS as JUDGE_FLAGS, JUDGE_GROUP, judge_from_args
 from lib.models import check_model
 from lib.policy import check_backend
 from lib.sandbox import PYTHON_TIMEOUT_S, run_python
@@ -443,8 +444,12 @@ def get(name, args=None):
 
 def add_args(parser):
     """The data flags every CLI passes to get(): the paper's sets (lib/paper_data.py), the bundled
-    sets' options, and searchqa's judge (lib/judge.py)."""
-    p = paper_data.add_args(parser)
+    sets' options, and searchqa's judge (lib/judge.py). -> their names (dests): what a run's
+    cli.Inputs.data holds, so what its reuse and resume keys compare"""
+    first = len(parser._actions)
+    p = parser.add_argument_group(paper_data.DATA_GROUP)
+    for flag, kw in paper_data.FLAGS:
+        p.add_argument(flag, **kw)
     p.add_argument("--math-test-set", default="gsm8k", choices=sorted(MATH_TEST_SETS),
                    help="bundled math test split: the GSM8K originals, or generated 1-2 step "
                         "problems held out from train")
@@ -456,7 +461,15 @@ def add_args(parser):
                    help="chess: SAN with the check and mate marks + and #, as python-chess writes "
                         "it and the official observation shows it (the paper and gpu presets; "
                         "default: without them)")
-    add_judge_args(parser)
+    p = parser.add_argument_group(JUDGE_GROUP)
+    for flag, kw in JUDGE_FLAGS:
+        p.add_argument(flag, **kw)
+    return [a.dest for a in parser._actions[first:]]
+
+
+def data_flags():
+    """The names of add_args' flags: what cli.Inputs.data holds."""
+    return add_args(argparse.ArgumentParser())
 
 
 def check_harness(args):

@@ -3,7 +3,7 @@ Meta-Harness: search over harness code under fixed policy weights (the harness p
 and on its own the harness-only baseline).
 
     python meta_harness.py --domain searchqa --harness harnesses/searchqa.py --model smoke \
-        --iterations 2 --candidates 3 --proposer mutate --out runs/mh
+        --rounds 2 --candidates 3 --proposer mutate --out runs/mh
     python meta_harness.py ... --proposer command \
         --proposer-cmd "my-agent --dir {workdir} --task {instructions}" \
         --proposer-ro /opt/my-agent         # what the sandboxed command may read besides {workdir}
@@ -54,20 +54,16 @@ from pathlib import Path
 import domains
 import rollout
 from lib import sandbox
-from lib.archive import candidate_rows, pick_best, restore_seed, write_index
-from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors,
-                     positive_float, positive_int, seed_int)
+from lib.archive import candidate_rows, check_archive, pick_best, restore_seed, write_index
+from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegative_int,
+                     one_line_errors, positive_float, positive_int, search_config, seed_int)
 from lib.contract import normalized, static_check
-from lib.files import read_json, write_json
+from lib.files import check_run_files, check_same_model, file_sha, read_json, write_json
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
 from lib.policy import add_backend_args, load_policy
 from lib.proposers import failure_advice, propose_agent, propose_in_copy
-from lib.ops.reuse import file_sha
-from lib.ops.run_checks import check_archive, check_run_files, check_same_model
 from lib.subsets import seeded_sample
-# by name: the tests swap the module `rollout` for a fake scorer
-from rollout import sampling_kwargs
 
 PROPOSERS = ("mutate", "command", "claude", "openai")
 
@@ -126,7 +122,7 @@ def should_stop_harness_phase(best_series, patience, min_iters):
 # validation (before any rollout: the harness contract of lib/contract.py, then one smoke episode)
 # and scoring
 
-def validate(cand_dir, rows, backend, domain, tasks, args, policy_kw, run_episodes):
+def validate(cand_dir, rows, backend, domain, tasks, cfg, policy_kw, run_episodes):
     """Static checks, duplicate check, then one smoke episode; writes valid/reason in meta.json."""
     meta = read_json(cand_dir / "meta.json")
     path = cand_dir / "harness.py"
@@ -140,7 +136,7 @@ def validate(cand_dir, rows, backend, domain, tasks, args, policy_kw, run_episod
                       "archive candidate")
         else:
             parent_source = (cand_dir.parent / meta["parent"] / "harness.py").read_text()
-            reason = static_check(source, parent_source, args.prompt_only, domain.name)
+            reason = static_check(source, parent_source, cfg.prompt_only, domain.name)
         if reason is None:
             same = [r["name"] for r in rows if r["name"] != cand_dir.name and r["valid"]
                     and code(r["name"]) == normalized(source)]
@@ -161,15 +157,15 @@ def validate(cand_dir, rows, backend, domain, tasks, args, policy_kw, run_episod
     return meta
 
 
-def score(cand_dir, backend, domain, tasks, args, policy_kw, evaluate):
+def score(cand_dir, backend, domain, tasks, cfg, policy_kw, evaluate):
     traces = cand_dir / "traces.jsonl"
     traces.unlink(missing_ok=True)  # a scoring run killed midway starts over
-    stats = evaluate(domain, str(cand_dir / "harness.py"), tasks, backend, k=args.harness_samples,
+    stats = evaluate(domain, str(cand_dir / "harness.py"), tasks, backend, k=cfg.harness_samples,
                      traces_path=str(traces), desc=f"score {cand_dir.name}", **policy_kw)
     scores = {"score": stats["mean_at_k"], "mean_turns": stats["mean_turns"],
               "tokens": stats["tokens"], "rollouts": stats["rollouts"], "errors": stats["errors"],
               "seconds": round(stats["seconds"], 2), "tasks": len(tasks),
-              "samples": args.harness_samples}
+              "samples": cfg.harness_samples}
     write_json(cand_dir / "scores.json", scores)
     return scores
 
@@ -178,39 +174,39 @@ def score(cand_dir, backend, domain, tasks, args, policy_kw, evaluate):
 # proposing: each proposer fills candidates/<name>/harness.py and meta.json for the names it is
 # given
 
-def propose(run_dir, names, rows, iteration, domain, args):
+def propose(run_dir, names, rows, iteration, domain, cfg):
     """Ask the proposer of --proposer for `names`. -> None, or the proposer's error (the call is
     asked again)."""
-    if args.proposer == "mutate":  # trusted, offline: writes its candidates into the archive itself
-        propose_mutate(run_dir, names, rows, iteration, args)
+    if cfg.proposer == "mutate":  # trusted, offline: writes its candidates into the archive itself
+        propose_mutate(run_dir, names, rows, iteration, cfg)
         return None
     parent = pick_best(rows)["name"]  # each new candidate starts as a copy of the archive best
-    if args.proposer == "openai":
-        ask = lambda work, _: propose_openai(work, run_dir, names, rows, parent, iteration, args)
+    if cfg.proposer == "openai":
+        ask = lambda work, _: propose_openai(work, run_dir, names, rows, parent, iteration, cfg)
     else:
-        ask = lambda work, scratch: propose_agent(work, scratch, run_dir, names, iteration, args)
-    return propose_in_copy(run_dir, names, rows, parent, iteration, domain, args, ask)
+        ask = lambda work, scratch: propose_agent(work, scratch, run_dir, names, iteration, cfg)
+    return propose_in_copy(run_dir, names, rows, parent, iteration, domain, cfg, ask)
 
 
-def propose_iteration(run_dir, names, rows, iteration, domain, args, failures):
+def propose_iteration(run_dir, names, rows, iteration, domain, cfg, failures):
     """Ask until every one of `names` is proposed (a resumed iteration asks only for the rest).
     `failures`: the failed calls in a row before; -> those after. --proposer-max-failures of them in
     a row stop the search."""
     proposed = lambda n: read_json(run_dir / "candidates" / n / "meta.json", {}).get("proposed")
     while todo := [n for n in names if not proposed(n)]:
         t0 = time.time()
-        error = propose(run_dir, todo, rows, iteration, domain, args)
+        error = propose(run_dir, todo, rows, iteration, domain, cfg)
         if error is None:
             failures = 0
             print(f"iteration {iteration}: proposed {len(todo)} candidates in "
                   f"{time.time() - t0:.1f}s")
             continue
         failures += 1
-        print(f"iteration {iteration}: proposer {args.proposer} failed "
-              f"({failures}/{args.proposer_max_failures} in a row): {error}")
-        if failures >= args.proposer_max_failures:
-            raise SystemExit(f"meta_harness: proposer {args.proposer} failed {failures} times in a "
-                             f"row, last: {error}. To go on, {failure_advice(args)}, then rerun "
+        print(f"iteration {iteration}: proposer {cfg.proposer} failed "
+              f"({failures}/{cfg.proposer_max_failures} in a row): {error}")
+        if failures >= cfg.proposer_max_failures:
+            raise SystemExit(f"meta_harness: proposer {cfg.proposer} failed {failures} times in a "
+                             f"row, last: {error}. To go on, {failure_advice(cfg)}, then rerun "
                              f"the same command (it resumes at iteration {iteration})")
     return failures
 
@@ -218,9 +214,14 @@ def propose_iteration(run_dir, names, rows, iteration, domain, args, failures):
 # -----------------------------------------------------------------------------
 # the search
 
-def harness_tasks(domain, args):
+def policy_kwargs(cfg):
+    """run_episodes' and evaluate's sampling keywords: the config's sampling and seed."""
+    return dict(cfg.sampling.kwargs(), seed=cfg.seed)
+
+
+def harness_tasks(domain, cfg):
     tasks = domain.load("harness")
-    return seeded_sample(tasks, args.harness_tasks or None)
+    return seeded_sample(tasks, cfg.harness_tasks or None)
 
 
 def add_seed(run_dir, seed_harness, seed_name):
@@ -238,18 +239,20 @@ def add_seed(run_dir, seed_harness, seed_name):
                                  "iteration": 0, "proposed": True, "valid": True, "reason": None})
 
 
-def check_setup(run_dir, domain, tasks, args, policy_kw):
+def check_setup(run_dir, domain, tasks, cfg):
     """Scores are only comparable under one harness set and one sampling setup: a resumed run must
     match."""
-    setup = search_setup(domain, tasks, args, policy_kw)
+    setup = search_setup(domain, tasks, cfg)
     check_same_setup(run_dir, setup)
     write_json(run_dir / "setup.json", setup)
 
 
-def search_setup(domain, tasks, args, policy_kw):
-    sampling = {k: v for k, v in policy_kw.items() if k != "workers"}
+def search_setup(domain, tasks, cfg):
+    """What every score of an archive was made under: the harness set and the sampling (not the
+    runner's width)."""
+    sampling = {k: v for k, v in policy_kwargs(cfg).items() if k != "workers"}
     return {"domain": domain.name, "tasks": [t["id"] for t in tasks],
-            "samples": args.harness_samples, "prompt_only": args.prompt_only, **sampling}
+            "samples": cfg.harness_samples, "prompt_only": cfg.prompt_only, **sampling}
 
 
 def check_same_setup(run_dir, setup):
@@ -261,64 +264,63 @@ def check_same_setup(run_dir, setup):
                          f"the same flags or use a fresh run folder")
 
 
-def check_proposer(args):
+def check_proposer(cfg):
     """The proposer can run at all (its command, its CLI, the sandbox it runs in), before any
     work."""
-    if args.proposer == "command" and not args.proposer_cmd:
+    if cfg.proposer == "command" and not cfg.proposer_cmd:
         raise ValueError("--proposer command needs --proposer-cmd 'CLI ... {workdir}'")
-    if args.proposer == "claude" and shutil.which("claude") is None:
+    if cfg.proposer == "claude" and shutil.which("claude") is None:
         raise ValueError("--proposer claude: no `claude` on PATH; install Claude Code "
                          "(npm install -g @anthropic-ai/claude-code) or use --proposer command / "
                          "openai")
-    if args.proposer in ("command", "claude"):
+    if cfg.proposer in ("command", "claude"):
         sandbox.check()  # these proposers run only inside it (or with the documented opt-out)
 
 
-def judge(run_dir, name, backend, domain, tasks, args, policy_kw, run_episodes, evaluate):
+def check_and_score(run_dir, name, backend, domain, tasks, cfg, policy_kw, run_episodes, evaluate):
     """Validate a proposed candidate (once, by a smoke episode of run_episodes), then score it when
     valid (once, by evaluate)."""
     d = run_dir / "candidates" / name
     meta = read_json(d / "meta.json")
     if meta["valid"] is None:
-        meta = validate(d, candidate_rows(run_dir), backend, domain, tasks, args, policy_kw,
+        meta = validate(d, candidate_rows(run_dir), backend, domain, tasks, cfg, policy_kw,
                         run_episodes)
     if meta["valid"] and not (d / "scores.json").exists():
-        s = score(d, backend, domain, tasks, args, policy_kw, evaluate)
+        s = score(d, backend, domain, tasks, cfg, policy_kw, evaluate)
         print(f"  {name}: score {s['score']:.4f}, mean turns {s['mean_turns']:.2f}  "
               f"({meta['changed']})")
     elif not meta["valid"]:
         print(f"  {name}: rejected, {meta['reason']}")
 
 
-def search(backend, domain, seed_harness, run_dir, args, iterations=None, stop=None, seed_name="h0",
+def search(backend, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_name="h0",
            run_episodes=None, evaluate=None):
-    """Meta-Harness under fixed weights. stop(best_series) -> bool ends the search early (see
-    should_stop_harness_phase); `iterations` caps it (default args.iterations). run_episodes and
-    evaluate (default: rollout's) run a candidate's smoke episode and score it: a test passes its
-    own."""
+    """Meta-Harness under fixed weights, `rounds` proposer rounds (an archive that holds some already
+    replays them). stop(best_series) -> bool ends the search early (see should_stop_harness_phase).
+    cfg: a cli.SearchConfig. run_episodes and evaluate (default: rollout's) run a candidate's smoke
+    episode and score it: a test passes its own."""
     run_episodes, evaluate = run_episodes or rollout.run_episodes, evaluate or rollout.evaluate
-    check_proposer(args)
-    iterations = args.iterations if iterations is None else iterations
+    check_proposer(cfg)
     run_dir = Path(run_dir)
     (run_dir / "candidates").mkdir(parents=True, exist_ok=True)
-    tasks, M = harness_tasks(domain, args), args.candidates
-    kw = dict(sampling_kwargs(args), seed=args.seed)
-    print(f"meta-harness: {domain.name}, {len(tasks)} harness tasks x {args.harness_samples} "
-          f"samples, proposer {args.proposer}; budget: {iterations} iterations x {M} = "
-          f"{iterations * M} proposals, at most "
-          f"{(iterations * M + 1) * len(tasks) * args.harness_samples + iterations * M} rollouts "
+    tasks, M = harness_tasks(domain, cfg), cfg.candidates
+    kw = policy_kwargs(cfg)
+    print(f"meta-harness: {domain.name}, {len(tasks)} harness tasks x {cfg.harness_samples} "
+          f"samples, proposer {cfg.proposer}; budget: {rounds} rounds x {M} = "
+          f"{rounds * M} proposals, at most "
+          f"{(rounds * M + 1) * len(tasks) * cfg.harness_samples + rounds * M} rollouts "
           f"(scoring plus one smoke episode per candidate) -> {run_dir}")
-    check_setup(run_dir, domain, tasks, args, kw)
+    check_setup(run_dir, domain, tasks, cfg)
     add_seed(run_dir, seed_harness, seed_name)
     if not (run_dir / "candidates" / seed_name / "scores.json").exists():
-        score(run_dir / "candidates" / seed_name, backend, domain, tasks, args, kw, evaluate)
+        score(run_dir / "candidates" / seed_name, backend, domain, tasks, cfg, kw, evaluate)
     rows, frontier = write_index(run_dir, 0)
     done = failures = 0
-    for it in range(1, iterations + 1):
+    for it in range(1, rounds + 1):
         names = [f"h{it}_{j}" for j in range(1, M + 1)]
-        failures = propose_iteration(run_dir, names, rows, it, domain, args, failures)  # propose
+        failures = propose_iteration(run_dir, names, rows, it, domain, cfg, failures)  # propose
         for name in names:  # validate, score
-            judge(run_dir, name, backend, domain, tasks, args, kw, run_episodes, evaluate)
+            check_and_score(run_dir, name, backend, domain, tasks, cfg, kw, run_episodes, evaluate)
         rows, frontier = write_index(run_dir, it)  # accept: the archive best
         done = it
         print(f"iteration {it}: best {frontier['best']} = {frontier['score']:.4f}, series "
@@ -340,12 +342,12 @@ def main(argv=None):
     p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
     p.add_argument("--out", required=True, help="run folder: the archive (rerun to resume)")
     # stopping
-    p.add_argument("--iterations", type=nonnegative_int, default=6,
-                   help="at most this many iterations")
+    p.add_argument("--rounds", "--iterations", dest="rounds", type=nonnegative_int, default=6,
+                   help="at most this many proposer rounds (of --candidates each)")
     p.add_argument("--patience", type=nonnegative_int, default=0,
-                   help="stop when the best has not improved for P iterations (0: off)")
-    p.add_argument("--min-iterations", type=nonnegative_int, default=6,
-                   help="with --patience: run at least N iterations")
+                   help="stop when the best has not improved for P rounds (0: off)")
+    p.add_argument("--min-rounds", "--min-iterations", dest="min_rounds", type=nonnegative_int,
+                   default=6, help="with --patience: run at least N rounds")
     rollout.add_sampling_args(p)
     p.add_argument("--seed", type=seed_int, default=0)
     add_args(p)
@@ -367,7 +369,8 @@ def search_cli(args):
     rollout.apply_args(args)
     check_out(args.out)
     domain, _ = domains.check_inputs(args, "harness")
-    tasks = harness_tasks(domain, args)
+    cfg = search_config(args, inputs_of(args, domains.data_flags()))
+    tasks = harness_tasks(domain, cfg)
     check_run_files(args.out)
     fix = f"restore it, or delete {args.out} to start the search over"
     if list(Path(args.out).glob("candidates/*/scores.json")):
@@ -375,18 +378,17 @@ def search_cli(args):
     frontier = read_json(Path(args.out) / "frontier.json", {})  # the iterations it finished
     done = frontier.get("iterations") if isinstance(frontier, dict) else None
     seed_lost = check_archive(args.out, fix, done, args.candidates)
-    kw = dict(sampling_kwargs(args), seed=args.seed)
-    check_same_setup(args.out, search_setup(domain, tasks, args, kw))
-    check_proposer(args)
+    check_same_setup(args.out, search_setup(domain, tasks, cfg))
+    check_proposer(cfg)
     if seed_lost:
         restore_seed(args.out, [args.harness], fix)
     os.makedirs(args.out, exist_ok=True)
     write_json(Path(args.out) / "config.json", vars(args))
     stop = None
     if args.patience:
-        stop = lambda s: should_stop_harness_phase(s, args.patience, args.min_iterations)
+        stop = lambda s: should_stop_harness_phase(s, args.patience, args.min_rounds)
     t0 = time.time()
-    result = search(load_policy(args), domain, args.harness, args.out, args, stop=stop)
+    result = search(load_policy(args), domain, args.harness, args.out, cfg, args.rounds, stop=stop)
     print(json.dumps(result))
     h0 = read_json(Path(args.out) / "candidates" / "h0" / "scores.json")["score"]
     print(f"h0 score {h0:.4f}, "

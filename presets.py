@@ -27,13 +27,13 @@ PRESETS = {
     "smoke": dict(model="smoke", threads=1, epochs=1.0, phase_epochs=0.5, harness_iterations=2,
                   train_limit=8, test_limit=4, k=1, batch=2, group=2, minibatch=8, candidates=2,
                   harness_tasks=2, max_new_tokens=8, deadline=60.0, adaptive_epochs=0.5,
-                  harness_patience=1, harness_min_iterations=1, harness_max_iterations=2),
+                  harness_patience=1, harness_min_rounds=1, harness_max_rounds=2),
     "cpu": dict(model="cpu", threads=2, epochs=1.0, phase_epochs=0.375, harness_iterations=2,
                 train_limit=64, test_limit=50, test_holdout=50, test_evals="ends", k=4, batch=8,
                 group=4, minibatch=8, lr=3e-4, warmup=2, weight_decay=0.0, candidates=3,
                 harness_tasks=24, max_new_tokens=32, temperature=0.6, deadline=300.0,
-                adaptive_epochs=0.25, harness_patience=1, harness_min_iterations=1,
-                harness_max_iterations=2, math_test_set="generated", math_max_steps=2,
+                adaptive_epochs=0.25, harness_patience=1, harness_min_rounds=1,
+                harness_max_rounds=2, math_test_set="generated", math_max_steps=2,
                 mutate_order="traces"),
     # generation (docs/protocol.md): Qwen3.5 thinks (its template's enable_thinking), no per-call
     # cap but the episode's assistant-token budget (PAPER), the official model length; chess SAN
@@ -45,8 +45,8 @@ PRESETS = {
                   harness_tasks=256, harness_samples=1, proposer="claude",
                   proposer_model="claude-opus-4-7", proposer_timeout=2400.0, temperature=1.0,
                   top_k=20, max_new_tokens=8192, thinking="on", max_model_len=32768, deadline=600.0,
-                  adaptive_epochs=0.2, harness_patience=2, harness_min_iterations=5,
-                  harness_max_iterations=15),
+                  adaptive_epochs=0.2, harness_patience=2, harness_min_rounds=5,
+                  harness_max_rounds=15),
     # gpu: the paper preset's shape on seeded subsets, sized so that run_all.sh's table (3 domains x
     # 6 methods, one process a domain sharing the phases its methods have in common) takes about
     # 12.5 h on one 80 GB card by lib/ops/time_model.py's estimate (docs/gpu.md), with enough RSFT
@@ -68,7 +68,7 @@ PRESETS = {
                 proposer_model="claude-opus-4-7", proposer_timeout=2400.0, temperature=1.0,
                 top_k=20, thinking="off", max_new_tokens=1024, episode_tokens=2048,
                 max_model_len=8192, deadline=600.0, adaptive_epochs=0.2, harness_patience=1,
-                harness_min_iterations=1, harness_max_iterations=3),
+                harness_min_rounds=1, harness_max_rounds=3),
 }
 # the paper preset per domain: model; epochs and harness-only rounds (docs/protocol.md); the
 # official h0s (docs/protocol.md: searchqa and math call their tools natively; chess has no tools);
@@ -85,14 +85,14 @@ OFFICIAL_SFT_BATCH_PER_GPU = 64
 # hold 2 x 6 others)
 OFFICIAL_DP_GPUS = {"searchqa": 6, "math": 8, "chess": 4}
 PAPER = {
-    "searchqa": dict(model="Qwen/Qwen3.5-2B", epochs=4.0, harness_only_iterations=40, lr=1e-5,
+    "searchqa": dict(model="Qwen/Qwen3.5-2B", epochs=4.0, harness_only_rounds=40, lr=1e-5,
                      harness="harnesses/paper/searchqa.py", episode_tokens=8192,
                      max_prompt_tokens=2048,
                      sft_batch=OFFICIAL_SFT_BATCH_PER_GPU * OFFICIAL_DP_GPUS["searchqa"]),
-    "math": dict(model="Qwen/Qwen3.5-2B", epochs=6.0, harness_only_iterations=60, lr=1e-6,
+    "math": dict(model="Qwen/Qwen3.5-2B", epochs=6.0, harness_only_rounds=60, lr=1e-6,
                  harness="harnesses/paper/math.py", episode_tokens=8192, max_prompt_tokens=2048,
                  sft_batch=OFFICIAL_SFT_BATCH_PER_GPU * OFFICIAL_DP_GPUS["math"]),
-    "chess": dict(model="Qwen/Qwen3.5-4B", epochs=4.0, harness_only_iterations=40, lr=1e-6,
+    "chess": dict(model="Qwen/Qwen3.5-4B", epochs=4.0, harness_only_rounds=40, lr=1e-6,
                   harness="harnesses/paper/chess.py", episode_tokens=8129, max_prompt_tokens=4096,
                   sft_batch=OFFICIAL_SFT_BATCH_PER_GPU * OFFICIAL_DP_GPUS["chess"]),
 }

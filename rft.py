@@ -42,14 +42,14 @@ from tqdm import tqdm
 
 import rollout
 from lib import sandbox
-from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int,
-                     one_line_errors, positive_float, positive_int, probability, seed_int)
-from lib.files import (link_tree, read_json, resolved_path, sha256, stored_path, swap_link,
-                       write_json, write_jsonl)
+from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegative_float,
+                     nonnegative_int, one_line_errors, positive_float, positive_int, probability,
+                     rsft_config, seed_int)
+from lib.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_checkpoint_model,
+                       link_tree, read_json, resolved_path, sha256, stored_path, swap_link, write_json,
+                       write_jsonl)
 from lib.models import shared_prefix
 from lib.policy import add_backend_args, load_policy
-from lib.ops.reuse import adapter_id
-from lib.ops.run_checks import CHECKPOINT_FILES, check_checkpoint, check_checkpoint_model
 
 
 def add_args(parser):
@@ -212,6 +212,16 @@ def should_stop_weight_phase(rewards, window, min_len, patience):
     return len(means) - 1 - best_at >= patience
 
 
+def weight_phase_over(rewards, schedule, max_steps, window):
+    """Whether the running weight phase ends after these training rewards (one per RSFT step).
+    Fixed: after max_steps. Adaptive: when the windowed mean reward has set no new phase-best for
+    `window` steps, after at least `window` steps (paper: window = minimum length = patience = 0.2
+    epoch), or after max_steps (the weight budget)."""
+    if len(rewards) >= max_steps:
+        return True
+    return schedule == "adaptive" and should_stop_weight_phase(rewards, window, window, window)
+
+
 def check_batch(batch, n_train, domain_name):
     if not 1 <= batch <= n_train:
         raise ValueError(f"--batch {batch} does not fit the train split of {domain_name} "
@@ -223,23 +233,23 @@ def check_batch(batch, n_train, domain_name):
 # checkpoint
 
 class RSFT:
-    """trainer = RSFT(args, policy, domain, out_dir); row = trainer.step(harness_path). Resumes from
-    out_dir/ckpt."""
+    """trainer = RSFT(config, policy, domain, out_dir); row = trainer.step(harness_path). Resumes from
+    out_dir/ckpt. config: a cli.RSFTConfig."""
 
-    def __init__(self, args, policy, domain, out_dir, train=None, run_dir=None, run_episodes=None):
-        self.args, self.policy, self.domain, self.out_dir = args, policy, domain, Path(out_dir)
+    def __init__(self, cfg, policy, domain, out_dir, train=None, run_dir=None, run_episodes=None):
+        self.cfg, self.policy, self.domain, self.out_dir = cfg, policy, domain, Path(out_dir)
         # the history's harness paths inside it are stored relative to it
         self.run_dir = Path(run_dir or out_dir)
         # the episode runner (a test passes its own)
         self.run_episodes = run_episodes or rollout.run_episodes
         self.train = train if train is not None else domain.load("train")
-        if args.group < 1:
-            raise ValueError(f"--group {args.group}: G must be >= 1 rollout per prompt")
-        check_batch(args.batch, len(self.train), domain.name)
+        if cfg.group < 1:
+            raise ValueError(f"--group {cfg.group}: G must be >= 1 rollout per prompt")
+        check_batch(cfg.batch, len(self.train), domain.name)
         if policy.has_adapter:
             raise ValueError("the policy already has an adapter: give RSFT the base model")
         check_checkpoint(self.out_dir)
-        check_checkpoint_model(self.out_dir, args.model)
+        check_checkpoint_model(self.out_dir, cfg.model)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         ckpt = self.out_dir / "ckpt"
         resume = ckpt.exists()
@@ -248,20 +258,20 @@ class RSFT:
             policy.load_adapter(ckpt / "adapter")
         else:
             state = {"step": 0, "rollouts": 0, "sampler": {}, "history": []}
-            torch.manual_seed(args.seed)  # the LoRA init
-            policy.add_adapter(args)
+            torch.manual_seed(cfg.seed)  # the LoRA init
+            policy.add_adapter(cfg)
         model = policy.model
-        if args.grad_checkpointing:
+        if cfg.grad_checkpointing:
             model.get_base_model().gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         model.eval()  # sampling mode; sft_update switches to train mode and back
         if resume:  # the engine serves the checkpoint's adapter (canary checked) before any rollout
             policy.serve_adapter(ckpt / "adapter")
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
-        warmup = lambda s: min(1.0, (s + 1) / (args.warmup + 1))
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        warmup = lambda s: min(1.0, (s + 1) / (cfg.warmup + 1))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup)
-        self.sampler = EpochSampler(len(self.train), args.seed, **state["sampler"])
+        self.sampler = EpochSampler(len(self.train), cfg.seed, **state["sampler"])
         self.step_count, self.rollouts = state["step"], state["rollouts"]
         self.history = state["history"]
         if resume:
@@ -285,7 +295,7 @@ class RSFT:
     def step(self, harness_path):
         """One rollout step: sample, filter, update; then checkpoint and serve the new weights. ->
         the metrics row."""
-        tasks = [self.train[i] for i in self.sampler.take(self.args.batch)]
+        tasks = [self.train[i] for i in self.sampler.take(self.cfg.batch)]
         t0 = time.time()
         episodes = self.sample(tasks, harness_path)
         t1 = time.time()
@@ -325,16 +335,16 @@ class RSFT:
         """G episodes per task under the harness, each seeded by (seed, step), so a resumed step
         samples the same."""
         return self.run_episodes(
-            self.domain, str(harness_path), tasks, self.policy, samples=self.args.group,
-            **rollout.sampling_kwargs(self.args), seed=self.args.seed * 1_000_003 + self.step_count,
+            self.domain, str(harness_path), tasks, self.policy, samples=self.cfg.group,
+            **self.cfg.sampling.kwargs(), seed=self.cfg.seed * 1_000_003 + self.step_count,
             desc=f"rft step {self.step_count + 1} rollouts")
 
     def update(self, trajectories):
         """ceil(accepted / --sft-batch) optimizer steps; the lr schedule steps once per rollout
         step."""
         self.policy.free_memory()  # vllm --vllm-sleep: the engine's memory goes to the trainer
-        losses = sft_update(self.policy.model, self.optimizer, trajectories, self.args.sft_batch,
-                            self.args.minibatch, self.args.grad_clip)
+        losses = sft_update(self.policy.model, self.optimizer, trajectories, self.cfg.sft_batch,
+                            self.cfg.minibatch, self.cfg.grad_clip)
         self.scheduler.step()
         hand_back_memory()  # before the engine wakes (serve_adapter, or the next generate)
         return losses
@@ -348,7 +358,7 @@ class RSFT:
         torch.save({"optimizer": self.optimizer.state_dict(),
                     "scheduler": self.scheduler.state_dict(), "rng": get_rng_state()},
                     folder / "optimizer.pt")
-        state = {"model": self.args.model, "step": self.step_count, "rollouts": self.rollouts,
+        state = {"model": self.cfg.model, "step": self.step_count, "rollouts": self.rollouts,
                  "sampler": self.sampler.state_dict(), "history": self.history}
         # what a resume checks
         state["sha256"] = {name: sha256(folder / name) for name in CHECKPOINT_FILES}
@@ -373,7 +383,7 @@ class RSFT:
         switch_checkpoint(self.out_dir, folder, state["history"])
         # the new trainer loads the checkpoint's adapter onto the base model
         self.policy.drop_adapter()
-        return RSFT(self.args, self.policy, self.domain, self.out_dir, train=self.train,
+        return RSFT(self.cfg, self.policy, self.domain, self.out_dir, train=self.train,
                     run_dir=self.run_dir, run_episodes=self.run_episodes)
 
 
@@ -429,10 +439,10 @@ def main(argv=None):
     if conflicting_flags(args):
         p.error(conflicting_flags(args))
     with one_line_errors("rft.py"):
-        train(args)
+        train_cli(args)
 
 
-def train(args):
+def train_cli(args):
     """rft.py's run: every check before the model loads (the first thing to hear about is a bad
     input or a damaged run folder), then RSFT steps until --steps or the early stop."""
     import domains
@@ -443,7 +453,8 @@ def train(args):
     check_checkpoint_model(args.out, args.model)
     domain, train = domains.check_inputs(args, "train")
     check_batch(args.batch, len(train), domain.name)
-    trainer = RSFT(args, load_policy(args), domain, args.out, train=train)
+    cfg = rsft_config(args, inputs_of(args, domains.data_flags()))
+    trainer = RSFT(cfg, load_policy(args), domain, args.out, train=train)
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(vars(args), f, indent=1)
 
@@ -473,13 +484,3 @@ def train(args):
 
 if __name__ == "__main__":
     main()
-
-
-def weight_phase_over(rewards, schedule, max_steps, window):
-    """Whether the running weight phase ends after these training rewards (one per RSFT step).
-    Fixed: after max_steps. Adaptive: when the windowed mean reward has set no new phase-best for
-    `window` steps, after at least `window` steps (paper: window = minimum length = patience = 0.2
-    epoch), or after max_steps (the weight budget)."""
-    if len(rewards) >= max_steps:
-        return True
-    return schedule == "adaptive" and should_stop_weight_phase(rewards, window, window, window)

@@ -42,7 +42,8 @@ from pathlib import Path
 
 from lib import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int,
-                     one_line_errors, positive_float, positive_int, seed_int, share)
+                     one_line_errors, positive_float, positive_int, sampling_of, seed_int,
+                     share)
 from lib.policy import add_backend_args, load_policy
 from lib.protocol import MAX_PROMPT_TOKENS, InfrastructureError
 from lib.runner import Episode, Runner
@@ -83,17 +84,6 @@ def apply_args(args):
     """--infra-budget for every run_episodes call of this process (not a sampling setting: results
     never depend on it, so it is not part of what a resumed or reused run must match)."""
     BUDGET.share = args.infra_budget
-
-
-def sampling_kwargs(args):
-    """The add_sampling_args flags as run_episodes/evaluate keyword arguments."""
-    # the generation flags by getattr: callers that build args by hand (tests) set only those above
-    return dict(temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
-                deadline_s=args.deadline, workers=args.workers,
-                thinking=getattr(args, "thinking", "auto"),
-                episode_tokens=getattr(args, "episode_tokens", None),
-                max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
-                max_model_len=getattr(args, "max_model_len", None))
 
 
 # -----------------------------------------------------------------------------
@@ -245,7 +235,7 @@ def evaluate_cli(args, domains):
         (out / "config.json").write_text(json.dumps(vars(args), indent=1))
         traces = out / "traces.jsonl"
         traces.unlink(missing_ok=True)
-    stats = evaluate(domain, args.harness, tasks, policy, k=args.k, **sampling_kwargs(args),
+    stats = evaluate(domain, args.harness, tasks, policy, k=args.k, **sampling_of(args).kwargs(),
                      seed=args.seed, traces_path=traces)
     if out:
         (out / "results.json").write_text(json.dumps(stats, indent=1))

@@ -60,10 +60,10 @@ import rft
 import rollout
 from lib import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors,
-                     positive_float, positive_int, seed_int)
-from lib.files import read_json, stored_path, write_json
-from lib.ops import plan, preflight, report_to, reuse
-from lib.ops.runstate import RunState, check_run_folder, check_same_settings
+                     positive_float, positive_int, run_config, seed_int)
+from lib.files import write_json
+from lib.memo import Memo, check_run_folder, check_same_settings
+from lib.ops import plan, preflight, report_to
 from lib.policy import add_backend_args, load_policy
 from lib.subsets import seeded_sample
 from presets import CPU, GPU, PAPER, PAPER_TRAIN_SIZES, PRESETS
@@ -110,7 +110,7 @@ def parse_args(argv=None):
                    help="I: per harness phase, the re-scoring of the incoming harness plus I - 1 "
                         "proposer rounds")
     g.add_argument("--harness-only-rounds", "--harness-only-iterations",
-                   dest="harness_only_iterations", type=positive_int, default=None,
+                   dest="harness_only_rounds", type=positive_int, default=None,
                    help="harness-only's proposer rounds (default (I - 1) x the number of fixed "
                         "weight phases)")
     g.add_argument("--train-limit", type=positive_int, default=None,
@@ -122,10 +122,10 @@ def parse_args(argv=None):
     g.add_argument("--harness-patience", type=nonnegative_int, default=2,
                    help="rounds without a new archive best")
     g.add_argument("--harness-min-rounds", "--harness-min-iterations",
-                   dest="harness_min_iterations", type=nonnegative_int, default=6,
+                   dest="harness_min_rounds", type=nonnegative_int, default=6,
                    help="proposer rounds a harness phase makes at least")
     g.add_argument("--harness-max-rounds", "--harness-max-iterations",
-                   dest="harness_max_iterations", type=positive_int, default=12,
+                   dest="harness_max_rounds", type=positive_int, default=12,
                    help="proposer rounds a harness phase makes at most")
     g = p.add_argument_group("test evaluation")
     g.add_argument("--k", type=positive_int, default=None, help="samples per test task for mean@k")
@@ -183,8 +183,8 @@ def check_args(args, parser):
         parser.error(conflicting_flags(args))
 
 
-def method_name(args):
-    return f"{args.method}-adaptive" if args.schedule == "adaptive" else args.method
+def method_name(cfg):
+    return f"{cfg.method}-adaptive" if cfg.schedule == "adaptive" else cfg.method
 
 
 # -----------------------------------------------------------------------------
@@ -194,15 +194,15 @@ def steps_for(epochs, n_train, batch):
     return max(1, round(epochs * n_train / batch))
 
 
-def budgets(args, n_train):
+def budgets(cfg, n_train):
     """(RSFT steps, proposer rounds) this method spends in all; see the docstring for the rule."""
-    steps = steps_for(args.epochs, n_train, args.batch)
-    phases = math.ceil(steps / steps_for(args.phase_epochs, n_train, args.batch))
-    if args.method == "weight-only":
+    steps = steps_for(cfg.epochs, n_train, cfg.batch)
+    phases = math.ceil(steps / steps_for(cfg.phase_epochs, n_train, cfg.batch))
+    if cfg.method == "weight-only":
         return steps, 0
-    if args.method == "harness-only":
-        return 0, args.harness_only_iterations or (args.harness_iterations - 1) * phases
-    return steps, (args.harness_iterations - 1) * (phases - 1)
+    if cfg.method == "harness-only":
+        return 0, cfg.harness_only_rounds or (cfg.harness_iterations - 1) * phases
+    return steps, (cfg.harness_iterations - 1) * (phases - 1)
 
 
 def next_phase(method, last, steps_left, rounds_left):
@@ -218,20 +218,20 @@ def next_phase(method, last, steps_left, rounds_left):
     return "weight" if steps_left > 0 else "harness" if rounds_left > 0 else None
 
 
-def harness_phase_cap(args):
-    if args.schedule == "adaptive":
-        return args.harness_max_iterations
-    return args.harness_iterations - 1
+def harness_phase_cap(cfg):
+    if cfg.schedule == "adaptive":
+        return cfg.harness_max_rounds
+    return cfg.harness_iterations - 1
 
 
-def fixed_phases(args, n_train):
+def fixed_phases(cfg, n_train):
     """[(kind, RSFT steps or proposer rounds)] of a run under the fixed schedule (an adaptive run's
     phases end by its rules, within the same budgets)."""
-    steps, rounds = budgets(args, n_train)
-    phase_steps, cap = steps_for(args.phase_epochs, n_train,
-                                 args.batch), args.harness_iterations - 1
+    steps, rounds = budgets(cfg, n_train)
+    phase_steps, cap = steps_for(cfg.phase_epochs, n_train,
+                                 cfg.batch), cfg.harness_iterations - 1
     phases, last = [], None
-    while kind := next_phase(args.method, last, steps, rounds):
+    while kind := next_phase(cfg.method, last, steps, rounds):
         size = min(phase_steps, steps) if kind == "weight" else min(cap, rounds)
         steps, rounds = (steps - size, rounds) if kind == "weight" else (steps, rounds - size)
         phases.append((kind, size))
@@ -251,7 +251,7 @@ def plan_sizes(args):
     domain = domains.get(args.domain, args)
     n_train = len(seeded_sample(domain.load("train"), args.train_limit))
     n_harness = len(seeded_sample(domain.load("harness"), args.harness_tasks))
-    return n_train, n_harness, len(test_tasks(domain, args))
+    return n_train, n_harness, len(test_tasks(domain, run_config(args, domains.data_flags()).test))
 
 
 def print_plan(runs, card_gb=80):
@@ -259,143 +259,91 @@ def print_plan(runs, card_gb=80):
     each run's estimated hours on one card of card_gb for its own work (lib/ops/plan.print_runs).
     -> [estimate, or None for a model the time model lacks]"""
     sizes = plan_sizes(runs[0])  # every run of a command has the same data
-    phases = [fixed_phases(args, sizes[0]) for args in runs]
-    budget = [budgets(args, sizes[0]) for args in runs]
+    configs = [run_config(args, domains.data_flags()) for args in runs]
+    phases = [fixed_phases(cfg, sizes[0]) for cfg in configs]
+    budget = [budgets(cfg, sizes[0]) for cfg in configs]
     return plan.print_runs(runs, [method_name(a) for a in runs], phases, budget, sizes, card_gb)
 
 
 # -----------------------------------------------------------------------------
 # the run: phase after phase, each followed by a test evaluation
 
-def run(args, donors=(), domain=None, policy=None):
-    """One method's run: plan the budgets, then phase after phase, each with its test evaluation.
-    `donors`: the other runs of this command, whose finished phases and evaluations it reuses where
-    they are exactly its own. domain, policy: an earlier run's of this process, else loaded here."""
-    start_folder(args)
-    domain, train, policy = setup(args, domain, policy)
-    steps, rounds = budgets(args, len(train))
-    state = RunState(args, steps, rounds)
-    evaluate_again(args, policy, domain, state.repair(donors), donors)
-    weights = os.path.join(args.out, "weights")
+def run(cfg, domain, policy, donors=()):
+    """One method's run: the plan's budgets, then phase after phase, each with its test evaluation. The memo
+    (lib/memo.py) is the run folder's record: what finished is never redone, what a donor run (another method
+    of this command) made with the same key is taken instead, what a damage lost is rebuilt first."""
+    train = seeded_sample(domain.load("train"), cfg.rsft.train_limit)
+    steps, rounds = budgets(cfg, len(train))
+    memo = Memo(cfg.out, donors, cfg.harness, steps, rounds, counters=rollout.BUDGET.counts)
+    test = lambda tag, weights, harness: memo.evaluation(
+        tag, weights, harness, cfg.test, lambda h, traces: evaluate_test(policy, domain, h, cfg.test, traces))
+    memo.repair(lambda i, weights, adapter, harness: evaluate_again(policy, test, i, weights, adapter, harness))
     if steps:
-        state.trainer = rft.RSFT(args, policy, domain, weights, train=train, run_dir=args.out)
-    harness = state.harness(args.harness)
-    after = lambda kind: next_phase(args.method, kind, state.steps_left(), state.rounds_left())
-    state.log_start()
+        memo.trainer = rft.RSFT(cfg.rsft, policy, domain, Path(cfg.out, "weights"), train, run_dir=cfg.out)
     rollout.BUDGET.start_phase("phase 0 (start)")
-    evaluate(args, policy, domain, harness, state, 0, "start", donors)
-    while kind := state.saved["running"] or after(state.last_kind()):
-        state.enter(kind)
-        rollout.BUDGET.start_phase(f"phase {state.saved['phase'] + 1} ({kind})")
+    memo.begin(test)
+    after = lambda kind: next_phase(cfg.method, kind, memo.steps_left(), memo.rounds_left())
+    while kind := memo.running() or after(memo.last_kind()):
+        rollout.BUDGET.start_phase(f"phase {len(memo.saved['kinds']) + 1} ({kind})")
+        winner = None
         if kind == "weight":
-            state.trainer = run_weight_phase(args, harness, state, len(train), donors)
-            detail = {"steps": state.trainer.step_count - state.phase_start_step(),
-                      "epoch": state.trainer.epoch_progress}
+            rule = weight_rule(cfg, len(train), memo.steps_left())
+            detail = memo.weight_phase(cfg.rsft, rule, lambda t, h, start: weight_phase(t, h, rule, start))
         else:
-            harness, detail = run_harness_phase(args, policy, domain, harness, state, donors)
-        phase = state.leave(kind, harness)
-        evaluate(args, policy, domain, harness, state, phase, kind, donors, detail,
-                 last=after(kind) is None)
-    state.write_summary(method_name(args), harness)
+            search = lambda archive, before, h: harness_phase(cfg, policy, domain, h, archive, before,
+                                                              memo.rounds_left())
+            winner, detail = memo.harness_phase(cfg.search, search)
+        last = after(kind) is None
+        memo.end_phase(kind, winner, detail, test if last or cfg.test_evals == "every" else None)
+    memo.write_summary({"domain": cfg.domain, "method": method_name(cfg), "preset": cfg.preset,
+                        "model": cfg.model, "k": cfg.k})
 
 
-def run_weight_phase(args, harness, state, n_train, donors):
-    """RSFT steps of state.trainer under `harness` until this phase ends (see the docstring);
-    resumes mid-phase from the trainer's history and takes finished steps from a donor run where one
-    made exactly these. -> the trainer"""
-    start = state.phase_start_step()
-    phase_steps = steps_for(args.phase_epochs, n_train, args.batch)
-    left = state.steps - start
-    cap = left if args.schedule == "adaptive" else min(phase_steps, left)
-    window = steps_for(args.adaptive_epochs, n_train, args.batch)
-    phase_over = lambda rewards: rft.weight_phase_over(rewards, args.schedule, cap, window)
-    trainer = reuse.adopt_steps(state.trainer, harness, reuse.result_settings(args), donors,
-                                phase_over, start, args.out)
+def weight_rule(cfg, n_train, steps_left):
+    """Where the running weight phase ends (rft.weight_phase_over): fixed, after s steps; adaptive, by
+    its patience window; either within the steps left."""
+    cap = steps_left if cfg.schedule == "adaptive" else min(
+        steps_for(cfg.phase_epochs, n_train, cfg.batch), steps_left)
+    return {"schedule": cfg.schedule, "max_steps": cap,
+            "window": steps_for(cfg.adaptive_epochs, n_train, cfg.batch)}
+
+
+def weight_phase(trainer, harness, rule, start):
+    """RSFT steps of `trainer` under `harness` until the rule ends the phase that began at step `start`
+    (a resumed phase counts the steps it made before). -> the trainer"""
     rewards = [row["reward"] for row in trainer.history if row["step"] > start]
-    while not phase_over(rewards):
+    while not rft.weight_phase_over(rewards, **rule):
         rewards.append(trainer.step(harness)["reward"])
-    reuse.snapshot_weights(trainer.out_dir, trainer.step_count, trainer.history,
-                           reuse.result_settings(args))
     return trainer
 
 
-def run_harness_phase(args, policy, domain, harness, state, donors):
-    """Meta-Harness from `harness` under the current weights, in the archive state.archive_for
-    names; a new archive starts by re-scoring `harness`. This phase adds at most its cap of rounds:
-    fixed, all of them; adaptive, until the archive best has stalled (patience, minimum) counted
-    from this phase's start. -> (winner, the phase's metrics)"""
-    weights = state.weights()
-    name, before = state.archive_for(weights)
-    archive = os.path.join(args.out, name)
-    if before == 0:
-        reuse.adopt_archive(archive, reuse.search_key(args, weights, harness), donors)
+def harness_phase(cfg, policy, domain, harness, archive, before, rounds_left):
+    """Meta-Harness from `harness` under the current weights in `archive`, which holds `before` rounds
+    of earlier phases under these weights (a new archive starts by re-scoring `harness`). This phase
+    adds at most its cap of rounds: fixed, all of them; adaptive, until the archive best has stalled
+    (patience, minimum) counted from this phase's start. -> the search's result"""
     stop = None
-    if args.schedule == "adaptive":
+    if cfg.schedule == "adaptive":
         stop = lambda series: len(series) - 1 > before and meta_harness.should_stop_harness_phase(
-            series[before:], args.harness_patience, args.harness_min_iterations)
-    rounds = before + min(harness_phase_cap(args), state.rounds_left())
-    result = meta_harness.search(policy, domain, harness, archive, args, iterations=rounds,
-                                 stop=stop)
-    state.record_search(name, weights, result)
-    return result["winner"], {"iterations": result["iterations"] - before, "archive": name,
-                              "harness_score": result["score"],
-                              "winner": stored_path(result["winner"], args.out)}
+            series[before:], cfg.harness_patience, cfg.harness_min_rounds)
+    rounds = before + min(harness_phase_cap(cfg), rounds_left)
+    return meta_harness.search(policy, domain, harness, archive, cfg.search, rounds, stop=stop)
 
 
-# the row of a phase that --test-evals ends does not evaluate (never the first or the last)
-NOT_EVALUATED = {"mean_at_k": None, "test_tasks": 0}
-
-
-def evaluate(args, policy, domain, harness, state, phase, kind, donors, detail=None, last=True):
-    """Phase `phase`'s test evaluation (--test-evals ends: only before training and after the last
-    phase), logged once in metrics.jsonl; a finished phase is then saved."""
-    stats = NOT_EVALUATED
-    if last or args.test_evals == "every":  # phase 0 comes with last=True
-        stats = evaluate_test(args, policy, domain, harness, f"phase_{phase}", state.weights(),
-                              donors)
-    if phase == 0:
-        state.log_eval({"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0,
-                        **stats, **rollout.BUDGET.counts()})
-        return
-    state.log_eval({"event": "eval", "phase": phase, "kind": kind, "step": state.step(),
-                    "rollouts": state.rollouts(), "seconds": time.time() - state.started, **detail,
-                    **stats, **rollout.BUDGET.counts()})
-    state.save()
-    score = ("not evaluated (--test-evals ends)" if stats is NOT_EVALUATED
-             else f"{stats['mean_at_k']:.4f}")
-    print(f"phase {phase} {kind}: test mean@{args.k} = {score}, RSFT steps {state.step()}/"
-          f"{state.steps}, harness rounds {state.rounds_done()}/{state.rounds}, rollouts "
-          f"{state.rollouts()}")
-
-
-def test_tasks(domain, args):
-    """The seeded sample of --test-limit test tasks, none of the first --test-holdout."""
+def test_tasks(domain, test):
+    """The seeded sample of test.test_limit test tasks, none of the first test.test_holdout."""
     tasks = domain.load("test")
-    return seeded_sample(tasks, args.test_limit,
-                                 exclude={t["id"] for t in tasks[: args.test_holdout]})
+    return seeded_sample(tasks, test.test_limit,
+                         exclude={t["id"] for t in tasks[: test.test_holdout]})
 
 
-def evaluate_test(args, policy, domain, harness, tag, weights, donors):
-    """mean@k on the test split with the score of every task, in evals/<tag>.json. A resumed run
-    reads it back; the same evaluation (weights, harness content, settings) made earlier by this run
-    or a donor run is copied with its traces instead of redone."""
-    folder = Path(args.out, "evals")
-    path = folder / f"{tag}.json"
-    if path.exists():
-        return read_json(path)["stats"]
-    folder.mkdir(parents=True, exist_ok=True)
-    key = {"weights": weights, "harness": reuse.file_sha(harness),
-           "settings": reuse.result_settings(args)}
-    stats = reuse.copy_evaluation(key, [args.out, *donors], path, f"test mean@{args.k} ({tag})")
-    if stats is not None:
-        return stats
-    traces = folder / f"{tag}.traces.jsonl"
-    traces.unlink(missing_ok=True)  # an evaluation killed midway starts over
-    tasks = test_tasks(domain, args)
-    # the runner's own width, as for every evaluation
-    kw = {**rollout.sampling_kwargs(args), "workers": None}
-    stats = rollout.evaluate(domain, harness, tasks, policy, k=args.k, **kw, seed=args.seed,
-                             traces_path=str(traces), desc=f"test mean@{args.k} ({tag})")
+def evaluate_test(policy, domain, harness, test, traces):
+    """mean@k on the test split with the score of every task, its episodes in `traces`. -> {"stats",
+    "per_task", "sources"} (what evals/<tag>.json holds beside its key)"""
+    tasks = test_tasks(domain, test)
+    stats = rollout.evaluate(domain, harness, tasks, policy, k=test.k, **test.sampling.kwargs(),
+                             seed=test.seed, traces_path=str(traces),
+                             desc=f"test mean@{test.k} ({Path(traces).name.split('.')[0]})")
     # prefixed so they never clash with the run's own counters (test rollouts are not part of the
     # cost)
     per_task = stats["per_task"]
@@ -404,8 +352,19 @@ def evaluate_test(args, policy, domain, harness, tag, weights, donors):
                 for name in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
     # the report's per-benchmark columns
     sources = {t["id"]: t["source"] for t in tasks if "source" in t}
-    write_json(path, {"key": key, "stats": stats, "per_task": per_task, "sources": sources})
-    return stats
+    return {"stats": stats, "per_task": per_task, "sources": sources}
+
+
+def evaluate_again(policy, test, i, weights, adapter, harness):
+    """A test evaluation a damaged folder lost (Memo.repair), from the same inputs."""
+    print(f"evals/phase_{i}: lost or damaged, evaluated again (same weights, harness, seeds)")
+    if adapter is not None:
+        policy.load_adapter(adapter)
+        policy.model.eval()
+        policy.serve_adapter(adapter)
+    test(f"phase_{i}", weights, harness)
+    if adapter is not None:
+        policy.drop_adapter()  # the trainer loads the checkpoint onto the base model
 
 
 # -----------------------------------------------------------------------------
@@ -428,10 +387,16 @@ def main(argv=None):
         # an engine keeps its GPU memory until its process ends, so the runs of a command share one
         # policy (and engine), each starting from the base weights; hf loads a fresh model per run
         policy = load_policy(runs[0]) if runs[0].backend != "hf" else None
+        data_flags = domains.data_flags()
         for args in runs:
+            start_folder(args)
+            if args.threads:
+                torch.set_num_threads(args.threads)
+            if policy is not None:
+                policy.to_base()
             with report_to.watch(args):  # --report-to: the rows of its files, live
-                run(args, donors=[other.out for other in runs if other.out != args.out],
-                    domain=domain, policy=policy)
+                run(run_config(args, data_flags), domain, policy or load_policy(args),
+                    donors=[other.out for other in runs if other.out != args.out])
             # the finished run's optimizer and graphs go before the next run starts
             rft.hand_back_memory()
 
@@ -445,17 +410,19 @@ def check_inputs(runs):
     domain, train = domains.check_inputs(args, "train")
     train = seeded_sample(train, args.train_limit)
     domain.load("test")  # a malformed data file is an error now, before any model is loaded
+    data_flags = domains.data_flags()
     for one in runs:
         check_out(one.out)
-        steps, iterations = budgets(one, len(train))
+        cfg = run_config(one, data_flags)
+        steps, rounds = budgets(cfg, len(train))
+        search = cfg.search
         if steps:
             rft.check_batch(one.batch, len(train), domain.name)
-        if iterations:
-            meta_harness.check_proposer(one)
-        check_run_folder(one.out, one)
-        check_same_settings(one)
-        setup = meta_harness.search_setup(domain, meta_harness.harness_tasks(domain, one), one,
-                                          dict(rollout.sampling_kwargs(one), seed=one.seed))
+        if rounds:
+            meta_harness.check_proposer(search)
+        check_run_folder(one.out, one.model, one.harness, one.candidates)
+        check_same_settings(one.out, vars(one))
+        setup = meta_harness.search_setup(domain, meta_harness.harness_tasks(domain, search), search)
         for archive in sorted(Path(one.out).glob("harness_w*")):
             meta_harness.check_same_setup(archive, setup)
     return domain
@@ -468,32 +435,6 @@ def start_folder(args):
     write_json(os.path.join(args.out, "config.json"), vars(args))
     print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
     print(json.dumps(vars(args), indent=None))
-
-
-def setup(args, domain=None, policy=None):
-    """-> (domain, train tasks, policy on the base weights); bad input was refused before
-    (check_inputs)."""
-    domain = domain or domains.get(args.domain, args)
-    train = seeded_sample(domain.load("train"), args.train_limit)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if policy is None:
-        return domain, train, load_policy(args)
-    policy.to_base()
-    return domain, train, policy
-
-
-def evaluate_again(args, policy, domain, lost, donors):
-    """The test evaluations a damaged folder lost (RunState.repair), from the same inputs."""
-    for i, weights, adapter, harness in lost:
-        print(f"evals/phase_{i}: lost or damaged, evaluated again (same weights, harness, seeds)")
-        if adapter is not None:
-            policy.load_adapter(adapter)
-            policy.model.eval()
-            policy.serve_adapter(adapter)
-        evaluate_test(args, policy, domain, harness, f"phase_{i}", weights, donors)
-        if adapter is not None:
-            policy.drop_adapter()  # the trainer loads the checkpoint onto the base model
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import os
 import shutil
 from pathlib import Path
 
-from lib.files import append_jsonl, read_json, read_jsonl, sha256, write_json, write_jsonl
+from lib.files import (append_jsonl, damaged, json_object, read_json, read_jsonl, sha256, whole_jsonl,
+                       write_json, write_jsonl)
 
 
 def candidate_rows(run_dir):
@@ -114,3 +115,31 @@ def index_of(run_dir, iterations):
                 "rollouts": sum(r["rollouts"] for r in done),
                 "proposer": proposer_costs(run_dir)}
     return rows, frontier
+
+
+def check_archive(run_dir, fix, iterations=None, candidates=None):
+    """The archive as a whole, before a search resumes or a finished one is read: every valid candidate has its
+    harness.py, every score its scores.json and all the traces it counted; given the iterations finished and
+    the candidates per iteration, each of their candidates is there and judged. Raises naming the file and
+    `fix`. -> whether the seed's harness.py is lost (restore_seed copies it back)."""
+    run_dir = Path(run_dir)
+    seed_lost = False
+    for meta_path in sorted((run_dir / "candidates").glob("*/meta.json")):
+        d, meta = meta_path.parent, json_object(meta_path, fix)
+        if meta.get("valid") and not (d / "harness.py").is_file():
+            if meta.get("proposer") != "seed":
+                raise ValueError(f"{d / 'harness.py'} is missing, but {meta_path} says it is a valid candidate: {fix}")
+            seed_lost = True
+        if (d / "scores.json").exists():
+            scores = json_object(d / "scores.json", fix, keys=("score", "mean_turns", "rollouts"))
+            if not whole_jsonl(d / "traces.jsonl", scores["rollouts"]):
+                raise damaged(d / "traces.jsonl", f"not the {scores['rollouts']} episodes of its score", fix)
+    for it in range(iterations + 1 if iterations is not None else 0):
+        for name in ["h0"] if it == 0 else [f"h{it}_{j}" for j in range(1, candidates + 1)]:
+            d = run_dir / "candidates" / name
+            meta = json_object(d / "meta.json", fix)
+            if meta.get("valid") is None:
+                raise damaged(d / "meta.json", f"iteration {it} is finished, but {name} was never judged", fix)
+            if meta["valid"] and not (d / "scores.json").exists():
+                raise ValueError(f"{d / 'scores.json'} is missing, but iteration {it} is finished: {fix}")
+    return seed_lost

@@ -1,13 +1,25 @@
 """Command lines: an argparse whose errors are one line naming the flag and the fix, the number checks
-every CLI shares (argparse `type=`), the checks of --out and of flags that contradict each other, and
-`one_line_errors`, the one place that turns the project's own errors into one-line exits."""
+every CLI shares (argparse `type=`), the checks of --out and of flags that contradict each other,
+`one_line_errors`, the one place that turns the project's own errors into one-line exits, and the typed
+configs: what each part of the method reads, built from the flags here and nowhere else.
+
+    run = run_config(args, data_flags)     # whale.py: run.rsft, run.search, run.test, run.sampling
+    rsft = rsft_config(args, inputs_of(args, data_flags))    # rft.py alone
+
+Below the command line a part receives its config, never the whole argparse Namespace; a config's hash
+(config_hash) is what cross-method reuse and a resume compare, so a flag enters a key only where a
+config names it."""
 
 import argparse
 import contextlib
+import dataclasses
+import hashlib
+import json
 import math
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from lib.protocol import InfrastructureError
@@ -158,7 +170,174 @@ def conflicting_flags(args):
                 "could not load the adapter; raise --max-lora-rank or lower --lora-rank")
     if get("openai_model") and get("backend") != "openai":
         return f"--openai-model names the served model of --backend openai, not of --backend {get('backend')}: drop one"
-    if get("schedule") == "adaptive" and get("harness_min_iterations", 0) > get("harness_max_iterations", math.inf):
-        return (f"--harness-min-iterations {get('harness_min_iterations')} is above --harness-max-iterations "
-                f"{get('harness_max_iterations')}: an adaptive harness phase could never run its minimum")
+    if get("schedule") == "adaptive" and get("harness_min_rounds", 0) > get("harness_max_rounds", math.inf):
+        return (f"--harness-min-rounds {get('harness_min_rounds')} is above --harness-max-rounds "
+                f"{get('harness_max_rounds')}: an adaptive harness phase could never run its minimum")
     return None
+
+
+# -----------------------------------------------------------------------------
+# the typed configs: what each part reads (field names are the flags' dests)
+
+@dataclass(frozen=True)
+class Inputs:
+    """What every call runs on: the domain with its data flags, and the base model as its backend serves it."""
+    domain: str
+    model: str
+    backend: str
+    bf16: bool
+    data: dict  # the flags of domains.add_args (which data, its sizes, the retriever, the judge)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How every episode samples and runs (rollout.run_episodes' keyword arguments)."""
+    temperature: float
+    top_k: int
+    max_new_tokens: int
+    deadline_s: float
+    workers: int | None
+    thinking: str
+    episode_tokens: int | None
+    max_prompt_tokens: int | None
+    max_model_len: int | None
+
+    def kwargs(self):
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class RSFTConfig:
+    """A weight phase: the rollout step, the SFT update, the LoRA adapter (rft.py)."""
+    inputs: Inputs
+    sampling: Sampling
+    seed: int
+    batch: int
+    group: int
+    sft_batch: int
+    minibatch: int
+    lr: float
+    warmup: int
+    weight_decay: float
+    grad_clip: float
+    lora_rank: int
+    lora_alpha: int
+    lora_dropout: float
+    lora_targets: str
+    grad_checkpointing: bool
+    train_limit: int | None  # the seeded sample of the train split it draws prompts from
+
+    @property
+    def model(self):
+        return self.inputs.model
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """A harness phase: the harness set, the candidates, the proposer (meta_harness.py)."""
+    inputs: Inputs
+    sampling: Sampling
+    seed: int
+    candidates: int
+    harness_tasks: int | None
+    harness_samples: int
+    prompt_only: bool
+    proposer: str
+    mutate_order: str
+    proposer_cmd: str | None
+    proposer_url: str
+    proposer_model: str | None
+    proposer_key_env: str
+    proposer_timeout: float
+    proposer_max_failures: int
+    proposer_ro: tuple
+    proposer_prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """A test evaluation: mean@k on a seeded sample of the test split."""
+    inputs: Inputs
+    sampling: Sampling  # its workers: None, the runner's own width
+    seed: int
+    k: int
+    test_limit: int | None
+    test_holdout: int
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One method's run of whale.py: its plan (budgets, schedule) and the configs of its calls."""
+    domain: str
+    method: str
+    schedule: str
+    preset: str
+    out: str
+    model: str
+    harness: str
+    seed: int
+    epochs: float
+    phase_epochs: float
+    harness_iterations: int  # I: the re-scoring of the incoming harness plus I - 1 proposer rounds
+    harness_only_rounds: int | None
+    adaptive_epochs: float
+    harness_patience: int
+    harness_min_rounds: int
+    harness_max_rounds: int
+    test_evals: str
+    batch: int
+    k: int
+    rsft: RSFTConfig
+    search: SearchConfig
+    test: EvalConfig
+
+
+def fields_of(cls, args, **given):
+    """cls built from the flags of the same names, the rest given."""
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in given]
+    return cls(**{name: getattr(args, name) for name in names}, **given)
+
+
+def inputs_of(args, data_flags):
+    # rollout.py and meta_harness.py train nothing: no --bf16 there
+    return Inputs(args.domain, args.model, args.backend, getattr(args, "bf16", False),
+                  {k: getattr(args, k) for k in sorted(data_flags)})
+
+
+def sampling_of(args, **override):
+    """The sampling flags as a Sampling; --max-model-len is the engine's (meta_harness.py and rollout.py
+    pass it only when their backend flags have it)."""
+    given = dict(temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
+                 deadline_s=args.deadline, workers=args.workers, thinking=args.thinking,
+                 episode_tokens=args.episode_tokens, max_prompt_tokens=args.max_prompt_tokens,
+                 max_model_len=args.max_model_len)
+    return Sampling(**{**given, **override})
+
+
+def rsft_config(args, inputs):
+    # rft.py alone trains on the whole train split: no --train-limit there
+    return fields_of(RSFTConfig, args, inputs=inputs, sampling=sampling_of(args),
+                     train_limit=getattr(args, "train_limit", None))
+
+
+def search_config(args, inputs):
+    return fields_of(SearchConfig, args, inputs=inputs, sampling=sampling_of(args),
+                     proposer_ro=tuple(args.proposer_ro))
+
+
+def eval_config(args, inputs):
+    return fields_of(EvalConfig, args, inputs=inputs, sampling=sampling_of(args, workers=None))
+
+
+def run_config(args, data_flags):
+    """whale.py's flags as one method's RunConfig."""
+    inputs = inputs_of(args, data_flags)
+    return fields_of(RunConfig, args, rsft=rsft_config(args, inputs), search=search_config(args, inputs),
+                     test=eval_config(args, inputs))
+
+
+def config_hash(config):
+    """The content of a config (a dataclass, or JSON holding some), as one sha256: what a key of reuse
+    or resume holds."""
+    text = json.dumps(config, sort_keys=True, default=dataclasses.asdict)
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,13 +1,16 @@
 """Run-folder files: JSON and JSON Lines written atomically (a kill never leaves half a file) and read back
 with an error that names a damaged file and its fix; hard links; content hashes; and the paths a run folder
 stores, relative to it so that a moved folder resumes (`resolved_path` also reads the absolute paths that
-older runs stored)."""
+older runs stored); content hashes (file_sha, adapter_id); and the checks that say, before a resume, whether a
+file it reads back (JSON, JSON Lines, safetensors, a torch file, an RSFT checkpoint) is whole."""
 
 import hashlib
 import json
 import os
 import re
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 
 
@@ -128,3 +131,201 @@ def resolved_path(stored, run_dir):
             if re.fullmatch(r"harness_w\d+", part) and Path(run_dir, *parts[i:]).exists():
                 return os.path.abspath(Path(run_dir, *parts[i:]))
     return stored
+
+
+# -----------------------------------------------------------------------------
+# content hashes: what the cross-method reuse and a resume compare
+
+def file_sha(path):
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return f"missing: {path}"  # matches nothing, so nothing is reused
+
+
+def adapter_config_sha(path):
+    """The hash of a peft adapter config as a canonical JSON: peft writes target_modules from a set, in an
+    order that differs from one save of the same adapter to the next."""
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return f"missing: {path}"
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def adapter_id(folder):
+    """The content of a saved LoRA adapter, for the evaluation cache."""
+    folder = Path(folder)
+    return "adapter " + adapter_config_sha(folder / "adapter_config.json")[:32] + \
+        file_sha(folder / "adapter_model.safetensors")[:32]
+
+
+# -----------------------------------------------------------------------------
+# run files checked as a whole before a resume: a damaged or missing one raises ValueError with one line
+# naming the file and the fix, never a traceback halfway or a silently wrong result
+
+
+def start_over(out):
+    return f"restore it, or delete {out} to start the run over"
+
+
+def damaged(path, why, fix):
+    return ValueError(f"damaged run file {path} ({why}): {fix}")
+
+
+# -----------------------------------------------------------------------------
+# one file: whole or an error naming it and the fix
+
+def json_object(path, fix, keys=()):
+    """The JSON object in path, holding `keys`; a missing file, bad JSON or another value is the error."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path} is missing: {fix}")
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise damaged(path, "empty" if not path.read_bytes().strip() else f"not JSON: {e}", fix) from None
+    if not isinstance(value, dict):
+        raise damaged(path, f"a JSON {type(value).__name__}, not an object", fix)
+    lacking = [k for k in keys if k not in value]
+    if lacking:
+        raise damaged(path, f"no {', '.join(lacking)}", fix)
+    return value
+
+
+def jsonl_rows(path, fix):
+    """The rows of a JSON Lines file that must exist, each a JSON object."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} is missing: {fix}")
+    try:
+        return read_jsonl(path, fix=fix)
+    except UnicodeDecodeError:
+        raise damaged(path, "not UTF-8 text", fix) from None
+
+
+def whole_jsonl(path, rows_expected):
+    """Whether a JSON Lines file exists with exactly `rows_expected` JSON objects (a cut file has fewer)."""
+    try:
+        return os.path.isfile(path) and len(read_jsonl(path)) == rows_expected
+    except (ValueError, OSError):
+        return False
+
+
+def check_safetensors(path, fix):
+    """A safetensors file is its header's length (8 bytes), the header (JSON) and exactly the tensor bytes that
+    header lays out, and every value is finite: a cut file, bytes appended or a NaN adapter is the error."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path} is missing: {fix}")
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n)) if n < size else None
+        end = 8 + n + max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (struct.error, ValueError, TypeError, KeyError, AttributeError):
+        raise damaged(path, "not a safetensors file: its header does not parse", fix) from None
+    if end != size:
+        raise damaged(path, f"{size} bytes where its header lays out {end}", fix)
+    import torch  # the callers hold torch already; report.py and domains.py never get here
+    from safetensors.torch import load_file
+    for name, tensor in load_file(str(path)).items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise damaged(path, f"tensor {name} holds inf or nan", fix)
+
+
+def check_torch_file(path, fix):
+    """A torch.save file is a zip archive: every member is there and matches its checksum."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path} is missing: {fix}")
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise damaged(path, f"not a whole torch file: {e}", fix) from None
+    if bad is not None:
+        raise damaged(path, f"its member {bad} fails its checksum", fix)
+
+
+def check_recorded_sha(path, sha, fix):
+    """The file holds what was saved (the sha256 recorded beside it), when one was recorded."""
+    if sha is not None and sha256(path) != sha:
+        raise damaged(path, "its content is not what was saved: the sha256 differs", fix)
+
+
+def check_same_model(out, model):
+    """A run folder resumes only on the model its work was done with, as its last start's config.json names it."""
+    try:
+        config = json.loads(Path(out, "config.json").read_text())
+    except (OSError, ValueError):
+        return  # none yet (config.json is rewritten at every start, so a damaged one is not an error)
+    if isinstance(config, dict) and config.get("model", model) != model:
+        raise ValueError(f"{out} was run on model {config['model']!r}, not {model!r}: use the same --model or a "
+                         "new --out")
+
+
+# -----------------------------------------------------------------------------
+# an RSFT checkpoint and a harness archive, whole
+
+def check_checkpoint(out_dir, start_over=None):
+    """A damaged run folder is an error naming the file and the fix (start_over: the caller's words for
+    starting over), never a silent restart from step 0."""
+    out_dir = Path(out_dir)
+    ckpt, metrics = out_dir / "ckpt", out_dir / "metrics.jsonl"
+    start_over = start_over or f"restore it, or delete {out_dir} to train from step 0"
+    if ckpt.is_symlink() and not ckpt.exists():
+        raise ValueError(f"checkpoint link {ckpt} points to {os.readlink(ckpt)}, which is missing: {start_over}")
+    if not ckpt.exists():
+        if metrics.exists() and metrics.read_text().strip():
+            raise ValueError(f"{metrics} records finished RSFT steps but the checkpoint {ckpt} is missing: {start_over}")
+        return
+    for name in ("state.json", "optimizer.pt", "adapter/adapter_model.safetensors"):
+        if not (ckpt / name).exists():
+            raise ValueError(f"damaged checkpoint: {ckpt / name} is missing: {start_over}")
+    try:
+        json.loads((ckpt / "state.json").read_text())
+    except json.JSONDecodeError:
+        raise ValueError(f"damaged checkpoint: {ckpt / 'state.json'} is not valid JSON: {start_over}") from None
+    check_checkpoint_files(ckpt.resolve(), start_over)
+
+
+def check_checkpoint_model(out_dir, model):
+    """A checkpoint resumes only on the model it was trained on (checked before the model loads)."""
+    ckpt = Path(out_dir) / "ckpt"
+    state = read_json(ckpt / "state.json") if ckpt.exists() else None
+    if state is not None and state["model"] != model:
+        raise ValueError(f"{ckpt} was trained on model {state['model']!r}, not {model!r}: "
+                         "use the same --model or a new --out")
+
+
+CHECKPOINT_FILES = ("adapter/adapter_model.safetensors", "optimizer.pt")  # their sha256 is saved in state.json
+
+
+def check_checkpoint_files(folder, fix):
+    """Every file a resume reads from a checkpoint folder (ckpt-<step>/ or a snapshot of one) is whole, before
+    the model loads: state.json (its counters and history agree), adapter_config.json, the adapter weights
+    (safetensors laid out as its header says, finite) and optimizer.pt (a whole torch file), each holding the
+    sha256 recorded at save time where the save recorded one. -> the checkpoint's state"""
+    folder = Path(folder)
+    state = json_object(folder / "state.json", fix, keys=("model", "step", "rollouts", "sampler", "history"))
+    history = state["history"]
+    if not isinstance(history, list) or len(history) != state["step"] or \
+            [row.get("step") if isinstance(row, dict) else None for row in history] != list(range(1, len(history) + 1)):
+        raise ValueError(f"damaged run file {folder / 'state.json'} (its history is not steps 1-{state['step']}): {fix}")
+    json_object(folder / "adapter" / "adapter_config.json", fix)
+    check_safetensors(folder / CHECKPOINT_FILES[0], fix)
+    check_torch_file(folder / CHECKPOINT_FILES[1], fix)
+    for name in CHECKPOINT_FILES:
+        check_recorded_sha(folder / name, state.get("sha256", {}).get(name), fix)
+    return state
+
+
+def check_run_files(folder, skip=()):
+    """Every JSON file of a run folder parses (read_json's error otherwise), checked before any work starts;
+    skip: folders whose files the caller checks (and rebuilds) itself."""
+    for path in sorted(Path(folder).glob("**/*.json")):
+        if path.name != "config.json" and path.parent.name not in skip:  # config.json: rewritten at every start
+            read_json(path)

@@ -125,12 +125,15 @@ class Judge:
         return web.request_json(self.url, body, key=self.key, timeout=self.timeout)["choices"][0]["message"]["content"]
 
 
-def add_judge_args(parser):
-    p = parser.add_argument_group("searchqa's LLM judge (the official one is off by default: exact match)")
-    p.add_argument("--judge-url", default=None, help="searchqa: an OpenAI-compatible endpoint, e.g. "
-                   "https://api.openai.com/v1, for the official LLM judge's rule (default: exact match)")
-    p.add_argument("--judge-model", default="gpt-5.4-mini", help="the judge's model (the official default)")
-    p.add_argument("--judge-key-env", default="OPENAI_API_KEY", help="environment variable holding the judge's key")
+JUDGE_GROUP = "searchqa's LLM judge (the official one is off by default: exact match)"
+# as (flag, argparse keywords): domains.add_args adds them
+FLAGS = [
+    ("--judge-url", dict(default=None, help="searchqa: an OpenAI-compatible endpoint, e.g. "
+                         "https://api.openai.com/v1, for the official LLM judge's rule (default: exact "
+                         "match)")),
+    ("--judge-model", dict(default="gpt-5.4-mini", help="the judge's model (the official default)")),
+    ("--judge-key-env", dict(default="OPENAI_API_KEY", help="environment variable holding the judge's key")),
+]
 
 
 def judge_from_args(args):

@@ -15,7 +15,7 @@ from lib.failures import FAILURE_KINDS, failure_counts, kinds_by_frequency
 from lib.proposers import finish, prepare
 
 
-def propose_mutate(run_dir, names, rows, iteration, args):
+def propose_mutate(run_dir, names, rows, iteration, cfg):
     """Offline coordinate ascent over the SEARCH_SPACE knobs from the archive best, so improvements add up.
     Each candidate is the first of these that is new to the archive and that static_check accepts:
     1. compose: the best with every knob change that raised some candidate's score over its parent's and that
@@ -44,18 +44,18 @@ def propose_mutate(run_dir, names, rows, iteration, args):
                     key=lambda r: (-r["score"], r["mean_turns"]))
     gains, improved = best_changes(rows, changes)
     seed_name = next(r["name"] for r in rows if r["parent"] is None)
-    order = search_order(sources[seed_name], args.seed, args.mutate_order)
+    order = search_order(sources[seed_name], cfg.seed, cfg.mutate_order)
     focus = {}  # parent -> (its skill focus, its failure counts): its traces are read once per call
 
     def read_focus(parent):
         if parent not in focus:
-            traced = args.mutate_order == "traces"
+            traced = cfg.mutate_order == "traces"
             focus[parent] = skill_focus(sources[parent], cand_root / parent / "traces.jsonl") if traced else ({}, Counter())
         return focus[parent]
     for name in names:
         options = mutate_options(ranked, sources, gains, knob_tries, value_tries, order, read_focus)
         parent, source = next(((p, s) for p, s in options if normalized(s) not in seen
-                               and static_check(s, sources[p], args.prompt_only) is None), (None, None))
+                               and static_check(s, sources[p], cfg.prompt_only) is None), (None, None))
         prepare(run_dir, [name], parent or ranked[0]["name"], iteration, "mutate")
         if parent is None:
             finish(run_dir, name, hypothesis="", changed="nothing: every knob value (that --prompt-only allows) "

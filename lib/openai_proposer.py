@@ -21,19 +21,19 @@ OPENAI_RETRIES = 4
 MAX_RETRY_WAIT_S = 120.0
 
 
-def propose_openai(work, run_dir, names, rows, parent, iteration, args):
+def propose_openai(work, run_dir, names, rows, parent, iteration, cfg):
     """Any OpenAI-compatible chat endpoint: one request per candidate; the reply's python block is the file.
     Runs in-process (only text comes back) and fills the candidate folders of `work` like an agent would;
     a reply that names no archive candidate as its parent gets `parent` (the archive best)."""
     instructions = (work / "INSTRUCTIONS.md").read_text()
-    url = args.proposer_url.rstrip("/") + "/chat/completions"
+    url = cfg.proposer_url.rstrip("/") + "/chat/completions"
     made = []
     for name in names:
-        prompt = openai_prompt(work, rows, instructions, name, made, args.proposer_prompt_tokens)
-        body = {"model": args.proposer_model or "default", "messages": [{"role": "user", "content": prompt}]}
+        prompt = openai_prompt(work, rows, instructions, name, made, cfg.proposer_prompt_tokens)
+        body = {"model": cfg.proposer_model or "default", "messages": [{"role": "user", "content": prompt}]}
         t0, error, usage = time.time(), None, {}
         try:
-            res = post_json(url, body, os.environ.get(args.proposer_key_env), args)
+            res = post_json(url, body, os.environ.get(cfg.proposer_key_env), cfg)
             reply, usage = res["choices"][0]["message"]["content"] or "", res.get("usage") or {}
         except (KeyError, IndexError, TypeError, AttributeError) as e:
             error = f"unexpected reply from {url}: no choices[0].message.content ({type(e).__name__})"
@@ -55,14 +55,14 @@ def propose_openai(work, run_dir, names, rows, parent, iteration, args):
         made.append(f"{name}: {field(reply, 'hypothesis')}")
 
 
-def post_json(url, body, key, args):
+def post_json(url, body, key, cfg):
     """POST with a timeout per request; 429, 5xx and network errors are retried with backoff (the server's
     Retry-After when it sends one). Errors a retry cannot fix stop the search with the fix; ProposalFailed
     when the retries run out."""
     for attempt in range(OPENAI_RETRIES + 1):
         wait = min(2.0 ** attempt, MAX_RETRY_WAIT_S)
         try:
-            text = web.request(url, body, key=key, timeout=args.proposer_timeout)
+            text = web.request(url, body, key=key, timeout=cfg.proposer_timeout)
             try:
                 return json.loads(text)
             except (ValueError, RecursionError):
@@ -70,7 +70,7 @@ def post_json(url, body, key, args):
         except web.HTTPError as e:
             failure = f"HTTP {e.code} from {url}: {api_message(e)}"
             if e.code not in RETRY_STATUS and e.code < 500:
-                fatal_http_error(e.code, failure, args)
+                fatal_http_error(e.code, failure, cfg)
             wait = retry_after(e.headers.get("Retry-After"), wait)
         except (web.URLError, OSError) as e:  # refused, reset, timed out
             failure = f"no answer from {url}: {getattr(e, 'reason', e)}"
@@ -92,17 +92,17 @@ def api_message(err):
         return text[:300].strip() or err.reason
 
 
-def fatal_http_error(status, failure, args):
+def fatal_http_error(status, failure, cfg):
     """401 / 403 / 404 / a prompt beyond the model's context: no retry helps, say what to change."""
     if status in (401, 403):
-        raise SystemExit(f"proposer openai: {failure}. Set the API key in ${args.proposer_key_env} "
+        raise SystemExit(f"proposer openai: {failure}. Set the API key in ${cfg.proposer_key_env} "
                          f"(--proposer-key-env names the variable)")
     if status == 404:
         raise SystemExit(f"proposer openai: {failure}. Check --proposer-url (the base URL, ending in /v1) "
                          f"and --proposer-model")
     if status in (400, 413) and any(w in failure.lower() for w in ("context", "too long", "too large", "maximum")):
         raise SystemExit(f"proposer openai: {failure}. The prompt is larger than the model's context: lower "
-                         f"--proposer-prompt-tokens (now {args.proposer_prompt_tokens})")
+                         f"--proposer-prompt-tokens (now {cfg.proposer_prompt_tokens})")
     raise ProposalFailed(failure)
 
 
@@ -168,8 +168,8 @@ def sample_traces(path, seed, n_fail=3, n_ok=2, cut=600):
             lines.append("PROMPT (last message): " + str(c.get("messages", [{}])[-1].get("content", ""))[:cut])
             lines.append("COMPLETION: " + str(c.get("completion", ""))[:cut])
         for t in e.get("tool_calls", []):
-            args, result = json.dumps(t.get("args"))[:200], json.dumps(t.get("result"))[:cut]
-            lines.append(f"TOOL {t.get('name')}({args}) -> {result}")
+            cfg, result = json.dumps(t.get("cfg"))[:200], json.dumps(t.get("result"))[:cut]
+            lines.append(f"TOOL {t.get('name')}({cfg}) -> {result}")
         lines.append(f"ANSWER: {json.dumps(e.get('answer'))[:200]}")
         out.append("\n".join(lines))
     return out

@@ -248,34 +248,37 @@ def load_chess(split, name=CHESS_PUZZLES, buckets=CHESS_BUCKETS, test_size=CHESS
 # -----------------------------------------------------------------------------
 # the flags: every dataset name, size and retriever
 
-def add_args(parser):
-    """The --data switch and the paper data's flags (domains.add_args); -> their argument group."""
-    p = parser.add_argument_group("data: bundled (offline, data/) or the paper's sets through `datasets` (a name may "
-                                  "be a local file)")
-    p.add_argument("--data", default="bundled", choices=("bundled", "paper"))
-    p.add_argument("--searchqa-train", default=SEARCHQA_TRAIN, help="Search-R1's NQ + HotpotQA train set")
-    p.add_argument("--searchqa-test", default=SEARCHQA_TEST,
-                   help="the collection holding the seven test sets, or a local copy: a folder with "
-                        "<config>/<split>.jsonl (or .parquet) per set, as FlashRAG's snapshot")
-    p.add_argument("--searchqa-test-sets", default=",".join(SEARCHQA_TEST_SETS), help="config:split, comma-separated")
-    p.add_argument("--searchqa-test-per-set", type=positive_int, default=SEARCHQA_TEST_PER_SET)
-    p.add_argument("--searchqa-train-size", type=int, default=SEARCHQA_TRAIN_SIZE,
-                   help="D_weight: a seeded sample of the train set keeping its NQ / HotpotQA shares (0: all of it)")
-    p.add_argument("--retriever-url", default=None, help="Search-R1's retrieval server, e.g. "
-                   "http://127.0.0.1:8010/retrieve (scripts/search_r1_retriever.sh; lib/retriever.py)")
-    p.add_argument("--wiki", default=None, help="without a server: bm25s over this wiki-18 .jsonl file")
-    p.add_argument("--wiki-limit", type=positive_int, default=None, help="index only the first N passages of --wiki")
-    p.add_argument("--math-train", default=MATH_TRAIN)
-    p.add_argument("--math-test", default=",".join(MATH_TEST), help="name:split, comma-separated")
-    p.add_argument("--chess-puzzles", default=CHESS_PUZZLES, help="hub dataset or lichess_db_puzzle.csv")
-    p.add_argument("--chess-max-plies", type=positive_int, default=CHESS_MAX_PLIES, help="solution plies: 1..N")
-    buckets = dict(CHESS_BUCKETS)  # the official split: its bucket sizes set the hash's modulus
-    p.add_argument("--chess-train-size", type=positive_int, default=buckets["train"])
-    p.add_argument("--chess-harness-size", type=positive_int, default=buckets["harness"])
-    p.add_argument("--chess-test-pool", type=positive_int, default=buckets["test"], help="the test bucket")
-    p.add_argument("--chess-test-size", type=positive_int, default=CHESS_TEST_SIZE,
-                   help="a seeded sample of the test bucket")
-    return p
+DATA_GROUP = ("data: bundled (offline, data/) or the paper's sets through `datasets` (a name may be a "
+              "local file)")
+BUCKETS = dict(CHESS_BUCKETS)  # the official split: its bucket sizes set the hash's modulus
+# the --data switch and the paper data's flags, as (flag, argparse keywords): domains.add_args adds them
+FLAGS = [
+    ("--data", dict(default="bundled", choices=("bundled", "paper"))),
+    ("--searchqa-train", dict(default=SEARCHQA_TRAIN, help="Search-R1's NQ + HotpotQA train set")),
+    ("--searchqa-test", dict(default=SEARCHQA_TEST,
+                             help="the collection holding the seven test sets, or a local copy: a folder "
+                                  "with <config>/<split>.jsonl (or .parquet) per set, as FlashRAG's "
+                                  "snapshot")),
+    ("--searchqa-test-sets", dict(default=",".join(SEARCHQA_TEST_SETS), help="config:split, comma-separated")),
+    ("--searchqa-test-per-set", dict(type=positive_int, default=SEARCHQA_TEST_PER_SET)),
+    ("--searchqa-train-size", dict(type=int, default=SEARCHQA_TRAIN_SIZE,
+                                   help="D_weight: a seeded sample of the train set keeping its NQ / "
+                                        "HotpotQA shares (0: all of it)")),
+    ("--retriever-url", dict(default=None, help="Search-R1's retrieval server, e.g. "
+                             "http://127.0.0.1:8010/retrieve (scripts/search_r1_retriever.sh; "
+                             "lib/retriever.py)")),
+    ("--wiki", dict(default=None, help="without a server: bm25s over this wiki-18 .jsonl file")),
+    ("--wiki-limit", dict(type=positive_int, default=None, help="index only the first N passages of --wiki")),
+    ("--math-train", dict(default=MATH_TRAIN)),
+    ("--math-test", dict(default=",".join(MATH_TEST), help="name:split, comma-separated")),
+    ("--chess-puzzles", dict(default=CHESS_PUZZLES, help="hub dataset or lichess_db_puzzle.csv")),
+    ("--chess-max-plies", dict(type=positive_int, default=CHESS_MAX_PLIES, help="solution plies: 1..N")),
+    ("--chess-train-size", dict(type=positive_int, default=BUCKETS["train"])),
+    ("--chess-harness-size", dict(type=positive_int, default=BUCKETS["harness"])),
+    ("--chess-test-pool", dict(type=positive_int, default=BUCKETS["test"], help="the test bucket")),
+    ("--chess-test-size", dict(type=positive_int, default=CHESS_TEST_SIZE,
+                               help="a seeded sample of the test bucket")),
+]
 
 
 # -----------------------------------------------------------------------------

@@ -109,9 +109,9 @@ class Policy:
         # hf samples from it; the engines score the canary against it
         self.model = self.backend.model = model
 
-    def add_adapter(self, args):
+    def add_adapter(self, lora):
         """A fresh, trainable LoRA adapter from the --lora-* flags (its init draws from torch's global RNG)."""
-        self.set_model(add_lora(self.model, args))
+        self.set_model(add_lora(self.model, lora))
 
     def load_adapter(self, folder):
         self.set_model(load_lora(self.model, folder))
@@ -140,15 +140,15 @@ class Policy:
             self.backend.sleep()
 
 
-def add_lora(model, args):
+def add_lora(model, lora):
     """Wrap `model` with a fresh, trainable LoRA adapter from the flags."""
     from peft import LoraConfig, get_peft_model
-    config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-                        target_modules=lora_targets(args.lora_targets), task_type="CAUSAL_LM")
+    config = LoraConfig(r=lora.lora_rank, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
+                        target_modules=lora_targets(lora.lora_targets), task_type="CAUSAL_LM")
     try:
         return get_peft_model(model, config)
     except ValueError as e:  # peft: "Target modules {...} not found in the base model"
-        raise ValueError(f"--lora-targets {args.lora_targets!r} does not fit the model ({e}): "
+        raise ValueError(f"--lora-targets {lora.lora_targets!r} does not fit the model ({e}): "
                          "use 'all-linear' or names of its Linear layers such as q_proj,v_proj") from None
 
 

@@ -39,10 +39,10 @@ CLAUDE_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL",
 # -----------------------------------------------------------------------------
 # what every proposer gets: the instructions (their text: lib/briefs.py), and fresh candidate folders to fill
 
-def write_instructions(run_dir, domain, names, parent, iteration, args):
+def write_instructions(run_dir, domain, names, parent, iteration, cfg):
     example = domain.public(domain.load("harness")[0])
     prompt_only = ("\n- PROMPT-ONLY RUN: change only string constants (prompts, formats); any other change "
-                   "to the code is rejected.") if args.prompt_only else ""
+                   "to the code is rejected.") if cfg.prompt_only else ""
     text = INSTRUCTIONS.format(domain=domain.name, public_keys=", ".join(f"`{k}`" for k in example),
                                tool_methods=", ".join(f"`{m}`" for m in domain.TOOL_METHODS),
                                allowed=", ".join(ALLOWED_IMPORTS), caps=CAPS.get(domain.name, "none"),
@@ -79,7 +79,7 @@ class ProposalFailed(Exception):
     """A proposer call that produced nothing usable (its error message); the iteration is asked again."""
 
 
-def propose_in_copy(run_dir, names, rows, parent, iteration, domain, args, ask):
+def propose_in_copy(run_dir, names, rows, parent, iteration, domain, cfg, ask):
     """Ask the proposer for `names` in a fresh copy of the archive outside the run folder, then take back only
     the new candidates' harness.py files and text fields. ask(work, scratch) is the proposer's call: it fills
     the candidate folders of `work` (each a copy of `parent`, the archive best) or raises ProposalFailed.
@@ -88,14 +88,14 @@ def propose_in_copy(run_dir, names, rows, parent, iteration, domain, args, ask):
     work = scratch / "archive"
     try:
         copy_archive(run_dir, work, rows)
-        prepare(work, names, parent, iteration, args.proposer)
-        write_instructions(work, domain, names, parent, iteration, args)
+        prepare(work, names, parent, iteration, cfg.proposer)
+        write_instructions(work, domain, names, parent, iteration, cfg)
         shutil.copyfile(work / "INSTRUCTIONS.md", run_dir / "INSTRUCTIONS.md")  # for the record
         try:
             ask(work, scratch)
         except ProposalFailed as e:
             return str(e)
-        take_candidates(work, run_dir, names, parent, iteration, args.proposer)
+        take_candidates(work, run_dir, names, parent, iteration, cfg.proposer)
         take_notes(work, run_dir)
         return None
     finally:
@@ -218,25 +218,25 @@ def tail(path, limit=MAX_OUTPUT_BYTES):
         return f.read().decode("utf-8", errors="replace")
 
 
-def propose_agent(work, scratch, run_dir, names, iteration, args):
+def propose_agent(work, scratch, run_dir, names, iteration, cfg):
     """command / claude: a CLI edits the candidate folders of `work`, in the sandbox with the network (it calls
     an API) and `work` as its only writable folder. Raises ProposalFailed when the call failed."""
-    if args.proposer == "claude":
-        argv, ro, env = claude_command(work, scratch, run_dir, args)
+    if cfg.proposer == "claude":
+        argv, ro, env = claude_command(work, scratch, run_dir, cfg)
     else:
-        cmd = args.proposer_cmd.format(workdir=shlex.quote(str(work)),
+        cmd = cfg.proposer_cmd.format(workdir=shlex.quote(str(work)),
                                        instructions=shlex.quote(str(work / "INSTRUCTIONS.md")))
-        argv, ro = ["/bin/sh", "-c", cmd], args.proposer_ro
-        env = {k: os.environ[k] for k in [args.proposer_key_env] if k in os.environ}
-    print(f"proposer {args.proposer} (sandboxed, in {work}): {shlex.join(argv)}")
+        argv, ro = ["/bin/sh", "-c", cmd], cfg.proposer_ro
+        env = {k: os.environ[k] for k in [cfg.proposer_key_env] if k in os.environ}
+    print(f"proposer {cfg.proposer} (sandboxed, in {work}): {shlex.join(argv)}")
     t0 = time.time()
     rc, out, err = run_in_sandbox(sandbox.wrap(argv, ro=ro, rw=[work], net=True, cwd=str(work), env=env),
-                                  work, scratch, args.proposer_timeout)
-    cost = {"iteration": iteration, "proposer": args.proposer, "candidates": names, "rc": rc,
+                                  work, scratch, cfg.proposer_timeout)
+    cost = {"iteration": iteration, "proposer": cfg.proposer, "candidates": names, "rc": rc,
             "seconds": round(time.time() - t0, 2)}
     if rc == "timeout":
-        error = f"timed out after {args.proposer_timeout:g}s (--proposer-timeout)"
-    elif args.proposer == "claude":
+        error = f"timed out after {cfg.proposer_timeout:g}s (--proposer-timeout)"
+    elif cfg.proposer == "claude":
         error, usage = claude_result(out)
         cost.update(usage)
         error = error or (None if rc == 0 else f"exit {rc}: {(err or out).strip()[-300:]}")
@@ -247,7 +247,7 @@ def propose_agent(work, scratch, run_dir, names, iteration, args):
         raise ProposalFailed(error)
 
 
-def claude_command(work, scratch, run_dir, args):
+def claude_command(work, scratch, run_dir, cfg):
     """argv, read-only paths and environment for Claude Code in print mode, confined to `work`.
     Every flag checked against `claude --help` of Claude Code 2.1.197."""
     real = os.path.realpath(shutil.which("claude"))
@@ -264,7 +264,7 @@ def claude_command(work, scratch, run_dir, args):
             "--permission-mode", "dontAsk",       # what is not allowed is denied, never asked
             "--strict-mcp-config",                # no MCP servers from the user's config (they skip permissions)
             "--no-session-persistence"]
-    argv += ["--model", args.proposer_model] if args.proposer_model else []
+    argv += ["--model", cfg.proposer_model] if cfg.proposer_model else []
     home = os.path.expanduser("~")
     config = os.environ.get("CLAUDE_CONFIG_DIR")
     logins = [os.path.join(home, ".claude"), os.path.join(home, ".claude.json")] + ([config] if config else [])
@@ -322,9 +322,9 @@ def claude_result(stdout):
     return None, fields
 
 
-def failure_advice(args):
-    if args.proposer == "claude":
+def failure_advice(cfg):
+    if cfg.proposer == "claude":
         return "log in to Claude Code (run `claude`, then /login) or set ANTHROPIC_API_KEY"
-    if args.proposer == "openai":
-        return f"check that the server at {args.proposer_url} answers (and the key in ${args.proposer_key_env})"
+    if cfg.proposer == "openai":
+        return f"check that the server at {cfg.proposer_url} answers (and the key in ${cfg.proposer_key_env})"
     return "run --proposer-cmd by hand on a copy of the archive to see why (costs.jsonl has its output)"

@@ -29,7 +29,7 @@ def describe(args, name, phases, budget, n_train, n_harness, n_test):
                      "smoke episodes)")
     if args.schedule == "adaptive":
         lines.append("  (adaptive: phases end by their rules, within these budgets; a harness phase makes "
-                     f"{args.harness_min_iterations}-{args.harness_max_iterations} rounds)")
+                     f"{args.harness_min_rounds}-{args.harness_max_rounds} rounds)")
     weight = [n for kind, n in phases if kind == "weight"]
     harness = [n for kind, n in phases if kind == "harness"]
     lines.append(f"{len(weight)} weight phases ({' + '.join(map(str, weight)) or 0} steps), {len(harness)} harness "

@@ -5,16 +5,13 @@ computed, exactly, instead of redoing it:
 - a test evaluation of the same weights (adapter content) and harness (content) under the same settings;
 - a harness search from the same harness under the same weights and settings.
 Copies are hard links (or real copies) put in place by one rename, so a kill never leaves half of one."""
-import hashlib
 import json
 import os
 import re
 import shutil
 from pathlib import Path
 
-from lib.files import link_file, link_tree, read_json, write_json
-from lib.files import resolved_path
-from lib.ops.run_checks import whole_jsonl
+from lib.files import file_sha, link_file, link_tree, read_json, resolved_path, whole_jsonl, write_json
 
 # flags that shape a run's plan, or only how it is checked and watched, but not what one RSFT step or one
 # evaluation computes
@@ -29,30 +26,10 @@ def result_settings(args):
     return json.loads(json.dumps({k: v for k, v in sorted(vars(args).items()) if k not in PLAN_FLAGS}))
 
 
-def file_sha(path):
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return f"missing: {path}"  # matches nothing, so nothing is reused
 
 
-def adapter_config_sha(path):
-    """The hash of a peft adapter config as a canonical JSON: peft writes target_modules from a set, in an
-    order that differs from one save of the same adapter to the next."""
-    try:
-        config = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return f"missing: {path}"
-    if isinstance(config.get("target_modules"), list):
-        config["target_modules"] = sorted(config["target_modules"])
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
-def adapter_id(folder):
-    """The content of a saved LoRA adapter, for the evaluation cache."""
-    folder = Path(folder)
-    return "adapter " + adapter_config_sha(folder / "adapter_config.json")[:32] + \
-        file_sha(folder / "adapter_model.safetensors")[:32]
 
 
 def step_harnesses(history, run_dir):

@@ -7,12 +7,10 @@ import os
 import time
 from pathlib import Path
 
-from lib.archive import rebuild_index, restore_seed
-from lib.files import append_jsonl, read_json, read_jsonl, resolved_path, stored_path, write_json, write_jsonl
-from lib.ops.reuse import adapter_id
-from lib.ops.run_checks import (check_archive, check_checkpoint, check_checkpoint_files, check_checkpoint_model,
-                           check_run_files, check_same_model, damaged, json_object, start_over,
-                           whole_jsonl)
+from lib.archive import check_archive, rebuild_index, restore_seed
+from lib.files import (adapter_id, append_jsonl, check_checkpoint, check_checkpoint_files, check_checkpoint_model,
+                       check_run_files, check_same_model, damaged, json_object, read_json, read_jsonl, resolved_path,
+                       start_over, stored_path, whole_jsonl, write_json, write_jsonl)
 
 
 def load_state(out):

@@ -1,0 +1,482 @@
+"""The run folder as the record of a run's finished work: the one wrapper around whale's pure phase calls.
+
+    memo = Memo(out, donors, h0, steps, rounds)
+    memo.weight_phase(rsft_config, rule, train)        # train(trainer, harness, start) -> trainer
+    memo.harness_phase(search_config, search)         # search(archive, rounds_before, harness) -> result
+    memo.evaluation(tag, weights, harness, config, evaluate)
+    memo.end_phase(kind, detail, evaluate)            # the phase's test evaluation, its row, then saved
+
+A call's key is an allow-list: the weights' id, the harness's sha256 and the hash of the config that call
+receives (lib/cli.config_hash), nothing else. Before a call runs, the memo looks for its result:
+- in this run's folder (a resume: a finished phase, evaluation or search round is never redone; a phase
+  killed midway resumes inside itself, from RSFT's own checkpoint or the archive's own index);
+- in the folder of a donor run, another method of the same whale.py command that made the same call with the
+  same key (cross-method reuse: whale, weight-only, stagewise and fast-slow all start with RSFT under h0), taken
+  as hard links (or real copies) put in place by one rename, so a kill never leaves half of one.
+It keeps state.json (which phases finished, what is running), the rows of metrics.jsonl, and checks the run
+folder as a whole before any work resumes (check_run_folder), so a damaged or missing file is one line naming it
+and the fix, or rebuilt exactly (Memo.repair), never a silent restart or a summary with phases missing. A rerun
+keeps the settings the folder was started with (check_same_settings)."""
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+from lib.archive import check_archive, rebuild_index, restore_seed
+from lib.cli import config_hash
+from lib.files import (adapter_id, append_jsonl, check_checkpoint, check_checkpoint_files, check_checkpoint_model,
+                       check_run_files, check_same_model, damaged, file_sha, json_object, link_file, link_tree,
+                       read_json, read_jsonl, resolved_path, start_over, stored_path, whole_jsonl, write_json,
+                       write_jsonl)
+
+
+def load_state(out):
+    """phase: phases finished; kinds: their kinds; running: the kind of the phase under way (None between
+    phases); phase_start_step: the RSFT step a running weight phase started at; archive_iterations and
+    harness_rollouts: per harness archive, as of the last finished phase."""
+    fresh = {"phase": 0, "kinds": [], "running": None, "harness": None, "phase_start_step": None,
+             "archive_iterations": {}, "harness_rollouts": {}, "archive_weights": {}, "phase_key": None}
+    path = os.path.join(out, "state.json")
+    saved = read_json(path, {})
+    if not isinstance(saved, dict):
+        raise damaged(path, f"a JSON {type(saved).__name__}, not an object", start_over(out))
+    state = {**fresh, **saved}
+    if not isinstance(state["kinds"], list) or len(state["kinds"]) != state["phase"]:
+        raise ValueError(f"{path} was written by an older whale.py (no phase kinds): rerun in a fresh --out "
+                         f"or delete {out}")
+    counters = [state[k] for k in ("archive_iterations", "harness_rollouts")]
+    if not (isinstance(state["phase"], int) and set(state["kinds"]) <= {"weight", "harness"}
+            and state["running"] in (None, "weight", "harness") and isinstance(state["harness"], (str, type(None)))
+            and isinstance(state["phase_start_step"], (int, type(None)))
+            and all(isinstance(c, dict) and all(isinstance(v, int) for v in c.values()) for c in counters)):
+        raise damaged(path, "not the state of a whale run", start_over(out))
+    return state
+
+
+def check_run_folder(out, model=None, h0=None, candidates=None):
+    """The run folder as a whole, before any work: every file a resume reads is there and whole, as state.json
+    says it must be, else one line naming the file and the fix (never a silent restart, never a summary with
+    phases missing). What can be rebuilt exactly is left for RunState.repair to rebuild (lost_seeds,
+    lost_evaluations). state.json is written before the first RSFT step and after phase 1's evaluation, so RSFT
+    steps or a phase-2 evaluation without it mean it was lost. model, h0, candidates: the resuming command's,
+    which must be the run's (checked where given). -> the state, None for a run not yet started"""
+    check_run_files(out, skip=("evals",))  # a damaged evaluation is rerun (lost_evaluations)
+    check_checkpoint(os.path.join(out, "weights"), start_over(out))
+    path = os.path.join(out, "state.json")
+    steps = os.path.join(out, "weights", "ckpt")
+    phases = [r["phase"] for r in read_rows(out) if r.get("event") == "eval"]
+    if not os.path.exists(path) and (os.path.exists(steps) or max(phases, default=0) >= 2):
+        raise ValueError(f"{path} is missing but {out} holds finished phases or RSFT steps: restore it, or delete "
+                         f"{out} to start the run over")
+    if model is not None:
+        check_checkpoint_model(os.path.join(out, "weights"), model)
+        if os.path.exists(path) or any(Path(out, "evals").glob("*.json")):  # work done: by the model config.json
+            check_same_model(out, model)  # names (harness-only has no checkpoint that would say)
+    if not os.path.exists(path):
+        return None
+    state, fix = load_state(out), start_over(out)
+    rows = phase_rows(out, state)
+    if "weight" in state["kinds"] and not os.path.exists(steps):
+        raise ValueError(f"{steps} is missing, but {path} records finished weight phases: {fix}")
+    for snapshot in Path(out, "weights").glob("snapshot-*"):  # what another run of the command may adopt
+        if (snapshot / "key.json").exists():
+            check_checkpoint_files(snapshot, fix)
+    for name, iterations in state["archive_iterations"].items():
+        if not os.path.isdir(os.path.join(out, name)):
+            raise ValueError(f"{os.path.join(out, name)} is missing, but {path} records its search of {iterations} "
+                             f"iterations: {fix}")
+        check_archive(os.path.join(out, name), fix, iterations, candidates)
+    current = os.path.join(out, f"harness_w{state['kinds'].count('weight')}")
+    if state["running"] == "harness" and os.path.isdir(current):
+        check_archive(current, fix)
+    harness = resolved_path(state["harness"], out)
+    if harness and not os.path.isfile(harness) and harness not in lost_seeds(out, state):
+        raise ValueError(f"{harness} is missing, but {path} names it as the run's harness: {fix}")
+    for i in lost_evaluations(out, state) if h0 is not None else ():
+        if i <= state["phase"]:
+            evaluation_inputs(out, state, rows, i, h0)  # raises if the lost evaluation cannot be rerun
+    return state
+
+
+def phase_rows(out, state):
+    """{phase: its eval row} of metrics.jsonl, which must hold every phase that state.json records as finished:
+    the summary and the report are built from these rows."""
+    rows = {}
+    for r in read_rows(out):
+        if r.get("event") == "eval":
+            rows.setdefault(r["phase"], r)
+    path = os.path.join(out, "metrics.jsonl")
+    lacking = [str(i) for i in range(state["phase"] + 1) if i not in rows]
+    if lacking:
+        raise ValueError(f"{path} holds no row for phase {', '.join(lacking)}, which "
+                         f"{os.path.join(out, 'state.json')} records as finished: {start_over(out)}")
+    for i in range(state["phase"] + 1):
+        keys = ("kind", "step", "rollouts", "mean_at_k") + (("winner",) if rows[i].get("kind") == "harness" else ())
+        if any(k not in rows[i] for k in keys):
+            raise damaged(path, f"its row of phase {i} lacks {', '.join(k for k in keys if k not in rows[i])}",
+                          start_over(out))
+    return rows
+
+
+def evaluation_whole(path):
+    """A test evaluation evals/<tag>.json is whole: its key, stats and per-task scores, and every trace it counted."""
+    try:
+        saved = json_object(path, "")
+        return isinstance(saved.get("stats"), dict) and "key" in saved and "per_task" in saved and \
+            whole_jsonl(str(path)[:-len(".json")] + ".traces.jsonl", saved["stats"].get("test_rollouts"))
+    except ValueError:
+        return False
+
+
+def lost_evaluations(out, state):
+    """The phases (0 .. the running one) whose evaluation is missing, damaged or has traces missing; the running
+    phase's only when it was made (it is redone as the phase ends); without state.json, phase 0's only when it
+    was made (no phase has started: the run evaluates it first)."""
+    started = os.path.exists(os.path.join(out, "state.json"))
+    skipped = {r["phase"] for r in read_rows(out) if r.get("event") == "eval" and r.get("mean_at_k", 0) is None}
+    lost = []
+    for i in sorted(set(range(state["phase"] + 2)) - skipped):  # skipped: --test-evals ends made none
+        path = Path(out, "evals", f"phase_{i}.json")
+        made = path.exists() or path.with_name(f"phase_{i}.traces.jsonl").exists()
+        if ((started and i <= state["phase"]) or made) and not evaluation_whole(path):
+            lost.append(i)
+    return lost
+
+
+def evaluation_inputs(out, state, rows, i, h0):
+    """(weights id, adapter folder or None, harness) of finished phase i, from its row and the weights that
+    ended it (weights/snapshot-<step>, or the checkpoint at that step): what reruns its evaluation exactly."""
+    fix = f"restore {out}/evals/phase_{i}.json and its traces, or delete {out} to start the run over"
+    step = rows[i]["step"]
+    harness = os.path.abspath(h0)
+    for j in range(1, i + 1):
+        if rows[j]["kind"] == "harness":
+            harness = resolved_path(rows[j]["winner"], out)
+    if not (os.path.isfile(harness) or harness in lost_seeds(out, state)):
+        raise ValueError(f"{out}/evals/phase_{i}.json is lost, and so is the harness it evaluated: {fix}")
+    if step == 0:
+        return "base", None, harness
+    ckpt = Path(out, "weights", "ckpt")
+    folder = Path(out, "weights", f"snapshot-{step:06d}")
+    if not (folder / "key.json").exists():
+        folder = ckpt.resolve()
+    saved = check_checkpoint_files(folder, fix) if folder.exists() else {}
+    if saved.get("step") != step:
+        raise ValueError(f"{out}/evals/phase_{i}.json is lost, and no snapshot holds the weights of RSFT step {step} "
+                         f"it evaluated: {fix}")
+    if all(row["skipped"] for row in saved["history"]):
+        return "base", None, harness
+    return adapter_id(folder / "adapter"), folder / "adapter", harness
+
+
+def lost_seeds(out, state):
+    """The seed harness files (candidates/h0/harness.py) of the run's archives that are lost; repair copies each
+    back from a harness with its recorded content: h0, or a candidate of another archive."""
+    names = list(state["archive_iterations"]) + [f"harness_w{state['kinds'].count('weight')}"]
+    seeds = [Path(out, name, "candidates", "h0", "harness.py") for name in dict.fromkeys(names)]
+    return {os.path.abspath(s) for s in seeds if s.parent.joinpath("meta.json").exists() and not s.exists()}
+
+
+def save_state(out, state):
+    write_json(os.path.join(out, "state.json"), state)
+
+
+# flags that may change between a run and its resumption: they change how fast (or when a failing machine stops
+# the run), not what is computed
+RESUMABLE_FLAGS = ("threads", "workers", "out", "plan", "check", "report_to", "infra_budget")
+
+
+def check_same_settings(out, flags):
+    """A rerun resumes the folder's run only with the settings it was started with: another value of any
+    flag would put new results beside old ones under the old config. A flag the folder's config.json does not
+    know (written by an older whale.py) is not compared. flags: the command's, as config.json stores them."""
+    old = read_json(os.path.join(out, "config.json"))
+    if old is None:
+        return
+    new = json.loads(json.dumps(flags))  # as stored
+    changed = [k for k in new if k in old and k not in RESUMABLE_FLAGS and new[k] != old[k]]
+    if changed:
+        flags = ", ".join(f"--{k.replace('_', '-')} {old[k]} (now {new[k]})" for k in changed)
+        raise ValueError(f"{out} was run with other settings: {flags}: rerun with the folder's settings, "
+                         "or use a new --out")
+
+
+def read_rows(out):
+    return read_jsonl(os.path.join(out, "metrics.jsonl"), fix="a run killed while writing it? delete that line and rerun")
+
+
+
+# the row of a phase whose test evaluation the run skips (--test-evals ends: never the first or the last)
+NOT_EVALUATED = {"mean_at_k": None, "test_tasks": 0}
+
+
+class Memo:
+    """One run's progress and the wrapper around its phase calls. Entering a phase is saved before its work,
+    so a resumed run finishes that phase first; leaving it is saved after its evaluation is logged. The counters
+    whale's loop reads (RSFT steps, proposer rounds, rollouts) come from here. counters() -> the fields every
+    evaluation row also holds (the phase's infrastructure failures)."""
+
+    def __init__(self, out, donors, h0, steps, rounds, counters=dict):
+        self.out, self.donors, self.h0, self.steps, self.rounds = out, list(donors), h0, steps, rounds
+        self.counters = counters
+        self.saved = load_state(out)
+        self.trainer = None  # the RSFT trainer, for the step and rollout counters (None: a run without steps)
+        self.started = None
+
+    # the counters
+    def step(self):
+        return self.trainer.step_count if self.trainer else 0
+
+    def rounds_done(self):
+        return sum(self.saved["archive_iterations"].values())
+
+    def steps_left(self):
+        return self.steps - self.step()
+
+    def rounds_left(self):
+        return self.rounds - self.rounds_done()
+
+    def rollouts(self):
+        """Training rollouts plus harness scoring; test evaluation is not counted."""
+        return (self.trainer.rollouts if self.trainer else 0) + sum(self.saved["harness_rollouts"].values())
+
+    def weights(self):
+        """The current weights' id: "base" until an RSFT step updates the adapter."""
+        return self.trainer.weights_id if self.trainer else "base"
+
+    def harness(self):
+        """The harness the run goes on with: the last harness phase's winner, else h0."""
+        return resolved_path(self.saved["harness"], self.out) or os.path.abspath(self.h0)
+
+    def running(self):
+        """The kind of the phase a killed run left unfinished, else None."""
+        return self.saved["running"]
+
+    def last_kind(self):
+        return (self.saved["kinds"] or [None])[-1]
+
+    # the phases
+    def begin(self, evaluate):
+        """The run's first row and phase 0's test evaluation (h0 under the base weights)."""
+        if not any(r.get("event") == "start" for r in read_rows(self.out)):
+            append_jsonl(os.path.join(self.out, "metrics.jsonl"), {"event": "start", "weight_steps": self.steps,
+                                                                   "harness_iterations": self.rounds,
+                                                                   "time": time.time()})
+        stats = evaluate("phase_0", self.weights(), self.harness())
+        self.log_eval({"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats,
+                       **self.counters()})
+
+    def enter(self, kind, key=None):
+        """A new phase is remembered before its work starts, so a resumed run finishes it first; key: what a
+        weight phase starts from (its snapshot's key)."""
+        if self.saved["running"] is None:
+            self.saved.update(running=kind, phase_start_step=self.step(), phase_key=key)
+            self.save()
+        self.started = time.time()
+
+    def weight_phase(self, config, rule, train):
+        """RSFT steps under the run's harness until the phase's rule ends it: taken from a donor run's snapshot
+        made with this phase's key (the trainer's state, the harness, the config and rule), else
+        train(trainer, harness, start) -> trainer, which resumes mid-phase from the trainer's own checkpoint.
+        The phase's end is kept as weights/snapshot-<step> for the other runs of the command. -> the detail of
+        the phase's row"""
+        harness, start = self.harness(), self.step()
+        state = f"{self.weights()} at step {start}"  # the sampler's place and the optimizer go with the step
+        self.enter("weight", {"weights": state, "harness": file_sha(harness),
+                              "config": config_hash({"rsft": config, "rule": rule})})
+        start, key = self.saved["phase_start_step"], self.saved.get("phase_key")
+        snapshot = find_snapshot(self.donors, key) if self.step() == start else None
+        if snapshot is not None:
+            self.trainer = self.trainer.adopt(snapshot)
+            print(f"weights: RSFT steps {start + 1}-{self.trainer.step_count} taken from {snapshot}")
+        self.trainer = train(self.trainer, harness, start)
+        snapshot_weights(self.trainer.out_dir, self.trainer.step_count, key)
+        return {"steps": self.trainer.step_count - start, "epoch": self.trainer.epoch_progress}
+
+    def harness_phase(self, config, search):
+        """A Meta-Harness search from the run's harness under the current weights, in the archive archive_for
+        names: a new archive is first taken from a donor run that searched with the same key (the weights, the
+        seed harness, the config), whose rounds search() then replays as far as it needs;
+        search(archive, rounds_before, harness) -> its result. -> (winner, the detail of the phase's row)"""
+        self.enter("harness")
+        weights, harness = self.weights(), self.harness()
+        name, before = self.archive_for(weights)
+        archive = os.path.join(self.out, name)
+        if before == 0:
+            adopt_archive(archive, {"weights": weights, "seed": file_sha(harness), "config": config_hash(config)},
+                          self.donors)
+        result = search(archive, before, harness)
+        self.saved["archive_weights"][name] = weights
+        self.saved["archive_iterations"][name] = result["iterations"]
+        self.saved["harness_rollouts"][name] = result["rollouts"]
+        return result["winner"], {"iterations": result["iterations"] - before, "archive": name,
+                                  "harness_score": result["score"],
+                                  "winner": stored_path(result["winner"], self.out)}
+
+    def evaluation(self, tag, weights, harness, config, evaluate):
+        """A test evaluation evals/<tag>.json: read back when this run made it, copied with its traces when
+        this run or a donor made the same one (the weights, the harness's content, the config), else
+        evaluate(harness, traces_path) -> {"stats", "per_task", "sources"}. -> its stats"""
+        folder = Path(self.out, "evals")
+        path = folder / f"{tag}.json"
+        if path.exists():
+            return read_json(path)["stats"]
+        folder.mkdir(parents=True, exist_ok=True)
+        key = {"weights": weights, "harness": file_sha(harness), "config": config_hash(config)}
+        stats = copy_evaluation(key, [self.out, *self.donors], path, f"test evaluation ({tag})")
+        if stats is not None:
+            return stats
+        traces = folder / f"{tag}.traces.jsonl"
+        traces.unlink(missing_ok=True)  # an evaluation killed midway starts over
+        result = evaluate(harness, traces)
+        write_json(path, {"key": key, **result})  # last: marks it done
+        return result["stats"]
+
+    def end_phase(self, kind, winner, detail, evaluate=None):
+        """The phase is over: its test evaluation (evaluate(tag, weights, harness) -> stats; None: not
+        evaluated), its row in metrics.jsonl, then state.json saved. -> the row"""
+        i = self.saved["phase"] + 1
+        harness = winner or self.harness()
+        self.saved.update(phase=i, kinds=self.saved["kinds"] + [kind], running=None, phase_start_step=None,
+                          phase_key=None, harness=stored_path(harness, self.out))
+        stats = evaluate(f"phase_{i}", self.weights(), harness) if evaluate else NOT_EVALUATED
+        row = {"event": "eval", "phase": i, "kind": kind, "step": self.step(), "rollouts": self.rollouts(),
+               "seconds": time.time() - self.started, **detail, **stats, **self.counters()}
+        self.log_eval(row)
+        self.save()
+        score = "not evaluated (--test-evals ends)" if stats is NOT_EVALUATED else f"{stats['mean_at_k']:.4f}"
+        print(f"phase {i} {kind}: test mean@{stats.get('k', '-')} = {score}, RSFT steps {self.step()}/{self.steps}, "
+              f"harness rounds {self.rounds_done()}/{self.rounds}, rollouts {self.rollouts()}")
+        return row
+
+    def log_eval(self, row):
+        """A run killed between logging and saving its state logs the same evaluation again on resume: skip it."""
+        if not any(r.get("event") == "eval" and r["phase"] == row["phase"] for r in read_rows(self.out)):
+            append_jsonl(os.path.join(self.out, "metrics.jsonl"), row)
+
+    def save(self):
+        save_state(self.out, self.saved)
+
+    def write_summary(self, about):
+        """summary.json: `about` (domain, method, preset, model, k), the best and the final test evaluation of
+        the finished run, its totals."""
+        phases = [r for r in read_rows(self.out) if r.get("event") == "eval"]
+        evals = [r for r in phases if r["mean_at_k"] is not None]  # --test-evals ends: the first and the last
+        best = max(evals, key=lambda r: (r["mean_at_k"], -r["rollouts"]))
+        summary = {**about, "best_mean_at_k": best["mean_at_k"], "rollouts_to_best": best["rollouts"],
+                   "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
+                   "total_rollouts": evals[-1]["rollouts"], "phases": len(phases) - 1,
+                   "rsft_steps": self.step(), "harness_iterations": self.rounds_done(),
+                   "final_harness": stored_path(self.harness(), self.out), "test_tasks": evals[-1]["test_tasks"]}
+        write_json(os.path.join(self.out, "summary.json"), summary)
+        print(f"best mean@{about['k']} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} "
+              f"rollouts; final {summary['final_mean_at_k']:.4f}")
+
+    # the harness archives
+    def archive_for(self, weights):
+        """-> (the archive a harness phase searches in, the rounds it already holds): the last one if the weights
+        have not changed since it ran (whatever the method: no search is repeated or charged twice), else a new
+        one, harness_w<weight phases>."""
+        last = list(self.saved["archive_weights"])[-1:]
+        if last and self.saved["archive_weights"][last[0]] == weights:
+            name = last[0]
+        else:
+            name = f"harness_w{self.saved['kinds'].count('weight')}"
+        return name, self.saved["archive_iterations"].get(name, 0)
+
+    # a damaged folder
+    def repair(self, evaluate_again):
+        """Rebuild, exactly, what check_run_folder found lost or damaged and rebuildable, before the run goes on:
+        a seed harness copy, an archive's index (summary.jsonl, frontier.json), weights/metrics.jsonl (the
+        checkpoint's history); the test evaluations lost, through evaluate_again(phase, weights id, adapter
+        folder or None, harness) (from the same weights, harness and seeds they give the same scores)."""
+        out, state = self.out, self.saved
+        lost = lost_evaluations(out, state)
+        for i in lost:
+            for name in (f"phase_{i}.json", f"phase_{i}.traces.jsonl"):
+                Path(out, "evals", name).unlink(missing_ok=True)
+        if not os.path.exists(os.path.join(out, "state.json")):
+            return  # no phase started: phase 0 is evaluated first, as in a fresh run
+        sources = [os.path.abspath(self.h0)] + sorted(
+            str(p) for run_dir in [out, *self.donors] for p in Path(run_dir).glob("harness_w*/candidates/*/harness.py"))
+        for seed in sorted(lost_seeds(out, state)):
+            restore_seed(Path(seed).parent.parent.parent, sources, start_over(out))
+        running = f"harness_w{state['kinds'].count('weight')}" if state["running"] == "harness" else None
+        for name, iterations in state["archive_iterations"].items():
+            if name != running:  # a running search rebuilds its own index as it resumes
+                rebuild_index(Path(out, name), iterations)
+        ckpt = Path(out, "weights", "ckpt")
+        if ckpt.exists():
+            history = read_json(ckpt / "state.json")["history"]
+            try:
+                same = read_jsonl(ckpt.parent / "metrics.jsonl") == history
+            except ValueError:  # a cut line
+                same = False
+            if not same:
+                write_jsonl(ckpt.parent / "metrics.jsonl", history)
+                print(f"{ckpt.parent / 'metrics.jsonl'}: rebuilt from the checkpoint's history")
+        rows = phase_rows(out, state)
+        redo = [(i, *evaluation_inputs(out, state, rows, i, self.h0)) for i in lost if i <= state["phase"]]
+        for args in sorted(redo, key=lambda r: r[2] is not None):  # an engine: the base model's first
+            evaluate_again(*args)
+
+
+# -----------------------------------------------------------------------------
+# cross-method reuse: a donor's weight phase, search or evaluation with the same key
+
+def snapshot_weights(weights, step, key):
+    """Keep the checkpoint that ends a weight phase as weights/snapshot-<step>/, with key.json saying what
+    it holds, so another run of this command can start from it instead of redoing its steps."""
+    dst = Path(weights, f"snapshot-{step:06d}")
+    if (dst / "key.json").exists():
+        return
+    shutil.rmtree(dst, ignore_errors=True)
+    link_tree(Path(weights, "ckpt").resolve(), dst)
+    write_json(dst / "key.json", {"key": key})  # last: it counts now
+
+
+def find_snapshot(donors, key):
+    """The snapshot a donor run made at the end of a weight phase with this key, else None."""
+    if key is None:  # a phase entered by an older whale.py
+        return None
+    for donor in donors:
+        for key_path in sorted(Path(donor, "weights").glob("snapshot-*/key.json")):
+            if read_json(key_path).get("key") == key:
+                return key_path.parent
+    return None
+
+
+def adopt_archive(archive, key, donors):
+    """Before a harness phase starts a new archive: if a donor run searched with the same key, copy its archive
+    (stagewise after weight phases that accepted nothing is harness-only). Real copies, not hard links: the index
+    files are rewritten. whale_key.json, which says what the archive searched, is written here, by whale itself
+    (a proposer never writes into the run folder)."""
+    if os.path.exists(os.path.join(archive, "whale_key.json")):
+        return
+    for donor in sorted(p for run_dir in donors for p in Path(run_dir).glob("harness_w*")
+                        if re.fullmatch(r"harness_w\d+", p.name)):  # not a copy a kill left half-made
+        if read_json(donor / "whale_key.json", {}) == key:
+            shutil.rmtree(archive, ignore_errors=True)  # what a kill before the key left
+            link_tree(donor, archive, copy_function=shutil.copy2)
+            print(f"harness phase: the same search as {donor}, copied")
+            break
+    os.makedirs(archive, exist_ok=True)
+    write_json(os.path.join(archive, "whale_key.json"), key)
+
+
+def copy_evaluation(key, run_dirs, path, label):
+    """If an evaluation under `key` is in evals/ of one of run_dirs, copy it (with its traces) to `path` and
+    return its stats; else None."""
+    for run_dir in run_dirs:
+        for other in sorted(Path(run_dir, "evals").glob("*.json")):
+            saved = read_json(other)
+            traces = other.with_name(other.name[:-len(".json")] + ".traces.jsonl")
+            if saved.get("key") == key and whole_jsonl(traces, saved["stats"].get("test_rollouts")):  # never a cut copy
+                if traces.exists():
+                    link_file(traces, path.with_name(path.name[:-len(".json")] + ".traces.jsonl"))
+                write_json(path, {**saved, "copied_from": str(other)})  # last: marks it done
+                print(f"{label}: the same as {other}, copied")
+                return saved["stats"]
+    return None
