@@ -287,7 +287,7 @@ def run(cfg, domain, policy, donors=()):
         rollout.BUDGET.start_phase(f"phase {len(memo.saved['kinds']) + 1} ({kind})")
         winner = None
         if kind == "weight":
-            rule = weight_rule(cfg, len(train), memo.steps_left())
+            rule = weight_rule(cfg, len(train), steps - memo.phase_start())
             detail = memo.weight_phase(cfg.rsft, rule, lambda t, h, start: weight_phase(t, h, rule, start))
         else:
             search = lambda archive, before, h: harness_phase(cfg, policy, domain, h, archive, before,
@@ -300,8 +300,8 @@ def run(cfg, domain, policy, donors=()):
 
 
 def weight_rule(cfg, n_train, steps_left):
-    """Where the running weight phase ends (rft.weight_phase_over): fixed, after s steps; adaptive, by
-    its patience window; either within the steps left."""
+    """Where a weight phase ends (rft.weight_phase_over): fixed, after s steps; adaptive, by its
+    patience window; either within the steps left at its start."""
     cap = steps_left if cfg.schedule == "adaptive" else min(
         steps_for(cfg.phase_epochs, n_train, cfg.batch), steps_left)
     return {"schedule": cfg.schedule, "max_steps": cap,
@@ -389,13 +389,8 @@ def main(argv=None):
         policy = load_policy(runs[0]) if runs[0].backend != "hf" else None
         data_flags = domains.data_flags()
         for args in runs:
-            start_folder(args)
-            if args.threads:
-                torch.set_num_threads(args.threads)
-            if policy is not None:
-                policy.to_base()
             with report_to.watch(args):  # --report-to: the rows of its files, live
-                run(run_config(args, data_flags), domain, policy or load_policy(args),
+                run(run_config(args, data_flags), domain, start_run(args, policy),
                     donors=[other.out for other in runs if other.out != args.out])
             # the finished run's optimizer and graphs go before the next run starts
             rft.hand_back_memory()
@@ -428,13 +423,20 @@ def check_inputs(runs):
     return domain
 
 
-def start_folder(args):
-    """The run folder and its config.json (the settings a resume must keep), before the model
-    loads."""
+def start_run(args, policy=None):
+    """The run folder and its config.json (the settings a resume must keep), before the model loads.
+    -> the policy the run starts from, on the base weights: the command's shared one, else a model
+    loaded for this run"""
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "config.json"), vars(args))
     print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
     print(json.dumps(vars(args), indent=None))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if policy is None:
+        return load_policy(args)
+    policy.to_base()
+    return policy
 
 
 if __name__ == "__main__":

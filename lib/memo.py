@@ -254,6 +254,10 @@ class Memo:
         """The kind of the phase a killed run left unfinished, else None."""
         return self.saved["running"]
 
+    def phase_start(self):
+        """The RSFT step the running phase began at (the next phase's: the current step)."""
+        return self.step() if self.saved["running"] is None else self.saved["phase_start_step"]
+
     def last_kind(self):
         return (self.saved["kinds"] or [None])[-1]
 

@@ -139,7 +139,7 @@ def hostile(tmp_path, monkeypatch):
     def run(attack, iterations=1, **over):
         cmd = f"{sandbox.python()} {script} {attack} {{workdir}} {PROJECT} {run_dir} {outside}"
         args = make_args(proposer="command", proposer_cmd=cmd, proposer_ro=[str(script)], **over)
-        mh.search(None, FakeDomain(), str(seed), run_dir, args, iterations=iterations)
+        mh.search(None, FakeDomain(), str(seed), run_dir, args, rounds=iterations)
         assert list(scratch_root.iterdir()) == [], "the proposer's scratch folder was left behind"
         return run_dir, fr
     return run

@@ -20,7 +20,7 @@ import rollout
 import whale
 from scripts import show_data
 from lib import sandbox
-from lib.ops import run_checks, runstate
+from lib import files, memo
 from lib.canary import EngineError
 from lib.cli import one_line_errors
 from lib.contract import check_harness_fits
@@ -58,7 +58,7 @@ BAD_FLAGS = [  # (flag, value, the CLIs that have it)
     ("--limit", "0", ("rollout.py",)), ("--limit", "-1", ("rollout.py",)),
     ("--test-limit", "0", ("whale.py",)),
     ("--harness-tasks", "0", ("meta_harness.py", "whale.py")), ("--harness-tasks", "-1", ("meta_harness.py", "whale.py")),
-    ("--iterations", "-1", ("meta_harness.py",)),
+    ("--rounds", "-1", ("meta_harness.py",)),
     ("--candidates", "-2", ("meta_harness.py", "whale.py")),
     ("--harness-samples", "0", ("meta_harness.py", "whale.py")),
     ("--deadline", "0", tuple(CLIS)), ("--deadline", "-1", tuple(CLIS)),
@@ -76,7 +76,7 @@ def test_bad_flag_is_a_one_line_error_in_every_cli(flag, value, clis, capsys):
             CLIS[cli]([flag, value])
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.count("\n") == 1, (cli, err)
-        assert err.startswith(f"{cli}: error: argument {flag}: ") and value in err, (cli, err)
+        assert err.startswith(f"{cli}: error: argument {flag}") and value in err, (cli, err)
 
 
 def test_the_cli_exits_with_one_line_and_no_traceback():
@@ -134,7 +134,7 @@ def fake_checkpoint(weights, step=2):
 
 def test_rft_checkpoint_link_to_a_missing_folder(tmp_path):
     folder = fake_checkpoint(tmp_path)
-    run_checks.check_checkpoint(tmp_path)  # intact
+    files.check_checkpoint(tmp_path)  # intact
     for path in sorted(folder.rglob("*"), reverse=True):
         path.unlink() if path.is_file() else path.rmdir()
     folder.rmdir()
@@ -145,7 +145,7 @@ def test_rft_checkpoint_link_to_a_missing_folder(tmp_path):
                                  f"missing: restore it, or delete {tmp_path} to train from step 0")
     (tmp_path / "ckpt").unlink()  # no link at all, but metrics.jsonl shows finished steps
     with pytest.raises(ValueError, match=r"metrics.jsonl records finished RSFT steps but the checkpoint .*ckpt is missing"):
-        run_checks.check_checkpoint(tmp_path)
+        files.check_checkpoint(tmp_path)
 
 
 PHASE_0_ROW = {"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, "mean_at_k": 0.0}
@@ -156,7 +156,7 @@ def test_whale_missing_state_json_after_finished_steps(tmp_path, capsys):
     fake_checkpoint(out / "weights")
     (out / "state.json").write_text(json.dumps({"phase": 0}))
     (out / "metrics.jsonl").write_text(json.dumps(PHASE_0_ROW) + "\n")
-    runstate.check_run_folder(str(out))  # intact
+    memo.check_run_folder(str(out))  # intact
     (out / "state.json").unlink()
     with pytest.raises(SystemExit) as e:
         CLIS["whale.py"](["--out", str(out)])
@@ -166,15 +166,15 @@ def test_whale_missing_state_json_after_finished_steps(tmp_path, capsys):
     out = tmp_path / "harness-only"
     out.mkdir()
     (out / "metrics.jsonl").write_text("".join(json.dumps({"event": "eval", "phase": p}) + "\n" for p in (0, 1)))
-    runstate.check_run_folder(str(out))  # killed between phase 1's evaluation and its state: resumes
+    memo.check_run_folder(str(out))  # killed between phase 1's evaluation and its state: resumes
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"event": "eval", "phase": 2}) + "\n")
     with pytest.raises(ValueError, match="state.json is missing"):
-        runstate.check_run_folder(str(out))
+        memo.check_run_folder(str(out))
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"event": "ev')
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 4 is not a JSON object: .*delete that line"):
-        runstate.check_run_folder(str(out))
+        memo.check_run_folder(str(out))
 
 
 def test_empty_meta_json_in_an_archive(tmp_path):
@@ -301,7 +301,7 @@ CONFLICTS = [  # (flags, words, the CLIs that have them)
      ("rft.py", "whale.py")),
     (["--openai-model", "m"], "--openai-model names the served model of --backend openai", tuple(CLIS)),
     (["--schedule", "adaptive", "--harness-min-iterations", "5", "--harness-max-iterations", "2"],
-     "--harness-min-iterations 5 is above --harness-max-iterations 2", ("whale.py",)),
+     "--harness-min-rounds 5 is above --harness-max-rounds 2", ("whale.py",)),
 ]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import meta_harness as mh
+from fixtures.configs import search_config
 
 ALL = {"A": [0, 1], "B": [0, 1], "C": [0, 1], "D": [0, 1], "E": [0, 1], "F": [0, 1], "PROMPT": ["Answer: ", "Reply: "]}
 
@@ -69,13 +70,8 @@ def search(work, monkeypatch, iterations, candidates=2, fake=None, **over):
     work.mkdir(parents=True, exist_ok=True)
     seed = work / "seed.py"
     seed.write_text(SEED)
-    p = argparse.ArgumentParser()
-    mh.add_args(p)
-    args = p.parse_args([])
-    vars(args).update(candidates=candidates, temperature=1.0, top_k=20, max_new_tokens=8, deadline=30.0,
-                      workers=None, seed=0)
-    vars(args).update(over)
-    result = mh.search(None, FakeDomain(), str(seed), work / "run", args, iterations=iterations,
+    args = search_config(candidates=candidates, max_new_tokens=8, **over)
+    result = mh.search(None, FakeDomain(), str(seed), work / "run", args, iterations,
                        run_episodes=fake.run_episodes, evaluate=fake.evaluate)  # the seam: no module swapped
     proposals = [r for r in map(json.loads, open(work / "run" / "summary.jsonl")) if r["iteration"] > 0]
     return result, proposals, work / "run"

@@ -9,6 +9,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import rft
+from fixtures.configs import rsft_config
 from lib.hf_backend import HFBackend
 from lib.models import chat_ids, load_model
 from lib.policy import Policy, add_lora
@@ -31,13 +32,7 @@ def tiny_model(vocab=64, layers=2, mlp=64, seed=0):
 
 
 def rft_args(**kw):
-    p = argparse.ArgumentParser()
-    rft.add_args(p)
-    args = p.parse_args([])
-    args.model, args.seed = "smoke", 0
-    for k, v in kw.items():
-        setattr(args, k, v)
-    return args
+    return rsft_config(**kw)
 
 
 def grads(model, examples, minibatch=8):

@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 import whale
-from lib.ops import reuse
+from lib import files
 from test_whale import HARNESS, Interrupt, fake_episodes, interrupt, record
 
 
@@ -177,5 +177,5 @@ def test_a_moved_run_folder_with_the_absolute_paths_of_older_runs_resumes(runs, 
     got = record(out)
     for row in got["metrics"]:  # the rows written before the move keep the old spelling of the same file
         if row.get("winner", "").startswith(old):
-            row["winner"] = reuse.file_sha(out / os.path.relpath(row["winner"], old))
+            row["winner"] = files.file_sha(out / os.path.relpath(row["winner"], old))
     assert got == runs[2]

@@ -12,6 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import rollout
+from lib.cli import sampling_of
 import whale
 from lib import protocol
 from lib.models import CHATML, build_smoke, cached, chat_ids, load_model, thinking_switch
@@ -269,7 +270,7 @@ def test_paper_preset_generation_settings():
         assert (args.harness, args.episode_tokens, args.max_prompt_tokens) == (harness, budget, prompt)
         assert (args.thinking, args.max_model_len, args.max_new_tokens) == ("on", 32768, 8192)
         assert (args.temperature, args.top_k) == (1.0, 20)  # rollouts, harness scoring and test alike
-        kw = rollout.sampling_kwargs(args)
+        kw = sampling_of(args).kwargs()
         assert (kw["thinking"], kw["episode_tokens"], kw["max_model_len"]) == ("on", budget, 32768)
     for preset, harness in (("smoke", "harnesses/searchqa.py"), ("cpu", "harnesses/cpu/searchqa.py")):
         [args] = whale.parse_args(["--domain", "searchqa", "--preset", preset])  # no budget, the template's thinking

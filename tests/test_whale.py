@@ -15,8 +15,9 @@ import domains
 import meta_harness
 import rft
 import whale
-from lib.ops import reuse
-from lib.ops.runstate import RunState
+from lib import files, memo
+from lib.cli import run_config
+from lib.memo import Memo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -221,7 +222,7 @@ def record(out):
     """What a run computed, without timings and folder names: files become their content hashes."""
     drop = ("seconds", "time", "test_seconds", "sample_s", "train_s", "copied_from")
     paths = ("winner", "harness", "final_harness")  # stored relative to the run folder when inside it
-    content = lambda v: reuse.file_sha(os.path.join(out, v)) if os.path.isfile(os.path.join(out, v)) else v
+    content = lambda v: files.file_sha(os.path.join(out, v)) if os.path.isfile(os.path.join(out, v)) else v
     clean = lambda row: {k: content(v) if k in paths else clean(v) if isinstance(v, dict) else v
                          for k, v in row.items() if k not in drop}
     evals = {p.name: clean(json.loads(p.read_text())) for p in sorted((out / "evals").glob("*.json"))}
@@ -229,7 +230,7 @@ def record(out):
     adapter = out / "weights" / "ckpt" / "adapter" / "adapter_model.safetensors"
     return {"metrics": [clean(r) for r in rows(out / "metrics.jsonl")], "evals": evals, "steps": steps,
             "summary": clean(json.loads((out / "summary.json").read_text())),
-            "adapter": reuse.file_sha(adapter) if adapter.exists() else None}
+            "adapter": files.file_sha(adapter) if adapter.exists() else None}
 
 
 def assert_same_record(got, want, what):
@@ -256,7 +257,7 @@ def test_methods_in_one_command_compute_shared_weight_phases_once_and_match_sepa
     for method in methods:
         assert_same_record(record(runs[method]), record(tmp_path / "alone" / method), method)
     # every distinct RSFT step (the harness content of it and of every step before it) ran once, no more
-    prefixes = {tuple(reuse.file_sha(runs[m] / r["harness"]) for r in rows(runs[m] / "weights" / "metrics.jsonl")[:n])
+    prefixes = {tuple(files.file_sha(runs[m] / r["harness"]) for r in rows(runs[m] / "weights" / "metrics.jsonl")[:n])
                 for m in methods for n in range(1, 5)}
     assert len(executed) == len(prefixes) < 4 * 4
     assert executed[:4] == ["weight-only"] * 4 and "stagewise" not in executed  # stagewise: weight-only's phases
@@ -279,8 +280,9 @@ def test_runs_on_one_policy_compute_what_they_compute_on_fresh_ones(tmp_path, fa
     policy = whale.load_policy(runs[0])
     served_base = []
     policy.backend.serve_base = lambda: served_base.append(policy.has_adapter)
-    for args in runs:
-        whale.run(args, policy=policy)  # no donors: each run computes all of its own phases
+    domain = whale.domains.get("math")
+    for args in runs:  # no donors: each run computes all of its own phases
+        whale.run(run_config(args, whale.domains.data_flags()), domain, whale.start_run(args, policy))
     assert served_base == [False, False]  # at each start, after the adapter was dropped
     for method in methods:
         assert_same_record(record(tmp_path / "results" / "smoke" / "math" / method), record(tmp_path / "alone" / method),
@@ -337,9 +339,9 @@ def test_a_run_interrupted_anywhere_resumes_to_the_same_result(tmp_path, fake, m
     out = tmp_path / "interrupted"
     points = [(whale.meta_harness, "search", 1, False),  # phase 2's search done, its winner not recorded
               (whale.rft.RSFT, "step", 1, False),  # mid weight phase 3, its first step checkpointed
-              (reuse, "snapshot_weights", 1, True),  # phase 3: its last RSFT step checkpointed, state not saved
-              (RunState, "log_eval", 2, False),  # phase 3 evaluated and logged, state not saved
-              (RunState, "save", 1, False)]  # phase 3 saved, no summary yet
+              (memo, "snapshot_weights", 1, True),  # phase 3: its last RSFT step checkpointed, state not saved
+              (Memo, "log_eval", 2, False),  # phase 3 evaluated and logged, state not saved
+              (Memo, "save", 1, False)]  # phase 3 saved, no summary yet
     for owner, name, call, before in points:
         with monkeypatch.context() as m:
             interrupt(m, owner, name, call, before)
@@ -407,21 +409,26 @@ def test_an_evaluation_is_reused_only_when_weights_harness_and_settings_match(tm
     other.write_text(HARNESS.replace("Answer: ", "Reply: "))
     a, b = (whale.parse_args(["--domain", "math", "--preset", "smoke", "--k", "2", "--out", str(tmp_path / n)])[0]
             for n in "ab")
-    stats = whale.evaluate_test(a, None, Domain(), str(harness), "phase_0", "base", [])
+    def evaluate_test(args, harness, tag, weights, donors):
+        test = run_config(args, whale.domains.data_flags()).test
+        return Memo(args.out, donors, harness, 0, 0).evaluation(
+            tag, weights, harness, test, lambda h, traces: whale.evaluate_test(None, Domain(), h, test, traces))
+
+    stats = evaluate_test(a, str(harness), "phase_0", "base", [])
     saved = json.loads((tmp_path / "a" / "evals" / "phase_0.json").read_text())
     assert saved["per_task"] == {"a": 1.0, "b": 0.0} and saved["stats"] == stats and len(made) == 1
-    assert whale.evaluate_test(a, None, Domain(), str(harness), "phase_0", "base", []) == stats and len(made) == 1
+    assert evaluate_test(a, str(harness), "phase_0", "base", []) == stats and len(made) == 1
     # another run of the command: the same evaluation is copied with its traces, not redone
-    assert whale.evaluate_test(b, None, Domain(), str(harness), "phase_0", "base", [a.out]) == stats
+    assert evaluate_test(b, str(harness), "phase_0", "base", [a.out]) == stats
     assert len(made) == 1 and (tmp_path / "b" / "evals" / "phase_0.traces.jsonl").read_text() == '{"task_id": "a"}\n' * 4
     # and within the run: the same state after a later phase
-    whale.evaluate_test(a, None, Domain(), str(harness), "phase_1", "base", [])
+    evaluate_test(a, str(harness), "phase_1", "base", [])
     assert len(made) == 1
     # other weights, another harness content, or other settings: evaluated anew
-    whale.evaluate_test(b, None, Domain(), str(harness), "phase_1", "adapter 1234", [a.out])
-    whale.evaluate_test(b, None, Domain(), str(other), "phase_2", "base", [a.out])
+    evaluate_test(b, str(harness), "phase_1", "adapter 1234", [a.out])
+    evaluate_test(b, str(other), "phase_2", "base", [a.out])
     c = whale.parse_args(["--domain", "math", "--preset", "smoke", "--k", "3", "--out", str(tmp_path / "c")])[0]
-    whale.evaluate_test(c, None, Domain(), str(harness), "phase_0", "base", [a.out, b.out])
+    evaluate_test(c, str(harness), "phase_0", "base", [a.out, b.out])
     assert made == [(str(harness), 2), (str(harness), 2), (str(other), 2), (str(harness), 3)]
 
 
@@ -431,8 +438,8 @@ def test_weights_id_ignores_the_order_peft_writes_target_modules_in(tmp_path):
     a.write_text(json.dumps({"r": 16, "target_modules": ["q_proj", "v_proj", "o_proj"]}))
     b.write_text(json.dumps({"target_modules": ["o_proj", "q_proj", "v_proj"], "r": 16}))
     c.write_text(json.dumps({"r": 8, "target_modules": ["q_proj", "v_proj", "o_proj"]}))
-    assert reuse.adapter_config_sha(a) == reuse.adapter_config_sha(b) != reuse.adapter_config_sha(c)
-    assert reuse.adapter_config_sha(tmp_path / "none").startswith("missing: ")
+    assert files.adapter_config_sha(a) == files.adapter_config_sha(b) != files.adapter_config_sha(c)
+    assert files.adapter_config_sha(tmp_path / "none").startswith("missing: ")
 
 
 def test_weights_that_no_rsft_step_updated_count_as_the_base_model(tmp_path):
@@ -507,7 +514,7 @@ def test_test_evals_ends_evaluates_the_start_and_the_last_phase_only_and_resumes
     whale.main(argv + ["--out", str(tmp_path / "every")])
     ends = argv + ["--test-evals", "ends", "--out", str(tmp_path / "ends")]
     with monkeypatch.context() as m:
-        interrupt(m, RunState, "log_eval", 2)  # phase 1 logged without an evaluation, state not saved
+        interrupt(m, Memo, "log_eval", 2)  # phase 1 logged without an evaluation, state not saved
         with pytest.raises(Interrupt):
             whale.main(ends)
     whale.main(ends)
