@@ -1,12 +1,14 @@
 """The paper preset against the official code (docs/fidelity.md): searchqa's harness set as the official builder
-draws it."""
+draws it; a paper chess candidate changes only what the official contract lets it."""
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
 import domains
 from lib import paper_data
+from lib.contract import static_check
 
 
 def paper_args(*argv):
@@ -59,3 +61,52 @@ def test_official_processed_nq_counts_as_nq():
     train = [{"id": f"q{i}", "question": f"q{i}?", "answers": ["a"], "source": s}
              for i, s in enumerate(["searchR1_nq", "searchR1_hotpotqa", "nq"])]
     assert [t["id"] for t in paper_data.searchqa_harness(train)] == ["q0", "q2"]
+
+
+# -----------------------------------------------------------------------------
+# chess: the official contract (the runner owns the loop; a candidate changes the hooks and limits)
+
+H0 = Path(__file__).resolve().parents[1] / "harnesses" / "paper" / "chess.py"
+
+
+def with_edit(old, new, source=None):
+    source = source or H0.read_text()
+    assert old in source
+    return source.replace(old, new, 1)
+
+
+def test_a_chess_candidate_may_change_the_official_hooks_and_limits():
+    h0 = H0.read_text()
+    assert static_check(h0, h0, domain="chess") is None
+    for old, new in (('"You solve chess tactics', '"You are a careful chess solver. You solve chess tactics'),
+                     ("Do not include explanation.", "Think, then give only the move."),
+                     ('rows = ["Task: solve', 'rows = ["Task (one move at a time): solve'),  # the observation
+                     ('for pattern in (rf"<move>', 'for pattern in (rf"<move>\\s*<move>({UCI})</move>\\s*</move>", rf"<move>'),
+                     ("FORMAT_RETRY_BUDGET = 1", "FORMAT_RETRY_BUDGET = 3"), ("MAX_TURNS = 9", "MAX_TURNS = 18")):
+        assert static_check(with_edit(old, new), h0, domain="chess") is None, new
+    helper = with_edit("def board_rows(fen):", "def compact(text):\n    return text.strip()\n\n\ndef board_rows(fen):")
+    assert static_check(helper, h0, domain="chess") is None
+
+
+def test_a_chess_candidate_that_changes_the_loop_is_refused_in_one_line():
+    h0 = H0.read_text()
+    two_calls = with_edit("        reply = llm(messages)\n", "        reply = llm(messages)\n        reply = llm(messages + "
+                          "[{'role': 'assistant', 'content': reply}, {'role': 'user', 'content': 'Check it.'}])\n")
+    reason = static_check(two_calls, h0, domain="chess")
+    assert reason.startswith("runner-owned: changes run (line ") and "\n" not in reason
+    assert "change only the other names (chess: the prompts, observation, parse_action, the retry budgets and MAX_TURNS)" in reason
+    for candidate, name in ((with_edit("({san}). Continue with the next move.", "({san}). Next move?"), "CONTINUE_MESSAGE"),
+                            (h0 + "\n\ndef range(n):\n    return [0] * 50\n", "range"),  # a loop by another name
+                            (h0 + "\nrun = lambda task, llm, tools: {'answer': None}\n", "run"),
+                            (with_edit("import re\n", "import re\nimport json as re\n"), "re"),
+                            (with_edit('UCI = r"', 'UCI = r".*|'), "UCI"),
+                            (with_edit('RUNNER_OWNS = ("run", ', 'RUNNER_OWNS = ('), "RUNNER_OWNS")):
+        assert static_check(candidate, h0, domain="chess").startswith(f"runner-owned: changes {name} (line "), name
+
+
+def test_harnesses_without_runner_owns_keep_their_contract():
+    """The cpu and smoke chess h0 (harnesses/chess.py) declares nothing: a candidate may still rewrite its run."""
+    cpu = (H0.parents[1] / "chess.py").read_text()
+    assert "RUNNER_OWNS" not in cpu
+    assert static_check(cpu.replace("def run(task, llm, tools):", "def run(task, llm, tools):\n    llm([])", 1), cpu,
+                        domain="chess") is None
