@@ -55,8 +55,9 @@ from lib.subsets import seeded_sample
 
 def add_sampling_args(p):
     """Sampling and runner flags, shared by every script that runs episodes."""
-    # sampling (paper: temperature 1.0, top-k 20, for training and test alike; its top-p 1.0 is no
-    # filter, which is every backend's default, so there is no flag for it) and the runner
+    # sampling (paper: temperature 1.0, top-k 20, top-p 1.0, for training and test alike; top-p has no
+    # flag: the engines always send the official 1.0, lib/engines.py TOP_P, because a `vllm serve` fills a
+    # missing one from the model's generation_config.json) and the runner
     p.add_argument("--temperature", type=nonnegative_float, default=1.0, help="0 = greedy")
     p.add_argument("--top-k", type=nonnegative_int, default=20, help="0 = off")
     p.add_argument("--max-new-tokens", type=positive_int, default=256, help="cap per llm() call")

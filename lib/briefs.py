@@ -100,5 +100,9 @@ scores):
 What a candidate may do: present the visible position better (board, FEN, legal moves, history, the last
 reply), parse the model's reply more robustly (tags, brackets, a bare move, promotion case, ambiguity),
 check a move only against the legal moves shown, and retry a malformed or illegal move with short, clear
-feedback. Weak changes: a word or punctuation, or a retry budget alone without better feedback.""",
+feedback. Weak changes: a word or punctuation, or a retry budget alone without better feedback.
+Where the harness lists `RUNNER_OWNS` (the paper and gpu presets' chess h0, as the official runner), those names
+are the runner's: its loop, the conversation and the verifier's messages stay exactly as they are, and a
+candidate that changes one is refused; the prompts, the observation, the parser, the retry budgets and
+MAX_TURNS are yours.""",
 }

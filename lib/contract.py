@@ -1,7 +1,7 @@
 """The harness contract: what a harness file may be. One allowlist of imports, one list of forbidden names,
 the size cap, and the two gates built on them: `check_harness`, the episode runner's check of a file (it
 raises, naming the file, the line and the fix), and `static_check`, the search's verdict on a candidate
-(a reason string; stricter: names, dunders, size, --prompt-only). Plus what --prompt-only compares
+(a reason string; stricter: names, dunders, size, the parent's RUNNER_OWNS, --prompt-only). Plus what --prompt-only compares
 (`strings_blanked`) and what counts as a duplicate (`normalized`)."""
 
 import ast
@@ -19,6 +19,10 @@ MAX_HARNESS_CHARS = 100_000
 # modules a chess harness could choose moves with (a chess library, an engine it would start): the official
 # skill's hard ban, named in the verdict; the allowlist refuses every other import anyway
 CHESS_ENGINE_MODULES = ("chess", "stockfish", "subprocess")
+# a harness may list the names that belong to the runner, not to the search (the paper chess h0: the official
+# runner's loop and verifier messages, C/autoharness_chess_puzzle/runner.py): a candidate of such a parent binds
+# each of them exactly as the parent does, the list itself included (`owned_change`)
+RUNNER_OWNS = "RUNNER_OWNS"
 PROMPT_KNOBS = ("PROMPT", "TEMPLATE")  # a prompt knob's name is one of these or ends in _PROMPT / _TEMPLATE
 
 
@@ -174,10 +178,51 @@ def static_check(source, parent_source=None, prompt_only=False, domain=None):
     found = skill_misfit(tree)
     if found:
         return f"{found[1]} (line {found[0]})"
+    found = owned_change(tree, parent_source)
+    if found:
+        return (f"runner-owned: changes {found[0]} (line {found[1]}), which the parent's {RUNNER_OWNS} keeps as the "
+                "runner's: change only the other names (chess: the prompts, observation, parse_action, the retry "
+                "budgets and MAX_TURNS)")
     if prompt_only and parent_source is not None and strings_blanked(source) != strings_blanked(parent_source):
         return ("prompt-only violation: the candidate changes more than its parent's prompt text (top-level "
                 "*_PROMPT / *_TEMPLATE string constants and docstrings)")
     return None
+
+
+def owned_change(tree, parent_source):
+    """(name, line) of the first name of the parent's RUNNER_OWNS that the candidate binds otherwise than the parent
+    does (a name the parent never binds, such as a builtin its loop calls, stays unbound), else None. None as well
+    when the parent lists none or does not parse."""
+    try:
+        parent = ast.parse(parent_source or "")
+    except SyntaxError:
+        return None
+    owned = [n.value for n in parent.body if isinstance(n, ast.Assign) and len(n.targets) == 1
+             and isinstance(n.targets[0], ast.Name) and n.targets[0].id == RUNNER_OWNS]
+    if not owned:
+        return None
+    try:
+        names = [RUNNER_OWNS, *ast.literal_eval(owned[-1])]
+    except (ValueError, TypeError, SyntaxError):
+        return None
+    for name in names:
+        theirs, ours = binding_statements(parent, name), binding_statements(tree, name)
+        if [ast.dump(n) for n in theirs] != [ast.dump(n) for n in ours]:
+            changed = next((o for t, o in zip(theirs, ours) if ast.dump(t) != ast.dump(o)), (ours or [tree])[-1])
+            return name, getattr(changed, "lineno", 1)
+    return None
+
+
+def binding_statements(tree, name):
+    """The top-level statements that bind `name` anywhere inside them (a def, an assignment or deletion, an import,
+    a global declaration, an except ... as), in file order."""
+    def binds(node):
+        return (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name
+                or isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load)
+                or isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) == name
+                or isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names
+                or isinstance(node, ast.ExceptHandler) and node.name == name)
+    return [stmt for stmt in tree.body if any(binds(n) for n in ast.walk(stmt))]
 
 
 def strings_blanked(source):

@@ -5,7 +5,8 @@ the bundled shape (searchqa's retrievers over Wikipedia 2018: lib/retriever.py).
 - searchqa: train = a seeded sample of Search-R1's merged NQ + HotpotQA set, the docs' 18,946 questions, each
   source keeping its share (the official builder is not public); test = its seven test sets from the FlashRAG
   collection (nq, triviaqa, popqa: test; hotpotqa, 2wikimultihopqa, musique: dev; bamboogle: test), a seeded
-  100 per set, each task naming its set in `source`.
+  100 per set, each task naming its set in `source`; harness = D_harness as the official builder draws it
+  (searchqa_harness): 256 NQ rows of D_weight, seed 42.
 - math: train = DAPO-Math-17K, its prompt as the release writes it (the official training prompt keeps DAPO's
   own "Answer: $Answer" instruction: the ReTool recipe adds its \\boxed line and the official prompt hook takes
   off only that line), one row per problem id: the release stores its 17,917 problems 100 times over; test =
@@ -39,6 +40,12 @@ MATH_TRAIN = "BytedTsinghua-SIA/DAPO-Math-17k"
 MATH_TEST = ("Maxwell-Jia/AIME_2024:train", "yentinglin/aime_2025:train")
 CHESS_PUZZLES = "Lichess/chess-puzzles"
 PAPER_SPLIT_SEED = 0
+# D_harness as the official builder writes it (krafton-ai/WHALE domains/search_qa/scripts/data_process/
+# build_meta_harness_nq_256.py): NQ rows of the training set only, one per question, 256, seed 42. NQ is "nq"
+# in the hub set, "searchR1_nq" in the official processed parquet
+SEARCHQA_HARNESS_SOURCES = ("nq", "searchR1_nq")
+SEARCHQA_HARNESS_SIZE = 256
+SEARCHQA_HARNESS_SEED = 42
 # chess, as the official grpo_dataset.py: buckets in its order (its mh_val is our harness split), seed 42
 CHESS_BUCKETS = (("harness", 256), ("test", 1024), ("train", 16_384))
 CHESS_TEST_SIZE = 256  # drawn from the test bucket; the official selection rule is not public
@@ -181,6 +188,21 @@ def load_searchqa(split, train_name=SEARCHQA_TRAIN, test_name=SEARCHQA_TEST, tes
         rows = [t for i, r in enumerate(read_rows(test_name, config, set_split or "test")) if (t := searchqa_task(r, config, i))]
         tasks += random.Random(f"{seed}-{config}").sample(rows, min(per_set, len(rows)))
     return tasks
+
+
+def searchqa_harness(train, size=SEARCHQA_HARNESS_SIZE, seed=SEARCHQA_HARNESS_SEED):
+    """searchqa's D_harness, as the official builder draws it: the NQ rows of D_weight (`train`), one per question,
+    `size` of them drawn with `seed` (all when fewer). The builder keeps 128 earlier NQ rows (mh_nq_single_128, not
+    public) and draws the other 128 with seed 42; here all 256 are drawn with it."""
+    nq, seen = [], set()
+    for task in train:
+        if task["source"] in SEARCHQA_HARNESS_SOURCES and task["question"] not in seen:
+            seen.add(task["question"])
+            nq.append(task)
+    if not nq:
+        raise ValueError("--data paper: searchqa's harness set is the NQ rows of the train set (data_source "
+                         f"{' or '.join(SEARCHQA_HARNESS_SOURCES)}), and it has none: pass a --searchqa-train with NQ rows")
+    return nq if len(nq) <= size else random.Random(seed).sample(nq, size)
 
 
 def load_math(split, train_name=MATH_TRAIN, test_names=MATH_TEST):

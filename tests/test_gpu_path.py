@@ -469,7 +469,8 @@ def test_searchqa_train_is_a_seeded_sample_keeping_the_sources_shares(monkeypatc
     args = paper_args("--wiki", "unused.jsonl", "--searchqa-train-size", "300")
     domain = domains.get("searchqa", args)
     train, harness = domain.load("train"), domain.load("harness")
-    assert len(train) == 300 and len(harness) == 256 and {t["id"] for t in harness} <= {t["id"] for t in train}
+    assert len(train) == 300 and {t["id"] for t in harness} <= {t["id"] for t in train}
+    assert {t["source"] for t in harness} == {"nq"} and len(harness) == sum(t["source"] == "nq" for t in train)  # tests/test_fidelity.py
     assert paper_data.SEARCHQA_TRAIN_SIZE == 18_946
 
 

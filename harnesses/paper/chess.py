@@ -13,6 +13,12 @@ at the first level found are ambiguous. One format retry (no single valid UCI mo
 retry per puzzle; a legal wrong move ends it. At most MAX_TURNS model calls (the runner caps any harness at
 18, and each kind of retry at 10). The harness never picks a move: it only forwards the model's move to
 tools.move. An empty reply means the episode's tokens or calls are spent: the puzzle ends there.
+
+The official contract (the chess skill's "Harness Contract", C/meta_harness/skills/meta-harness-chess-puzzle/
+SKILL.md; run_puzzle_rollout and verify_and_step in C/autoharness_chess_puzzle/runner.py): the runner owns the
+loop, the conversation and the verifier's messages; a candidate changes the prompts, the observation, the move
+parser, the two retry budgets and MAX_TURNS (the runner caps them at 10 and 18). So the search keeps the names
+in RUNNER_OWNS exactly as they are here (lib/contract.py refuses a candidate that changes one).
 """
 import re
 
@@ -25,6 +31,10 @@ USER_PROMPT = ("Solve the current chess puzzle position.\n\n{observation}\n\n"
 FORMAT_RETRY_BUDGET = 1
 ILLEGAL_MOVE_RETRY_BUDGET = 1
 MAX_TURNS = 9  # model calls, retries included: the longest solution line of the official splits
+
+# the official runner's part of this file: its loop (run, and the builtins and module run calls), the move shape
+# it checks and its verifier's messages; a candidate must leave these names as they are
+RUNNER_OWNS = ("run", "range", "re", "UCI", "CONTINUE_MESSAGE", "FORMAT_NUDGE", "ILLEGAL_NUDGE")
 
 # the official runner's verifier messages, which the model reads back in the conversation
 CONTINUE_MESSAGE = "Correct. Opponent replied {uci} ({san}). Continue with the next move."
