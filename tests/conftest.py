@@ -38,6 +38,7 @@ SLOW = {
     "test_reporting.py::test_whale_run_reports_rsft_steps_harness_rounds_and_test_phases",
     "test_rft.py::test_learning_raises_the_training_reward",
     "test_rft.py::test_resume_matches_an_uninterrupted_run_and_counts_accepted_rollouts",
+    "test_run_all.py::test_a_failed_domain_leaves_the_others_to_finish_and_the_rerun_does_only_it",
     "test_run_folder.py::test_a_damaged_file_that_can_be_rebuilt_is_rebuilt_exactly",
     "test_run_folder.py::test_a_damaged_file_that_cannot_be_rebuilt_is_one_line_and_the_folder_stays_as_it_is",
     "test_run_folder.py::test_a_lost_evaluation_after_a_weight_phase_is_rerun_under_the_snapshot_that_ended_it",

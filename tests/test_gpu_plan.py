@@ -2,6 +2,7 @@
 whale.py --plan prints each run's hours, the memory plan counts what it says, and run_all.sh picks gpu on a GPU.
 No GPU, model or dataset: the estimate is arithmetic on model configs and whale.py's plan."""
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -177,7 +178,8 @@ def test_interval_halfwidth_is_between_the_binomial_of_tasks_and_of_samples():
 
 def run_all_preset(tmp_path, cuda, **env):
     """run_all.sh's preset choice with a stub `python` (every call logged, lib/driver.py's preset answering gpu
-    when `cuda`; what it answers on a real machine: tests/test_driver.py)."""
+    when `cuda`; what it answers on a real machine: tests/test_driver.py). A copy of run_all.sh in tmp_path runs
+    there, so the logs it writes under results/ stay out of the repository."""
     log = tmp_path / "calls.log"
     stub = tmp_path / "python"
     stub.write_text('#!/usr/bin/env bash\necho "$*" >> "$STUB_LOG"\n'
@@ -186,7 +188,8 @@ def run_all_preset(tmp_path, cuda, **env):
     stub.chmod(0o755)
     env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "VIRTUAL_ENV": str(tmp_path), "STUB_LOG": str(log),
            "STUB_CUDA_RC": "0" if cuda else "1", "DOMAINS": "math", "ADAPTIVE": "0", "HOME": str(tmp_path), **env}
-    done = subprocess.run(["bash", os.path.join(ROOT, "run_all.sh")], env=env, capture_output=True, text=True,
+    shutil.copy(os.path.join(ROOT, "run_all.sh"), tmp_path)
+    done = subprocess.run(["bash", str(tmp_path / "run_all.sh")], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
     calls = log.read_text().splitlines()
