@@ -43,6 +43,7 @@ SLOW = {
     "test_run_folder.py::test_a_damaged_file_that_cannot_be_rebuilt_is_one_line_and_the_folder_stays_as_it_is",
     "test_run_folder.py::test_a_lost_evaluation_after_a_weight_phase_is_rerun_under_the_snapshot_that_ended_it",
     "test_sandbox.py::test_rollout_leaves_no_sandbox_behind",
+    "test_scripts.py::test_every_shell_script_parses_and_every_python_script_answers_help",
     "test_sandbox.py::test_runner_killed_with_sigkill_leaves_no_sandbox_behind",
     "test_whale.py::test_a_rerun_with_other_settings_is_refused_with_one_line",
     "test_whale.py::test_a_run_interrupted_anywhere_resumes_to_the_same_result",
