@@ -3,6 +3,7 @@
     python -m pytest -q tests/test_rollout.py
 """
 import errno
+import http.server
 import json
 import os
 import signal
@@ -391,11 +392,15 @@ def run(task, llm, tools):
 
 
 class RetrieverDomain(FakeDomain):
-    """searchqa's real wiki search tool, through a retrieval server that refuses every connection (port 9)."""
+    """searchqa's real wiki search tool, through a retrieval server at `url`: by default one that refuses every
+    connection (port 9). Its retry is sent at once."""
     TOOL_METHODS = ("search",)
 
+    def __init__(self, url="http://127.0.0.1:9/retrieve"):
+        self.url = url
+
     def tools(self, task):
-        return domains.WikiSearchTools(retriever.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5))
+        return domains.WikiSearchTools(retriever.RetrieverClient(self.url, timeout=5, retry_wait=0))
 
 
 @pytest.fixture
@@ -448,6 +453,36 @@ def test_a_tool_server_that_refuses_is_an_infrastructure_failure(backend, tmp_pa
     # the harness never saw a "Search error" to score: the episode ended as the machine's failure
     assert all(e["error"].startswith("infrastructure: tools.search: retrieval server http://127.0.0.1:9/retrieve "
                                      "failed") and e["answer"] is None and e["reward"] == 0.0 for e in eps), eps
+    assert rollout.BUDGET.counts()["infra_failures"] == 2
+
+
+def test_a_malformed_retriever_reply_is_an_infrastructure_failure(backend, tmp_path, monkeypatch):
+    """A server that answers, but not as Search-R1's does (here one hit list for every batch of queries): the
+    episode is the machine's failure, counted by the budget, never a "Search error" for the harness to read."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"result": [[{"document": {"contents": '"A"\nb'}}]] * 5}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(rollout.BUDGET, "share", 1.0)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/retrieve"
+        eps = rollout.run_episodes(RetrieverDomain(url), write(tmp_path, "search.py", SEARCHES),
+                                   FakeDomain().load("t", 2), backend, max_new_tokens=2)
+    finally:
+        server.shutdown()
+    assert all(e["error"].startswith(f"infrastructure: tools.search: retrieval server {url} sent a malformed "
+                                     "reply (ValueError: 5 hit lists for 1 queries)") and e["reward"] == 0.0
+               for e in eps), eps
     assert rollout.BUDGET.counts()["infra_failures"] == 2
 
 

@@ -114,14 +114,14 @@ def check_retriever(args):
 
 def check_retriever_url(url):
     """One query, sent by the client the run uses (Search-R1's POST /retrieve: queries, topk, return_scores)."""
-    try:
-        hits = retriever.RetrieverClient(url, timeout=TIMEOUT_S).search_batch([PROBE_QUERY], k=1)
-    except RuntimeError as e:  # unreachable, refused, HTTP error: the client's own one-line message
-        raise Failed(f"{e} (Search-R1's server: `{retriever.SEARCH_R1_SERVER}`), or {retriever.SKIP_SEARCHQA}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        raise Failed(f"{url} answered, but not as Search-R1's /retrieve does ({type(e).__name__}: {e}): it must "
+    try:  # asked once: the run's retry is for a connection that drops, this check for a server that is there
+        hits = retriever.RetrieverClient(url, timeout=TIMEOUT_S, retry_wait=None).search_batch([PROBE_QUERY], k=1)
+    except retriever.MalformedReply as e:
+        raise Failed(f"{url} answered, but not as Search-R1's /retrieve does ({e.cause}): it must "
                      'return {"result": [[{"document": {"contents": ...}, "score": ...}, ...], ...]}; point '
                      "--retriever-url at Search-R1's retrieval_server.py (the URL ends in /retrieve)") from None
+    except RuntimeError as e:  # unreachable, refused, HTTP error: the client's own one-line message
+        raise Failed(f"{e} (Search-R1's server: `{retriever.SEARCH_R1_SERVER}`), or {retriever.SKIP_SEARCHQA}") from None
     if len(hits) != 1 or not hits[0]:
         raise Failed(f"{url} returned no passage for a test query (result {hits!r:.80}): check the server's index "
                      "and corpus (Search-R1's retrieval_server.py --index_path, --corpus_path)")
