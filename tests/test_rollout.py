@@ -7,6 +7,7 @@ import http.server
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -339,6 +340,29 @@ def run(task, llm, tools):
     assert eps[0]["answer"][1] != eps[1]["answer"][1]
     again = rollout.run_episodes(FakeDomain(), path, [task, task], backend, max_new_tokens=8)
     assert [e["answer"] for e in again] == [e["answer"] for e in eps]  # and both stay reproducible
+
+
+def test_the_pool_raises_the_open_file_limit_and_serves_descriptors_past_1023():
+    """A process started with a soft limit of 256 under a higher hard one: the pool's first order raises the
+    soft limit to the hard one, and a worker whose pipes lie above 1,023 (past select's reach) still becomes
+    ready through wait_ready."""
+    code = """if True:
+        import os, resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        from lib import worker_pool
+        pool = worker_pool.Pool()
+        pool.order(1)
+        held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the next pipes open above 1,023
+        pool.order(1)
+        pool.wait_ready()
+        want = worker_pool.NR_OPEN if hard == resource.RLIM_INFINITY else hard
+        print(resource.getrlimit(resource.RLIMIT_NOFILE)[0] == want, [w.ready for w in pool.idle],
+              max(w.rfd for w in pool.idle) > 1023)
+        pool.close()
+    """
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "[True,", "True]", "True"], done.stderr[-2000:]
 
 
 def test_pool_keeps_warm_workers_across_calls_and_uses_each_once(backend, tmp_path):
