@@ -359,10 +359,12 @@ def test_the_pool_raises_the_open_file_limit_and_serves_descriptors_past_1023():
         want = worker_pool.NR_OPEN if hard == resource.RLIM_INFINITY else hard
         print(resource.getrlimit(resource.RLIMIT_NOFILE)[0] == want, [w.ready for w in pool.idle],
               max(w.rfd for w in pool.idle) > 1023)
+        print(pool.errors)  # a start the kernel refused (a loaded machine), to read when this fails
         pool.close()
     """
-    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["True", "[True,", "True]", "True"], done.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[:1] == ["True [True, True] True"], done.stdout + done.stderr[-2000:]
 
 
 def test_pool_keeps_warm_workers_across_calls_and_uses_each_once(backend, tmp_path):
