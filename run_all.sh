@@ -8,6 +8,10 @@
 # a three-seed one. Finished runs are skipped, killed ones resume. Arguments go to every whale.py call, e.g. searchqa's
 # retriever on the paper's data: PRESET=gpu bash run_all.sh --retriever-url http://127.0.0.1:8010/retrieve (or
 # --wiki FILE). A finished run is skipped whatever they are; one that resumes refuses settings that changed.
+# A failed process (an OOM, a retriever outage) does not stop the night: the next domain starts, the report holds
+# what finished, and the end lists each failure with its last line and its log (results/<preset>/[seed-<n>/]logs/
+# <domain>.log, every process's output beside the terminal's); the exit status is then 1 and a rerun resumes only
+# what did not finish.
 set -euo pipefail
 cd "$(dirname "$0")"
 # the environment install.sh filled: an active venv or conda env, else .venv/ (no activation needed)
@@ -55,7 +59,21 @@ needs_run() {  # needs_run SEED DOMAIN RUN_DIR: false (and says so) when the run
   fi
 }
 
+failed=()  # one line per failed process: what it ran, its exit status, its last line, its log
+run_logged() {  # run_logged LABEL LOG COMMAND...: the command's output to the terminal and LOG; a failure is noted
+  local label=$1 log=$2 rc=0
+  shift 2
+  mkdir -p "$(dirname "$log")"
+  echo "== run_all.sh $(date '+%F %T'): $*" >> "$log"
+  PYTHONUNBUFFERED=1 "$@" 2>&1 | tee -a "$log" || rc=$?  # unbuffered: the log keeps the terminal's order
+  [ "$rc" = 0 ] || failed+=("$label: exit $rc: $(tail -n 1 "$log") (log: $log)")
+}
+# Ctrl-C stops the night, not only the run in progress
+trap 'echo "run_all.sh: interrupted; rerun the same command to resume" >&2; exit 130' INT
+
 for seed in $SEEDS; do
+  logs="results/$PRESET/logs"
+  [ "$seed" = 0 ] || logs="results/$PRESET/seed-$seed/logs"
   for domain in $DOMAINS; do
     todo=()
     for method in $METHODS; do
@@ -64,10 +82,22 @@ for seed in $SEEDS; do
     # the methods of a domain share one process: the model and engine load once, and the phases and evaluations
     # they have in common are computed once (lib/ops/reuse.py)
     run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed" "$@")
-    if [ ${#todo[@]} -gt 0 ]; then "${run[@]}" --method "${todo[@]}"; fi
+    if [ ${#todo[@]} -gt 0 ]; then
+      run_logged "seed $seed, $domain, ${todo[*]}" "$logs/$domain.log" "${run[@]}" --method "${todo[@]}"
+    fi
     if [ "$ADAPTIVE" = 1 ] && [ "$domain" != chess ] && needs_run "$seed" "$domain" whale-adaptive; then
-      "${run[@]}" --method whale --schedule adaptive
+      run_logged "seed $seed, $domain, whale-adaptive" "$logs/$domain-adaptive.log" \
+        "${run[@]}" --method whale --schedule adaptive
     fi
   done
 done
-python report.py --preset "$PRESET"
+reported=1
+python report.py --preset "$PRESET" || reported=0
+if [ ${#failed[@]} -gt 0 ]; then
+  held=""
+  [ "$reported" = 0 ] || held="the report holds what finished; "
+  echo "run_all.sh: ${#failed[@]} of the night's processes failed; ${held}rerun the same command to resume only" \
+    "what did not finish:" >&2
+  printf '  FAIL %s\n' "${failed[@]}" >&2
+fi
+[ ${#failed[@]} = 0 ] && [ "$reported" = 1 ] || exit 1

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 MIN_DRIVER = 580  # CUDA 13.0's minimum Linux driver (NVIDIA's CUDA toolkit release notes)
+CUDA_13 = 13000  # cuDriverGetVersion's number for CUDA 13.0
 DRIVER_FIX = ("install an NVIDIA driver of the 580 branch or newer (your distribution's package, or NVIDIA's CUDA 13 "
               "driver), reboot, and rerun; or rent a machine that has one")
 
@@ -34,12 +35,28 @@ def major(version):
         return None
 
 
+def libcuda_version():
+    """The CUDA version the libcuda this process loads runs (cuInit, then cuDriverGetVersion: 13000 for 13.0), or
+    None where it does not load or start. A forward-compatibility package (cuda-compat, as NGC containers ship)
+    runs CUDA 13 on a data-centre GPU whose kernel driver's number is below 580: only libcuda can say so."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    version = ctypes.c_int(0)
+    if lib.cuInit(0) != 0 or lib.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return None
+    return version.value
+
+
 def driver_problem(found):
-    """One line naming the fix when the driver is older than the CUDA 13 wheels need, else None."""
+    """One line naming the fix when the driver is older than the CUDA 13 wheels need (and no forward-compatibility
+    libcuda runs CUDA 13 on it), else None."""
     if not found:
         return None
     name, version = found[0]
-    if major(version) is not None and major(version) < MIN_DRIVER:
+    if major(version) is not None and major(version) < MIN_DRIVER and (libcuda_version() or 0) < CUDA_13:
         return (f"NVIDIA driver {version} ({name}) is older than the CUDA 13 builds of torch 2.14.0 and vllm 0.33.0 "
                 f"need (>= {MIN_DRIVER}), so torch would see no GPU: {DRIVER_FIX}")
     return None

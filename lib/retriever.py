@@ -51,13 +51,28 @@ def check_flags(args):
                          '{"id": ..., "contents": "\\"Title\\"\\ntext"}, as Search-R1\'s wiki-18.jsonl') from None
 
 
+RETRY_WAIT_S = 5.0  # before a failed request's one retry: a dropped connection or a server restarting
+
+
+class MalformedReply(InfrastructureError):
+    """The server answered, but not as Search-R1's /retrieve does: the machine's failure too (a proxy's error page,
+    another service on the port), never a tool result the harness reads. cause: what was wrong with it."""
+
+    def __init__(self, url, cause):
+        self.cause = cause
+        super().__init__(f"retrieval server {url} sent a malformed reply ({cause}); --retriever-url must be "
+                         "Search-R1's retrieval_server.py (the URL ends in /retrieve)")
+
+
 class RetrieverClient:
     """Search-R1's retrieval server: POST {"queries", "topk", "return_scores"} -> {"result": [[hit, ...], ...]}.
     One request at a time: the server answers from a thread pool and its FAISS GPU index is not thread-safe, so
-    the episodes' concurrent searches queue here and leave as one batch per request (search)."""
+    the episodes' concurrent searches queue here and leave as one batch per request (search). A failed request
+    is sent once more after retry_wait s (None: not again, as the preflight asks); a second failure fails every
+    query of its batch as InfrastructureError, which rollout's error budget counts."""
 
-    def __init__(self, url=RETRIEVER_URL, timeout=60.0):
-        self.url, self.timeout = url, timeout
+    def __init__(self, url=RETRIEVER_URL, timeout=60.0, retry_wait=RETRY_WAIT_S):
+        self.url, self.timeout, self.retry_wait = url, timeout, retry_wait
         self.sending = threading.Lock()  # held while a request is in flight
         self.queue, self.queue_lock = [], threading.Lock()
 
@@ -87,14 +102,36 @@ class RetrieverClient:
         return mine["hits"]
 
     def post(self, queries, k):
+        """Each query's passages, from one request or, after retry_wait s, its retry."""
         try:
-            result = web.request_json(self.url, {"queries": list(queries), "topk": k, "return_scores": True},
-                                      timeout=self.timeout)["result"]
-        except (web.URLError, OSError) as e:  # the machine's failure, not the harness's: never a tool result
+            return self.post_once(queries, k)
+        except InfrastructureError as e:
+            if self.retry_wait is None:
+                raise
+            print(f"retriever: {e}; sending the batch of {len(queries)} again in {self.retry_wait:g} s", flush=True)
+        time.sleep(self.retry_wait)
+        return self.post_once(queries, k)
+
+    def post_once(self, queries, k):
+        try:
+            reply = web.request(self.url, {"queries": list(queries), "topk": k, "return_scores": True},
+                                timeout=self.timeout)
+        except (web.URLError, OSError) as e:
             raise InfrastructureError(f"retrieval server {self.url} failed ({e}): start Search-R1's retrieval_server.py "
-                               "or pass --wiki PATH to search a corpus file with bm25s") from None
-        # with return_scores each hit is {"document": {...}, "score": s}; without, the document itself
-        return [[passage_text((h.get("document") or h)["contents"]) for h in hits] for hits in result]
+                                      "or pass --wiki PATH to search a corpus file with bm25s") from None
+        try:
+            return hits_of(json.loads(reply), len(queries))
+        except (KeyError, TypeError, AttributeError, ValueError) as e:  # ValueError: not JSON, too few lists
+            raise MalformedReply(self.url, f"{type(e).__name__}: {e}") from None
+
+
+def hits_of(reply, n):
+    """Search-R1's reply to n queries -> each query's passages. With return_scores each hit is {"document": {...},
+    "score": s}; without, the document itself."""
+    result = reply["result"]
+    if len(result) != n:
+        raise ValueError(f"{len(result)} hit lists for {n} queries")
+    return [[passage_text((h.get("document") or h)["contents"]) for h in hits] for hits in result]
 
 
 def open_text(path):

@@ -10,6 +10,7 @@ RLIMIT_AS).
 import atexit
 import os
 import queue
+import resource
 import select
 import selectors
 import subprocess
@@ -23,6 +24,9 @@ from lib.sandbox import kill as kill_sandbox, python, start_one_process
 WORKER_PY = str(Path(__file__).resolve().with_name("harness_process.py"))
 WORKER_MEMORY_SHARE = 0.25  # of the machine's RAM: one budget for all concurrent harness workers together
 WORKER_MEMORY_MAX = 2 << 30  # per worker, however few run at once
+FDS_PER_WORKER = 3  # the parent's descriptors of a started worker: its two pipe ends and its stderr file
+FDS_BESIDE_WORKERS = 1024  # CUDA's, vLLM's zmq sockets, the model's and the run's files (stated, not measured)
+NR_OPEN = 1 << 20  # Linux's default ceiling for a soft limit, where the hard one is unlimited
 
 
 def worker_memory_bytes(n_workers):
@@ -31,6 +35,32 @@ def worker_memory_bytes(n_workers):
     code: a bare interpreter each)."""
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return min(WORKER_MEMORY_MAX, int(ram * WORKER_MEMORY_SHARE) // max(n_workers, 1))
+
+
+def raise_open_file_limit():
+    """The soft RLIMIT_NOFILE up to the hard one, before any worker starts: a soft 1,024 (a common default under
+    a far higher hard limit) is spent by some 250 warm workers beside CUDA's and zmq's descriptors. -> (soft,
+    hard) now; a kernel that refuses leaves it as it was (the preflight names a hard limit that is too low)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = NR_OPEN if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def open_files_needed(n_workers):
+    return n_workers * FDS_PER_WORKER + FDS_BESIDE_WORKERS
+
+
+def readable(fd, timeout_s):
+    """fd has bytes (or its end) within timeout_s. poll, not select: select refuses descriptors above 1,023,
+    which a raised open-file limit hands out."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(timeout_s, 0) * 1000))
 
 
 class Worker:
@@ -105,6 +135,7 @@ class Pool:
         with self.lock:
             self.pending += max(n, 0)
             if self.thread is None:
+                raise_open_file_limit()
                 self.thread = threading.Thread(target=self.start_workers, name="whale-sandboxes", daemon=True)
                 self.thread.start()
         for _ in range(n):
@@ -175,7 +206,7 @@ class Pool:
         while self.pending and time.time() < end:
             time.sleep(0.002)
         for w in list(self.idle):
-            while not w.ready and b"\n" not in w.inbuf and select.select([w.rfd], [], [], max(end - time.time(), 0))[0]:
+            while not w.ready and b"\n" not in w.inbuf and readable(w.rfd, end - time.time()):
                 chunk = os.read(w.rfd, 4096)
                 w.inbuf += chunk
                 if not chunk:

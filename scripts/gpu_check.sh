@@ -28,10 +28,15 @@
 #   vllm-probe       the probe adapter every engine start checks, on Qwen3.5's real model class (a tiny random
 #                    Qwen3_5ForConditionalGeneration): the engine's outputs move as the trainer's
 # A check prints "skip" where what it needs is missing here: CUDA, the carried wheels, or vllm (install.sh --gpu).
+# Each check has CHECK_TIMEOUT_S (default 240 s; a vLLM start is most of it) and is a FAIL line past it, so the
+# whole fits one 10-minute command; the end prints the total time and the size of what was carried.
 set -u
 cd "$(dirname "$0")/.."
 # the environment install.sh filled: an active venv or conda env, else .venv/ (no activation needed)
 if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] && [ -x .venv/bin/python ]; then PATH="$PWD/.venv/bin:$PATH"; fi
+# a bare machine may have python3 only
+if ! command -v python > /dev/null; then python() { python3 "$@"; }; fi
+CHECK_TIMEOUT_S=${CHECK_TIMEOUT_S:-240}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="$PWD"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -48,13 +53,20 @@ cuda_or_skip() {  # cuda_or_skip NAME...: true on CUDA, else one skip line per n
   return 1
 }
 
-check() {  # check NAME FUNCTION: the function prints its own result lines; a crash becomes a FAIL line
-    local name=$1 fn=$2
-    if "$fn" > "$TMP/$name.out" 2> "$TMP/$name.err"; then
+check() {  # check NAME FUNCTION: the function prints its own result lines; a crash or a timeout becomes a FAIL line
+    local name=$1 fn=$2 start=$SECONDS rc=0
+    # in a shell of its own, so that timeout can end it with every process it started
+    timeout -k 10 "$CHECK_TIMEOUT_S" bash -c "$fn" > "$TMP/$name.out" 2> "$TMP/$name.err" || rc=$?
+    if [ "$rc" = 0 ]; then
         grep -E "^(ok|FAIL|skip) " "$TMP/$name.out" || echo "FAIL $name (no result line)"
     else
         grep -E "^(ok|FAIL|skip) " "$TMP/$name.out"
-        echo "FAIL $name ($(tr '\r' '\n' < "$TMP/$name.err" | grep -v '^\s*$' | tail -n 1))"
+        local last
+        last=$(tr '\r' '\n' < "$TMP/$name.err" | grep -v '^\s*$' | tail -n 1)
+        if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+            last="timed out after $((SECONDS - start)) s, CHECK_TIMEOUT_S=$CHECK_TIMEOUT_S${last:+; its last line: $last}"
+        fi
+        echo "FAIL $name ($last)"
     fi
 }
 
@@ -188,6 +200,10 @@ print(f"{'ok' if ok else 'FAIL'} vllm-sleep freed {(free_asleep - free_awake) / 
 EOF
 }
 
+# the checks run in shells of their own (check): they see these functions and variables
+export -f $(compgen -A function)
+export TMP HAVE_CUDA
+
 check imports imports
 check cuda cuda
 check hf-smoke hf_smoke
@@ -198,4 +214,6 @@ check sft-speed sft_speed
 check hf-decode hf_decode
 check vllm vllm_checks
 check vllm-probe vllm_probe
-echo "gpu_check.sh: $((SECONDS - START)) s"
+carried="the tree $(du -sk --exclude=.git --exclude=.venv --exclude=results --exclude=wheels . | cut -f1) KiB"
+[ -d wheels ] && carried="$carried, wheels/ $(du -sk wheels | cut -f1) KiB"
+echo "gpu_check.sh: $((SECONDS - START)) s in all (each check at most $CHECK_TIMEOUT_S s); carried: $carried"

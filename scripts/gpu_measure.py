@@ -171,7 +171,8 @@ def probe():
     """vLLM serves a probe adapter on Qwen3.5's real model class (a tiny random Qwen3_5ForConditionalGeneration,
     saved as the hub checkpoints are) and its outputs move as the trainer's: what every engine start checks."""
     from lib import canary, engines, models
-    folder = models.cached(models.QWEN35_TINY, models.build_qwen35_tiny)
+    from tests.fixtures.qwen35 import QWEN35_TINY, build_qwen35_tiny
+    folder = models.cached(QWEN35_TINY, build_qwen35_tiny)
     model, tok = models.load_model(str(folder), dtype=torch.bfloat16)
     engine = engines.VLLMBackend(str(folder), tok, model, gpu_memory=0.3, max_lora_rank=16, max_model_len=2048)
     try:
@@ -186,6 +187,9 @@ def main():
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     checks = {"memory": ("memory-plan memory-wake", memory), "speed": ("sft-speed-fla sft-speed-no-fla", speed),
               "decode": (" ".join(f"hf-decode-{b}" for b in DECODE_BATCHES), decode), "probe": ("vllm-probe", probe)}
+    if what in ("-h", "--help"):
+        print(__doc__)
+        return
     if what not in checks:
         sys.exit(f"usage: python scripts/gpu_measure.py {'|'.join(checks)}")
     names, check = checks[what]

@@ -29,6 +29,7 @@ NEW = "NVIDIA H100 80GB HBM3, 580.65.06"
 
 
 def test_the_driver_is_read_from_nvidia_smi(tmp_path, monkeypatch):
+    monkeypatch.setattr(driver, "libcuda_version", lambda: None)  # no forward compatibility (tested below)
     monkeypatch.setenv("PATH", fake_smi(tmp_path, OLD)["PATH"])
     assert driver.gpus() == [("NVIDIA A100-SXM4-80GB", "535.104.05")]
     why = driver.driver_problem(driver.gpus())
@@ -38,6 +39,31 @@ def test_the_driver_is_read_from_nvidia_smi(tmp_path, monkeypatch):
     assert "is a CPU build: bash install.sh --gpu" in driver.unusable_gpu([("H100", "580.65.06")], cpu_torch)
     monkeypatch.setenv("PATH", fake_smi(tmp_path, "NVIDIA-SMI has failed", code=9)["PATH"])
     assert driver.gpus() == []  # a failing nvidia-smi: no GPU seen
+
+
+def test_a_driver_below_580_passes_where_forward_compatibility_runs_cuda_13(monkeypatch):
+    """An NGC-style container: the kernel driver is 535, but its cuda-compat libcuda runs CUDA 13.0 (cuInit
+    succeeds, cuDriverGetVersion says 13000): nothing to refuse. A libcuda of 12.8, or none, is refused."""
+    class FakeLibcuda:
+        def __init__(self, version, init=0):
+            self.version, self.init = version, init
+
+        def cuInit(self, flags):
+            return self.init
+
+        def cuDriverGetVersion(self, ref):
+            ref._obj.value = self.version
+            return 0
+
+    import ctypes
+    for lib, want in ((FakeLibcuda(13000), 13000), (FakeLibcuda(12080), 12080), (FakeLibcuda(13000, init=3), None)):
+        monkeypatch.setattr(ctypes, "CDLL", lambda name, lib=lib: lib)
+        assert driver.libcuda_version() == want
+    monkeypatch.setattr(driver, "libcuda_version", lambda: 13000)
+    assert driver.driver_problem([("NVIDIA H100 80GB HBM3", "535.104.05")]) is None
+    for version in (12080, None):
+        monkeypatch.setattr(driver, "libcuda_version", lambda: version)
+        assert "NVIDIA driver 535.104.05" in driver.driver_problem([("NVIDIA H100 80GB HBM3", "535.104.05")])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine whose torch sees no GPU")

@@ -17,7 +17,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import domains
-from lib import canary, engines, paper_data, policy, retriever
+from lib import canary, engines, paper_data, policy, protocol, retriever
 from lib.canary import EngineError
 
 # -----------------------------------------------------------------------------
@@ -661,7 +661,56 @@ def test_retriever_client_speaks_search_r1_api():
     finally:
         server.shutdown()
     with pytest.raises(RuntimeError, match="retrieval server .* --wiki"):
-        retriever.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5).search("x")
+        retriever.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5, retry_wait=0).search("x")
+
+
+def flaky_retriever(replies, log):
+    """A Search-R1 server whose n-th request gets replies[n] (a status and a body; the last one ever after)."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            status, body = replies[min(len(log), len(replies) - 1)](req)
+            log.append(status)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    return serve(Handler)
+
+
+def answer(req):
+    return 200, json.dumps({"result": [[{"document": WIKI[0], "score": 1.0}] for _ in req["queries"]]}).encode()
+
+
+def test_a_failed_retriever_batch_is_sent_once_more_after_a_wait(capsys):
+    log = []
+    server = flaky_retriever([lambda req: (503, b"restarting"), answer], log)
+    try:
+        client = retriever.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve", retry_wait=0.2)
+        start = time.time()
+        assert client.search("where does the Zarnoth flow") == [retriever.passage_text(WIKI[0]["contents"])]
+        assert log == [503, 200] and time.time() - start >= 0.2
+        assert "HTTP Error 503" in capsys.readouterr().out  # the retry is said, with its cause
+    finally:
+        server.shutdown()
+
+
+def test_a_malformed_retriever_reply_is_infrastructure_after_its_retry():
+    """A reply of another shape (here a proxy's page, then hits without contents) is the machine's failure:
+    MalformedReply, an InfrastructureError, which the runner counts against the budget (test_rollout.py)."""
+    log = []
+    server = flaky_retriever([lambda req: (200, b"<html>Bad gateway</html>"),
+                              lambda req: (200, json.dumps({"result": [[{"score": 1.0}]]}).encode())], log)
+    try:
+        client = retriever.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve", retry_wait=0)
+        with pytest.raises(retriever.MalformedReply, match=r"malformed reply \(KeyError: 'contents'\)") as e:
+            client.search("x")
+        assert isinstance(e.value, protocol.InfrastructureError) and log == [200, 200]
+    finally:
+        server.shutdown()
 
 
 def test_concurrent_searches_reach_the_retriever_one_request_at_a_time():
@@ -699,7 +748,8 @@ def test_concurrent_searches_reach_the_retriever_one_request_at_a_time():
         assert state["most"] == 1 and sum(state["batches"]) == 16 and len(state["batches"]) < 16
     finally:
         server.shutdown()
-    failing = retriever.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5)  # a failed request fails its batch
+    # a failed request (and its retry) fails its batch
+    failing = retriever.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5, retry_wait=0)
     with ThreadPoolExecutor(4) as pool:
         errors = [f.exception() for f in [pool.submit(failing.search, f"q{i}") for i in range(4)]]
     assert all(isinstance(e, RuntimeError) and "retrieval server" in str(e) for e in errors)

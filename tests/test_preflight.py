@@ -153,7 +153,7 @@ def test_bundled_presets_pass_with_one_ok_line_per_resource(capsys):
     names = [line[5:].split(":")[0] for line in out]
     assert names == ["harness (math)", "harness (searchqa)", "harness (chess)", "data (math)", "data (searchqa)",
                      "data (chess)", "model (smoke)", "engine (hf)", "proposer (mutate)", "sandbox",
-                     "gpu"]  # the shared resources once
+                     "open files", "gpu"]  # the shared resources once
 
 
 def test_the_harness_line_is_the_runs_own_check(capsys):
@@ -351,6 +351,21 @@ def test_sandbox_refused_is_the_line_naming_the_opt_out(monkeypatch):
     monkeypatch.setattr(sandbox, "check", refused)
     ok, line = check(preflight.check_sandbox, run_args())
     assert not ok and "Permission denied" in line and "--unsafe-no-sandbox" in line
+
+
+def test_a_hard_open_file_limit_too_low_for_the_workers_is_the_line_naming_the_fix(monkeypatch):
+    """The gpu preset's 256 workers hold ~3 descriptors each beside CUDA's and zmq's: a hard limit of 1,024
+    cannot be raised by the run, so the preflight says so; 65,536 is enough."""
+    monkeypatch.setattr(preflight.resource, "getrlimit", lambda what: (1024, 1024))
+    ok, line = check(preflight.check_open_files, [run_args("--workers", "256")])
+    assert not ok and line.startswith("the hard open-file limit is 1024, below the ~1792 that --workers 256 needs")
+    assert "ulimit -Hn 1792" in line and line.endswith("docker --ulimit nofile=1792)")  # no --workers fits
+    monkeypatch.setattr(preflight.resource, "getrlimit", lambda what: (1024, 1600))
+    ok, line = check(preflight.check_open_files, [run_args("--workers", "256")])
+    assert not ok and line.endswith(", or pass --workers 192")
+    monkeypatch.setattr(preflight.resource, "getrlimit", lambda what: (1024, 65536))
+    ok, line = check(preflight.check_open_files, [run_args("--workers", "256"), run_args()])
+    assert ok and line.startswith("hard limit 65536, enough for --workers 256 (~1792)")
 
 
 def test_gpu_memory_against_the_runs_need(monkeypatch, offline_hub):

@@ -3,9 +3,11 @@
     python -m pytest -q tests/test_rollout.py
 """
 import errno
+import http.server
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -340,6 +342,31 @@ def run(task, llm, tools):
     assert [e["answer"] for e in again] == [e["answer"] for e in eps]  # and both stay reproducible
 
 
+def test_the_pool_raises_the_open_file_limit_and_serves_descriptors_past_1023():
+    """A process started with a soft limit of 256 under a higher hard one: the pool's first order raises the
+    soft limit to the hard one, and a worker whose pipes lie above 1,023 (past select's reach) still becomes
+    ready through wait_ready."""
+    code = """if True:
+        import os, resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        from lib import worker_pool
+        pool = worker_pool.Pool()
+        pool.order(1)
+        held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the next pipes open above 1,023
+        pool.order(1)
+        pool.wait_ready()
+        want = worker_pool.NR_OPEN if hard == resource.RLIM_INFINITY else hard
+        print(resource.getrlimit(resource.RLIMIT_NOFILE)[0] == want, [w.ready for w in pool.idle],
+              max(w.rfd for w in pool.idle) > 1023)
+        print(pool.errors)  # a start the kernel refused (a loaded machine), to read when this fails
+        pool.close()
+    """
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[:1] == ["True [True, True] True"], done.stdout + done.stderr[-2000:]
+
+
 def test_pool_keeps_warm_workers_across_calls_and_uses_each_once(backend, tmp_path):
     path = write(tmp_path, "good.py", GOOD)
     tasks = FakeDomain().load("t", 3)
@@ -391,11 +418,15 @@ def run(task, llm, tools):
 
 
 class RetrieverDomain(FakeDomain):
-    """searchqa's real wiki search tool, through a retrieval server that refuses every connection (port 9)."""
+    """searchqa's real wiki search tool, through a retrieval server at `url`: by default one that refuses every
+    connection (port 9). Its retry is sent at once."""
     TOOL_METHODS = ("search",)
 
+    def __init__(self, url="http://127.0.0.1:9/retrieve"):
+        self.url = url
+
     def tools(self, task):
-        return domains.WikiSearchTools(retriever.RetrieverClient("http://127.0.0.1:9/retrieve", timeout=5))
+        return domains.WikiSearchTools(retriever.RetrieverClient(self.url, timeout=5, retry_wait=0))
 
 
 @pytest.fixture
@@ -448,6 +479,36 @@ def test_a_tool_server_that_refuses_is_an_infrastructure_failure(backend, tmp_pa
     # the harness never saw a "Search error" to score: the episode ended as the machine's failure
     assert all(e["error"].startswith("infrastructure: tools.search: retrieval server http://127.0.0.1:9/retrieve "
                                      "failed") and e["answer"] is None and e["reward"] == 0.0 for e in eps), eps
+    assert rollout.BUDGET.counts()["infra_failures"] == 2
+
+
+def test_a_malformed_retriever_reply_is_an_infrastructure_failure(backend, tmp_path, monkeypatch):
+    """A server that answers, but not as Search-R1's does (here one hit list for every batch of queries): the
+    episode is the machine's failure, counted by the budget, never a "Search error" for the harness to read."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"result": [[{"document": {"contents": '"A"\nb'}}]] * 5}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(rollout.BUDGET, "share", 1.0)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/retrieve"
+        eps = rollout.run_episodes(RetrieverDomain(url), write(tmp_path, "search.py", SEARCHES),
+                                   FakeDomain().load("t", 2), backend, max_new_tokens=2)
+    finally:
+        server.shutdown()
+    assert all(e["error"].startswith(f"infrastructure: tools.search: retrieval server {url} sent a malformed "
+                                     "reply (ValueError: 5 hit lists for 1 queries)") and e["reward"] == 0.0
+               for e in eps), eps
     assert rollout.BUDGET.counts()["infra_failures"] == 2
 
 

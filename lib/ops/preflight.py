@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import json
 import os
+import resource
 import shlex
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from lib import driver, models, paper_data, retriever, sandbox, web
+from lib import driver, models, paper_data, retriever, sandbox, web, worker_pool
 from lib.ops import report_to
 from lib.ops.hub import GPU_EXTRA, cached_model_bytes, dataset_status, hub_status, is_local, model_bytes
 
@@ -65,8 +66,10 @@ def plan(runs, check_harness=None):
             checks[("report", args.report_to)] = (f"report-to ({args.report_to})",
                                                    partial(check_report, args.report_to))
     checks[("sandbox",)] = ("sandbox", partial(check_sandbox, runs[0]))
+    checks[("files",)] = ("open files", partial(check_open_files, runs))
     checks[("gpu",)] = ("gpu", partial(check_gpu, runs))
-    order = ("harness", "retriever", "datasets", "data", "model", "engine", "proposer", "sandbox", "report", "gpu")
+    order = ("harness", "retriever", "datasets", "data", "model", "engine", "proposer", "sandbox", "files", "report",
+             "gpu")
     return [checks[k] for k in sorted(checks, key=lambda k: order.index(k[0]))]
 
 
@@ -114,14 +117,14 @@ def check_retriever(args):
 
 def check_retriever_url(url):
     """One query, sent by the client the run uses (Search-R1's POST /retrieve: queries, topk, return_scores)."""
-    try:
-        hits = retriever.RetrieverClient(url, timeout=TIMEOUT_S).search_batch([PROBE_QUERY], k=1)
-    except RuntimeError as e:  # unreachable, refused, HTTP error: the client's own one-line message
-        raise Failed(f"{e} (Search-R1's server: `{retriever.SEARCH_R1_SERVER}`), or {retriever.SKIP_SEARCHQA}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        raise Failed(f"{url} answered, but not as Search-R1's /retrieve does ({type(e).__name__}: {e}): it must "
+    try:  # asked once: the run's retry is for a connection that drops, this check for a server that is there
+        hits = retriever.RetrieverClient(url, timeout=TIMEOUT_S, retry_wait=None).search_batch([PROBE_QUERY], k=1)
+    except retriever.MalformedReply as e:
+        raise Failed(f"{url} answered, but not as Search-R1's /retrieve does ({e.cause}): it must "
                      'return {"result": [[{"document": {"contents": ...}, "score": ...}, ...], ...]}; point '
                      "--retriever-url at Search-R1's retrieval_server.py (the URL ends in /retrieve)") from None
+    except RuntimeError as e:  # unreachable, refused, HTTP error: the client's own one-line message
+        raise Failed(f"{e} (Search-R1's server: `{retriever.SEARCH_R1_SERVER}`), or {retriever.SKIP_SEARCHQA}") from None
     if len(hits) != 1 or not hits[0]:
         raise Failed(f"{url} returned no passage for a test query (result {hits!r:.80}): check the server's index "
                      "and corpus (Search-R1's retrieval_server.py --index_path, --corpus_path)")
@@ -344,6 +347,22 @@ def check_sandbox(args):
     if sandbox.disabled():
         return f"OFF ({sandbox.OPT_OUT}=1): harness code runs without the OS sandbox"
     return "bubblewrap starts a confined python under the no-fork filter"
+
+
+def check_open_files(runs):
+    """The hard open-file limit against the runs' concurrent workers (--workers; default 64): the run raises its
+    soft limit to the hard one (worker_pool.raise_open_file_limit), never past it."""
+    workers = max(args.workers or 64 for args in runs)  # 64: run_episodes' most without --workers
+    need = worker_pool.open_files_needed(workers)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < need:
+        fits = (hard - worker_pool.FDS_BESIDE_WORKERS) // worker_pool.FDS_PER_WORKER
+        raise Failed(f"the hard open-file limit is {hard}, below the ~{need} that --workers {workers} needs "
+                     f"({worker_pool.FDS_PER_WORKER} per worker + {worker_pool.FDS_BESIDE_WORKERS} for CUDA, zmq and "
+                     f"files): raise it (`ulimit -Hn {need}` as root, nofile in /etc/security/limits.conf, or docker "
+                     f"--ulimit nofile={need})" + (f", or pass --workers {fits}" if fits > 0 else ""))
+    return (f"hard limit {'unlimited' if hard == resource.RLIM_INFINITY else hard}, enough for --workers {workers} "
+            f"(~{need}); the run raises its soft limit to it")
 
 
 def check_report(kind):

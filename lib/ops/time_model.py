@@ -145,6 +145,13 @@ def layer_counts(c):
 
 def linear_shapes(c):
     """(in, out) of every decoder Linear (peft's 'all-linear' targets; the tied head is not one)."""
+    n_delta, n_full = layer_counts(c)
+    delta, full = layer_linears(c)
+    return delta * n_delta + full * n_full
+
+
+def layer_linears(c):
+    """(in, out) of the Linears of (a GatedDeltaNet layer, a full-attention layer)."""
     h, inter = c["hidden_size"], c["intermediate_size"]
     nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
     dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
@@ -152,8 +159,7 @@ def linear_shapes(c):
     mlp = [(h, inter), (h, inter), (inter, h)]
     delta = [(h, 2 * nk * dk + nv * dv), (h, nv * dv), (h, nv), (h, nv), (nv * dv, h)]  # qkv, z, b, a, out
     attention = [(h, 2 * heads * hd), (h, kv * hd), (h, kv * hd), (heads * hd, h)]  # q (with its gate), k, v, o
-    n_delta, n_full = layer_counts(c)
-    return (delta + mlp) * n_delta + (attention + mlp) * n_full
+    return delta + mlp, attention + mlp
 
 
 def param_counts(name, lora_rank=16):
@@ -184,16 +190,24 @@ def cache_sizes(name):
 def activation_bytes(name, examples, context, completion):
     """Peak training activations of one micro-batch of `examples` model calls, `context` tokens each of which
     `completion` are trained: a bf16 hidden state per checkpointed layer, one layer recomputed with its
-    gradients (~ (8h + 3I) x 2 bytes a token, twice), the chunk states one GatedDeltaNet layer keeps for its
-    backward (one fp32 state per 64 tokens), and the loss: rft.completion_nll runs the head on the completion
-    tokens only, but all of them at once (bf16 logits + fp32 log-softmax + fp32 grad: 10 bytes x vocab each)."""
+    gradients (~ (8h + 3I) x 2 bytes a token, twice) and peft's fp32 copy of each LoRA Linear's input in it
+    (lora_casts), the chunk states one GatedDeltaNet layer keeps for its backward (one fp32 state per 64 tokens),
+    and the loss: rft.completion_nll runs the head on the completion tokens only, but all of them at once (bf16
+    logits + fp32 log-softmax + fp32 grad: 10 bytes x vocab each)."""
     c = config(name)
     tokens = examples * context
     checkpoints = c["num_hidden_layers"] * tokens * c["hidden_size"] * 2
-    one_layer = 2 * tokens * (8 * c["hidden_size"] + 3 * c["intermediate_size"]) * 2
+    one_layer = 2 * tokens * (8 * c["hidden_size"] + 3 * c["intermediate_size"]) * 2 + lora_casts(c, tokens)
     delta = tokens / 64 * c["linear_num_value_heads"] * c["linear_key_head_dim"] * c["linear_value_head_dim"] * 4
     loss = examples * completion * c["vocab_size"] * 10
     return checkpoints + one_layer + delta + loss
+
+
+def lora_casts(c, tokens):
+    """What peft adds to a recomputed layer: each LoRA Linear casts its bf16 input to the adapter's fp32 and
+    lora_A keeps that copy for its weight's gradient, one copy per module even where q, k and v share an input
+    (the larger layer kind: GatedDeltaNet's, ~1.25 GiB at 2 x 8,192 tokens on the 2B model)."""
+    return tokens * 4 * max(sum(i for i, _ in layer) for layer in layer_linears(c))
 
 
 # -----------------------------------------------------------------------------
