@@ -30,7 +30,7 @@ import numpy as np
 from lib.cli import Parser, one_line_errors
 from lib.intervals import (benchmarks_ci, hierarchical_ci, paired_difference, percent,
                            pooled_difference, seeds_interval, signed)
-from lib.plots import plot_curves, plot_timeline
+from lib.plots import plot_alternation, plot_curves, plot_timeline
 from lib.runs import (BEST, DOMAINS, FINAL, METHODS, finished, load_runs, paired_scores,  # noqa: F401
                       points)
 
@@ -369,8 +369,23 @@ def write_report(args):
         f.write(table)
     plot_curves(runs, os.path.join(root, "curves.png"), DOMAINS, METHODS)
     plot_timeline(runs, os.path.join(root, "timeline.png"))
+    figures = write_alternation(runs, root)
     print(table)
-    print(f"wrote {root}/tables.md, curves.png, timeline.png")
+    print(f"wrote {root}/tables.md, curves.png, timeline.png, {', '.join(figures)}")
+
+
+def write_alternation(runs, root):
+    """An alternation figure per domain and seed that ran: alternation-<domain>.png for seed 0,
+    alternation-<domain>-seed-<n>.png for seed n. -> their names"""
+    names = []
+    for domain in DOMAINS:
+        for seed in seed_list(runs):
+            seed_runs = {m: runs[domain, m][seed] for m in METHODS if seed in runs.get((domain, m), {})}
+            if seed_runs:
+                names.append(f"alternation-{domain}" + (f"-seed-{seed}" if seed else "") + ".png")
+                plot_alternation(seed_runs, os.path.join(root, names[-1]),
+                                 f"{domain}, seed {seed}: each phase along the rollouts it spent")
+    return names
 
 
 if __name__ == "__main__":
