@@ -27,6 +27,7 @@ from statistics import fmean
 
 import numpy as np
 
+from lib.claims import claims_section
 from lib.cli import Parser, one_line_errors
 from lib.intervals import (benchmarks_ci, hierarchical_ci, paired_difference, percent,
                            pooled_difference, seeds_interval, signed)
@@ -96,6 +97,7 @@ def make_table(runs, preset):
         lines.append(f"| {method} | " + " | ".join(cell(runs.get((d, method)))
                                                    for d in DOMAINS) + " |")
     lines += ["", "Test sets: " + ", ".join(f"{d}: {tasks_of(runs, d)} tasks" for d in DOMAINS), ""]
+    lines += claims_section(runs)
     if len(seeds) > 1:
         lines += per_seed_table(runs, seeds, k)
     lines += benchmark_table(runs, k)
