@@ -10,15 +10,19 @@ at the test set) and beside it the best over training (the best evaluation, pick
 with the rollouts spent to reach it, each the mean over seeds with a 95 % interval from a
 hierarchical bootstrap: resample the seeds, then the test tasks within each resampled seed (2,000
 resamples of the per-task scores in evals/phase_<n>.json, seed 0; with one seed, a bootstrap over
-test tasks). With several seeds, each seed's final point follows. The paired comparison: WHALE (and
+test tasks). Then the paper's three claims, each with what the runs measured and a verdict (holds /
+does not hold / cannot tell at this size; lib/claims.py). With several seeds, each seed's final
+point follows. The paired comparison: WHALE (and
 adaptive WHALE) minus fixed, named baselines (harness-only, weight-only, stagewise-hw, each where it
 ran), the mean per-task difference on the same tasks under the same seed, per seed and pooled over
 seeds, on the final points (the headline) and on the best points (labelled). Then in how many seeds
 each method's search found a harness better than the one it started from, and what RSFT and the
 searches did. Under the paper preset the paper's numbers stand beside ours. Plots: curves.png (test
 mean@k against cumulative rollouts, a panel per domain, a line per method and seed, its 95 %
-interval over test tasks as a band) and timeline.png (each WHALE run's phases along the rollout
-axis, with mean@k after each phase).
+interval over test tasks as a band), timeline.png (each WHALE run's phases along the rollout axis,
+with mean@k where it was tested) and per domain and seed alternation-<domain>[-seed-<n>].png (a panel
+per method: its phases, the training reward of every RSFT step, the harness-set score of every search
+round, the test points with their intervals; lib/plots.py).
 """
 import argparse
 import os
