@@ -104,11 +104,11 @@ def step_points(run):
 
 
 def round_points(run):
-    """[[(cumulative rollouts, archive best, [the round's candidate scores])] per harness phase]: a
-    point per search round, a new archive's first point the re-scoring of the harness it starts from.
-    A phase that continues its archive (weights unchanged since the last search) adds its rounds
-    after the ones before."""
-    done, phases = {}, []
+    """[[(cumulative rollouts, archive best, [the round's candidate scores])] per archive]: a point per
+    search round, an archive's first point the re-scoring of the harness it starts from. A phase that
+    continues its archive (weights unchanged since the last search: harness-only's, stagewise's) adds
+    its rounds to that archive's line."""
+    done, lines = {}, {}
     for kind, start, end, _, row in phase_spans(run):
         if kind != "harness" or row.get("archive") not in run["archives"]:
             continue
@@ -116,17 +116,20 @@ def round_points(run):
         # a new archive's round 0 re-scores its start, then its rounds 1..n; a continued one goes on
         first = done[row["archive"]] + 1 if row["archive"] in done else 0
         last = done[row["archive"]] = done.get(row["archive"], 0) + row["iterations"]
-        points, spent = [], start
+        spent = start
         for i in range(first, last + 1):
             rows = [r for r in candidates if r.get("iteration") == i]
             spent = min(end, spent + sum(r.get("rollouts") or 0 for r in rows))
-            scores = [r["score"] for r in rows if r.get("valid") and r.get("score") is not None]
-            best = max([r["score"] for r in candidates if r.get("valid") and r.get("score") is not None
-                        and r.get("iteration", 0) <= i], default=None)
+            scores = [r["score"] for r in rows if scored(r)]
+            best = max([r["score"] for r in candidates if scored(r) and r.get("iteration", 0) <= i],
+                       default=None)
             if best is not None:
-                points.append((spent, best, scores))
-        phases.append(points)
-    return phases
+                lines.setdefault(row["archive"], []).append((spent, best, scores))
+    return list(lines.values())
+
+
+def scored(candidate):
+    return candidate.get("valid") and candidate.get("score") is not None
 
 
 def shade_phases(ax, run):
@@ -146,12 +149,11 @@ def draw_alternation(ax, run):
         if phase:
             xs, ys = zip(*phase)
             ax.plot(xs, [100 * y for y in ys], "-o", color="tab:blue", markersize=3.5)
-    for phase in round_points(run):
-        for x, _, scores in phase:
+    for search in round_points(run):
+        for x, _, scores in search:
             ax.plot([x] * len(scores), [100 * s for s in scores], ".", color="tab:orange", alpha=0.35)
-        if phase:
-            ax.plot([p[0] for p in phase], [100 * p[1] for p in phase], "-s", color="tab:orange",
-                    markersize=4)
+        ax.plot([p[0] for p in search], [100 * p[1] for p in search], "-s", color="tab:orange",
+                markersize=4)
     for row in run["evals"]:
         mean, low, high = interval(row) or (row["mean_at_k"], row["mean_at_k"], row["mean_at_k"])
         ax.errorbar([row["rollouts"]], [100 * mean], yerr=[[100 * (mean - low)], [100 * (high - mean)]],
@@ -182,7 +184,7 @@ def plot_alternation(seed_runs, path, title):
         ax.xaxis.set_tick_params(labelbottom=True)
     fig.suptitle(title, fontsize=12)
     fig.legend(handles=legend_handles(), loc="lower center", ncol=3, fontsize=9.5, frameon=False)
-    fig.tight_layout(rect=(0, 0.75 / height, 1, 1))
+    fig.tight_layout(rect=(0, 0.6 / height, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
