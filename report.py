@@ -10,15 +10,19 @@ at the test set) and beside it the best over training (the best evaluation, pick
 with the rollouts spent to reach it, each the mean over seeds with a 95 % interval from a
 hierarchical bootstrap: resample the seeds, then the test tasks within each resampled seed (2,000
 resamples of the per-task scores in evals/phase_<n>.json, seed 0; with one seed, a bootstrap over
-test tasks). With several seeds, each seed's final point follows. The paired comparison: WHALE (and
+test tasks). Then the paper's three claims, each with what the runs measured and a verdict (holds /
+does not hold / cannot tell at this size; lib/claims.py). With several seeds, each seed's final
+point follows. The paired comparison: WHALE (and
 adaptive WHALE) minus fixed, named baselines (harness-only, weight-only, stagewise-hw, each where it
 ran), the mean per-task difference on the same tasks under the same seed, per seed and pooled over
 seeds, on the final points (the headline) and on the best points (labelled). Then in how many seeds
 each method's search found a harness better than the one it started from, and what RSFT and the
 searches did. Under the paper preset the paper's numbers stand beside ours. Plots: curves.png (test
 mean@k against cumulative rollouts, a panel per domain, a line per method and seed, its 95 %
-interval over test tasks as a band) and timeline.png (each WHALE run's phases along the rollout
-axis, with mean@k after each phase).
+interval over test tasks as a band), timeline.png (each WHALE run's phases along the rollout axis,
+with mean@k where it was tested) and per domain and seed alternation-<domain>[-seed-<n>].png (a panel
+per method: its phases, the training reward of every RSFT step, the harness-set score of every search
+round, the test points with their intervals; lib/plots.py).
 """
 import argparse
 import os
@@ -27,15 +31,14 @@ from statistics import fmean
 
 import numpy as np
 
+from lib.claims import claims_section
 from lib.cli import Parser, one_line_errors
-from lib.files import read_json, read_jsonl
-from lib.intervals import (benchmarks_ci, hierarchical_ci, paired_difference, pooled_difference,
-                           seeds_interval)
-from lib.plots import plot_curves, plot_timeline
+from lib.intervals import (benchmarks_ci, hierarchical_ci, paired_difference, percent,
+                           pooled_difference, seeds_interval, signed)
+from lib.plots import plot_alternation, plot_curves, plot_timeline
+from lib.runs import (BEST, DOMAINS, FINAL, METHODS, finished, load_runs, paired_scores,  # noqa: F401
+                      points)
 
-DOMAINS = ("searchqa", "math", "chess")
-METHODS = ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale",
-           "whale-adaptive")
 # The comparison's baselines, fixed before any result (never picked by a test score): harness-only
 # searches harnesses as WHALE does, so the difference is what the weight phases add; weight-only
 # trains the weights as WHALE does, so the difference is what the harness phases add; stagewise-hw
@@ -52,108 +55,8 @@ PAPER = {
 }
 
 
-def seed_folders(root):
-    """{seed: the folders that may hold its <domain>/<method>/ runs, first found first read}: root
-    itself is seed 0 (whale.py's folder for --seed 0, and every run made before seeds),
-    root/seed-<n>/ is seed n."""
-    seeds = {0: [root]}
-    for name in sorted(os.listdir(root)):
-        match = re.fullmatch(r"seed-(\d+)", name)
-        if match and os.path.isdir(os.path.join(root, name)):
-            seeds.setdefault(int(match.group(1)), []).append(os.path.join(root, name))
-    return dict(sorted(seeds.items()))
-
-
-def load_runs(root):
-    """{(domain, method): {seed: run}} for every finished or running folder, a run being {"summary":
-    ..., "evals": [...], "steps": [...], "archives": {...}}; each eval row carries its per-task
-    scores ("per_task", None for runs made before whale.py stored them)."""
-    runs = {}
-    for seed, bases in seed_folders(root).items():
-        for domain in DOMAINS:
-            for method in METHODS:
-                folder = next((f for f in (os.path.join(b, domain, method) for b in bases)
-                               if os.path.exists(os.path.join(f, "metrics.jsonl"))), None)
-                if folder is not None:
-                    runs.setdefault((domain, method), {})[seed] = load_run(folder)
-    return runs
-
-
-def load_run(folder):
-    phases = [r for r in read_jsonl(os.path.join(folder,
-                                                 "metrics.jsonl")) if r.get("event") == "eval"]
-    # phases --test-evals ends skipped: none
-    evals = [r for r in phases if r.get("mean_at_k") is not None]
-    for row in evals:
-        scores = read_json(os.path.join(folder, "evals", f"phase_{row['phase']}.json"), {})
-        row["per_task"], row["sources"] = scores.get("per_task"), scores.get("sources") or {}
-    return {"summary": read_summary(folder, evals),
-            "evals": evals,
-            "steps": read_jsonl(os.path.join(folder, "weights", "metrics.jsonl")),
-            "weight_phase_ends": [r["step"] for r in phases if r.get("kind") == "weight"
-                                  and "step" in r],
-            "archives": read_archives(folder)}
-
-
-def read_summary(folder, evals):
-    """A run's summary.json (None while it runs); a damaged one is an error naming it and the
-    fix."""
-    path = os.path.join(folder, "summary.json")
-    fix = ("rerun the run's whale.py command (a finished run only writes its summary again), then "
-           "report.py")
-    try:
-        summary = read_json(path, {})
-    except ValueError:
-        raise ValueError(f"damaged run file {path}: {fix}") from None
-    keys = ("k", "best_phase", "best_mean_at_k", "rollouts_to_best", "final_mean_at_k")
-    if summary != {} and not (isinstance(summary, dict) and all(k in summary for k in keys)
-                              and summary["best_phase"] in {r["phase"] for r in evals}):
-        raise ValueError(f"damaged run file {path} (not the summary of the phases in "
-                         f"metrics.jsonl): {fix}")
-    return summary or None
-
-
-def read_archives(folder):
-    """{archive name: (frontier.json, {candidate: its summary row})} of a run's harness searches."""
-    names = sorted(n for n in os.listdir(folder) if re.fullmatch(r"harness_w\d+", n) and
-                   os.path.exists(os.path.join(folder, n, "frontier.json")))
-    return {n: (read_json(os.path.join(folder, n, "frontier.json"), {}),
-                {r["name"]: r for r in read_jsonl(os.path.join(folder, n,
-                                                               "summary.jsonl"))}) for n in names}
-
-
-def finished(seed_runs):
-    """{seed: run} of the runs that wrote their summary."""
-    return {seed: run for seed, run in (seed_runs or {}).items() if run["summary"]}
-
-
 # -----------------------------------------------------------------------------
 # tables
-
-BEST, FINAL = 0, 1  # the two points of a run, in the order points() gives them
-
-
-def points(run):
-    """(best, final) eval rows of a finished run: the summary's best phase and the last
-    evaluation."""
-    by_phase = {r["phase"]: r for r in run["evals"]}
-    return by_phase[run["summary"]["best_phase"]], run["evals"][-1]
-
-
-def percent(ci):
-    mean, low, high = ci
-    if low is None:
-        return f"{100 * mean:.1f}"
-    return f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
-
-
-def signed(difference):
-    """A paired difference in points [95 % CI]; None: the runs stored no per-task scores."""
-    if difference is None:
-        return "no per-task scores"
-    mean, low, high = difference[:3]
-    return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
-
 
 def cell(seed_runs):
     """Table 1's cell for one method and domain: final, then best over training @ rollouts, over the
@@ -198,6 +101,7 @@ def make_table(runs, preset):
         lines.append(f"| {method} | " + " | ".join(cell(runs.get((d, method)))
                                                    for d in DOMAINS) + " |")
     lines += ["", "Test sets: " + ", ".join(f"{d}: {tasks_of(runs, d)} tasks" for d in DOMAINS), ""]
+    lines += claims_section(runs)
     if len(seeds) > 1:
         lines += per_seed_table(runs, seeds, k)
     lines += benchmark_table(runs, k)
@@ -288,13 +192,6 @@ def comparison_table(runs):
                             f"{', '.join(BASELINES)} under the "
                             "same seed."]
     return lines
-
-
-def paired_scores(ours, theirs, point):
-    """(ours, theirs) per-task scores at `point` (FINAL or BEST) of two finished runs; None if
-    either lacks them."""
-    a, b = points(ours)[point], points(theirs)[point]
-    return (a["per_task"], b["per_task"]) if a.get("per_task") and b.get("per_task") else None
 
 
 def comparison_rows(domain, label, ours, theirs):
@@ -478,8 +375,23 @@ def write_report(args):
         f.write(table)
     plot_curves(runs, os.path.join(root, "curves.png"), DOMAINS, METHODS)
     plot_timeline(runs, os.path.join(root, "timeline.png"))
+    figures = write_alternation(runs, root)
     print(table)
-    print(f"wrote {root}/tables.md, curves.png, timeline.png")
+    print(f"wrote {root}/tables.md, curves.png, timeline.png, {', '.join(figures)}")
+
+
+def write_alternation(runs, root):
+    """An alternation figure per domain and seed that ran: alternation-<domain>.png for seed 0,
+    alternation-<domain>-seed-<n>.png for seed n. -> their names"""
+    names = []
+    for domain in DOMAINS:
+        for seed in seed_list(runs):
+            seed_runs = {m: runs[domain, m][seed] for m in METHODS if seed in runs.get((domain, m), {})}
+            if seed_runs:
+                names.append(f"alternation-{domain}" + (f"-seed-{seed}" if seed else "") + ".png")
+                plot_alternation(seed_runs, os.path.join(root, names[-1]),
+                                 f"{domain}, seed {seed}: each phase along the rollouts it spent")
+    return names
 
 
 if __name__ == "__main__":

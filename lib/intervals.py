@@ -78,3 +78,18 @@ def benchmarks_ci(rows, names, resamples=2000, seed=0, level=0.95):
     low, high = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
     mean = np.mean([[x.mean() for x in seed_rows] for seed_rows in by])
     return float(mean), float(low), float(high)
+
+
+def percent(ci):
+    mean, low, high = ci
+    if low is None:
+        return f"{100 * mean:.1f}"
+    return f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def signed(difference):
+    """A paired difference in points [95 % CI]; None: the runs stored no per-task scores."""
+    if difference is None:
+        return "no per-task scores"
+    mean, low, high = difference[:3]
+    return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"

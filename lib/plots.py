@@ -1,11 +1,16 @@
-"""report.py's two figures, from the runs it read (report.load_runs): the test curves of every run,
-and each WHALE run's timeline of weight and harness phases."""
+"""report.py's figures, from the runs it read (lib/runs.load_runs): the test curves of every run, each WHALE
+run's timeline of weight and harness phases, and per domain and seed the alternation figure (a panel per
+method: the training reward of every RSFT step, the harness-set score of every search round and the test
+points, on the phases along the rollout axis). What each shows: docs/cpu-run/README.md."""
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 from lib.intervals import interval  # noqa: E402
+
+KIND_COLOURS = {"weight": "tab:blue", "harness": "tab:orange"}
 
 
 def percent_axis(ax):
@@ -48,16 +53,16 @@ def plot_curves(runs, path, domains, methods):
 
 
 def plot_timeline(runs, path):
+    """A row per WHALE run and seed: its phases shaded by kind along the rollout axis, the test points
+    on them."""
     whale_runs = [(d, m, seed) for (d, m), seed_runs in runs.items() if m.startswith("whale")
                   for seed, run in seed_runs.items() if run["evals"]]
     fig, axes = plt.subplots(max(1, len(whale_runs)), 1,
                              figsize=(10, 2.4 * max(1, len(whale_runs))), squeeze=False)
-    colors = {"weight": "tab:blue", "harness": "tab:orange"}
     for ax, (domain, method, seed) in zip(axes[:, 0], whale_runs):
-        evals = runs[domain, method][seed]["evals"]
-        for prev, row in zip(evals, evals[1:]):
-            ax.axvspan(prev["rollouts"], max(row["rollouts"], prev["rollouts"] + 1),
-                       color=colors[row["kind"]], alpha=0.25)
+        run = runs[domain, method][seed]
+        shade_phases(ax, run)
+        evals = run["evals"]
         ax.plot([r["rollouts"] for r in evals], [100 * r["mean_at_k"] for r in evals], "k-o")
         percent_axis(ax)
         ax.set_title(f"{domain} / {method} / seed {seed}: weight phases blue, "
@@ -68,3 +73,129 @@ def plot_timeline(runs, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# -----------------------------------------------------------------------------
+# the alternation figure
+
+def phase_spans(run):
+    """[(kind, first rollout, last rollout, RSFT step at the start, the phase's row)] of every phase of
+    a run, tested or not (metrics.jsonl's rollouts are cumulative: training + harness scoring)."""
+    spans, rollouts, step = [], 0, 0
+    for row in run["phases"]:
+        if row["kind"] != "start":
+            spans.append((row["kind"], rollouts, row["rollouts"], step, row))
+        rollouts, step = row["rollouts"], row.get("step", step)
+    return spans
+
+
+def step_points(run):
+    """[[(cumulative rollouts, training reward)] per weight phase]: each RSFT step placed on the run's
+    axis. weights/metrics.jsonl counts training rollouts only, so a step's place is its phase's start
+    plus the training rollouts since that phase began."""
+    trained = {r["step"]: r["rollouts"] for r in run["steps"]}
+    phases = []
+    for kind, start, _, first_step, row in phase_spans(run):
+        if kind == "weight":
+            before = trained.get(first_step, 0)
+            phases.append([(start + r["rollouts"] - before, r["reward"]) for r in run["steps"]
+                           if first_step < r["step"] <= row["step"]])
+    return phases
+
+
+def round_points(run):
+    """[[(cumulative rollouts, archive best, [the round's candidate scores])] per archive]: a point per
+    search round, an archive's first point the re-scoring of the harness it starts from. A phase that
+    continues its archive (weights unchanged since the last search: harness-only's, stagewise's) adds
+    its rounds to that archive's line."""
+    done, lines = {}, {}
+    for kind, start, end, _, row in phase_spans(run):
+        if kind != "harness" or row.get("archive") not in run["archives"]:
+            continue
+        candidates = run["archives"][row["archive"]][1].values()
+        # a new archive's round 0 re-scores its start, then its rounds 1..n; a continued one goes on
+        first = done[row["archive"]] + 1 if row["archive"] in done else 0
+        last = done[row["archive"]] = done.get(row["archive"], 0) + row["iterations"]
+        spent = start
+        for i in range(first, last + 1):
+            rows = [r for r in candidates if r.get("iteration") == i]
+            spent = min(end, spent + sum(r.get("rollouts") or 0 for r in rows))
+            scores = [r["score"] for r in rows if scored(r)]
+            best = max([r["score"] for r in candidates if scored(r) and r.get("iteration", 0) <= i],
+                       default=None)
+            if best is not None:
+                lines.setdefault(row["archive"], []).append((spent, best, scores))
+    return list(lines.values())
+
+
+def scored(candidate):
+    return candidate.get("valid") and candidate.get("score") is not None
+
+
+def shade_phases(ax, run):
+    """Each phase shaded by its kind, a thin line where it ends (two phases of one kind can follow each
+    other: harness-only's, stagewise's)."""
+    for kind, start, end, _, _ in phase_spans(run):
+        ax.axvspan(start, max(end, start + 1), color=KIND_COLOURS[kind], alpha=0.13, linewidth=0)
+        ax.axvline(end, color="grey", linewidth=0.6, alpha=0.6)
+
+
+def draw_alternation(ax, run):
+    """One run's panel: phases shaded, the training reward per RSFT step (blue), the harness-set score
+    per search round (orange: the archive best as a line, each candidate a faint dot), the test points
+    (black, with their 95 % interval over test tasks)."""
+    shade_phases(ax, run)
+    for phase in step_points(run):
+        if phase:
+            xs, ys = zip(*phase)
+            ax.plot(xs, [100 * y for y in ys], "-o", color="tab:blue", markersize=3.5)
+    for search in round_points(run):
+        for x, _, scores in search:
+            ax.plot([x] * len(scores), [100 * s for s in scores], ".", color="tab:orange", alpha=0.35)
+        ax.plot([p[0] for p in search], [100 * p[1] for p in search], "-s", color="tab:orange",
+                markersize=4)
+    for row in run["evals"]:
+        mean, low, high = interval(row) or (row["mean_at_k"], row["mean_at_k"], row["mean_at_k"])
+        ax.errorbar([row["rollouts"]], [100 * mean], yerr=[[100 * (mean - low)], [100 * (high - mean)]],
+                    fmt="D", color="black", markersize=5, capsize=3)
+        ax.annotate(f"{100 * mean:.1f}", (row["rollouts"], 100 * mean), textcoords="offset points",
+                    xytext=(5, 4), fontsize=9)
+
+
+def plot_alternation(seed_runs, path, title):
+    """Two columns of panels, one per method that ran ({method: run} of one domain and seed), WHALE
+    first, sharing both axes so WHALE reads against each baseline; one legend for all."""
+    methods = sorted(seed_runs, key=lambda m: not m.startswith("whale"))  # stable: METHODS order after
+    rows = max(1, (len(methods) + 1) // 2)
+    height = 2.6 * rows + 1.4
+    fig, axes = plt.subplots(rows, 2, figsize=(11, height), sharex=True, sharey=True, squeeze=False)
+    for ax, method in zip(axes.flat, methods):
+        draw_alternation(ax, seed_runs[method])
+        ax.set_title(method, fontsize=11)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(methods):]:
+        ax.axis("off")
+    # the shared scale from 0, as high as the highest point needs (math's scores are low)
+    axes[0, 0].set_ylim(0, min(105, max(10.0, 1.15 * axes[0, 0].get_ylim()[1])))
+    for ax in axes[:, 0]:
+        ax.set_ylabel("% solved")
+    for ax in axes.flat[max(0, len(methods) - 2):len(methods)]:  # the lowest panel of each column
+        ax.set_xlabel("cumulative rollouts (training + harness scoring)")
+        ax.xaxis.set_tick_params(labelbottom=True)
+    fig.suptitle(title, fontsize=12)
+    fig.legend(handles=legend_handles(), loc="lower center", ncol=3, fontsize=9.5, frameon=False)
+    fig.tight_layout(rect=(0, 0.6 / height, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def legend_handles():
+    line = lambda style, colour, label, **kw: plt.Line2D([], [], linestyle="-" if "-" in style else "",
+                                                        marker=style.strip("-"), color=colour, label=label,
+                                                        **kw)
+    return [Patch(color=KIND_COLOURS["weight"], alpha=0.25, label="weight phase (RSFT)"),
+            Patch(color=KIND_COLOURS["harness"], alpha=0.25, label="harness phase (search)"),
+            line("-o", "tab:blue", "training reward per RSFT step", markersize=3.5),
+            line("-s", "tab:orange", "harness-set score: archive best after each round", markersize=4),
+            line(".", "tab:orange", "harness-set score of each candidate", alpha=0.5),
+            line("D", "black", "test mean@k, 95 % CI over test tasks", markersize=5)]
