@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import domains  # noqa: E402
 import meta_harness  # noqa: E402
 import rollout  # noqa: E402
+from lib.cli import sampling_of  # noqa: E402
 import whale  # noqa: E402
 from lib import sandbox  # noqa: E402
 from lib.failures import failure_kind  # noqa: E402
@@ -70,7 +71,7 @@ def measure(domain, path, tasks, samples, policy, preset, desc):
     """Run the harness on tasks x samples; -> the figures calibration needs."""
     t0 = time.time()
     eps, counts = rollout.run_and_count(domain, path, tasks, policy, samples=samples, seed=preset.seed, desc=desc,
-                                        **{**rollout.sampling_kwargs(preset), "workers": None})
+                                        **sampling_of(preset, workers=None).kwargs())
     kinds = {}
     for e in eps:
         kind = failure_kind(e)
