@@ -40,7 +40,7 @@ adding its own rounds; new weights start a new archive from the incoming harness
 `python whale.py --plan ...` prints a run's phases, steps, rounds and rollouts, no model loaded.
 
 Several methods in one command run one after another in one process and never compute the same thing
-twice (lib/ops/reuse.py). A run's folder is results/<preset>/[seed-<n>/]<domain>/<method>/ (what it
+twice (lib/memo.py). A run's folder is results/<preset>/[seed-<n>/]<domain>/<method>/ (what it
 holds: docs/design.md section 8). Rerunning the same command resumes: finished steps, iterations and
 evaluations are never redone, and the resumed run ends where an uninterrupted one would have.
 """

@@ -58,7 +58,7 @@ def load_state(out):
 def check_run_folder(out, model=None, h0=None, candidates=None):
     """The run folder as a whole, before any work: every file a resume reads is there and whole, as state.json
     says it must be, else one line naming the file and the fix (never a silent restart, never a summary with
-    phases missing). What can be rebuilt exactly is left for RunState.repair to rebuild (lost_seeds,
+    phases missing). What can be rebuilt exactly is left for Memo.repair to rebuild (lost_seeds,
     lost_evaluations). state.json is written before the first RSFT step and after phase 1's evaluation, so RSFT
     steps or a phase-2 evaluation without it mean it was lost. model, h0, candidates: the resuming command's,
     which must be the run's (checked where given). -> the state, None for a run not yet started"""

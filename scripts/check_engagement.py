@@ -28,30 +28,32 @@ import rft  # noqa: E402
 import rollout  # noqa: E402
 import whale  # noqa: E402
 from lib import sandbox  # noqa: E402
+from lib.cli import run_config  # noqa: E402
+from lib.subsets import seeded_sample  # noqa: E402
 
 
-def harness_only(args, policy, domain, n_train, out):
-    _, rounds = whale.budgets(args, n_train)
+def harness_only(cfg, policy, domain, n_train, out):
+    _, rounds = whale.budgets(cfg, n_train)
     t0 = time.time()
-    result = meta_harness.search(policy, domain, os.path.abspath(args.harness), out / "harness_w0", args,
-                                 iterations=rounds)
+    result = meta_harness.search(policy, domain, os.path.abspath(cfg.harness), out / "harness_w0", cfg.search,
+                                 rounds)
     h0 = json.loads((out / "harness_w0" / "candidates" / "h0" / "scores.json").read_text())["score"]
     return {"rounds": rounds, "h0_score": h0, "best_score": result["score"], "best_series": result["best_series"],
             "winner": Path(result["winner"]).parent.name, "rollouts": result["rollouts"],
             "engaged": result["score"] > h0, "seconds": round(time.time() - t0, 1)}
 
 
-def weight_only(args, policy, domain, train, out):
-    steps, _ = whale.budgets(args, len(train))
-    phase = whale.steps_for(args.phase_epochs, len(train), args.batch)
-    trainer = rft.RSFT(args, policy, domain, out / "weights", train=train, run_dir=out)
+def weight_only(cfg, policy, domain, train, out):
+    steps, _ = whale.budgets(cfg, len(train))
+    phase = whale.steps_for(cfg.phase_epochs, len(train), cfg.batch)
+    trainer = rft.RSFT(cfg.rsft, policy, domain, out / "weights", train=train, run_dir=out)
     t0 = time.time()
     while trainer.step_count < steps:
-        trainer.step(os.path.abspath(args.harness))
+        trainer.step(os.path.abspath(cfg.harness))
     rows = trainer.history
     rewards = [r["accept_rate"] for r in rows]  # the share of rollouts with reward > 0.5
     first, last = report.quarters(rows)  # the table's own rule (report.py's What moved)
-    accepted = [round(r["accept_rate"] * args.batch * args.group) for r in rows]
+    accepted = [round(r["accept_rate"] * cfg.batch * cfg.rsft.group) for r in rows]
     return {"steps": steps, "phase_steps": phase, "rewards": [round(r, 4) for r in rewards],
             "accepted_episodes": accepted, "first_phase_accepted": sum(accepted[:phase]),
             "first_phase_examples": sum(r["examples"] for r in rows[:phase]),
@@ -75,7 +77,11 @@ def main():
                              "--method", *ours.method])
     sandbox.apply_args(runs[0])
     rollout.apply_args(runs[0])
-    domain, train, policy = whale.setup(runs[0])
+    domain = whale.domains.get(runs[0].domain, runs[0])
+    train = seeded_sample(domain.load("train"), runs[0].train_limit)
+    if runs[0].threads:
+        whale.torch.set_num_threads(runs[0].threads)
+    policy = whale.load_policy(runs[0])
     folder = Path(ours.out, f"seed-{ours.seed}", ours.domain)
     report_path = folder / "engagement.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
@@ -84,10 +90,11 @@ def main():
         out = folder / args.method
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(vars(args), indent=1))
+        cfg = run_config(args, whale.domains.data_flags())
         if args.method == "harness-only":
-            report["harness-only"] = harness_only(args, policy, domain, len(train), out)
+            report["harness-only"] = harness_only(cfg, policy, domain, len(train), out)
         else:
-            report["weight-only"] = weight_only(args, policy, domain, train, out)
+            report["weight-only"] = weight_only(cfg, policy, domain, train, out)
         report["harness"] = args.harness
         report_path.write_text(json.dumps(report, indent=1) + "\n")
         print(json.dumps({args.method: {k: v for k, v in report[args.method].items() if not isinstance(v, list)}}))

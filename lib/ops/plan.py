@@ -50,7 +50,7 @@ def sft_line(args):
 
 def print_runs(runs, names, phases, budgets, sizes, card_gb):
     """Each run's plan (describe) and its estimated hours on one card of card_gb (time_model) for its
-    own work: the phases an earlier run of the process made are reused, not redone (lib/ops/reuse.py;
+    own work: the phases an earlier run of the process made are reused, not redone (lib/memo.py;
     adaptive phases end by their rules, so only the start is). -> [estimate, or None]"""
     _, n_harness, n_test = sizes
     shared = [0] * len(runs)
