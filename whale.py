@@ -49,7 +49,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -259,7 +258,8 @@ def print_plan(runs, card_gb=80):
     each run's estimated hours on one card of card_gb for its own work (lib/ops/plan.print_runs).
     -> [estimate, or None for a model the time model lacks]"""
     sizes = plan_sizes(runs[0])  # every run of a command has the same data
-    configs = [run_config(args, domains.data_flags()) for args in runs]
+    data_flags = domains.data_flags()
+    configs = [run_config(args, data_flags) for args in runs]
     phases = [fixed_phases(cfg, sizes[0]) for cfg in configs]
     budget = [budgets(cfg, sizes[0]) for cfg in configs]
     return plan.print_runs(runs, [method_name(a) for a in runs], phases, budget, sizes, card_gb)

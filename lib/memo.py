@@ -4,7 +4,7 @@
     memo.weight_phase(rsft_config, rule, train)        # train(trainer, harness, start) -> trainer
     memo.harness_phase(search_config, search)         # search(archive, rounds_before, harness) -> result
     memo.evaluation(tag, weights, harness, config, evaluate)
-    memo.end_phase(kind, detail, evaluate)            # the phase's test evaluation, its row, then saved
+    memo.end_phase(kind, winner, detail, evaluate)    # the phase's test evaluation, its row, then saved
 
 A call's key is an allow-list: the weights' id, the harness's sha256 and the hash of the config that call
 receives (lib/cli.config_hash), nothing else. Before a call runs, the memo looks for its result:

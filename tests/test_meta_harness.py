@@ -1,7 +1,6 @@
 """Meta-Harness search: acceptance, stopping, validation, the four proposers, the archive and resume.
 Most tests score candidates with a fake rollout module (fast, deterministic); one runs the real runner
 on the smoke model end to end."""
-import argparse
 import dataclasses
 import http.server
 import json

@@ -1,6 +1,5 @@
 """The offline `mutate` proposer composes: coordinate ascent from the archive best, from each best every knob
 before any twice, and the knob changes that raised a score combined. A fake scorer stands in for the runner (fast, exact)."""
-import argparse
 import ast
 import json
 import textwrap
