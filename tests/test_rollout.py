@@ -353,6 +353,7 @@ def test_the_pool_raises_the_open_file_limit_and_serves_descriptors_past_1023():
         from lib import worker_pool
         pool = worker_pool.Pool()
         pool.order(1)
+        pool.wait_ready()  # its start closes the child's pipe ends: once held is open, they would free fds below 1,024
         held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the next pipes open above 1,023
         pool.order(1)
         pool.wait_ready()
