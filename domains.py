@@ -40,14 +40,15 @@ import os
 import random
 import re
 import string
-from functools import lru_cache
+from functools import cache, lru_cache
+from types import SimpleNamespace
 
 import chess
 
 from lib import paper_data
 from lib.retriever import check_flags as check_retriever_flags, shared_retriever
 from lib.contract import check_harness_fits
-from lib.judge import FLAGS as JUDGE_FLAGS, JUDGE_GROUP, judge_from_args
+from lib.judge import FLAGS as JUDGE_FLAGS, JUDGE_GROUP, judge_from_flags
 from lib.models import check_model
 from lib.policy import check_backend
 from lib.sandbox import PYTHON_TIMEOUT_S, run_python
@@ -89,22 +90,22 @@ class Domain:
     # True: the paper's data has a harness split of its own, not drawn from train
     PAPER_HARNESS_SPLIT = False
 
-    def __init__(self, args=None):
-        self.args = args  # None: bundled data
+    def __init__(self, data=None):
+        self.data = data  # the paper data's flags (add_args'), as attributes; None: bundled data
         self.paper_splits = {}  # the paper's splits, loaded once (harness re-reads train)
 
     def load(self, split):
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r} for {self.name}: choose train, harness or "
                              f"test")
-        if split == "harness" and not (self.args is not None and self.PAPER_HARNESS_SPLIT):
+        if split == "harness" and not (self.data is not None and self.PAPER_HARNESS_SPLIT):
             train = self.load("train")
             if len(train) <= HARNESS_SET_SIZE:
                 return train
             return random.Random(HARNESS_SET_SEED).sample(train, HARNESS_SET_SIZE)
-        if self.args is not None:
+        if self.data is not None:
             if split not in self.paper_splits:
-                self.paper_splits[split] = paper_data.paper_tasks(self.name, split, self.args)
+                self.paper_splits[split] = paper_data.paper_tasks(self.name, split, self.data)
             return self.paper_splits[split]
         return read_jsonl(self.bundled_file(split), self.REQUIRED)
 
@@ -194,10 +195,10 @@ class SearchQA(Domain):
     judge = None  # lib.judge.Judge with --judge-url, else exact match
 
     def load(self, split):
-        if split == "harness" and self.args is not None:  # the official builder's D_harness: NQ rows of D_weight
+        if split == "harness" and self.data is not None:  # the official builder's D_harness: NQ rows of D_weight
             return paper_data.searchqa_harness(self.load("train"))
         tasks = super().load(split)
-        if self.args is None:  # the bundled set is one benchmark; the paper's tasks name theirs
+        if self.data is None:  # the bundled set is one benchmark; the paper's tasks name theirs
             tasks = [{**t, "source": t.get("source", "synthetic")} for t in tasks]
         return tasks
 
@@ -205,16 +206,16 @@ class SearchQA(Domain):
         return {"question": task["question"]}
 
     def tools(self, task):
-        return SearchTools() if self.args is None else WikiSearchTools(self.wiki())
+        return SearchTools() if self.data is None else WikiSearchTools(self.wiki())
 
     def wiki(self):
         """The paper's retriever, made once: the retrieval server if given, else bm25s over
         --wiki."""
         if not hasattr(self, "retriever"):
             # one client or one loaded corpus per process
-            if self.args.retriever_url or self.args.wiki:
-                self.retriever = shared_retriever(self.args.retriever_url, self.args.wiki,
-                                                  self.args.wiki_limit)
+            if self.data.retriever_url or self.data.wiki:
+                self.retriever = shared_retriever(self.data.retriever_url, self.data.wiki,
+                                                  self.data.wiki_limit)
             else:
                 raise ValueError("the paper's searchqa needs --retriever-url URL (Search-R1's "
                                  "retrieval server) or --wiki PATH (a wiki-18 .jsonl file for "
@@ -416,21 +417,22 @@ class Chess(Domain):
 DOMAINS = {"searchqa": SearchQA, "math": Math, "chess": Chess}
 
 
-def get(name, args=None):
-    """A domain on the bundled data, or on the paper's data when args (add_args' flags) say --data
-    paper."""
+def get(name, data=None, out=None):
+    """A domain on the bundled data, or on the paper's data when `data` (add_args' flags: cli.Inputs.data)
+    says --data paper; out: the run folder, where searchqa's judge keeps its cache."""
     if name not in DOMAINS:
         raise ValueError(f"unknown domain {name!r}: choose searchqa, math or chess")
-    paper = getattr(args, "data", "bundled") == "paper"
-    domain = DOMAINS[name](args if paper else None)
-    test_set = getattr(args, "math_test_set", "gsm8k")
+    flags = SimpleNamespace(**(data or {}))
+    paper = getattr(flags, "data", "bundled") == "paper"
+    domain = DOMAINS[name](flags if paper else None)
+    test_set = getattr(flags, "math_test_set", "gsm8k")
     if name == "math" and test_set != "gsm8k":
         if paper:
             raise ValueError(f"--math-test-set {test_set} is a bundled test split: with --data "
                              "paper the test set is --math-test (default AIME 2024 + 2025); "
                              "drop one of the two flags")
         domain.test_set = test_set
-    max_steps = getattr(args, "math_max_steps", None)
+    max_steps = getattr(flags, "math_max_steps", None)
     if name == "math" and max_steps is not None:
         if paper:
             raise ValueError(f"--math-max-steps {max_steps} filters the bundled generated "
@@ -438,10 +440,15 @@ def get(name, args=None):
                              "of the two flags")
         domain.max_steps = max_steps
     if name == "searchqa":
-        domain.judge = judge_from_args(args)
+        domain.judge = judge_from_flags(flags, out)
     if name == "chess":
-        domain.san_marks = getattr(args, "chess_san_marks", False)
+        domain.san_marks = getattr(flags, "chess_san_marks", False)
     return domain
+
+
+def from_args(args):
+    """The domain of a CLI's flags (--domain, the data flags, --out)."""
+    return get(args.domain, data_of(args), getattr(args, "out", None))
 
 
 def add_args(parser):
@@ -469,15 +476,21 @@ def add_args(parser):
     return [a.dest for a in parser._actions[first:]]
 
 
+@cache
 def data_flags():
     """The names of add_args' flags: what cli.Inputs.data holds."""
-    return add_args(argparse.ArgumentParser())
+    return tuple(add_args(argparse.ArgumentParser()))
+
+
+def data_of(args):
+    """The data flags of a CLI's flags, as get() takes them."""
+    return {k: getattr(args, k) for k in data_flags()}
 
 
 def check_harness(args):
     """The domain's flags and the harness against its domain (a file that parses, defines run(), and
     calls only this domain's tools). -> the domain. --check runs it as its `harness` line."""
-    domain = get(args.domain, args)
+    domain = from_args(args)
     check_harness_fits(args.harness, args.domain, domain.TOOL_METHODS)
     return domain
 

@@ -20,7 +20,7 @@ trajectory, whose
   official runs' data-parallel GPUs, presets.OFFICIAL_DP_GPUS); a mini-batch's loss is the summed
   NLL of its completion tokens only (the prompt, which holds the system and user turns and the tool
   outputs, is masked) over its number of completion tokens, accumulated in length-sorted
-  micro-batches of --minibatch examples (AdamW on the LoRA weights with weight decay, gradient
+  micro-batches of --micro-batch examples (AdamW on the LoRA weights with weight decay, gradient
   clipping, a constant lr unless --warmup). No replay buffer; a step with nothing accepted makes no
   update, but its rollouts still count.
 After every step the trainer checkpoints (adapter, optimizer, scheduler, sampler, RNG, counters)
@@ -65,7 +65,7 @@ def add_args(parser):
     group.add_argument("--sft-batch", type=positive_int, default=64,
                         help="accepted trajectories per optimizer step (the SFT mini-batch; the "
                              "paper presets: 64 x the official runs' GPUs)")
-    group.add_argument("--minibatch", type=positive_int, default=8,
+    group.add_argument("--micro-batch", "--minibatch", type=positive_int, default=8,
                         help="examples per forward/backward inside an SFT mini-batch (gradient "
                              "accumulation)")
     group.add_argument("--lr", type=positive_float, default=1e-4,
@@ -162,10 +162,10 @@ def length_batches(examples, size):
     return [order[i:i + size] for i in range(0, len(order), size)]
 
 
-def sft_update(model, optimizer, trajectories, sft_batch, minibatch, grad_clip):
+def sft_update(model, optimizer, trajectories, sft_batch, micro_batch, grad_clip):
     """One SFT pass over the accepted trajectories in order (each a list of examples): one optimizer
     step per mini-batch of `sft_batch` trajectories, its loss the token mean over that mini-batch's
-    completion tokens, accumulated over forward/backward micro-batches of `minibatch` examples.
+    completion tokens, accumulated over forward/backward micro-batches of `micro_batch` examples.
     Returns the mini-batch losses."""
     model.train()
     losses = []
@@ -173,7 +173,7 @@ def sft_update(model, optimizer, trajectories, sft_batch, minibatch, grad_clip):
         examples = [e for t in trajectories[i:i + sft_batch] for e in t]
         n_tokens = sum(len(c) for _, c in examples)
         loss = 0.0
-        for batch in length_batches(examples, minibatch):
+        for batch in length_batches(examples, micro_batch):
             part = completion_nll(model, batch) / n_tokens
             part.backward()
             loss += part.item()
@@ -344,7 +344,7 @@ class RSFT:
         step."""
         self.policy.free_memory()  # vllm --vllm-sleep: the engine's memory goes to the trainer
         losses = sft_update(self.policy.model, self.optimizer, trajectories, self.cfg.sft_batch,
-                            self.cfg.minibatch, self.cfg.grad_clip)
+                            self.cfg.micro_batch, self.cfg.grad_clip)
         self.scheduler.step()
         hand_back_memory()  # before the engine wakes (serve_adapter, or the next generate)
         return losses

@@ -12,7 +12,7 @@ worker (lib/harness_process.py) inside the OS sandbox (lib/sandbox.py: no projec
 no other process, no network), so it holds no answers and no hidden tool state. The worker talks
 JSON lines over its own pipes: it asks for `llm(messages, tools, max_tokens, stop)` or a tool call
 and waits for the reply. The parent process holds the tasks, the tools and the model; it checks
-every request (lib/protocol.py), renders it through the model's chat template (tool schemas in the
+every request (lib/runner.py llm_request), renders it through the model's chat template (tool schemas in the
 model's native format, thinking per --thinking), answers tool calls from a thread pool and collects
 the llm() requests of all episodes, and when every live episode is waiting (or the rest are busy for
 a while) it samples them all in ONE batched `backend.generate` call. It records the exact prompt and
@@ -20,14 +20,14 @@ completion token ids of every call, and cuts the reply text after the first stop
 token cap is the harness's and --max-new-tokens, cut to what is left of the episode's
 assistant-token budget (--episode-tokens) and of the model length; once nothing is left, the reply
 is empty (docs/protocol.md section 2). So is every request past the official caps on an episode's
-model calls, whatever the harness asks (lib/protocol.py MODEL_CALL_CAPS: searchqa and math 16; chess
+model calls, whatever the harness asks (lib/runner.py MODEL_CALL_CAPS: searchqa and math 16; chess
 18, and 10 retries of each kind). When an episode ends (done, error, its deadline, a forged request:
 reward 0, error in the trace) its sandbox is killed with every process and thread in it, and a fresh
 one starts in its place: every episode gets a fresh interpreter (started ones wait in a pool across
 calls, so an episode rarely waits). An episode lost outside the harness's own code (its worker did
-not start, a tool server or the python tool's sandbox failed: lib.protocol.InfrastructureError) also
+not start, a tool server or the python tool's sandbox failed: lib.sandbox.InfrastructureError) also
 scores 0, but counts against its phase's error budget, not the candidate: past --infra-budget (5 %)
-of a phase's episodes the run stops with one line (ErrorBudget). Seeds: each call's sampling seed
+of a phase's episodes the run stops with one line (InfraErrorBudget). Seeds: each call's sampling seed
 and the harness's `random` seed come from (--seed, the episode's index, task id, sample, call
 number): the same prompt twice in one batch gets two rollouts, a rerun the same ones. The parent
 computes the reward from the returned answer. mean@k = per-task success rate over k samples,
@@ -45,7 +45,8 @@ from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, no
                      one_line_errors, positive_float, positive_int, sampling_of, seed_int,
                      share)
 from lib.policy import add_backend_args, load_policy
-from lib.protocol import MAX_PROMPT_TOKENS, InfrastructureError
+from lib.runner import MAX_PROMPT_TOKENS
+from lib.sandbox import InfrastructureError
 from lib.runner import Episode, Runner
 from lib.subsets import seeded_sample
 
@@ -84,7 +85,7 @@ def add_sampling_args(p):
 def apply_args(args):
     """--infra-budget for every run_episodes call of this process (not a sampling setting: results
     never depend on it, so it is not part of what a resumed or reused run must match)."""
-    BUDGET.share = args.infra_budget
+    INFRA_ERRORS.share = args.infra_budget
 
 
 # -----------------------------------------------------------------------------
@@ -93,7 +94,7 @@ def apply_args(args):
 INFRA_BUDGET = 0.05  # default --infra-budget
 
 
-class ErrorBudget:
+class InfraErrorBudget:
     """Episodes that failed outside the harness's own code (its worker did not start, a tool server
     did not answer, the sandbox was refused), per phase. Each scores 0 like a harness's own failure,
     so past a small share a phase's scores measure the machine, not the candidates: the run stops
@@ -125,7 +126,7 @@ class ErrorBudget:
                                       f"--infra-budget {self.share:g}; the last: {errors[-1]}")
 
 
-BUDGET = ErrorBudget()
+INFRA_ERRORS = InfraErrorBudget()
 
 
 def run_episodes(domain, harness_path, tasks, backend, **kw):
@@ -156,7 +157,7 @@ def run_and_count(domain, harness_path, tasks, backend, *, samples=1, temperatur
             for r in records:
                 calls = [{k: v for k, v in c.items() if not k.endswith("_ids")} for c in r["calls"]]
                 f.write(json.dumps({**r, "calls": calls}) + "\n")
-    BUDGET.add(len(records), runner.infra_errors)  # after the traces: they show what failed
+    INFRA_ERRORS.add(len(records), runner.infra_errors)  # after the traces: they show what failed
     return records, counts
 
 

@@ -247,7 +247,7 @@ def plan_sizes(args):
         n_test = {"searchqa": len(args.searchqa_test_sets.split(",")) * args.searchqa_test_per_set,
                   "math": 60, "chess": args.chess_test_size}[args.domain]
         return n_train, args.harness_tasks, min(n_test, args.test_limit or n_test)
-    domain = domains.get(args.domain, args)
+    domain = domains.from_args(args)
     n_train = len(seeded_sample(domain.load("train"), args.train_limit))
     n_harness = len(seeded_sample(domain.load("harness"), args.harness_tasks))
     return n_train, n_harness, len(test_tasks(domain, run_config(args, domains.data_flags()).test))
@@ -274,27 +274,23 @@ def run(cfg, domain, policy, donors=()):
     of this command) made with the same key is taken instead, what a damage lost is rebuilt first."""
     train = seeded_sample(domain.load("train"), cfg.rsft.train_limit)
     steps, rounds = budgets(cfg, len(train))
-    memo = Memo(cfg.out, donors, cfg.harness, steps, rounds, counters=rollout.BUDGET.counts)
+    memo = Memo(cfg.out, donors, cfg.harness, steps, rounds, errors=rollout.INFRA_ERRORS)
     test = lambda tag, weights, harness: memo.evaluation(
         tag, weights, harness, cfg.test, lambda h, traces: evaluate_test(policy, domain, h, cfg.test, traces))
     memo.repair(lambda i, weights, adapter, harness: evaluate_again(policy, test, i, weights, adapter, harness))
     if steps:
         memo.trainer = rft.RSFT(cfg.rsft, policy, domain, Path(cfg.out, "weights"), train, run_dir=cfg.out)
-    rollout.BUDGET.start_phase("phase 0 (start)")
     memo.begin(test)
     after = lambda kind: next_phase(cfg.method, kind, memo.steps_left(), memo.rounds_left())
     while kind := memo.running() or after(memo.last_kind()):
-        rollout.BUDGET.start_phase(f"phase {len(memo.saved['kinds']) + 1} ({kind})")
-        winner = None
         if kind == "weight":
             rule = weight_rule(cfg, len(train), steps - memo.phase_start())
-            detail = memo.weight_phase(cfg.rsft, rule, lambda t, h, start: weight_phase(t, h, rule, start))
+            train_phase = lambda trainer, harness, start: weight_phase(trainer, harness, rule, start)
+            winner, detail = None, memo.weight_phase(cfg.rsft, rule, train_phase)
         else:
-            search = lambda archive, before, h: harness_phase(cfg, policy, domain, h, archive, before,
-                                                              memo.rounds_left())
-            winner, detail = memo.harness_phase(cfg.search, search)
-        last = after(kind) is None
-        memo.end_phase(kind, winner, detail, test if last or cfg.test_evals == "every" else None)
+            winner, detail = memo.harness_phase(cfg.search, lambda archive, before, h: harness_phase(
+                cfg, policy, domain, h, archive, before, memo.rounds_left()))
+        memo.end_phase(kind, winner, detail, test if after(kind) is None or cfg.test_evals == "every" else None)
     memo.write_summary({"domain": cfg.domain, "method": method_name(cfg), "preset": cfg.preset,
                         "model": cfg.model, "k": cfg.k})
 

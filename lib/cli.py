@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from lib.protocol import InfrastructureError
+from lib.sandbox import InfrastructureError
 from lib.sandbox import SandboxError
 
 
@@ -215,7 +215,7 @@ class RSFTConfig:
     batch: int
     group: int
     sft_batch: int
-    minibatch: int
+    micro_batch: int
     lr: float
     warmup: int
     weight_decay: float

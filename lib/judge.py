@@ -136,12 +136,12 @@ FLAGS = [
 ]
 
 
-def judge_from_args(args):
-    """The judge of --judge-url/--judge-model/--judge-key-env, caching under --out; None without --judge-url."""
-    if not getattr(args, "judge_url", None):
+def judge_from_flags(flags, out=None):
+    """The judge of --judge-url/--judge-model/--judge-key-env, caching under the run folder `out`; None without
+    --judge-url."""
+    if not getattr(flags, "judge_url", None):
         return None
-    key = os.environ.get(args.judge_key_env) if args.judge_key_env else None
-    if args.judge_key_env and not key:
-        print(f"judge: ${args.judge_key_env} is not set: requests to {args.judge_url} go without a key")
-    out = getattr(args, "out", None)
-    return Judge(args.judge_url, args.judge_model, key, os.path.join(out, "judge_cache.jsonl") if out else None)
+    key = os.environ.get(flags.judge_key_env) if flags.judge_key_env else None
+    if flags.judge_key_env and not key:
+        print(f"judge: ${flags.judge_key_env} is not set: requests to {flags.judge_url} go without a key")
+    return Judge(flags.judge_url, flags.judge_model, key, os.path.join(out, "judge_cache.jsonl") if out else None)

@@ -186,6 +186,7 @@ def save_state(out, state):
 # flags that may change between a run and its resumption: they change how fast (or when a failing machine stops
 # the run), not what is computed
 RESUMABLE_FLAGS = ("threads", "workers", "out", "plan", "check", "report_to", "infra_budget")
+RENAMED_FLAGS = {"minibatch": "micro_batch"}  # an older config.json's name: its new one
 
 
 def check_same_settings(out, flags):
@@ -195,6 +196,7 @@ def check_same_settings(out, flags):
     old = read_json(os.path.join(out, "config.json"))
     if old is None:
         return
+    old = {RENAMED_FLAGS.get(k, k): v for k, v in old.items()}
     new = json.loads(json.dumps(flags))  # as stored
     changed = [k for k in new if k in old and k not in RESUMABLE_FLAGS and new[k] != old[k]]
     if changed:
@@ -215,12 +217,13 @@ NOT_EVALUATED = {"mean_at_k": None, "test_tasks": 0}
 class Memo:
     """One run's progress and the wrapper around its phase calls. Entering a phase is saved before its work,
     so a resumed run finishes that phase first; leaving it is saved after its evaluation is logged. The counters
-    whale's loop reads (RSFT steps, proposer rounds, rollouts) come from here. counters() -> the fields every
-    evaluation row also holds (the phase's infrastructure failures)."""
+    whale's loop reads (RSFT steps, proposer rounds, rollouts) come from here. errors: the run's
+    infrastructure-error budget (rollout.INFRA_ERRORS), told where each phase starts; its counts() go into every
+    evaluation row."""
 
-    def __init__(self, out, donors, h0, steps, rounds, counters=dict):
+    def __init__(self, out, donors, h0, steps, rounds, errors=None):
         self.out, self.donors, self.h0, self.steps, self.rounds = out, list(donors), h0, steps, rounds
-        self.counters = counters
+        self.errors = errors
         self.saved = load_state(out)
         self.trainer = None  # the RSFT trainer, for the step and rollout counters (None: a run without steps)
         self.started = None
@@ -264,6 +267,7 @@ class Memo:
     # the phases
     def begin(self, evaluate):
         """The run's first row and phase 0's test evaluation (h0 under the base weights)."""
+        self.start_counting("phase 0 (start)")
         if not any(r.get("event") == "start" for r in read_rows(self.out)):
             append_jsonl(os.path.join(self.out, "metrics.jsonl"), {"event": "start", "weight_steps": self.steps,
                                                                    "harness_iterations": self.rounds,
@@ -275,10 +279,18 @@ class Memo:
     def enter(self, kind, key=None):
         """A new phase is remembered before its work starts, so a resumed run finishes it first; key: what a
         weight phase starts from (its snapshot's key)."""
+        self.start_counting(f"phase {self.saved['phase'] + 1} ({kind})")
         if self.saved["running"] is None:
             self.saved.update(running=kind, phase_start_step=self.step(), phase_key=key)
             self.save()
         self.started = time.time()
+
+    def start_counting(self, phase):
+        if self.errors:
+            self.errors.start_phase(phase)
+
+    def counters(self):
+        return self.errors.counts() if self.errors else {}
 
     def weight_phase(self, config, rule, train):
         """RSFT steps under the run's harness until the phase's rule ends it: taken from a donor run's snapshot

@@ -13,7 +13,7 @@ import threading
 import time
 
 from lib import web
-from lib.protocol import InfrastructureError
+from lib.sandbox import InfrastructureError
 
 
 def passage_text(contents):

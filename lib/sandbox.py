@@ -39,8 +39,6 @@ import tempfile
 import threading
 from functools import lru_cache
 
-from lib.protocol import InfrastructureError
-
 OPT_OUT = "WHALE_UNSAFE_NO_SANDBOX"
 CLONE_THREAD = 0x10000
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
@@ -48,6 +46,12 @@ SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 
 class SandboxError(RuntimeError):
     pass
+
+
+class InfrastructureError(RuntimeError):
+    """A failure outside the harness's own code: a tool server that did not answer, a sandbox the kernel refused,
+    a run over its error budget. A tool raises it instead of returning an error for the harness to read: the
+    runner ends the episode as the machine's failure, not the candidate's (rollout.INFRA_ERRORS counts them)."""
 
 
 def disabled():
@@ -153,7 +157,7 @@ def no_fork_filter():
     return r
 
 
-start_retries = 0  # starts that failed once and were tried again (rollout.ErrorBudget reports them)
+start_retries = 0  # starts that failed once and were tried again (rollout.InfraErrorBudget reports them)
 retry_lock = threading.Lock()
 
 

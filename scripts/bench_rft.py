@@ -6,7 +6,7 @@ opens with the same N tokens (a harness's system turn and examples), and it also
 opening run per row (rft.shared_prefix off): "opening speedup = X".
 
     python scripts/bench_rft.py --model smoke
-    python scripts/bench_rft.py --model cpu --minibatch 2
+    python scripts/bench_rft.py --model cpu --micro-batch 2
     python scripts/bench_rft.py --model cpu --shared-tokens 120
 """
 import argparse
@@ -35,12 +35,12 @@ def bench(args, repeats=5):
     rng = random.Random(args.seed)
     opening = [rng.randrange(vocab) for _ in range(args.shared_tokens)]
     examples = [(opening + [rng.randrange(vocab) for _ in range(rng.randint(64, 384))],
-                 [rng.randrange(vocab) for _ in range(rng.randint(16, 128))]) for _ in range(4 * args.minibatch)]
+                 [rng.randrange(vocab) for _ in range(rng.randint(16, 128))]) for _ in range(4 * args.micro_batch)]
     n_tokens = sum(len(p) + len(c) for p, c in examples)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
     device = next(model.parameters()).device
     padded = []  # the bare loop gets the same minibatches, already padded, with HF's own labels loss
-    for batch in length_batches(examples, args.minibatch):
+    for batch in length_batches(examples, args.micro_batch):
         width = max(len(p) + len(c) for p, c in batch)
         ids = torch.zeros((len(batch), width), dtype=torch.long)
         labels = torch.full_like(ids, -100)
@@ -50,7 +50,7 @@ def bench(args, repeats=5):
         padded.append((ids.to(device), labels.to(device)))
 
     def rsft():
-        sft_update(model, optimizer, [examples], len(examples), args.minibatch, args.grad_clip)  # one step
+        sft_update(model, optimizer, [examples], len(examples), args.micro_batch, args.grad_clip)  # one step
 
     def per_row():  # the same update with the shared opening run in every row
         shared_prefix, rft.shared_prefix = rft.shared_prefix, lambda *a: 0
@@ -83,7 +83,7 @@ def bench(args, repeats=5):
             times[k].append(timed(fn))
     speed = {k: n_tokens / min(v) for k, v in times.items()}
     print(f"model {args.model}, LoRA rank {args.lora_rank}, {len(examples)} examples, {n_tokens} tokens, "
-          f"minibatch {args.minibatch}, device {device.type}, best of {repeats}")
+          f"micro_batch {args.micro_batch}, device {device.type}, best of {repeats}")
     print(f"rsft update (sft_update):        {speed['rsft']:10.0f} tokens/s")
     print(f"bare forward/backward (HF loss): {speed['bare']:10.0f} tokens/s")
     print(f"ratio = {speed['rsft'] / speed['bare']:.2f}")

@@ -93,7 +93,7 @@ def main(argv=None):
     args, preset = parse_args(argv)
     sandbox.apply_args(preset)
     rollout.apply_args(preset)
-    domain = domains.get(args.domain, preset)
+    domain = domains.from_args(preset)
     train = seeded_sample(domain.load("train"), preset.train_limit)[:args.train_prompts]
     harness_set = meta_harness.harness_tasks(domain, preset)
     torch.set_num_threads(preset.threads)

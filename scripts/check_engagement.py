@@ -77,7 +77,7 @@ def main():
                              "--method", *ours.method])
     sandbox.apply_args(runs[0])
     rollout.apply_args(runs[0])
-    domain = whale.domains.get(runs[0].domain, runs[0])
+    domain = whale.domains.from_args(runs[0])
     train = seeded_sample(domain.load("train"), runs[0].train_limit)
     if runs[0].threads:
         whale.torch.set_num_threads(runs[0].threads)
@@ -86,7 +86,7 @@ def main():
     report_path = folder / "engagement.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     for args in runs:
-        rollout.BUDGET.start_phase(args.method)  # each method's episodes, a budget phase of their own
+        rollout.INFRA_ERRORS.start_phase(args.method)  # each method's episodes, a budget phase of their own
         out = folder / args.method
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(vars(args), indent=1))

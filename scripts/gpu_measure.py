@@ -72,7 +72,7 @@ def memory():
     peak, held = torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved()
     rft.hand_back_memory()
     handed = torch.cuda.memory_reserved()
-    plan = time_model.memory(NAME, card_gb(), context=CONTEXT, completion=COMPLETION, minibatch=CALLS)
+    plan = time_model.memory(NAME, card_gb(), context=CONTEXT, completion=COMPLETION, micro_batch=CALLS)
     want = plan["weights"] + plan["lora_opt"] + plan["act"]
     fla = "on" if importlib_ok("fla") else "off"  # transformers takes fla-core's kernels where it imports
     print(f"{'ok' if peak <= MEMORY_MARGIN * want else 'FAIL'} memory-plan {NAME} SFT micro-batch ({CALLS} calls of "

@@ -65,7 +65,7 @@ def memory_rows():
         for card in g.CARDS:
             where = g.CARD_RETRIEVER[card] if domain == "searchqa" else None
             capped, thinking = g.LONGEST["capped"][domain], g.LONGEST["thinking"][domain]
-            at = g.memory(name, card, where, share, *capped, minibatch=2)
+            at = g.memory(name, card, where, share, *capped, micro_batch=2)
             most = g.memory(name, card, where, None, *capped)
             deep = g.memory(name, card, where, None, *thinking)
             long_seqs = g.memory(name, card, where, share, context=g.MODEL_LEN)["seqs"]
@@ -79,7 +79,7 @@ def memory_rows():
                          f"{deep['largest'] or 'NO'} ({g.activation_bytes(name, 1, *thinking) / GiB:.0f} GiB for 1)"])
     head = ["domain", "model", "card", "trainer GiB", "retriever GiB", "engine (--gpu-memory): seqs at 8k / 32k",
             "most --gpu-memory", "SFT, 2 calls of 8k (1k trained): GiB",
-            "card at the wake after an update, GiB (without the trainer's hand-back)", "largest --minibatch",
+            "card at the wake after an update, GiB (without the trainer's hand-back)", "largest --micro-batch",
             "thinking calls that fit"]
     return head, rows
 

@@ -55,7 +55,7 @@ DATA=(--searchqa-train "$(ls "$D"/searchqa/searchqa_train.*)" --searchqa-test "$
       --chess-test-size 4)
 AGENT="$(printf '%q %q' "$(python -c 'from lib import sandbox; print(sandbox.python())')" "$PWD/scripts/paper_dry_run.py") agent {workdir}"
 SIZES=(--model "$MODEL" --backend hf --proposer command --proposer-cmd "$AGENT"
-       --proposer-ro "$PWD/scripts/paper_dry_run.py" --train-limit 4 --batch 2 --group 2 --sft-batch 2 --minibatch 1
+       --proposer-ro "$PWD/scripts/paper_dry_run.py" --train-limit 4 --batch 2 --group 2 --sft-batch 2 --micro-batch 1
        --harness-tasks 2 --k 2 --test-limit 4 --workers 4 --max-new-tokens 64 --episode-tokens 160)
 
 preflight_paper() {

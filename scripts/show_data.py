@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from domains import DOMAINS, MATH_TEST_SETS, SPLITS, add_args, get, read_jsonl  # noqa: E402
+from domains import DOMAINS, MATH_TEST_SETS, SPLITS, add_args, data_of, get, read_jsonl  # noqa: E402
 from lib.cli import Parser, one_line_errors, positive_int  # noqa: E402
 from lib.subsets import seeded_sample  # noqa: E402
 
@@ -27,8 +27,8 @@ def print_stats():
     print(f"searchqa corpus: {len(docs)} documents")
 
 
-def show(name, split, n, args=None):
-    d = get(name, args)
+def show(name, split, n, data=None):
+    d = get(name, data)
     for task in seeded_sample(d.load(split), n):
         print(f"--- {name}/{split} {task['id']}")
         for key, value in d.public(task).items():
@@ -51,7 +51,7 @@ def main(argv=None):
         if args.command == "stats":
             print_stats()
         else:
-            show(args.domain, args.split, args.n, args)
+            show(args.domain, args.split, args.n, data_of(args))
 
 
 if __name__ == "__main__":

@@ -77,4 +77,4 @@ def fresh_error_budget():
     """Each test starts a phase of rollout's error budget: one test's lost episodes never stop another's run."""
     rollout = sys.modules.get("rollout")  # not imported here: tests that never run episodes need not pay for it
     if rollout is not None:
-        rollout.BUDGET.start_phase("the test")
+        rollout.INFRA_ERRORS.start_phase("the test")

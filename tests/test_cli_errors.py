@@ -64,7 +64,7 @@ BAD_FLAGS = [  # (flag, value, the CLIs that have it)
     ("--deadline", "0", tuple(CLIS)), ("--deadline", "-1", tuple(CLIS)),
     ("--temperature", "-1", tuple(CLIS)),
     ("--max-new-tokens", "0", tuple(CLIS)),
-    ("--minibatch", "0", ("rft.py", "whale.py")),
+    ("--micro-batch", "0", ("rft.py", "whale.py")),
     ("--k", "two", ("rollout.py", "whale.py")), ("--deadline", "nan", ("whale.py",)),
 ]
 

@@ -257,9 +257,10 @@ def test_math_reward(answer, gold, expected):
 
 
 def math_args(*flags):
+    """The data flags as domains.get takes them (cli.Inputs.data)."""
     p = argparse.ArgumentParser()
     domains.add_args(p)
-    return p.parse_args(list(flags))
+    return vars(p.parse_args(list(flags)))
 
 
 def test_math_generated_test_set_is_held_out_and_easy():

@@ -14,7 +14,7 @@ from lib.contract import static_check
 def paper_args(*argv):
     p = argparse.ArgumentParser()
     domains.add_args(p)
-    return p.parse_args(["--data", "paper", *argv])
+    return vars(p.parse_args(["--data", "paper", *argv]))
 
 
 def search_r1_rows(n_nq, n_hotpot):

@@ -17,7 +17,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import domains
-from lib import canary, engines, paper_data, policy, protocol, retriever
+from lib import canary, engines, paper_data, policy, retriever, sandbox
 from lib.canary import EngineError
 
 # -----------------------------------------------------------------------------
@@ -603,11 +603,11 @@ def test_chess_split_rule_is_the_official_hash():
 def paper_args(*argv):
     p = argparse.ArgumentParser()
     domains.add_args(p)
-    return p.parse_args(["--data", "paper", *argv])
+    return vars(p.parse_args(["--data", "paper", *argv]))
 
 
 def test_data_switch(tmp_path):
-    assert domains.get("math", argparse.Namespace(data="bundled")).load("test")[0]["id"].startswith("gsm8k")
+    assert domains.get("math", {"data": "bundled"}).load("test")[0]["id"].startswith("gsm8k")
     rows = [{"prompt": [{"role": "user", "content": paper_data.DAPO_PREFIX + f"What is {i} + {i}?" + paper_data.DAPO_SUFFIX}],
              "reward_model": {"ground_truth": str(2 * i)}, "extra_info": {"index": i}} for i in range(300)]
     (tmp_path / "dapo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -708,7 +708,7 @@ def test_a_malformed_retriever_reply_is_infrastructure_after_its_retry():
         client = retriever.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve", retry_wait=0)
         with pytest.raises(retriever.MalformedReply, match=r"malformed reply \(KeyError: 'contents'\)") as e:
             client.search("x")
-        assert isinstance(e.value, protocol.InfrastructureError) and log == [200, 200]
+        assert isinstance(e.value, sandbox.InfrastructureError) and log == [200, 200]
     finally:
         server.shutdown()
 

@@ -63,7 +63,7 @@ def test_the_gpu_preset_keeps_the_paper_shape(capsys):
     for domain in ("searchqa", "math", "chess"):
         args, _, out = plan(capsys, "--preset", "gpu", "--domain", domain)
         paper, _, _ = plan(capsys, "--preset", "paper", "--domain", domain)
-        for flag in ("model", "lr", "group", "candidates", "phase_epochs", "minibatch",
+        for flag in ("model", "lr", "group", "candidates", "phase_epochs", "micro_batch",
                      "temperature", "top_k", "data", "backend", "vllm_sleep", "bf16", "proposer", "proposer_model",
                      "harness", "max_prompt_tokens"):
             assert getattr(args, flag) == getattr(paper, flag), (domain, flag)
@@ -138,23 +138,23 @@ def test_the_memory_plan_counts_the_retriever_the_states_and_thinking_lengths():
     assert time_model.memory("Qwen3.5-2B", 24, None, None, context, completion)["largest"] == 0
     assert time_model.memory("Qwen3.5-2B", 80, None, None, context, completion)["largest"] >= 1
     # the gpu preset's engine share fits beside the trainer on every card, its micro-batch of 2 calls too but for
-    # chess on 24 GB (peft's fp32 input casts pass the card there: --minibatch 1, the same update in two halves)
+    # chess on 24 GB (peft's fp32 input casts pass the card there: --micro-batch 1, the same update in two halves)
     for domain, share in (("searchqa", 0.45), ("math", 0.7), ("chess", 0.5)):
         [args] = whale.parse_args(["--plan", "--preset", "gpu", "--domain", domain])
         assert args.gpu_memory == share
         for card in time_model.CARDS:
             where = time_model.CARD_RETRIEVER[card] if domain == "searchqa" else None
-            minibatch = 1 if (domain, card) == ("chess", 24) else 2
-            mem = time_model.memory(time_model.DOMAIN_MODEL[domain], card, where, share, minibatch=minibatch)
+            micro_batch = 1 if (domain, card) == ("chess", 24) else 2
+            mem = time_model.memory(time_model.DOMAIN_MODEL[domain], card, where, share, micro_batch=micro_batch)
             assert mem["fits"], (domain, card)
-            assert mem["largest"] == 1 if minibatch == 1 else mem["largest"] >= 2, (domain, card)
+            assert mem["largest"] == 1 if micro_batch == 1 else mem["largest"] >= 2, (domain, card)
             # the engine wakes beside the trainer's handed-back memory: within the card, short of its free share
             assert mem["wake"] <= card * time_model.GiB * (1 - time_model.FREE_SHARE), (domain, card)
     # without the hand-back the trainer's SFT peak stays reserved at the wake: searchqa with the index on 80 GB
     # and math on 24 GB would need more than the card
-    searchqa = time_model.memory("Qwen3.5-2B", 80, "gpu", 0.45, minibatch=2)
+    searchqa = time_model.memory("Qwen3.5-2B", 80, "gpu", 0.45, micro_batch=2)
     assert searchqa["wake_without_hand_back"] > 80 * time_model.GiB > searchqa["wake"]
-    assert time_model.memory("Qwen3.5-2B", 24, None, 0.7, minibatch=2)["wake_without_hand_back"] > 24 * time_model.GiB
+    assert time_model.memory("Qwen3.5-2B", 24, None, 0.7, micro_batch=2)["wake_without_hand_back"] > 24 * time_model.GiB
 
 
 def test_the_plan_counts_peft_s_fp32_copy_of_each_lora_input():

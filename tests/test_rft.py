@@ -35,11 +35,11 @@ def rft_args(**kw):
     return rsft_config(**kw)
 
 
-def grads(model, examples, minibatch=8):
+def grads(model, examples, micro_batch=8):
     """The gradient sft_update would apply (normalised over all examples' completion tokens), per parameter."""
     model.zero_grad()
     n = sum(len(c) for _, c in examples)
-    for batch in rft.length_batches(examples, minibatch):
+    for batch in rft.length_batches(examples, micro_batch):
         (rft.completion_nll(model, batch) / n).backward()
     return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
@@ -88,7 +88,7 @@ def test_loss_masks_the_prompt_and_is_normalised_over_all_completion_tokens():
            for p, c in ex for j, t in enumerate(c)]
     with torch.no_grad():
         assert rft.completion_nll(deep, ex).item() / 4 == pytest.approx(sum(nll).item() / 4, rel=1e-5)
-    assert same(grads(deep, ex, minibatch=1), grads(deep, ex, minibatch=2))
+    assert same(grads(deep, ex, micro_batch=1), grads(deep, ex, micro_batch=2))
 
 
 def test_the_shared_prompt_prefix_runs_once_with_the_same_loss_and_gradients(monkeypatch):

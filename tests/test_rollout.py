@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import domains  # noqa: E402
 import rollout  # noqa: E402
-from lib import protocol, retriever, runner, sandbox, worker_pool  # noqa: E402
+from lib import retriever, runner, sandbox, worker_pool  # noqa: E402
 from lib.cli import one_line_errors  # noqa: E402
 from lib.contract import ALLOWED_IMPORTS, check_harness  # noqa: E402
 from lib.hf_backend import HFBackend  # noqa: E402
@@ -289,7 +289,7 @@ def test_stop_strings_end_the_reply_and_reach_the_backend(backend, tmp_path):
     assert all(c["completion_ids"] == fake.ids for c in ep["calls"])  # recorded exactly as the backend returned
     assert fake.asked == [{"caps": [5], "stop": [["</search>"]]}, {"caps": [7], "stop": [["</answer>", "</search>"]]},
                           {"caps": [7], "stop": None}]
-    assert protocol.cut_at_stop("ab</a>cd", ["d", "</a>"]) == "ab</a>" and protocol.cut_at_stop("abc", None) == "abc"
+    assert runner.cut_at_stop("ab</a>cd", ["d", "</a>"]) == "ab</a>" and runner.cut_at_stop("abc", None) == "abc"
 
 
 BAD_REQUESTS = '''"""'polite' asks through llm() with bad arguments; 'forged' writes a bad stop list to the pipe itself."""
@@ -320,10 +320,10 @@ def test_bad_stop_and_max_tokens_are_refused_by_the_worker_and_the_parent(backen
     assert "protocol violation" in by["forged"]["error"] and "stop" in by["forged"]["error"]
     assert fake.asked == []  # no bad request reached the backend
     with pytest.raises(ValueError, match="max_tokens must be None or an int >= 1"):
-        protocol.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 0}, 8)
+        runner.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 0}, 8)
     with pytest.raises(ValueError, match="messages must be"):
-        protocol.llm_request({"llm": [{"role": "function", "content": "q"}]}, 8)
-    assert protocol.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 99, "stop": "</a>"}, 8) == \
+        runner.llm_request({"llm": [{"role": "function", "content": "q"}]}, 8)
+    assert runner.llm_request({"llm": [{"role": "user", "content": "q"}], "max_tokens": 99, "stop": "</a>"}, 8) == \
         ([{"role": "user", "content": "q"}], 8, ["</a>"], None)
 
 
@@ -453,7 +453,7 @@ def failing_starts(monkeypatch, pool, n):
 
 
 def test_a_worker_that_cannot_start_is_an_infrastructure_failure(backend, tmp_path, monkeypatch, lone_pool):
-    monkeypatch.setattr(rollout.BUDGET, "share", 1.0)  # counted, not stopped: the next test stops a run
+    monkeypatch.setattr(rollout.INFRA_ERRORS, "share", 1.0)  # counted, not stopped: the next test stops a run
     failing_starts(monkeypatch, lone_pool, 2)  # the first start and its retry
     retries = sandbox.start_retries
     eps = rollout.run_episodes(FakeDomain(), write(tmp_path, "good.py", GOOD), FakeDomain().load("t", 3), backend,
@@ -462,7 +462,7 @@ def test_a_worker_that_cannot_start_is_an_infrastructure_failure(backend, tmp_pa
     assert len(lost) == 1 and lost[0]["error"].startswith("infrastructure: a harness worker could not start: "
                                                           "[Errno 11] Resource temporarily unavailable")
     assert lost[0]["reward"] == 0.0 and [e["reward"] for e in eps if not e["error"]] == [1.0, 1.0]
-    assert rollout.BUDGET.counts() == {"infra_failures": 1, "start_retries": 1} and sandbox.start_retries == retries + 1
+    assert rollout.INFRA_ERRORS.counts() == {"infra_failures": 1, "start_retries": 1} and sandbox.start_retries == retries + 1
 
 
 def test_a_start_that_fails_once_is_retried_and_counted(backend, tmp_path, monkeypatch, lone_pool):
@@ -470,17 +470,17 @@ def test_a_start_that_fails_once_is_retried_and_counted(backend, tmp_path, monke
     eps = rollout.run_episodes(FakeDomain(), write(tmp_path, "good.py", GOOD), FakeDomain().load("t", 2), backend,
                                max_new_tokens=2, workers=1)
     assert [e["reward"] for e in eps] == [1.0, 1.0]
-    assert rollout.BUDGET.counts() == {"infra_failures": 0, "start_retries": 1}
+    assert rollout.INFRA_ERRORS.counts() == {"infra_failures": 0, "start_retries": 1}
 
 
 def test_a_tool_server_that_refuses_is_an_infrastructure_failure(backend, tmp_path, monkeypatch):
-    monkeypatch.setattr(rollout.BUDGET, "share", 1.0)
+    monkeypatch.setattr(rollout.INFRA_ERRORS, "share", 1.0)
     eps = rollout.run_episodes(RetrieverDomain(), write(tmp_path, "search.py", SEARCHES), FakeDomain().load("t", 2),
                                backend, max_new_tokens=2)
     # the harness never saw a "Search error" to score: the episode ended as the machine's failure
     assert all(e["error"].startswith("infrastructure: tools.search: retrieval server http://127.0.0.1:9/retrieve "
                                      "failed") and e["answer"] is None and e["reward"] == 0.0 for e in eps), eps
-    assert rollout.BUDGET.counts()["infra_failures"] == 2
+    assert rollout.INFRA_ERRORS.counts()["infra_failures"] == 2
 
 
 def test_a_malformed_retriever_reply_is_an_infrastructure_failure(backend, tmp_path, monkeypatch):
@@ -500,7 +500,7 @@ def test_a_malformed_retriever_reply_is_an_infrastructure_failure(backend, tmp_p
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr(rollout.BUDGET, "share", 1.0)
+    monkeypatch.setattr(rollout.INFRA_ERRORS, "share", 1.0)
     try:
         url = f"http://127.0.0.1:{server.server_port}/retrieve"
         eps = rollout.run_episodes(RetrieverDomain(url), write(tmp_path, "search.py", SEARCHES),
@@ -510,12 +510,12 @@ def test_a_malformed_retriever_reply_is_an_infrastructure_failure(backend, tmp_p
     assert all(e["error"].startswith(f"infrastructure: tools.search: retrieval server {url} sent a malformed "
                                      "reply (ValueError: 5 hit lists for 1 queries)") and e["reward"] == 0.0
                for e in eps), eps
-    assert rollout.BUDGET.counts()["infra_failures"] == 2
+    assert rollout.INFRA_ERRORS.counts()["infra_failures"] == 2
 
 
 def test_a_phase_over_the_budget_stops_the_run_with_one_line(backend, tmp_path):
-    rollout.BUDGET.start_phase("phase 3 (weight)")
-    rollout.BUDGET.add(40, [])  # earlier calls of the phase: 40 episodes, none lost
+    rollout.INFRA_ERRORS.start_phase("phase 3 (weight)")
+    rollout.INFRA_ERRORS.add(40, [])  # earlier calls of the phase: 40 episodes, none lost
     with pytest.raises(SystemExit) as stop, one_line_errors("whale.py"):
         rollout.run_episodes(RetrieverDomain(), write(tmp_path, "search.py", SEARCHES), FakeDomain().load("t", 3),
                              backend, max_new_tokens=2)
@@ -531,7 +531,7 @@ def test_a_harness_that_raises_is_its_own_failure_and_costs_no_budget(backend, t
                                max_new_tokens=2)
     assert all("ValueError: boom" in e["error"] and not e["error"].startswith("infrastructure")
                and e["reward"] == 0.0 for e in eps)
-    assert rollout.BUDGET.counts()["infra_failures"] == 0 and rollout.BUDGET.episodes == 4  # under the 5 %: no stop
+    assert rollout.INFRA_ERRORS.counts()["infra_failures"] == 0 and rollout.INFRA_ERRORS.episodes == 4  # under the 5 %: no stop
 
 
 class AlwaysBackend:
@@ -565,14 +565,14 @@ def run(task, llm, tools):
 def test_a_harness_asking_for_more_model_calls_than_the_cap_ends_at_it(backend, tmp_path):
     """searchqa and math: 16 model calls; the 17th request and later get '' without sampling, so the harness ends
     and is scored on what it has; past MAX_LLM_CALLS requests llm() raises (a harness cannot spin on '')."""
-    assert protocol.MODEL_CALL_CAPS == {"searchqa": 16, "math": 16, "chess": 18} and protocol.MAX_RETRIES == 10
+    assert runner.MODEL_CALL_CAPS == {"searchqa": 16, "math": 16, "chess": 18} and runner.MAX_RETRIES == 10
     scripted = AlwaysBackend(backend.tokenizer)
     [ep] = rollout.run_episodes(MathNamedDomain(), write(tmp_path, "greedy.py", "ASKS = 20\n" + GREEDY),
                                 MathNamedDomain().load("t", n=1), scripted)
     assert (ep["turns"], ep["capped"], ep["error"], ep["reward"]) == (16, True, None, 1.0)
     [ep] = rollout.run_episodes(MathNamedDomain(), write(tmp_path, "spin.py", "ASKS = 40\n" + GREEDY),
                                 MathNamedDomain().load("t", n=1), scripted)
-    assert ep["turns"] == 16 and f"llm() call limit {protocol.MAX_LLM_CALLS} reached" in ep["error"]
+    assert ep["turns"] == 16 and f"llm() call limit {runner.MAX_LLM_CALLS} reached" in ep["error"]
     [ep] = rollout.run_episodes(FakeDomain(), write(tmp_path, "other.py", "ASKS = 20\n" + GREEDY),
                                 FakeDomain().load("t", n=1), scripted)  # a domain without a cap: only the limit
     assert ep["turns"] == 20 and not ep["capped"]

@@ -12,9 +12,9 @@ import pytest
 from transformers import AutoTokenizer
 
 import rollout
-from lib.cli import sampling_of
 import whale
-from lib import protocol
+from lib import runner
+from lib.cli import sampling_of
 from lib.models import CHATML, build_smoke, cached, chat_ids, load_model, thinking_switch
 from tests.fixtures.qwen35 import QWEN35_TINY, build_qwen35_tiny, qwen35_tokenizer
 
@@ -210,14 +210,14 @@ def test_tool_call_parsing_lives_in_the_harness():
 def test_protocol_checks_tools_and_the_tool_role():
     m = [{"role": "system", "content": "s"}, {"role": "tool", "content": "r"}]
     tool = {"type": "function", "function": {"name": "f"}}
-    assert protocol.llm_request({"llm": m, "tools": [tool]}, 8) == (m, 8, None, [tool])
-    assert protocol.llm_request({"llm": m, "tools": []}, 8)[3] is None
-    for bad in ("f", [{"name": "f"}], [tool] * (protocol.MAX_TOOLS + 1),
-                [{"type": "function", "function": {"name": "f", "description": "x" * protocol.MAX_TOOLS_CHARS}}]):
+    assert runner.llm_request({"llm": m, "tools": [tool]}, 8) == (m, 8, None, [tool])
+    assert runner.llm_request({"llm": m, "tools": []}, 8)[3] is None
+    for bad in ("f", [{"name": "f"}], [tool] * (runner.MAX_TOOLS + 1),
+                [{"type": "function", "function": {"name": "f", "description": "x" * runner.MAX_TOOLS_CHARS}}]):
         with pytest.raises(ValueError, match="tools"):
-            protocol.llm_request({"llm": m, "tools": bad}, 8)
+            runner.llm_request({"llm": m, "tools": bad}, 8)
     with pytest.raises(ValueError, match="messages must be"):
-        protocol.llm_request({"llm": [{"role": "tool", "content": "r", "tool_call_id": "1"}]}, 8)
+        runner.llm_request({"llm": [{"role": "tool", "content": "r", "tool_call_id": "1"}]}, 8)
 
 
 BAD_TOOLS = '''"""Bad tools arguments: through llm() (the worker refuses), to the pipe itself (the parent refuses)."""
@@ -310,9 +310,8 @@ FOOLS_MATE = {"id": "fool", "fen": "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR 
 
 
 def chess_domain(marks):
-    from types import SimpleNamespace
     domains = pytest.importorskip("domains")
-    return domains.get("chess", SimpleNamespace(chess_san_marks=marks))
+    return domains.get("chess", {"chess_san_marks": marks})
 
 
 def test_paper_chess_h0_carries_the_conversation_across_moves_with_the_official_san(qwen_tok):

@@ -119,8 +119,7 @@ def judged_searchqa(server, tmp_path, monkeypatch, *extra):
     domains.add_args(p)
     args = p.parse_args(["--judge-url", f"http://127.0.0.1:{server.server_port}/v1", "--judge-model", "judge-m",
                          "--judge-key-env", "TEST_JUDGE_KEY", *extra])
-    args.out = str(tmp_path / "run")
-    return domains.get("searchqa", args)
+    return domains.get("searchqa", vars(args), out=str(tmp_path / "run"))
 
 
 TASK = {"id": "q1", "question": "Who wrote the Iliad?", "answers": ["Homer", "Homeros"]}
@@ -209,8 +208,8 @@ def test_judge_off_by_default_and_parsing():
     p = argparse.ArgumentParser()
     domains.add_args(p)
     args = p.parse_args([])
-    assert args.judge_url is None and args.judge_model == "gpt-5.4-mini" and judge.judge_from_args(args) is None
-    assert domains.get("math", args).reward({"answer": "7"}, "\\boxed{7}") == 1.0
+    assert args.judge_url is None and args.judge_model == "gpt-5.4-mini" and judge.judge_from_flags(args) is None
+    assert domains.get("math", vars(args)).reward({"answer": "7"}, "\\boxed{7}") == 1.0
     assert [judge.parse_verdict(t) for t in ["CORRECT", " incorrect", "**CORRECT**", "Correctly", "", None]] == \
         [1, 0, 1, None, None, None]
     assert judge.chat_url("http://h/v1/") == "http://h/v1/chat/completions"

@@ -119,7 +119,7 @@ def test_preset_defaults_and_overrides():
     assert chess.harness == "harnesses/chess.py"
     [cpu_paper] = whale.parse_args(["--domain", "math", "--preset", "cpu", "--data", "paper"])  # the paper's data:
     assert (cpu_paper.math_test_set, cpu_paper.math_max_steps) == ("gsm8k", None)  # no bundled-only choices
-    domains.get("math", cpu_paper)
+    domains.from_args(cpu_paper)
 
 
 def test_bad_flags_name_the_fix(capsys):
@@ -487,6 +487,20 @@ def test_a_rerun_with_other_settings_is_refused_with_one_line(tmp_path, fake, ca
                                  "--temperature 1.0 (now 0.2): rerun with the folder's settings, or use a new --out")
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing rewritten
     whale.main(argv + ["--method", "weight-only", "--out", str(out), "--threads", "2"])  # speed flags may change
+
+
+def test_an_older_folder_is_compared_under_a_flags_new_name(tmp_path, fake):
+    """config.json written before --minibatch became --micro-batch: its value is still checked, under the new name."""
+    argv, _ = fake
+    out = tmp_path / "run"
+    whale.main(argv + ["--method", "weight-only", "--out", str(out)])
+    config = json.loads((out / "config.json").read_text())
+    config["minibatch"] = config.pop("micro_batch")
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as e:
+        whale.main(argv + ["--method", "weight-only", "--out", str(out), "--micro-batch", "3"])
+    assert f"--micro-batch {config['minibatch']} (now 3)" in str(e.value.code)
+    whale.main(argv + ["--method", "weight-only", "--out", str(out)])  # the same settings resume
 
 
 def test_acceptance_is_strict_against_the_incoming_harness_re_scored_under_the_new_weights(tmp_path, fake):

@@ -213,11 +213,11 @@ def lora_casts(c, tokens):
 # -----------------------------------------------------------------------------
 # memory
 
-def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, completion=1024, minibatch=None,
+def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, completion=1024, micro_batch=None,
            sleep=True):
     """The plan of one card: the engine's share (--gpu-memory; default: all the trainer leaves), the sequences
-    its KV cache holds at `context` tokens, and the largest micro-batch (--minibatch, model calls) of
-    `context`-token calls with `completion` trained tokens that fits beside the trainer (or `minibatch`,
+    its KV cache holds at `context` tokens, and the largest micro-batch (--micro-batch, model calls) of
+    `context`-token calls with `completion` trained tokens that fits beside the trainer (or `micro_batch`,
     checked). retriever: "gpu" puts Search-R1's index on this card; "cpu" or None leave it off."""
     params, lora = param_counts(name)
     card = CARDS[card_gb][1] * GiB
@@ -236,7 +236,7 @@ def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, complet
     largest = 0
     while act(largest + 1) <= train_room and largest < 64:
         largest += 1
-    micro = minibatch or largest
+    micro = micro_batch or largest
     kv_per_token, state = cache_sizes(name)
     kv = engine - weights - OVERHEAD_ENGINE
     wake = CUDA_CONTEXT + on_card + held + engine  # the card at the wake after an update
@@ -244,7 +244,7 @@ def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, complet
                 reserved_at_wake=held, wake=wake, wake_without_hand_back=wake - RESERVED_SLACK + act(max(micro, 1)),
                 gpu_memory=engine / card, max_gpu_memory=room / card, kv=kv,
                 seqs=max(0, int(kv // (context * kv_per_token + state))), kv_per_token=kv_per_token, state=state,
-                minibatch=micro, largest=largest, act=act(max(micro, 1)), context=context, completion=completion,
+                micro_batch=micro, largest=largest, act=act(max(micro, 1)), context=context, completion=completion,
                 fits=0 < kv and engine <= room and 1 <= micro <= largest)
 
 
