@@ -62,7 +62,7 @@ from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_
                      positive_float, positive_int, run_config, seed_int)
 from lib.files import write_json
 from lib.memo import Memo, check_run_folder, check_same_settings
-from lib.ops import plan, preflight, report_to
+from lib.ops import plan, preflight, report_to  # the operation commands --plan, --check, --report-to only
 from lib.policy import add_backend_args, load_policy
 from lib.subsets import seeded_sample
 from presets import CPU, GPU, PAPER, PAPER_TRAIN_SIZES, PRESETS

@@ -16,7 +16,7 @@ the bundled shape (searchqa's retrievers over Wikipedia 2018: lib/retriever.py).
   split by a hash of the position into disjoint harness / test-pool / train buckets; the test set is a seeded
   256 of the test pool.
 
-    tasks = paper_tasks("math", "train", args)       # args: add_args' flags
+    tasks = paper_tasks("math", "train", flags)      # flags: add_args' (domains.get gives them)
 """
 import csv
 import hashlib
@@ -307,17 +307,17 @@ FLAGS = [
 # a domain's paper tasks, with add_args' dataset names and filters
 
 
-def paper_tasks(name, split, args):
+def paper_tasks(name, split, flags):
     """The paper's train, test (or, for chess, harness) tasks of a domain, with the dataset names and sizes of
-    add_args' flags."""
+    add_args' flags (the data flags only, as attributes: cli.Inputs.data)."""
     if name == "searchqa":
-        tasks = load_searchqa(split, args.searchqa_train, args.searchqa_test, args.searchqa_test_sets.split(","),
-                              args.searchqa_test_per_set, args.searchqa_train_size)
+        tasks = load_searchqa(split, flags.searchqa_train, flags.searchqa_test, flags.searchqa_test_sets.split(","),
+                              flags.searchqa_test_per_set, flags.searchqa_train_size)
     elif name == "math":
-        tasks = load_math(split, args.math_train, args.math_test.split(","))
+        tasks = load_math(split, flags.math_train, flags.math_test.split(","))
     else:
-        buckets = (("harness", args.chess_harness_size), ("test", args.chess_test_pool), ("train", args.chess_train_size))
-        tasks = load_chess(split, args.chess_puzzles, buckets, args.chess_test_size, args.chess_max_plies)
+        buckets = (("harness", flags.chess_harness_size), ("test", flags.chess_test_pool), ("train", flags.chess_train_size))
+        tasks = load_chess(split, flags.chess_puzzles, buckets, flags.chess_test_size, flags.chess_max_plies)
     if not tasks:
         raise ValueError(f"--data paper: the {name} {split} data has no usable rows (every row lacks a question or "
                          f"an answer): check the {name} dataset flags (see --help)")

@@ -1,0 +1,93 @@
+"""The code's shape as README "Files" and docs/design.md describe it, checked on the source: the method scripts keep
+the run-folder operations at their edge, whale.run is the plan and one call per phase, no function below a
+script's CLI layer takes the whole argparse Namespace, and one RSFT step runs at most 9 lib/ modules."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+METHOD_SCRIPTS = ("whale.py", "rft.py", "meta_harness.py")
+# The CLI layer: the functions that turn flags into configs, checks and loaded engines. A function elsewhere
+# that takes `args` (this project's name for the Namespace) fails the test below: give it its config
+# (lib/cli.py) instead.
+CLI_LAYER = {
+    "whale.py": {"parse_args", "run_args", "check_args", "plan_sizes", "start_run"},
+    "rft.py": {"train_cli"},
+    "meta_harness.py": {"search_cli"},
+    "rollout.py": {"apply_args", "adapted_policy", "evaluate_cli"},
+    "domains.py": {"from_args", "data_of", "check_harness", "check_inputs", "check_tools"},
+    "report.py": {"write_report"},
+    "lib/cli.py": {"conflicting_flags", "fields_of", "inputs_of", "sampling_of", "rsft_config", "search_config",
+                   "eval_config", "run_config"},
+    "lib/policy.py": {"check_backend", "load_backend", "max_lora_rank", "load_policy"},
+    "lib/retriever.py": {"check_flags"},
+    "lib/sandbox.py": {"apply_args"},
+}
+OPS_COMMANDS = {"parse_args", "print_plan", "main"}  # whale.py's --report-to, --plan and --check
+
+
+def tree(path):
+    return ast.parse((ROOT / path).read_text(), filename=path)
+
+
+def functions(t):
+    return [n for n in ast.walk(t) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def test_the_method_scripts_reach_lib_ops_only_from_their_operation_commands():
+    """rft.py and meta_harness.py import nothing from lib/ops; whale.py only for --report-to, --plan and --check,
+    used by the functions that parse and dispatch those flags, never by the run or its phases."""
+    for path in METHOD_SCRIPTS:
+        t = tree(path)
+        ops = {a.asname or a.name for n in ast.walk(t) if isinstance(n, ast.ImportFrom) and n.module == "lib.ops"
+               for a in n.names}
+        ops |= {a.name for n in ast.walk(t) if isinstance(n, ast.Import) for a in n.names
+                if a.name.startswith("lib.ops")}
+        if path != "whale.py":
+            assert not ops, f"{path} imports {sorted(ops)} from lib/ops"
+            continue
+        assert ops == {"plan", "preflight", "report_to"}
+        users = {f.name for f in functions(t) if any(isinstance(n, ast.Name) and n.id in ops for n in ast.walk(f))}
+        assert users <= OPS_COMMANDS, f"whale.py's {sorted(users - OPS_COMMANDS)} reach lib/ops"
+
+
+def test_whale_run_is_the_plan_then_one_memo_call_per_phase():
+    [run] = [f for f in tree("whale.py").body if isinstance(f, ast.FunctionDef) and f.name == "run"]
+    assert run.end_lineno - run.lineno + 1 <= 25
+    [loop] = [n for n in ast.walk(run) if isinstance(n, ast.While)]
+    called = set()
+    for n in ast.walk(loop):
+        if isinstance(n, ast.Call):
+            f = n.func
+            called.add(f"{f.value.id}.{f.attr}" if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                       else getattr(f, "id", ast.unparse(f)))
+    outside_memo = {c for c in called if not c.startswith("memo.")}
+    # the phase bodies (pure functions of their inputs) and the plan's rules; state and reuse only through memo
+    assert outside_memo <= {"weight_rule", "weight_phase", "harness_phase", "after", "len"}, outside_memo
+    assert {"memo.weight_phase", "memo.harness_phase", "memo.end_phase"} <= called
+
+
+def test_no_function_below_the_cli_layer_takes_the_namespace():
+    """Every function with a parameter `args` is one of the CLI layer's (lib/ops/ is the operation commands'
+    layer, reading every flag by design); a phase, a trainer, a search, a domain or a policy gets its config."""
+    paths = ["whale.py", "rft.py", "meta_harness.py", "rollout.py", "domains.py", "report.py", "presets.py",
+             *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "lib").glob("*.py"))]
+    found = {}
+    for path in paths:
+        for f in functions(tree(path)):
+            params = [a.arg for a in f.args.posonlyargs + f.args.args + f.args.kwonlyargs]
+            if "args" in params and f.name not in CLI_LAYER.get(path, set()):
+                found.setdefault(path, []).append(f.name)
+    found.pop("lib/harness_process.py", None)  # audit(event, args): the audit hook's own arguments
+    assert not found, f"functions below the CLI layer take the Namespace: {found}; pass their config instead"
+
+
+def test_one_rsft_step_runs_at_most_nine_lib_modules(tmp_path):
+    """scripts/lib_modules.py on README's one-step rft.py command: the rooms a reader opens to follow it."""
+    done = subprocess.run([sys.executable, "scripts/lib_modules.py", "rft.py", "--domain", "math", "--harness",
+                           "harnesses/math.py", "--model", "smoke", "--steps", "1", "--batch", "2", "--group", "2",
+                           "--out", str(tmp_path / "rft")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]  # the script's count, after the step's own output
+    assert last.endswith(" lib modules") and int(last.split()[0]) <= 9, done.stderr[-2000:]
