@@ -297,8 +297,8 @@ def search(backend, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_
            run_episodes=None, evaluate=None):
     """Meta-Harness under fixed weights, `rounds` proposer rounds (an archive that holds some already
     replays them). stop(best_series) -> bool ends the search early (see should_stop_harness_phase).
-    cfg: a cli.SearchConfig. run_episodes and evaluate (default: rollout's) run a candidate's smoke
-    episode and score it: a test passes its own."""
+    cfg: a cli.SearchConfig. run_episodes and evaluate run a candidate's smoke episode and score it
+    (rollout's unless given others)."""
     run_episodes, evaluate = run_episodes or rollout.run_episodes, evaluate or rollout.evaluate
     check_proposer(cfg)
     run_dir = Path(run_dir)

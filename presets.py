@@ -8,18 +8,14 @@ the paper and gpu presets' per-domain settings. Why each value is what it is: do
 # Named bundles of defaults; any flag given on the command line wins. I (--harness-iterations)
 # counts the re-scoring of the incoming harness, so a harness phase makes I - 1 proposer rounds.
 # smoke only checks the wiring (all runs in minutes).
-# cpu is calibrated on SmolLM2-135M on the train and harness splits only, never on test tasks (its
-# calibration, each value's reason and measurement: docs/cpu-run/README.md); its test tasks are a
-# seeded sample that leaves out the first 50 of each test split, which were looked at while the
-# preset was built. Its h0s (CPU below) are the bundled ones with the fewest knob changes under
-# which the base model earns a small training reward (3-30 %), so both axes can move from the first
-# phase, as in the paper; the offline proposer reads the traces (mutate_order traces). In the
-# paper's proportions: 8 RSFT steps in 3 weight phases of 3, 3, 2 (E = 0.375), a harness phase of
-# one round between each two (I = 2), so harness-only gets (I - 1) x 3 = 3 rounds; test mean@4 on 50
-# tasks before training and after the last phase only (test_evals ends). 64 train prompts, 8 a step
-# (G = 4), M = 3 on 24 harness tasks: within 30 min a seed since the prompts' shared opening runs
-# once (docs/cpu-run/README.md); 48 prompts at 6 a step lost math's RSFT signal
-# (docs/cpu-run/trial-48-16.md).
+# cpu: SmolLM2-135M in the paper's proportions: 8 RSFT steps (64 train prompts, 8 a step, G = 4) in 3
+# weight phases of 3, 3, 2 (E = 0.375), a harness phase of one round (I = 2, M = 3 on 24 harness
+# tasks) between each two, so harness-only gets 3 rounds; test mean@4 on 50 tasks before training
+# and after the last phase only (test_evals ends), a seeded sample that leaves out the first 50 of
+# each test split. Its h0s (CPU below) are the bundled ones with the fewest knob changes under which
+# the base model earns a small training reward, so both axes can move from the first phase, as in
+# the paper. Calibrated on the train and harness splits only; each value's reason and measurement:
+# docs/cpu-run/README.md.
 # paper is the official protocol (docs/protocol.md; its deviations: docs/fidelity.md), with the
 # per-domain settings in PAPER below; --micro-batch is the micro-batch of one forward/backward
 # inside an SFT mini-batch of --sft-batch trajectories (PAPER: the official global mini-batch).

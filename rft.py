@@ -240,7 +240,6 @@ class RSFT:
         self.cfg, self.policy, self.domain, self.out_dir = cfg, policy, domain, Path(out_dir)
         # the history's harness paths inside it are stored relative to it
         self.run_dir = Path(run_dir or out_dir)
-        # the episode runner (a test passes its own)
         self.run_episodes = run_episodes or rollout.run_episodes
         self.train = train if train is not None else domain.load("train")
         if cfg.group < 1:

@@ -34,9 +34,9 @@ for seed in $SEEDS; do
   case $seed in ''|*[!0-9]*) echo "run_all.sh: SEEDS=\"$SEEDS\": write whole numbers, e.g. SEEDS=\"0 1 2\"" >&2; exit 2 ;; esac
 done
 METHODS="harness-only weight-only stagewise stagewise-hw fast-slow whale"
-case $PRESET in  # measured on the 2-core machine with the default DOMAINS
-  smoke) eta="about 2 min" ;;  # fresh clone, 2026-11-30: 1 min 20 s
-  cpu)   eta="about 21 min" ;;  # fresh clone, idle, 2026-12-02: seeds 0, 1, 2 took 21.0, 22.5, 18.4 min
+case $PRESET in  # on the 2-core machine with the default DOMAINS (the measurements: README, docs/cpu-run/README.md)
+  smoke) eta="about 2 min" ;;
+  cpu)   eta="about 21 min" ;;
   gpu)   eta="about 12.5 h on one 80 GB card (estimated: python scripts/memory_plan.py)" ;;
   paper) eta="GPU-days: hours per run (docs/gpu.md)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu, gpu or paper" >&2; exit 2 ;;

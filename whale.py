@@ -275,9 +275,9 @@ def run(cfg, domain, policy, donors=()):
     train = seeded_sample(domain.load("train"), cfg.rsft.train_limit)
     steps, rounds = budgets(cfg, len(train))
     memo = Memo(cfg.out, donors, cfg.harness, steps, rounds, errors=rollout.INFRA_ERRORS)
-    test = lambda tag, weights, harness: memo.evaluation(
-        tag, weights, harness, cfg.test, lambda h, traces: evaluate_test(policy, domain, h, cfg.test, traces))
-    memo.repair(lambda i, weights, adapter, harness: evaluate_again(policy, test, i, weights, adapter, harness))
+    test = lambda tag, weights_id, harness: memo.evaluation(
+        tag, weights_id, harness, cfg.test, lambda h, traces: evaluate_test(policy, domain, h, cfg.test, traces))
+    memo.repair(lambda i, weights_id, adapter, harness: evaluate_again(policy, test, i, weights_id, adapter, harness))
     if steps:
         memo.trainer = rft.RSFT(cfg.rsft, policy, domain, Path(cfg.out, "weights"), train, run_dir=cfg.out)
     memo.begin(test)
@@ -351,14 +351,14 @@ def evaluate_test(policy, domain, harness, test, traces):
     return {"stats": stats, "per_task": per_task, "sources": sources}
 
 
-def evaluate_again(policy, test, i, weights, adapter, harness):
+def evaluate_again(policy, test, i, weights_id, adapter, harness):
     """A test evaluation a damaged folder lost (Memo.repair), from the same inputs."""
     print(f"evals/phase_{i}: lost or damaged, evaluated again (same weights, harness, seeds)")
     if adapter is not None:
         policy.load_adapter(adapter)
         policy.model.eval()
         policy.serve_adapter(adapter)
-    test(f"phase_{i}", weights, harness)
+    test(f"phase_{i}", weights_id, harness)
     if adapter is not None:
         policy.drop_adapter()  # the trainer loads the checkpoint onto the base model
 

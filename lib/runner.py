@@ -153,7 +153,8 @@ class Runner:
         self.thinking = thinking_switch(backend.tokenizer, thinking)
         self.episode_tokens = episode_tokens
         self.max_prompt_tokens = max_prompt_tokens or MAX_PROMPT_TOKENS
-        # the model length bounds prompt + completion; unknown (tests), room for any first prompt and a full cap
+        # the model length bounds prompt + completion; unknown (no --max-model-len), room for any first prompt and
+        # a full cap
         self.window = max_model_len or MAX_PROMPT_TOKENS + max_new_tokens
         self.generate_calls = self.llm_calls = 0
         self.generate_s = 0.0
@@ -478,7 +479,7 @@ class Runner:
 def extracted_answer(domain, answer):
     """The answer as the domain's reward reads it (None: nothing to read), kept in the trace so a proposer can
     tell a missing answer from a wrong one without seeing the gold answer."""
-    if not hasattr(domain, "extract"):  # a stand-in domain (tests): the answer as given
+    if not hasattr(domain, "extract"):  # a domain that reads no answer of its own: the answer as given
         return answer if isinstance(answer, str) else None
     try:
         return domain.extract(answer)
