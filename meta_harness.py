@@ -339,7 +339,7 @@ def main(argv=None):
     # what to run
     p.add_argument("--domain", required=True, help="searchqa, math or chess")
     p.add_argument("--harness", required=True, help="the seed harness file (h0)")
-    p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
+    p.add_argument("--model", default="smoke", help="smoke | cpu | null (replies '' to every call) | hub id | local path")
     p.add_argument("--out", required=True, help="run folder: the archive (rerun to resume)")
     # stopping
     p.add_argument("--rounds", "--iterations", dest="rounds", type=nonnegative_int, default=6,

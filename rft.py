@@ -420,7 +420,7 @@ def main(argv=None):
     # run
     p.add_argument("--domain", choices=("searchqa", "math", "chess"))
     p.add_argument("--harness", help="the harness file the rollouts run under")
-    p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
+    p.add_argument("--model", default="smoke", help="smoke | cpu | null (replies '' to every call) | hub id | local path")
     p.add_argument("--out", help="run folder: config.json, metrics.jsonl, ckpt/, summary.json")
     p.add_argument("--steps", type=positive_int, default=10,
                    help="rollout steps in all (a rerun resumes)")

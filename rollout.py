@@ -206,7 +206,7 @@ def main(argv=None):
     p.add_argument("--k", type=positive_int, default=8, help="samples per task (mean@k)")
     p.add_argument("--out", default=None, help="folder for traces.jsonl and results.json")
     # model and sampling
-    p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
+    p.add_argument("--model", default="smoke", help="smoke | cpu | null (replies '' to every call) | hub id | local path")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder")
     add_sampling_args(p)
     add_backend_args(p)

@@ -84,7 +84,7 @@ def parse_args(argv=None):
                    help="run folder (default results/<preset>/<domain>/<method>; "
                         "results/<preset>/seed-<n>/<domain>/<method> for --seed n, n != 0)")
     g.add_argument("--model", default=None,
-                   help="smoke | cpu | hub id | local path (default: the preset's)")
+                   help="smoke | cpu | null (replies '' to every call) | hub id | local path (default: the preset's)")
     g.add_argument("--harness", default=None,
                    help="starting harness h0 (default harnesses/<domain>.py; "
                         "the paper and gpu presets: harnesses/paper/<domain>.py)")

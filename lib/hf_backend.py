@@ -298,3 +298,14 @@ def cpu_head(model):
     plain = (type(head) is torch.nn.Linear and head.bias is None and head.weight.device.type == "cpu"
              and lm.config.model_type in PLAIN_HEAD_MODELS)
     return lm, head if plain else None
+
+
+class NullModelBackend(HFBackend):
+    """--model null: every call's reply is empty (the EOS token alone, decoded to ''), at no model time, so a
+    harness scored under it earns only what its own code solves. The trainer still gets the smoke model: RSFT
+    accepts nothing (every reward is the harness's alone) and never updates."""
+
+    def generate(self, prompts, *, max_new_tokens=256, **_):
+        caps = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
+        return [[self.tokenizer.eos_token_id] if cap > 0 else [] for cap in caps]
+

@@ -1,7 +1,9 @@
 """The base models: the tiny random smoke model and SmolLM2-135M, both built offline and cached, any hub id or
-local folder, and the chat prompt every backend samples from.
+local folder, and the chat prompt every backend samples from. `null` is the model that cannot answer: the smoke
+model's files for the trainer, and a backend that replies '' to every call (lib/hf_backend.NullModelBackend), so
+what a harness earns without a model is measured.
 
-    model, tok = load_model("cpu")        # smoke | cpu | hub id | local path
+    model, tok = load_model("cpu")        # smoke | cpu | null | hub id | local path
 """
 import importlib.util
 import os
@@ -12,7 +14,8 @@ from pathlib import Path
 import torch
 
 CACHE = Path(os.environ.get("WHALE_CACHE", Path.home() / ".cache" / "whale"))
-BUILTIN = {"smoke": "smoke-v2", "cpu": "smollm2-135m"}  # --model: its folder in CACHE, built at the first load
+BUILTIN = {"smoke": "smoke-v2", "cpu": "smollm2-135m", "null": "smoke-v2"}  # --model: its folder in CACHE, built at
+# the first load
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -98,7 +101,7 @@ def check_model(name):
     must be in the cache."""
     if name in BUILTIN:
         return
-    fix = "pass smoke, cpu, a local model folder or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct"
+    fix = "pass smoke, cpu, null, a local model folder or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct"
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
             raise ValueError(f"--model {name}: the folder holds no config.json: {fix}")
@@ -125,11 +128,12 @@ def check_model(name):
 
 
 def load_model(name, dtype=None):
-    """-> (model, tokenizer). name: smoke | cpu | hub id | local path (an adapter goes on with policy.load_lora)."""
+    """-> (model, tokenizer). name: smoke | cpu | null | hub id | local path (an adapter goes on with
+    policy.load_lora)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
     logging.disable_progress_bar()
-    path = cached(BUILTIN[name], {"smoke": build_smoke, "cpu": build_cpu}[name]) if name in BUILTIN else name
+    path = cached(BUILTIN[name], {"smoke": build_smoke, "null": build_smoke, "cpu": build_cpu}[name]) if name in BUILTIN else name
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
     tok = AutoTokenizer.from_pretrained(path)

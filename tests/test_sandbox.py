@@ -6,6 +6,7 @@ one hostile harness or code snippet per attack class of issue 11, each asserting
 import json
 import os
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -124,6 +125,10 @@ def run(task, llm, tools):
             return found + [n for n, m in list(sys.modules.items()) for v in list(vars(m).values())
                             if isinstance(v, str) and needle in v]
         attempt(log, "memory_scan", scan)
+    if q == "packages":  # the guard is off: the real import, with every package folder on the path
+        sys.path[:0] = PACKAGE_DIRS
+        for name in ("chess", "numpy", "torch"):
+            attempt(log, name, lambda: builtins.__import__(name).__file__)
     if q == "processes":
         attempt(log, "fork", os.fork)
         attempt(log, "system", lambda: os.system("id"))
@@ -169,10 +174,11 @@ def test_harness_sees_no_project_data_process_or_network_with_its_audit_hook_off
     marker = f"4242.{os.getpid()}"
     source = (ATTACKS.replace("REPO", str(REPO)).replace("SECRET_FILE", str(secret_file))
               .replace("RUNNER", str(bystander.pid)).replace("PORT", str(listener.getsockname()[1]))
-              .replace("HOST_IP", host_ip()).replace("MARKER", marker))
+              .replace("HOST_IP", host_ip()).replace("MARKER", marker)
+              .replace("PACKAGE_DIRS", repr([site.getsitepackages()[0], *sandbox.package_dirs()])))
     try:
-        by = run(backend, tmp_path, source, ["files", "hidden", "processes", "double_fork", "sockets", "kill"],
-                 deadline_s=30)
+        by = run(backend, tmp_path, source, ["files", "hidden", "packages", "processes", "double_fork", "sockets",
+                                             "kill"], deadline_s=30)
         time.sleep(0.5)
         assert sleepers(marker) == []  # nothing the harness started outlives its episode
         assert bystander.poll() is None  # the pid it tried to kill lives
@@ -193,10 +199,11 @@ def test_harness_sees_no_project_data_process_or_network_with_its_audit_hook_off
         assert files[name].startswith("error FileNotFoundError"), (name, files[name])
     assert files["init_environ"] == "b''"  # the sandbox's init starts from an empty environment
     assert eval(files["proc"]) == ["1", "2"]  # bwrap's init and the worker: no other process
-    # of the project folder, only the worker's own file is there (and the venv's packages when the venv is in it)
-    venv = Path(sys.prefix).resolve()
-    assert eval(files["project"]) == sorted(["lib"] + ([venv.name] if venv.parent == REPO.resolve() else []))
+    # of the project folder, only the worker's own file is there: not even the venv in .venv/
+    assert eval(files["project"]) == ["lib"]
     assert eval(files["project_lib"]) == ["harness_process.py"]
+    for name in ("chess", "numpy", "torch"):  # no installed package at all, the import guard undone or not
+        assert logs["packages"][name].startswith("error ModuleNotFoundError"), logs["packages"]
     assert not (REPO / "harnesses" / "evil.py").exists()
     assert hidden["tools_secret"].startswith("error AttributeError") and hidden["memory_scan"] == "[]"
     for name in ("fork", "posix_spawn", "subprocess"):

