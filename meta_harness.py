@@ -56,9 +56,10 @@ import rollout
 from lib import sandbox
 from lib.archive import candidate_rows, check_archive, pick_best, restore_seed, write_index
 from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegative_int,
-                     one_line_errors, positive_float, positive_int, search_config, seed_int)
+                     one_line_errors, positive_float, positive_int, search_config, seed_int, unit_interval)
 from lib.contract import normalized, static_check
 from lib.files import check_run_files, check_same_model, file_sha, read_json, write_json
+from lib.hf_backend import NullModelBackend
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
 from lib.policy import add_backend_args, load_policy
@@ -78,6 +79,13 @@ def add_args(parser):
                    help="rollouts per harness-set task when scoring")
     p.add_argument("--prompt-only", action="store_true",
                    help="candidates may change only string constants (FST)")
+    p.add_argument("--null-check", default="refuse", choices=("refuse", "report"),
+                   help="the candidate a round would accept is scored again under the null model (every "
+                        "reply ''): refuse it when it earns more than its parent does there plus "
+                        "--null-margin, or only report that score (the paper preset: the official "
+                        "protocol has no such rule)")
+    p.add_argument("--null-margin", type=unit_interval, default=NULL_MARGIN,
+                   help="how much more than its parent a candidate may earn without the model")
     p = parser.add_argument_group("proposer")
     p.add_argument("--proposer", default="mutate", choices=PROPOSERS)
     p.add_argument("--mutate-order", default="seeded", choices=("seeded", "listed", "traces"),
@@ -168,6 +176,45 @@ def score(cand_dir, backend, domain, tasks, cfg, policy_kw, evaluate):
               "samples": cfg.harness_samples}
     write_json(cand_dir / "scores.json", scores)
     return scores
+
+
+NULL_MARGIN = 0.05  # default --null-margin: one lucky task in 20 (an empty reply that happens to be read as right)
+
+
+def check_without_model(run_dir, iteration, backend, domain, tasks, cfg, policy_kw, evaluate):
+    """The candidate this round would accept, scored again on the harness set under the null model
+    (NullModelBackend: '' to every call): what its own code earns, which is never the agent's. With --null-check
+    refuse, one that earns more than its parent there plus --null-margin is refused (its reason in meta.json,
+    one line printed) and the next best is checked; with report, the score is only kept (null_scores.json)."""
+    null = NullModelBackend(backend.tokenizer)
+    while True:
+        rows = [r for r in candidate_rows(run_dir) if r["iteration"] <= iteration]
+        best = pick_best(rows)
+        if best["iteration"] != iteration or (cfg.null_check == "report" and (
+                run_dir / "candidates" / best["name"] / "null_scores.json").exists()):
+            return  # the incumbent stays, or the winner's score is kept
+        names = {r["name"] for r in rows}
+        parent = best["parent"] if best["parent"] in names else next(r["name"] for r in rows if r["parent"] is None)
+        own = null_score(run_dir / "candidates" / best["name"], null, domain, tasks, cfg, policy_kw, evaluate)
+        base = null_score(run_dir / "candidates" / parent, null, domain, tasks, cfg, policy_kw, evaluate)
+        if cfg.null_check == "report" or own <= base + cfg.null_margin:
+            return
+        meta_path = run_dir / "candidates" / best["name"] / "meta.json"
+        reason = (f"{best['name']} scores {own:.2f} without the model (its parent {parent} {base:.2f}, "
+                  f"--null-margin {cfg.null_margin:g}): the harness answers by itself")
+        write_json(meta_path, {**read_json(meta_path), "valid": False, "reason": reason})
+        print(f"  {best['name']}: refused, {reason}")
+
+
+def null_score(cand_dir, null, domain, tasks, cfg, policy_kw, evaluate):
+    """A candidate's harness-set mean@k under the null model, kept in its null_scores.json (the search's file: a
+    proposer's work never reaches it)."""
+    path = cand_dir / "null_scores.json"
+    if not path.exists():
+        stats = evaluate(domain, str(cand_dir / "harness.py"), tasks, null, k=cfg.harness_samples,
+                         desc=f"{cand_dir.name} without the model", **policy_kw)
+        write_json(path, {"score": stats["mean_at_k"], "tasks": len(tasks), "samples": cfg.harness_samples})
+    return read_json(path)["score"]
 
 
 # -----------------------------------------------------------------------------
@@ -321,6 +368,7 @@ def search(backend, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_
         failures = propose_iteration(run_dir, names, rows, it, domain, cfg, failures)  # propose
         for name in names:  # validate, score
             check_and_score(run_dir, name, backend, domain, tasks, cfg, kw, run_episodes, evaluate)
+        check_without_model(run_dir, it, backend, domain, tasks, cfg, kw, evaluate)
         rows, frontier = write_index(run_dir, it)  # accept: the archive best
         done = it
         print(f"iteration {it}: best {frontier['best']} = {frontier['score']:.4f}, series "

@@ -37,7 +37,7 @@ PRESETS = {
     "paper": dict(threads=None, data="paper", chess_san_marks=True, backend="vllm", vllm_sleep=True,
                   bf16=True, grad_checkpointing=True, phase_epochs=0.6, harness_iterations=6,
                   train_limit=None, test_limit=None, k=8, batch=256, group=8, micro_batch=2, warmup=0,
-                  weight_decay=0.01, grad_clip=1.0, candidates=3,
+                  weight_decay=0.01, grad_clip=1.0, candidates=3, null_check="report",
                   harness_tasks=256, harness_samples=1, proposer="claude",
                   proposer_model="claude-opus-4-7", proposer_timeout=2400.0, temperature=1.0,
                   top_k=20, max_new_tokens=8192, thinking="on", max_model_len=32768, deadline=600.0,

@@ -101,6 +101,7 @@ def make_table(runs, preset):
         lines.append(f"| {method} | " + " | ".join(cell(runs.get((d, method)))
                                                    for d in DOMAINS) + " |")
     lines += ["", "Test sets: " + ", ".join(f"{d}: {tasks_of(runs, d)} tasks" for d in DOMAINS), ""]
+    lines += without_model_table(runs, k)
     lines += claims_section(runs)
     if len(seeds) > 1:
         lines += per_seed_table(runs, seeds, k)
@@ -116,6 +117,26 @@ def make_table(runs, preset):
             lines.append(f"| {method} | " + " | ".join("-" if v is None else f"{v:.2f}"
                                                        for v in values) + " |")
     return "\n".join(lines) + "\n"
+
+
+def without_model_table(runs, k):
+    """Each final harness's test mean@k without the model (--model null: '' to every call) beside its score, on
+    the same tasks and seeds: what its own code earns, which no score should contain."""
+    lines = [f"## Final test mean@{k} and the final harness without the model", "",
+             "In %, mean over the finished seeds: the score / the same harness on the same tasks under the null "
+             "model (every reply ''). A harness that answers by itself shows here; - where an older run did not "
+             "measure it.", "",
+             "| method | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
+    for method in shown_methods(runs):
+        cells = []
+        for domain in DOMAINS:
+            finals = [points(run)[FINAL] for run in finished(runs.get((domain, method))).values()]
+            nulls = [r.get("null_mean_at_k") for r in finals]
+            score = f"{100 * fmean(r['mean_at_k'] for r in finals):.1f}" if finals else "not run"
+            null = f"{100 * fmean(nulls):.1f}" if finals and None not in nulls else "-"
+            cells.append(f"{score} / {null}" if finals else score)
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def benchmark_table(runs, k):

@@ -61,6 +61,7 @@ from lib import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors,
                      positive_float, positive_int, run_config, seed_int)
 from lib.files import write_json
+from lib.hf_backend import NullModelBackend
 from lib.memo import Memo, check_run_folder, check_same_settings
 from lib.ops import plan, preflight, report_to  # the operation commands --plan, --check, --report-to only
 from lib.policy import add_backend_args, load_policy
@@ -340,10 +341,14 @@ def evaluate_test(policy, domain, harness, test, traces):
     stats = rollout.evaluate(domain, harness, tasks, policy, k=test.k, **test.sampling.kwargs(),
                              seed=test.seed, traces_path=str(traces),
                              desc=f"test mean@{test.k} ({Path(traces).name.split('.')[0]})")
+    # what the harness earns by itself on the same tasks and seeds: reported beside the score, never credited
+    null = rollout.evaluate(domain, harness, tasks, NullModelBackend(policy.tokenizer), k=test.k,
+                            **test.sampling.kwargs(), seed=test.seed, desc="without the model")
     # prefixed so they never clash with the run's own counters (test rollouts are not part of the
     # cost)
     per_task = stats["per_task"]
     stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(per_task),
+             "null_mean_at_k": null["mean_at_k"],
              **{f"test_{name}": stats[name]
                 for name in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
     # the report's per-benchmark columns

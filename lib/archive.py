@@ -49,8 +49,8 @@ def proposer_costs(run_dir):
 
 
 def pick_best(rows):
-    """The row with the best score; ties go to fewer mean turns, then to the earlier row."""
-    scored = [r for r in rows if r.get("score") is not None]
+    """The valid row with the best score; ties go to fewer mean turns, then to the earlier row."""
+    scored = [r for r in rows if r.get("score") is not None and r.get("valid") is not False]
     if not scored:
         raise ValueError("pick_best: no scored candidate in the archive; score the seed harness first")
     return scored[max(range(len(scored)), key=lambda i: (scored[i]["score"], -scored[i]["mean_turns"], -i))]

@@ -29,6 +29,8 @@ split (1 rollout per task); the best score wins, ties go to fewer mean turns.
 - Imports only from: {allowed}. No `open`, `exec`, `eval`, `getattr`, `globals`, dunder attributes.
 - Caps the runner enforces whatever the harness asks: {caps}. Past a cap `llm()` returns '' (as it
   does once the episode's token budget is spent): end the episode there with the answer you have.
+- Leave the answering to the model: a score is the model's and the harness's together. Code that computes,
+  looks up or reads off the answer by itself is not an improvement: {null_rule}
 - Keep prompts short: the policy is a small model with a small context.{prompt_only}
 
 ## The {domain} domain
@@ -55,6 +57,15 @@ split (1 rollout per task); the best score wins, ties go to fewer mean turns.
 ## This iteration ({iteration})
 Candidates to write: {targets}
 """
+
+
+# what the search does with a candidate's score without the model (--null-check; meta_harness.check_without_model)
+NULL_RULES = {
+    "refuse": "the candidate a round would accept is scored again with a model that replies '' to every call, "
+              "and one that earns more there than its parent (by more than {margin:g}) is rejected.",
+    "report": "the candidate a round accepts is scored again with a model that replies '' to every call, and "
+              "that score is reported beside its own.",
+}
 
 
 CAPS = {"searchqa": "at most 16 model calls an episode", "math": "at most 16 model calls an episode",

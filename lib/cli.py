@@ -242,6 +242,8 @@ class SearchConfig:
     harness_tasks: int | None
     harness_samples: int
     prompt_only: bool
+    null_check: str  # refuse | report: a winner that earns more without the model than its parent
+    null_margin: float
     proposer: str
     mutate_order: str
     proposer_cmd: str | None

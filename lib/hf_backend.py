@@ -300,12 +300,18 @@ def cpu_head(model):
     return lm, head if plain else None
 
 
-class NullModelBackend(HFBackend):
-    """--model null: every call's reply is empty (the EOS token alone, decoded to ''), at no model time, so a
-    harness scored under it earns only what its own code solves. The trainer still gets the smoke model: RSFT
-    accepts nothing (every reward is the harness's alone) and never updates."""
+class NullModelBackend:
+    """--model null, and the search's check of a candidate without the model: every call's reply is empty (the
+    EOS token alone, decoded to ''), at no model time, so a harness scored under it earns only what its own code
+    solves. model: the trainer's (--model null trains the smoke model: RSFT accepts nothing, every reward being
+    the harness's alone); the replies never read it."""
+
+    def __init__(self, tokenizer, model=None):
+        self.tokenizer, self.model = tokenizer, model
+
+    def sync_adapter(self, path):
+        pass
 
     def generate(self, prompts, *, max_new_tokens=256, **_):
         caps = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
         return [[self.tokenizer.eos_token_id] if cap > 0 else [] for cap in caps]
-

@@ -383,12 +383,16 @@ class Memo:
         best = max(evals, key=lambda r: (r["mean_at_k"], -r["rollouts"]))
         summary = {**about, "best_mean_at_k": best["mean_at_k"], "rollouts_to_best": best["rollouts"],
                    "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
+                   # the final harness without the model, on the same test tasks (None: an older evaluation)
+                   "final_null_mean_at_k": evals[-1].get("null_mean_at_k"),
                    "total_rollouts": evals[-1]["rollouts"], "phases": len(phases) - 1,
                    "rsft_steps": self.step(), "harness_iterations": self.rounds_done(),
                    "final_harness": stored_path(self.harness(), self.out), "test_tasks": evals[-1]["test_tasks"]}
         write_json(os.path.join(self.out, "summary.json"), summary)
+        null = summary["final_null_mean_at_k"]
         print(f"best mean@{about['k']} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} "
-              f"rollouts; final {summary['final_mean_at_k']:.4f}")
+              f"rollouts; final {summary['final_mean_at_k']:.4f}"
+              + ("" if null is None else f"; the final harness without the model {null:.4f}"))
 
     # the harness archives
     def archive_for(self, weights):

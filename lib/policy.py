@@ -57,7 +57,7 @@ def load_backend(args, model, tok, adapter=None):
     LoRA folder to start from: loaded onto the model (backend.model is then the PeftModel) and, by the engines,
     into the engine with the canary checked, before the first rollout."""
     if args.backend == "hf":
-        backend = (NullModelBackend if args.model == "null" else HFBackend)(model, tok)
+        backend = NullModelBackend(tok, model) if args.model == "null" else HFBackend(model, tok)
     else:
         path = getattr(model, "name_or_path", None) or args.model
         if args.backend == "vllm":

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lib import sandbox
 from lib.archive import log_cost
-from lib.briefs import CAPS, DOMAIN_BRIEFS, INSTRUCTIONS
+from lib.briefs import CAPS, DOMAIN_BRIEFS, INSTRUCTIONS, NULL_RULES
 from lib.contract import ALLOWED_IMPORTS, MAX_HARNESS_CHARS
 from lib.files import read_json, write_json
 
@@ -47,6 +47,7 @@ def write_instructions(run_dir, domain, names, parent, iteration, cfg):
                                tool_methods=", ".join(f"`{m}`" for m in domain.TOOL_METHODS),
                                allowed=", ".join(ALLOWED_IMPORTS), caps=CAPS.get(domain.name, "none"),
                                domain_brief=DOMAIN_BRIEFS.get(domain.name, ""), prompt_only=prompt_only,
+                               null_rule=NULL_RULES[cfg.null_check].format(margin=cfg.null_margin),
                                iteration=iteration,
                                parent=parent, targets=", ".join(f"`candidates/{n}/harness.py`" for n in names))
     path = Path(run_dir) / "INSTRUCTIONS.md"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import meta_harness as mh
+from fixtures import stand_ins
 from lib import sandbox
 from test_meta_harness import SEED, FakeDomain, FakeRollout, make_args, rows_of
 
@@ -139,7 +140,7 @@ def hostile(tmp_path, monkeypatch):
     def run(attack, iterations=1, **over):
         cmd = f"{sandbox.python()} {script} {attack} {{workdir}} {PROJECT} {run_dir} {outside}"
         args = make_args(proposer="command", proposer_cmd=cmd, proposer_ro=[str(script)], **over)
-        mh.search(None, FakeDomain(), str(seed), run_dir, args, rounds=iterations)
+        mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, args, rounds=iterations)
         assert list(scratch_root.iterdir()) == [], "the proposer's scratch folder was left behind"
         return run_dir, fr
     return run

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import meta_harness as mh
+from fixtures import stand_ins
 from fixtures.configs import search_config
 from lib import contract, mutate, openai_proposer, proposers, sandbox
 
@@ -59,6 +60,8 @@ class FakeRollout:
         return [{"task_id": tasks[0]["id"], "sample": 0, "reward": 0.0, "error": error, "turns": 1}]
 
     def evaluate(self, domain, harness_path, tasks, backend, k=1, traces_path=None, desc="", **kw):
+        if stand_ins.without_model(backend, tasks, k):
+            return stand_ins.without_model(backend, tasks, k)
         self.evaluated.append(Path(harness_path).parent.name)
         ns = {}
         exec(Path(harness_path).read_text(), ns)
@@ -146,7 +149,7 @@ def test_set_knob_rewrites_only_that_assignment():
 
 def test_mutate_archive_and_resume_never_rescore(fake):
     fr, seed, run_dir = fake
-    res = mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=2), rounds=2)
+    res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=2), rounds=2)
     assert fr.evaluated == ["h0", "h1_1", "h1_2", "h2_1", "h2_2"]
     assert res["iterations"] == 2 and len(res["best_series"]) == 3
     assert res["best_series"] == sorted(res["best_series"]) and res["score"] == max(res["best_series"])
@@ -163,18 +166,18 @@ def test_mutate_archive_and_resume_never_rescore(fake):
 
     # rerun with one more iteration: nothing already scored is scored again
     fr.evaluated.clear()
-    res2 = mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=2), rounds=3)
+    res2 = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=2), rounds=3)
     assert fr.evaluated and all(n.startswith("h3_") for n in fr.evaluated) and res2["iterations"] == 3
     assert res2["best_series"][:3] == res["best_series"]
     with pytest.raises(ValueError, match="another setup"):  # scores from another harness set would not compare
-        mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=2, harness_tasks=2), rounds=3)
+        mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=2, harness_tasks=2), rounds=3)
 
 
 def test_patience_stop_ends_search_early(fake):
     fr, seed, run_dir = fake
     seed.write_text(SEED.replace('"MAX_TURNS": [1, 2, 3], ', ""))  # one knob, one other value: no gain after it
     stop = lambda s: mh.should_stop_harness_phase(s, patience=2, min_iters=3)
-    res = mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=1), rounds=10, stop=stop)
+    res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=1), rounds=10, stop=stop)
     assert res["iterations"] == 3 and res["best_series"] == pytest.approx([0.1, 0.15, 0.15, 0.15])
 
 
@@ -209,7 +212,7 @@ def test_command_proposer_and_every_rejection_reason(fake, tmp_path):
     agent.write_text(STAND_IN)
     args = make_args(candidates=7, proposer="command", prompt_only=True, proposer_ro=[str(agent)],
                      proposer_cmd=f"{sandbox.python()} {agent} {{workdir}}")
-    res = mh.search(None, FakeDomain(), str(seed), run_dir, args, rounds=2)
+    res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, args, rounds=2)
     assert res["iterations"] == 2  # the run goes on past rejections
     rows = rows_of(run_dir)
     reasons = [rows[f"h1_{j}"]["reason"] or "" for j in range(1, 8)]
@@ -226,7 +229,7 @@ def test_command_proposer_and_every_rejection_reason(fake, tmp_path):
     assert (run_dir / "notes.md").exists()
     # without --prompt-only the last two edits pass the static checks; the dict key then fails its smoke episode
     args = dataclasses.replace(args, prompt_only=False)
-    mh.search(None, FakeDomain(), str(seed), tmp_path / "free", args, rounds=1)
+    mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), tmp_path / "free", args, rounds=1)
     rows = rows_of(tmp_path / "free")
     assert rows["h1_6"]["valid"] and rows["h1_7"]["reason"].startswith("smoke episode failed")
     assert rows["h1_7"]["rollouts"] == 1  # only its smoke episode
@@ -280,7 +283,7 @@ def test_openai_proposer_against_loopback_server(fake, monkeypatch, chat_server)
     monkeypatch.setenv("TEST_KEY", "sk-test")
     args = make_args(candidates=2, proposer="openai", proposer_url=chat_server,
                      proposer_model="m", proposer_key_env="TEST_KEY", proposer_prompt_tokens=3000)
-    res = mh.search(None, FakeDomain(), str(seed), run_dir, args, rounds=1)
+    res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, args, rounds=1)
     path, auth, body = ChatServer.requests[0]
     assert path == "/v1/chat/completions" and auth == "Bearer sk-test" and body["model"] == "m"
     prompt = body["messages"][0]["content"]
@@ -327,7 +330,7 @@ def test_openai_retries_429_and_5xx_honouring_retry_after(fake, monkeypatch, cha
     ChatServer.replies = [(429, {"Retry-After": "3"}, RATE_LIMITED), (503, {}, OVERLOADED),
                           (502, {}, "<html><body><h1>502 Bad Gateway</h1></body></html>"),
                           f"Hypothesis: two turns\n```python\n{code}```"]
-    mh.search(None, FakeDomain(), str(seed), run_dir, openai_args(chat_server), rounds=1)
+    mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, openai_args(chat_server), rounds=1)
     assert slept == [3.0, 2.0, 4.0]  # Retry-After, then exponential backoff
     assert len(ChatServer.requests) == 4 and rows_of(run_dir)["h1_1"]["score"] == 0.2
     costs = [json.loads(l) for l in open(run_dir / "costs.jsonl")]
@@ -344,7 +347,7 @@ def test_openai_errors_no_retry_can_fix_stop_with_the_fix(fake, chat_server, sta
     fr, seed, run_dir = fake
     ChatServer.replies = [(status, {}, body)]
     with pytest.raises(SystemExit, match=fix):
-        mh.search(None, FakeDomain(), str(seed), run_dir, openai_args(chat_server), rounds=1)
+        mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, openai_args(chat_server), rounds=1)
     assert len(ChatServer.requests) == 1  # never retried
 
 
@@ -355,7 +358,7 @@ def test_openai_timeout_per_request_then_the_failure_limit(fake, monkeypatch, ch
     # no clock: "timed out" on each of the 10 requests says the 0.2 s timeout, not the 2 s server, ended them
     with pytest.raises(SystemExit, match=r"proposer openai failed 2 times in a row, last: no answer from .*timed "
                                          r"out \(after 4 retries\)\. To go on, check that the server"):
-        mh.search(None, FakeDomain(), str(seed), run_dir,
+        mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir,
                   openai_args(chat_server, proposer_timeout=0.2, proposer_max_failures=2), rounds=1)
     assert len(ChatServer.requests) == 10
     assert not (run_dir / "candidates" / "h1_1").exists()  # a failed call leaves the iteration to the rerun
@@ -424,7 +427,7 @@ def claude_stand_in(tmp_path, monkeypatch):
 def test_claude_success_takes_the_candidate_and_records_usage(fake, claude_stand_in):
     fr, seed, run_dir = fake
     claude_stand_in("success")
-    mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=1, proposer="claude"), rounds=1)
+    mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=1, proposer="claude"), rounds=1)
     row = rows_of(run_dir)["h1_1"]
     assert row["valid"] and row["score"] == 0.2 and row["hypothesis"] == "two turns"
     cost = json.loads((run_dir / "costs.jsonl").read_text())
@@ -444,7 +447,7 @@ def test_claude_failures_are_read_and_stop_the_search(fake, claude_stand_in, cap
     args = make_args(candidates=1, proposer="claude", proposer_max_failures=2)
     with pytest.raises(SystemExit, match=f"proposer claude failed 2 times in a row, last: {message}.*log in to Claude "
                                          f"Code .* or set ANTHROPIC_API_KEY.*resumes at iteration 1"):
-        mh.search(None, FakeDomain(), str(seed), run_dir, args, rounds=3)
+        mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, args, rounds=3)
     costs = [json.loads(l) for l in open(run_dir / "costs.jsonl")]
     assert len(costs) == 2 and all(c["error"] and c["iteration"] == 1 for c in costs)
     assert "failed (1/2 in a row)" in capsys.readouterr().out
@@ -463,7 +466,7 @@ def test_failures_count_only_in_a_row(fake, monkeypatch):
         return 0, json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "done"}), ""
     monkeypatch.setattr(proposers, "run_in_sandbox", fake_run)
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)  # meta_harness and lib.proposers
-    res = mh.search(None, FakeDomain(), str(seed), run_dir, make_args(candidates=1, proposer="claude"), rounds=2)
+    res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=1, proposer="claude"), rounds=2)
     assert res["iterations"] == 2
     assert [c["error"] for c in map(json.loads, open(run_dir / "costs.jsonl"))] == \
         ["API Error: 529 Overloaded"] * 2 + [None] + ["API Error: 529 Overloaded"] * 2 + [None]
@@ -478,7 +481,7 @@ def test_real_claude_cli_without_login_ends_the_search_with_its_message(fake, tm
     args = make_args(candidates=1, proposer="claude", proposer_max_failures=2, proposer_timeout=20)
     with pytest.raises(SystemExit, match="failed 2 times in a row, last: Not logged in · Please run /login. To go on, "
                                          "log in to Claude Code"):
-        mh.search(None, FakeDomain(), str(seed), run_dir, args, rounds=1)
+        mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, args, rounds=1)
     costs = [json.loads(l) for l in open(run_dir / "costs.jsonl")]
     assert [c["error"] for c in costs] == ["Not logged in · Please run /login"] * 2
 
@@ -579,7 +582,7 @@ def test_real_claude_cli_tools_stay_in_the_proposer_folder(fake, tmp_path, monke
     monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{server.server_port}")
     args = make_args(candidates=1, proposer="claude", proposer_max_failures=1, proposer_timeout=60)
     try:
-        mh.search(None, FakeDomain(), str(seed), run_dir, args, rounds=1)
+        mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, args, rounds=1)
     finally:
         server.shutdown()
     refused = [i for i, is_error, _ in FakeAnthropicApi.results if is_error]
@@ -616,9 +619,13 @@ def test_each_domain_gets_its_own_brief_and_caps(tmp_path):
         folder = tmp_path / name
         folder.mkdir()
         path = proposers.write_instructions(folder, domains.get(name), ["h1_1"], "h0", 1,
-                                            SimpleNamespace(prompt_only=False))
+                                            SimpleNamespace(prompt_only=False, null_check="refuse", null_margin=0.05))
         text[name] = path.read_text()
         assert f"## The {name} domain\n" in text[name]
+        # every domain's proposer is told that the answering is the model's, and how that is checked
+        assert ("Leave the answering to the model" in text[name] and "scored again with a model that replies '' "
+                "to every call, and one that earns more there than its parent (by more than 0.05) is rejected"
+                in text[name].replace("\n  ", " "))
     assert "never turn a legal wrong move of the model into another move" in text["chess"]
     assert "no chess library (`import chess` is refused) and no engine" in text["chess"]
     assert "at most 18 model calls a puzzle, and at most 10 retries of each kind" in text["chess"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import meta_harness as mh
+from fixtures import stand_ins
 from fixtures.configs import search_config
 
 ALL = {"A": [0, 1], "B": [0, 1], "C": [0, 1], "D": [0, 1], "E": [0, 1], "F": [0, 1], "PROMPT": ["Answer: ", "Reply: "]}
@@ -55,6 +56,8 @@ class FakeRollout:
         return [{"task_id": tasks[0]["id"], "reward": 0.0, "error": None, "turns": 1}]
 
     def evaluate(self, domain, harness_path, tasks, backend, k=1, traces_path=None, **kw):
+        if stand_ins.without_model(backend, tasks, k):
+            return stand_ins.without_model(backend, tasks, k)
         v = knobs(harness_path)
         score = 0.1 + self.gain * (v["A"] + v["B"]) + self.prompt_gain * (v["PROMPT"] != "Answer: ")
         score = self.score(v) if self.score else score
@@ -70,7 +73,7 @@ def search(work, monkeypatch, iterations, candidates=2, fake=None, **over):
     seed = work / "seed.py"
     seed.write_text(SEED)
     args = search_config(candidates=candidates, max_new_tokens=8, **over)
-    result = mh.search(None, FakeDomain(), str(seed), work / "run", args, iterations,
+    result = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), work / "run", args, iterations,
                        run_episodes=fake.run_episodes, evaluate=fake.evaluate)  # the seam: no module swapped
     proposals = [r for r in map(json.loads, open(work / "run" / "summary.jsonl")) if r["iteration"] > 0]
     return result, proposals, work / "run"

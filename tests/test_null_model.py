@@ -2,22 +2,32 @@
 own code solves. The bundled and cpu h0s earn nothing; harnesses that answer by themselves (a regex over the
 searchqa passage, a math problem computed in Python: tests/fixtures/cheats/) do."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 import domains
+import meta_harness
 import rollout
-from lib.hf_backend import NullModelBackend
+from lib.files import write_json
+from lib.hf_backend import HFBackend, NullModelBackend
 from lib.models import load_model
 from lib.subsets import seeded_sample
+from tests.fixtures.configs import search_config
 
 CHEATS = Path(__file__).resolve().parent / "fixtures" / "cheats"
 
 
 @pytest.fixture(scope="module")
+def smoke():
+    return HFBackend(*load_model("smoke"))
+
+
+@pytest.fixture(scope="module")
 def null():
-    return NullModelBackend(*load_model("null"))
+    model, tok = load_model("null")
+    return NullModelBackend(tok, model)
 
 
 def score(domain, harness, backend, n=8, split="harness"):
@@ -58,3 +68,37 @@ def test_the_null_model_needs_no_engine():
         rollout.main(["--domain", "math", "--harness", "harnesses/math.py", "--model", "null", "--backend", "vllm"])
     assert str(e.value.code) == ("rollout.py: error: --model null replies '' without any engine: use --backend hf, "
                                  "not --backend vllm")
+
+
+def proposed(run_dir, name, source):
+    """A round's candidate as a proposer leaves it in the archive (lib/mutate.py writes there the same way)."""
+    d = run_dir / "candidates" / name
+    d.mkdir(parents=True)
+    shutil.copy(source, d / "harness.py")
+    write_json(d / "meta.json", {"parent": "h0", "hypothesis": "read the answer off the task", "changed": "all",
+                                 "proposer": "command", "iteration": 1, "proposed": True, "valid": None,
+                                 "reason": None})
+
+
+@pytest.mark.parametrize("domain, cheat", [("searchqa", "searchqa_regex.py"), ("math", "math_compute.py")])
+def test_the_search_refuses_a_winner_that_answers_by_itself(tmp_path, smoke, capsys, domain, cheat):
+    """h1_1 beats h0 under the (random) smoke model only because its code answers: the search scores it again
+    under the null model, refuses it in one line, and h0 stays. With --null-check report it wins, its score
+    without the model kept."""
+    d = domains.get(domain)
+    for check in ("refuse", "report"):
+        run_dir = tmp_path / check
+        proposed(run_dir, "h1_1", CHEATS / cheat)
+        cfg = search_config(candidates=1, harness_tasks=8, null_check=check)
+        result = meta_harness.search(smoke, d, f"harnesses/{domain}.py", run_dir, cfg, rounds=1)
+        scores = json.loads((run_dir / "candidates" / "h1_1" / "scores.json").read_text())
+        null = json.loads((run_dir / "candidates" / "h1_1" / "null_scores.json").read_text())["score"]
+        assert scores["score"] > 0.25 and null > 0.25, (scores, null)
+        meta = json.loads((run_dir / "candidates" / "h1_1" / "meta.json").read_text())
+        if check == "refuse":
+            assert Path(result["winner"]).parent.name == "h0" and meta["valid"] is False
+            assert meta["reason"] == (f"h1_1 scores {null:.2f} without the model (its parent h0 0.00, --null-margin "
+                                      "0.05): the harness answers by itself")
+            assert f"  h1_1: refused, {meta['reason']}" in capsys.readouterr().out
+        else:
+            assert Path(result["winner"]).parent.name == "h1_1" and meta["valid"] is True

@@ -15,8 +15,10 @@ import domains
 import meta_harness
 import rft
 import whale
+from fixtures import stand_ins
 from lib import files, memo
 from lib.cli import run_config
+from lib.hf_backend import NullModelBackend
 from lib.memo import Memo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -191,6 +193,7 @@ def run(task, llm, tools):
 def fake_episodes(domain, harness_path, tasks, backend, *, samples=1, seed=0, traces_path=None, h0_reward=0.3, **kw):
     source = open(harness_path).read()
     p = 0.6 if "MAX_TURNS = 2" in source else h0_reward
+    p = 0.0 if isinstance(backend, NullModelBackend) else p  # these harnesses leave the answering to the model
     episodes = []
     for task in tasks:
         for s in range(samples):
@@ -394,6 +397,8 @@ def test_an_evaluation_is_reused_only_when_weights_harness_and_settings_match(tm
     made = []
 
     def evaluate(domain, harness, tasks, backend, k=1, traces_path=None, **kw):
+        if isinstance(backend, NullModelBackend):  # the same tasks without the model: nothing earned
+            return {"mean_at_k": 0.0, "k": k, "per_task": {"a": 0.0, "b": 0.0}}
         made.append((harness, k))
         open(traces_path, "a").write('{"task_id": "a"}\n' * 2 * k)  # one trace per rollout
         return {"mean_at_k": 0.5, "k": k, "per_task": {"a": 1.0, "b": 0.0}, "mean_turns": 1.0, "tokens": 4,
@@ -412,7 +417,7 @@ def test_an_evaluation_is_reused_only_when_weights_harness_and_settings_match(tm
     def evaluate_test(args, harness, tag, weights, donors):
         test = run_config(args, whale.domains.data_flags()).test
         return Memo(args.out, donors, harness, 0, 0).evaluation(
-            tag, weights, harness, test, lambda h, traces: whale.evaluate_test(None, Domain(), h, test, traces))
+            tag, weights, harness, test, lambda h, traces: whale.evaluate_test(stand_ins.BACKEND, Domain(), h, test, traces))
 
     stats = evaluate_test(a, str(harness), "phase_0", "base", [])
     saved = json.loads((tmp_path / "a" / "evals" / "phase_0.json").read_text())
