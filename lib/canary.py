@@ -28,11 +28,15 @@ CANARY_TOKENS = 12   # the trainer's greedy continuation scored after each quest
 CANARY_FLOOR = 1e-3  # nats/token: two stacks this close count as the same model, whatever the measured noise
 CANARY_NOISE_X = 3   # tolerance = this many times the measured dtype noise (engine vs trainer, base weights)
 CANARY_REL = 0.25    # small adapters: the engine's own adapter effect must match the trainer's within this share
-# the probe adapter loaded at engine start: its effect on the trainer's canary log-probs (nats/token) is made at
-# least PROBE_EFFECT by scaling its random B up (a random-weight model's near-uniform outputs may move less: it
-# stops at 64x the base weights); the engine must then show it directly, and the effect must be PROBE_X
-# tolerances (3x the measured dtype noise) or more, so an engine that ignores adapters cannot pass
-PROBE_EFFECT, PROBE_X, PROBE_RANK, PROBE_SEED = 0.5, 4, 8, 1234
+# the probe adapter loaded at engine start: its random B@A starts at the smallest share of each base weight's norm
+# that moves the trainer's canary log-probs PROBE_EFFECT nats/token. The engine applies it when its own effect on
+# the same tokens (served minus its base, where the common dtype noise cancels) is the trainer's within
+# PROBE_RESIDUAL of its size; until that is decided, the share doubles (the effect grows, the engine's noise does
+# not), up to PROBE_MAX_SHARE or until the effect stops growing. Then an engine whose own effect is below
+# PROBE_IGNORED of the trainer's by three standard errors ignores adapters; anything else is noise too large to
+# decide.
+PROBE_EFFECT, PROBE_RANK, PROBE_SEED = 0.5, 8, 1234
+PROBE_RESIDUAL, PROBE_IGNORED, PROBE_MAX_SHARE = 0.5, 0.5, 2.0 ** 10
 
 
 
@@ -114,9 +118,13 @@ def canary_stats(t, b, e, e0):
     dist = lambda x, y: float((x - y).abs().mean())
     de, dt = e - e0, t - b  # the adapter's effect inside each stack: the common dtype noise cancels
     size = float(dt.norm())
+    scale = float(de @ dt) / size ** 2 if size else None  # 1: the engine applies the trainer's change
     return {"noise": dist(e0, b), "effect": dist(t, b), "to_trainer": dist(e, t), "to_base": dist(e, b),
-            "scale": float(de @ dt) / size ** 2 if size else None,  # 1: the engine applies the trainer's change
-            "residual": float((de - dt).norm()) / size if size else None}  # what the engine misses of it
+            "tol": max(CANARY_NOISE_X * dist(e0, b), CANARY_FLOOR),  # what numerics alone explain
+            "scale": scale,
+            "residual": float((de - dt).norm()) / size if size else None,  # what the engine misses of it
+            # the scale's standard error, from the engine's own noise about its fit: a least-squares slope's
+            "scale_se": float((de - scale * dt).norm()) / (size * max(len(dt) - 1, 1) ** 0.5) if size else None}
 
 
 BELOW_NOISE = "adapter effect below the dtype noise: served or not, the engine samples the trainer's model " \
@@ -135,7 +143,7 @@ def canary_verdict(s):
         serving the trainer's weights does, and the line says so. An engine further than that serves other weights
         (another adapter), and an adapter whose effect grows past 2 tol is judged directly again, so stale or base
         weights stop the run as soon as they make a difference the engine can resolve."""
-    tol = s["tol"] = max(CANARY_NOISE_X * s["noise"], CANARY_FLOOR)
+    tol = s["tol"]
     if s["to_trainer"] <= tol and s["to_base"] - s["to_trainer"] > tol:
         return True, "direct"
     if s["scale"] is None:  # the adapter changes nothing (B = 0): served or not, it is the trainer's model
@@ -170,21 +178,18 @@ def check_canary(engine, model, tok, adapter, engine_name, probe=None):
         model.train(was_training)
     e, e0 = (torch.tensor(engine.score(rows, adapter=a)) for a in (True, False))
     s = canary_stats(t, b, e, e0)
-    ok, how = canary_verdict(s)
-    if probe:  # far above the noise by construction: only the direct verdict, by a wide margin, proves the path
-        ok = ok and how == "direct" and s["effect"] >= PROBE_X * s["tol"]
+    ok, how = probe_verdict(s) if probe else canary_verdict(s)
     fmt = lambda v: "n/a" if v is None else f"{v:.2e}"
-    line = (f"adapter {'probe' if probe else 'canary'} {'ok' if ok else 'FAILED'} ({how}): {engine_name}, "
-            f"adapter {adapter}: dtype noise "
-            f"{fmt(s['noise'])} nats/token, adapter effect {fmt(s['effect'])}, engine to trainer "
-            f"{fmt(s['to_trainer'])}, to base {fmt(s['to_base'])}, tolerance {fmt(s['tol'])}, engine/trainer "
-            f"adapter effect {fmt(s['scale'])} (residual {fmt(s['residual'])}), {time.time() - start:.0f} s")
+    s["detail"] = (f"{engine_name}, adapter {adapter}: dtype noise "
+                   f"{fmt(s['noise'])} nats/token, adapter effect {fmt(s['effect'])}, engine to trainer "
+                   f"{fmt(s['to_trainer'])}, to base {fmt(s['to_base'])}, tolerance {fmt(s['tol'])}, engine/trainer "
+                   f"adapter effect {fmt(s['scale'])} (residual {fmt(s['residual'])}), {time.time() - start:.0f} s")
+    s["verdict"] = how
+    if probe:  # probe_engine decides, over its doublings
+        print(f"adapter probe {'ok (applied)' if ok else 'undecided, doubling it'}: {s['detail']}", flush=True)
+        return s
+    line = f"adapter canary {'ok' if ok else 'FAILED'} ({how}): {s['detail']}"
     print(line, flush=True)
-    if not ok and probe:
-        raise EngineError(f"{line}. A probe adapter whose effect is {PROBE_X}x or more the tolerance does not move the "
-                          f"engine's outputs as it moves the trainer's: {probe} does not apply LoRA to this model's "
-                          "layers (an adapter on modules it does not wrap is dropped, logged at debug level only); "
-                          "stopping before the first rollout.")
     if not ok:
         raise EngineError(f"{line}. The engine does not serve the trainer's adapter (check its LoRA support for this "
                            "model, --max-lora-rank and the adapter's target modules); stopping rather than sampling "
@@ -207,7 +212,7 @@ def make_probe(model, tok, targets, rank):
     """A LoRA adapter on `model` (the base model, changed in place until the probe's unload()) whose effect on the
     canary is PROBE_EFFECT nats/token or more: each module's B@A is drawn at random, scaled to a share of its base
     weight's norm, and the share doubled until the trainer's log-probs move that much. Torch's RNG is left as it was.
-    -> the PeftModel."""
+    -> (the PeftModel, the share)"""
     from peft import LoraConfig, get_peft_model
     with torch.random.fork_rng():
         torch.manual_seed(PROBE_SEED)
@@ -217,32 +222,69 @@ def make_probe(model, tok, targets, rank):
                 b, a = module.lora_B["default"].weight, module.lora_A["default"].weight
                 b.copy_(torch.randn(b.shape, dtype=torch.float32).to(b))
                 b.mul_(module.get_base_layer().weight.float().norm() / (b.float() @ a.float()).norm())  # |BA| = |W|
-    units = {n: p.clone() for n, p in peft.named_parameters() if "lora_B" in n}
+    peft.units = {n: p.clone() for n, p in peft.named_parameters() if "lora_B" in n}
     peft.eval()
     rows = canary_rows(model, tok)
     for share in (2.0 ** k for k in range(-10, 7)):  # 1/1024 of each weight's norm ... 64 times it (random weights)
-        for n, p in peft.named_parameters():
-            if n in units:
-                p.copy_(units[n] * share)
+        scale_probe(peft, share)
         if effect_on(model, peft, rows) >= PROBE_EFFECT:
             break
-    return peft
+    return peft, share
+
+
+@torch.no_grad()
+def scale_probe(peft, share):
+    """Each module's B@A at `share` of its base weight's norm. -> share"""
+    for n, p in peft.named_parameters():
+        if n in peft.units:
+            p.copy_(peft.units[n] * share)
+    return share
+
+
+def probe_verdict(s):
+    """-> (ok, how) of one probe: "applied" when the engine's own adapter effect is the trainer's within
+    PROBE_RESIDUAL of its size, else "undecided" (probe_engine doubles the probe and asks again)."""
+    if s["residual"] is not None and s["residual"] <= PROBE_RESIDUAL:
+        return True, "applied"
+    return False, "undecided"
 
 
 def probe_engine(engine, tok, targets="all-linear", rank=PROBE_RANK):
-    """At engine start, before any rollout: serve a probe adapter whose effect is far above the dtype noise and
-    check that the engine's outputs move as the trainer's do (the canary, direct verdict only), so an engine that
-    silently ignores adapters (vllm-project/vllm#49354: Qwen3.5's hybrid layers) stops the run whatever the
-    learning rate. engine.model is the trainer's base model; it is left as it was, and the engine serves the base
-    model again. -> the canary's stats."""
+    """At engine start, before any rollout: serve a probe adapter and check that the engine's outputs move as the
+    trainer's do, so an engine that silently ignores adapters (vllm-project/vllm#49354: Qwen3.5's hybrid layers)
+    stops the run whatever the learning rate. While the answer is undecided (the engine's noise on the adapted
+    tokens hides the effect), the probe doubles and is served again: a correct engine passes however noisy its
+    dtype, as its noise stays and the effect grows. engine.model is the trainer's base model; it is left as it was,
+    and the engine serves the base model again. --skip-lora-probe skips it (at the user's risk: the canary after
+    each update still runs). -> the last probe's stats."""
     model = engine.model
-    peft = make_probe(model, tok, targets, rank)
+    peft, share = make_probe(model, tok, targets, rank)
+    effects = []
     try:
-        with tempfile.TemporaryDirectory(prefix="lora-probe-") as folder:
-            peft.save_pretrained(folder)
-            engine.model = peft
-            stats = engine.sync_adapter(folder, probe=engine.LORA_PATH)
+        while True:
+            with tempfile.TemporaryDirectory(prefix="lora-probe-") as folder:
+                peft.save_pretrained(folder)
+                engine.model = peft
+                stats = engine.sync_adapter(folder, probe=engine.LORA_PATH)
+            effects.append(stats["effect"])
+            grew = len(effects) < 2 or effects[-1] > 1.1 * effects[-2]
+            if stats["verdict"] == "applied" or share * 2 > PROBE_MAX_SHARE or not grew:
+                break
+            share = scale_probe(peft, share * 2)
     finally:
         engine.model = peft.unload()  # the base model again, as it was
         engine.serve_base()
-    return stats
+    if stats["verdict"] == "applied":
+        return stats
+    skip = "--skip-lora-probe skips this check at your risk (the canary after each update still runs)"
+    if stats["scale"] is not None and stats["scale"] + 3 * stats["scale_se"] <= PROBE_IGNORED:
+        raise EngineError(
+            f"adapter probe FAILED (not applied): {stats['detail']}. A probe that moves the trainer "
+            f"{stats['effect']:.2f} nats/token moves the engine {stats['scale']:.2f} as much: {engine.LORA_PATH} does "
+            "not apply LoRA to this model's layers (an adapter on modules it does not wrap is dropped, logged at "
+            f"debug level only); stopping before the first rollout. {skip}.")
+    raise EngineError(
+        f"adapter probe FAILED (noise too large to decide): {stats['detail']}. At {share:g}x the base weights' norm "
+        f"the probe moves the trainer {stats['effect']:.2f} nats/token and the engine's own effect misses "
+        f"{stats['residual']:.2f} of it (at most {PROBE_RESIDUAL} passes): its numerics cannot be told from a missing "
+        f"adapter; stopping before the first rollout. {skip}.")

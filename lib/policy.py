@@ -37,6 +37,9 @@ def add_backend_args(parser):
                    help="vllm: the largest LoRA rank the engine accepts (default: the adapter's --lora-rank, rounded up "
                         "to a rank vLLM takes)")
     p.add_argument("--max-model-len", type=positive_int, default=8192, help="vllm: longest prompt + completion in tokens")
+    p.add_argument("--skip-lora-probe", action="store_true",
+                   help="vllm, openai: skip the check at start that the engine applies LoRA to this model (at your "
+                        "risk: the canary after each update still runs)")
     p.add_argument("--openai-url", default="http://localhost:8000/v1", help="openai: the server's /v1 base URL")
     p.add_argument("--openai-model", default=None, help="openai: the served base model name (default --model)")
     p.add_argument("--openai-workers", type=positive_int, default=64, help="openai: concurrent requests")
@@ -68,7 +71,8 @@ def load_backend(args, model, tok, adapter=None):
             rank = PROBE_RANK  # a server's --max-lora-rank is its own: vLLM's default (16) holds the probe
             backend = OpenAIBackend(args.openai_url, args.openai_model or path, tok, model,
                                     workers=args.openai_workers)
-        probe_engine(backend, tok, lora_targets(getattr(args, "lora_targets", "all-linear")), min(PROBE_RANK, rank))
+        if not args.skip_lora_probe:
+            probe_engine(backend, tok, lora_targets(getattr(args, "lora_targets", "all-linear")), min(PROBE_RANK, rank))
     if adapter:
         backend.model = load_lora(model, adapter)
         backend.sync_adapter(adapter)

@@ -178,7 +178,8 @@ def probe():
     try:
         s = canary.probe_engine(engine, tok)
         print(f"ok vllm-probe Qwen3.5's model class serves a LoRA adapter: adapter effect {s['effect']:.2e} "
-              f"nats/token, engine to trainer {s['to_trainer']:.2e}, tolerance {s['tol']:.2e}")
+              f"nats/token, the engine's own effect {s['scale']:.2f} of it (residual {s['residual']:.2e}), "
+              f"dtype noise {s['noise']:.2e}")
     except canary.EngineError as e:
         print(f"FAIL vllm-probe {e}")
 

@@ -272,23 +272,76 @@ def test_the_engine_proves_its_lora_path_with_a_probe_adapter_at_start(monkeypat
         monkeypatch.setitem(sys.modules, name, module)
     model = copy.deepcopy(base)
     weights, rng = copy.deepcopy(model.state_dict()), torch.get_rng_state()
-    probe = canary.make_probe(model, ByteTok(), "all-linear", 8)
+    probe, _ = canary.make_probe(model, ByteTok(), "all-linear", 8)
     assert canary.effect_on(model, probe, canary.canary_rows(model, ByteTok())) > 0.1  # random weights: their most
     assert probe.unload() is model and torch.equal(torch.get_rng_state(), rng)  # the trainer's RNG untouched
     args = SimpleNamespace(backend="vllm", gpu_memory=0.3, vllm_sleep=False, max_lora_rank=None, lora_rank=16,
-                           max_model_len=128, model="tiny", lora_targets="all-linear")
+                           max_model_len=128, model="tiny", lora_targets="all-linear", skip_lora_probe=False)
     if applies:
         backend = policy.load_backend(args, model, ByteTok())
         assert backend.lora is None and backend.llm.kw["max_lora_rank"] == 16
-        assert "adapter probe ok (direct)" in capsys.readouterr().out
+        assert "adapter probe ok (applied)" in capsys.readouterr().out
     else:
-        with pytest.raises(EngineError, match=r"^adapter probe FAILED \(direct\): vllm .* vLLM's LoRA path .* stopping "
-                                              r"before the first rollout\.$") as e:
+        with pytest.raises(EngineError, match=r"^adapter probe FAILED \(not applied\): vllm .* vLLM's LoRA path .* "
+                                              r"stopping before the first rollout\. --skip-lora-probe skips this check "
+                                              r"at your risk .*\.$") as e:
             policy.load_backend(args, model, ByteTok())
         assert "\n" not in str(e.value)
     # the trainer's model is as it was: the probe is gone
     assert model.state_dict().keys() == weights.keys() and all(torch.equal(model.state_dict()[k], v)
                                                                for k, v in weights.items())
+
+
+class NoisyEngine:
+    """probe_engine's engine: it serves the adapter it is given (or ignores it), its log-probs carrying noise of
+    bf16's size (sigma nats/token) on the adapted outputs only, so the noise measured on the base model cannot
+    warn of it."""
+    LORA_PATH = "the stand-in's LoRA path"
+
+    def __init__(self, model, applies, sigma):
+        self.model, self.base, self.applies, self.sigma = model, copy.deepcopy(model), applies, sigma
+        self.served, self.loads, self.gen = None, 0, torch.Generator().manual_seed(0)
+
+    def sync_adapter(self, path, probe=None):
+        self.loads += 1
+        self.served = PeftModel.from_pretrained(copy.deepcopy(self.base), path).eval() if self.applies else self.base
+        return canary.check_canary(self, self.model, ByteTok(), path, "noisy stand-in", probe)
+
+    def serve_base(self):
+        self.served = None
+
+    def score(self, rows, adapter=True):
+        exact = torch.tensor(StandIn(self.served if adapter and self.served else self.base, self.base).score(rows))
+        return (exact + self.sigma * torch.randn(len(exact), generator=self.gen) if adapter else exact).tolist()
+
+
+def test_the_probe_passes_a_correct_engine_under_bf16_noise_and_stops_one_that_ignores_the_adapter(base, capsys):
+    """bf16-sized noise (0.05 nats/token) on the adapted tokens only, none on the base model's, so the noise measured
+    there cannot warn: a correct engine passes, one that ignores the adapter under the same noise stops the run,
+    naming the case and the flag that skips the check."""
+    correct = NoisyEngine(copy.deepcopy(base), applies=True, sigma=0.05)
+    s = canary.probe_engine(correct, ByteTok())
+    assert s["verdict"] == "applied" and s["residual"] <= canary.PROBE_RESIDUAL and correct.served is None
+    assert s["noise"] < 1e-6 and s["to_trainer"] > s["tol"]  # the old direct verdict would have stopped it
+    assert "adapter probe ok (applied): noisy stand-in" in capsys.readouterr().out
+    ignoring = NoisyEngine(copy.deepcopy(base), applies=False, sigma=0.05)
+    with pytest.raises(EngineError, match=r"^adapter probe FAILED \(not applied\): noisy stand-in, .* the stand-in's "
+                                          r"LoRA path does not apply LoRA .* --skip-lora-probe skips this check") as e:
+        canary.probe_engine(ignoring, ByteTok())
+    assert "\n" not in str(e.value) and ignoring.loads > 1  # it doubled before deciding
+    assert "adapter probe undecided, doubling it" in capsys.readouterr().out
+    assert all(torch.equal(a, b) for a, b in zip(ignoring.model.state_dict().values(), base.state_dict().values()))
+
+
+def test_the_probe_says_when_the_noise_is_too_large_to_decide(base):
+    """On this tiny random model the probe's effect stops growing at about 0.3 nats/token: under 0.4 nats/token of
+    noise a correct engine cannot be told from a missing adapter, and the run stops saying so; an engine that
+    ignores the adapter never passes (here its own effect is below half the trainer's by three standard errors)."""
+    with pytest.raises(EngineError, match=r"^adapter probe FAILED \(noise too large to decide\): .* its numerics "
+                                          r"cannot be told from a missing adapter; .* --skip-lora-probe"):
+        canary.probe_engine(NoisyEngine(copy.deepcopy(base), applies=True, sigma=0.4), ByteTok())
+    with pytest.raises(EngineError, match=r"^adapter probe FAILED \(not applied\)"):
+        canary.probe_engine(NoisyEngine(copy.deepcopy(base), applies=False, sigma=0.4), ByteTok())
 
 
 def test_vllm_backend_bf16_and_refused_options(monkeypatch, base):
@@ -391,7 +444,7 @@ def test_adapter_evaluation_goes_through_the_engine(base, adapter, tmp_path):
     try:
         _, path = adapter
         args = SimpleNamespace(backend="openai", openai_url=f"http://127.0.0.1:{server.server_port}/v1",
-                               openai_model="base-model", openai_workers=4, model="tiny")
+                               openai_model="base-model", openai_workers=4, model="tiny", skip_lora_probe=False)
         backend = policy.load_backend(args, copy.deepcopy(base), ByteTok(), adapter=path)
         probe, name = f"rsft-{backend.run_id}-1", f"rsft-{backend.run_id}-2"
         loads = [(p, r) for p, r in log if "lora_adapter" in p]  # the probe first, served and dropped
