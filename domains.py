@@ -89,6 +89,19 @@ class Domain:
     REQUIRED = ("id",)
     # True: the paper's data has a harness split of its own, not drawn from train
     PAPER_HARNESS_SPLIT = False
+    # True: the bundled data has one too (data/<name>_harness.jsonl), else HARNESS_SET_SIZE drawn from train
+    HARNESS_FILE = False
+    # the runner's caps on an episode, whatever its harness asks (docs/protocol.md section 3): past them llm()
+    # returns '' without sampling, and the harness ends the episode with what it has
+    MODEL_CALLS = 16
+    MAX_RETRIES = None  # at most this many retries of each kind (chess: a reply with no move, an illegal move)
+    OUT_OF_TOKENS_SCORES_ZERO = False  # an episode that asks for a call its token budget cannot hold scores 0
+    # imports a harness of this domain is refused for with its own reason (lib/contract.py static_check; any
+    # import outside ALLOWED_IMPORTS is refused anyway): BANNED_WHY.format(module=...)
+    BANNED_IMPORTS, BANNED_WHY = (), ""
+    # what a proposer reads of the domain (lib/proposers.write_instructions): the caps in words, and its brief
+    CAPS = "at most 16 model calls an episode"
+    BRIEF = ""
 
     def __init__(self, data=None):
         self.data = data  # the paper data's flags (add_args'), as attributes; None: bundled data
@@ -98,6 +111,8 @@ class Domain:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r} for {self.name}: choose train, harness or "
                              f"test")
+        if split == "harness" and self.data is None and self.HARNESS_FILE:
+            return read_jsonl(self.bundled_file(split), self.REQUIRED)
         if split == "harness" and not (self.data is not None and self.PAPER_HARNESS_SPLIT):
             train = self.load("train")
             if len(train) <= HARNESS_SET_SIZE:
@@ -192,6 +207,20 @@ class SearchQA(Domain):
     name = "searchqa"
     TOOL_METHODS = ("search",)
     REQUIRED = ("id", "question", "answers")
+    # after the official runs' proposer skill (meta_harness/skills/meta-harness-search-r1/SKILL.md)
+    BRIEF = """Multi-turn factual question answering over an encyclopedia through `tools.search` (a retriever over
+a fixed corpus, not a web search engine); the reward is exact match of the final answer, after normalisation,
+with any gold answer. Good candidates change a mechanism; pick an axis other than the last iterations' ones:
+- A. the system prompt's structure (e.g. plan, search, verify, then answer);
+- B. the user template;
+- C. query rewriting before a search (decomposition, entity extraction, dropping filler words);
+- D. retrieval parameters (passages per search, words per passage), together with how they are used;
+- E. what the harness says back after a turn (how results are shown, a nudge when the model neither searches
+  nor answers, feedback on a repeated query);
+- F. the turn budget and when to stop.
+Combining mechanisms of earlier candidates is fine, as are published patterns (ReAct, self-ask, IRCoT). Never
+branch on question text, entities or the benchmark a question comes from. Where the harness gives the model a
+tool schema (`TOOLS`), keep its name and its first parameter: the weights are trained under it."""
     judge = None  # lib.judge.Judge with --judge-url, else exact match
 
     def load(self, split):
@@ -280,6 +309,18 @@ class Math(Domain):
     name = "math"
     TOOL_METHODS = ("python",)
     REQUIRED = ("id", "question", "answer")
+    # after the official runs' proposer skill (meta_harness/skills/meta-harness-retool/SKILL.md)
+    BRIEF = """Math problems, with `tools.python` to run code; the reward reads the last `\\boxed{...}` of the final
+answer and compares it with the gold answer as a string. Good candidates change a mechanism; pick an axis other
+than the last iterations' ones:
+- A. the system prompt's structure (e.g. plan, compute, check, answer);
+- B. the user template: keep the problem as it is and keep the boxed-answer requirement;
+- C. how the model's code is taken (which block, printing the last value);
+- D. how the interpreter's output and errors are shown, and the nudges after an error;
+- E. recovery when the model neither calls the tool nor answers;
+- F. the turn budget and when to stop.
+Never branch on problem text, numbers of a given problem or the dataset it comes from. Where the harness gives
+the model a tool schema (`TOOLS`), keep its name and its first parameter (`code`)."""
     python_timeout_s = PYTHON_TIMEOUT_S  # tests and quick runs may lower it on the instance
     # bundled test split: GSM8K originals, or "generated" (1-2 steps, held out from train)
     test_set = "gsm8k"
@@ -389,6 +430,32 @@ class Chess(Domain):
     TOOL_METHODS = ("move",)
     REQUIRED = ("id", "fen", "moves")
     PAPER_HARNESS_SPLIT = True  # the official mh_val bucket, disjoint from train and test
+    MODEL_CALLS, MAX_RETRIES = 18, 10  # the official runner: 2 x its 9 turns, each retry budget clamped to 10
+    OUT_OF_TOKENS_SCORES_ZERO = True  # the official agent loop forces the reward to 0
+    BANNED_IMPORTS = ("chess", "stockfish", "subprocess")
+    BANNED_WHY = ("chess engine: imports {module}; a chess harness relays the model's move and never chooses one (no "
+                  "chess library, engine or move search)")
+    CAPS = ("at most 18 model calls a puzzle, and at most 10 retries of each kind (a reply that names no single "
+            "valid move, a move that is not legal)")
+    # after the official runs' proposer skill (meta_harness/skills/meta-harness-chess-puzzle/SKILL.md)
+    BRIEF = """Chess puzzles: at each turn the model must name the one move of the puzzle's line; `tools.move` plays
+it, then the opponent's reply. A legal move other than the line's ends the puzzle with 0.
+The harness is a communication layer only. Hard bans (a candidate that breaks one is worthless even if it
+scores):
+- no chess library (`import chess` is refused) and no engine, tablebase or move search of any kind;
+- no minimax, mate search, ranking of captures or checks, piece values, move ordering, or any other rule that
+  chooses, ranks or filters moves;
+- never turn a legal wrong move of the model into another move: a legal wrong move is the model's failure
+  and stays final;
+- no puzzle ids, positions, lines, ratings or themes written into the code.
+What a candidate may do: present the visible position better (board, FEN, legal moves, history, the last
+reply), parse the model's reply more robustly (tags, brackets, a bare move, promotion case, ambiguity),
+check a move only against the legal moves shown, and retry a malformed or illegal move with short, clear
+feedback. Weak changes: a word or punctuation, or a retry budget alone without better feedback.
+Where the harness lists `RUNNER_OWNS` (the paper and gpu presets' chess h0, as the official runner), those names
+are the runner's: its loop, the conversation and the verifier's messages stay exactly as they are, and a
+candidate that changes one is refused; the prompts, the observation, the parser, the retry budgets and
+MAX_TURNS are yours."""
     san_marks = False  # --chess-san-marks: SAN with + and # (the paper and gpu presets)
 
     def public(self, task):

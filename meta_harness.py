@@ -144,7 +144,7 @@ def validate(cand_dir, rows, backend, domain, tasks, cfg, policy_kw, run_episode
                       "archive candidate")
         else:
             parent_source = (cand_dir.parent / meta["parent"] / "harness.py").read_text()
-            reason = static_check(source, parent_source, cfg.prompt_only, domain.name)
+            reason = static_check(source, parent_source, cfg.prompt_only, domain)
         if reason is None:
             same = [r["name"] for r in rows if r["name"] != cand_dir.name and r["valid"]
                     and code(r["name"]) == normalized(source)]

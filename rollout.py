@@ -20,7 +20,7 @@ completion token ids of every call, and cuts the reply text after the first stop
 token cap is the harness's and --max-new-tokens, cut to what is left of the episode's
 assistant-token budget (--episode-tokens) and of the model length; once nothing is left, the reply
 is empty (docs/protocol.md section 2). So is every request past the official caps on an episode's
-model calls, whatever the harness asks (lib/runner.py MODEL_CALL_CAPS: searchqa and math 16; chess
+model calls, whatever the harness asks (each domain's MODEL_CALLS and MAX_RETRIES: searchqa and math 16; chess
 18, and 10 retries of each kind). When an episode ends (done, error, its deadline, a forged request:
 reward 0, error in the trace) its sandbox is killed with every process and thread in it, and a fresh
 one starts in its place: every episode gets a fresh interpreter (started ones wait in a pool across

@@ -1,6 +1,7 @@
 """What every proposer reads: the instructions written into its folder each iteration (INSTRUCTIONS), the caps the
-runner enforces (CAPS), and each domain's brief (DOMAIN_BRIEFS), after the official runs' per-domain proposer
-skills (meta_harness/skills/*/SKILL.md; docs/fidelity.md setting 4). lib/proposers.write_instructions fills them in.
+domain's caps and brief (each domain's CAPS and BRIEF in domains.py, after the official runs' per-domain proposer
+skills, meta_harness/skills/*/SKILL.md; docs/fidelity.md setting 4), and what the search does with a candidate's
+score without the model (NULL_RULES). lib/proposers.write_instructions fills them in.
 """
 
 INSTRUCTIONS = """# Meta-Harness: propose better harnesses
@@ -67,53 +68,3 @@ NULL_RULES = {
               "that score is reported beside its own.",
 }
 
-
-CAPS = {"searchqa": "at most 16 model calls an episode", "math": "at most 16 model calls an episode",
-        "chess": "at most 18 model calls a puzzle, and at most 10 retries of each kind (a reply that names no "
-                 "single valid move, a move that is not legal)"}
-
-# Each domain's brief, after the official runs' per-domain proposer skills (meta_harness/skills/*/SKILL.md)
-DOMAIN_BRIEFS = {
-    "searchqa": """Multi-turn factual question answering over an encyclopedia through `tools.search` (a retriever over
-a fixed corpus, not a web search engine); the reward is exact match of the final answer, after normalisation,
-with any gold answer. Good candidates change a mechanism; pick an axis other than the last iterations' ones:
-- A. the system prompt's structure (e.g. plan, search, verify, then answer);
-- B. the user template;
-- C. query rewriting before a search (decomposition, entity extraction, dropping filler words);
-- D. retrieval parameters (passages per search, words per passage), together with how they are used;
-- E. what the harness says back after a turn (how results are shown, a nudge when the model neither searches
-  nor answers, feedback on a repeated query);
-- F. the turn budget and when to stop.
-Combining mechanisms of earlier candidates is fine, as are published patterns (ReAct, self-ask, IRCoT). Never
-branch on question text, entities or the benchmark a question comes from. Where the harness gives the model a
-tool schema (`TOOLS`), keep its name and its first parameter: the weights are trained under it.""",
-    "math": """Math problems, with `tools.python` to run code; the reward reads the last `\\boxed{...}` of the final
-answer and compares it with the gold answer as a string. Good candidates change a mechanism; pick an axis other
-than the last iterations' ones:
-- A. the system prompt's structure (e.g. plan, compute, check, answer);
-- B. the user template: keep the problem as it is and keep the boxed-answer requirement;
-- C. how the model's code is taken (which block, printing the last value);
-- D. how the interpreter's output and errors are shown, and the nudges after an error;
-- E. recovery when the model neither calls the tool nor answers;
-- F. the turn budget and when to stop.
-Never branch on problem text, numbers of a given problem or the dataset it comes from. Where the harness gives
-the model a tool schema (`TOOLS`), keep its name and its first parameter (`code`).""",
-    "chess": """Chess puzzles: at each turn the model must name the one move of the puzzle's line; `tools.move` plays
-it, then the opponent's reply. A legal move other than the line's ends the puzzle with 0.
-The harness is a communication layer only. Hard bans (a candidate that breaks one is worthless even if it
-scores):
-- no chess library (`import chess` is refused) and no engine, tablebase or move search of any kind;
-- no minimax, mate search, ranking of captures or checks, piece values, move ordering, or any other rule that
-  chooses, ranks or filters moves;
-- never turn a legal wrong move of the model into another move: a legal wrong move is the model's failure
-  and stays final;
-- no puzzle ids, positions, lines, ratings or themes written into the code.
-What a candidate may do: present the visible position better (board, FEN, legal moves, history, the last
-reply), parse the model's reply more robustly (tags, brackets, a bare move, promotion case, ambiguity),
-check a move only against the legal moves shown, and retry a malformed or illegal move with short, clear
-feedback. Weak changes: a word or punctuation, or a retry budget alone without better feedback.
-Where the harness lists `RUNNER_OWNS` (the paper and gpu presets' chess h0, as the official runner), those names
-are the runner's: its loop, the conversation and the verifier's messages stay exactly as they are, and a
-candidate that changes one is refused; the prompts, the observation, the parser, the retry budgets and
-MAX_TURNS are yours.""",
-}

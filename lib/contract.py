@@ -16,9 +16,6 @@ ALLOWED_IMPORTS = ("re", "json", "math", "random", "string", "collections", "ite
 FORBIDDEN_NAMES = ("open", "exec", "eval", "compile", "__import__", "globals", "locals", "vars", "getattr",
                    "setattr", "delattr", "breakpoint", "input", "__builtins__", "__loader__", "__spec__")
 MAX_HARNESS_CHARS = 100_000
-# modules a chess harness could choose moves with (a chess library, an engine it would start): the official
-# skill's hard ban, named in the verdict; the allowlist refuses every other import anyway
-CHESS_ENGINE_MODULES = ("chess", "stockfish", "subprocess")
 # a harness may list the names that belong to the runner, not to the search (the paper chess h0: the official
 # runner's loop and verifier messages, C/autoharness_chess_puzzle/runner.py): a candidate of such a parent binds
 # each of them exactly as the parent does, the list itself included (`owned_change`)
@@ -151,7 +148,8 @@ def not_an_answer(value):
 
 
 def static_check(source, parent_source=None, prompt_only=False, domain=None):
-    """None when the candidate may be run, else the reason it is rejected (domain: its domain's name)."""
+    """None when the candidate may be run, else the reason it is rejected (domain: its domain, whose
+    BANNED_IMPORTS are refused with its own reason)."""
     if not source or not source.strip():
         return "no code: the candidate file is missing or empty"
     if len(source) > MAX_HARNESS_CHARS:
@@ -166,9 +164,8 @@ def static_check(source, parent_source=None, prompt_only=False, domain=None):
         return "no run: the file must define a top-level def run(task, llm, tools)"
     for node in ast.walk(tree):
         bad = forbidden_import(node)
-        if bad and domain == "chess" and bad.split(".")[0] in CHESS_ENGINE_MODULES:
-            return (f"chess engine: imports {bad}; a chess harness relays the model's move and never chooses one "
-                    "(no chess library, engine or move search)")
+        if bad and bad.split(".")[0] in getattr(domain, "BANNED_IMPORTS", ()):
+            return domain.BANNED_WHY.format(module=bad)
         if bad:
             return f"forbidden import: {bad} (allowed: {', '.join(ALLOWED_IMPORTS)})"
         if isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:

@@ -31,12 +31,6 @@ from lib.worker_pool import POOL, worker_memory_bytes
 #     name, args, kwargs = tool_request(msg, domain.TOOL_METHODS)
 
 MAX_LLM_CALLS = 32        # llm() requests per episode, empty replies included: past it llm() raises
-# The official caps on an episode's model calls (docs/protocol.md section 3), enforced by the runner whatever a harness asks:
-# searchqa and math clamp a harness's turns to 16; chess allows 18 policy calls and at most 10 retries of each
-# kind (a reply with no move, a move not legal). A request past a cap gets '' without sampling, as one past the
-# token budget does, so the harness ends the episode and is scored on what it has.
-MODEL_CALL_CAPS = {"searchqa": 16, "math": 16, "chess": 18}
-MAX_RETRIES = 10          # chess: format retries, and illegal-move retries, each
 MAX_TOOL_CALLS = 64       # per episode
 MAX_CHARS = 32_000        # per message content, tool result, error text
 MAX_MESSAGES = 256        # per llm() call
@@ -113,9 +107,6 @@ def cut_at_stop(text, stop):
 # the runner
 
 BATCH_WAIT_S = 0.1        # least time a busy episode may hold back a batch (see Runner.hold_s)
-# domains whose episode scores 0 once it asks for a call that its token budget or the model length cannot
-# hold: the official chess agent loop forces the reward to 0; searchqa and math score the last turn
-OUT_OF_TOKENS_SCORES_ZERO = ("chess",)
 
 
 def call_seed(*parts):
@@ -128,7 +119,7 @@ class Episode:
         self.index, self.task, self.sample, self.public = index, task, sample, public
         self.calls, self.tool_calls, self.record = [], [], None
         self.asked, self.out_of_tokens = 0, False  # llm() requests so far; whether one found no tokens left
-        self.capped = False  # whether a request went past the domain's caps on model calls (MODEL_CALL_CAPS)
+        self.capped = False  # whether a request went past the domain's caps on model calls (its MODEL_CALLS)
         self.retries = {"format": 0, "illegal": 0}  # chess: the model calls that failed to give a legal move
         self.checked = self.tools_seen = 0  # chess: model calls and tool calls already counted in retries
         self.tools = self.request = self.future = None
@@ -218,7 +209,7 @@ class Runner:
                 reward = float(self.domain.reward(ep.task, answer, ep.tools))
             except Exception as e:  # the domain promises not to raise; keep the run alive if it does
                 error = f"reward failed: {type(e).__name__}: {e}"
-        if ep.out_of_tokens and getattr(self.domain, "name", None) in OUT_OF_TOKENS_SCORES_ZERO:
+        if ep.out_of_tokens and getattr(self.domain, "OUT_OF_TOKENS_SCORES_ZERO", False):
             reward = 0.0
         ep.record = {"task_id": ep.task["id"], "sample": ep.sample, "reward": reward, "answer": answer,
                      "extracted": extracted_answer(self.domain, answer), "error": error, "turns": len(ep.calls), "tokens": sum(len(c["completion_ids"]) for c in ep.calls),
@@ -290,12 +281,13 @@ class Runner:
             raise ValueError(f"unknown message {str(msg)[:200]}")
 
     def past_cap(self, ep):
-        """Whether this llm() request goes past the domain's caps: its model calls (MODEL_CALL_CAPS) or, in chess,
-        MAX_RETRIES of either kind of retry."""
-        name = getattr(self.domain, "name", None)
-        if name == "chess":
+        """Whether this llm() request goes past the domain's caps (domains.Domain): its MODEL_CALLS, or its
+        MAX_RETRIES of either kind of retry where it has them (chess). A stand-in domain without them: MAX_LLM_CALLS."""
+        retries = getattr(self.domain, "MAX_RETRIES", None)
+        if retries is not None:
             self.count_retry(ep)
-        return len(ep.calls) >= MODEL_CALL_CAPS.get(name, MAX_LLM_CALLS) or max(ep.retries.values()) > MAX_RETRIES
+        calls = getattr(self.domain, "MODEL_CALLS", MAX_LLM_CALLS)
+        return len(ep.calls) >= calls or (retries is not None and max(ep.retries.values()) > retries)
 
     def count_retry(self, ep):
         """Chess: the model call before this request failed when the harness sent no move after it (a format

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import domains
 import meta_harness as mh
 from fixtures import stand_ins
 from fixtures.configs import search_config
@@ -31,7 +32,7 @@ SEED = textwrap.dedent('''\
     ''')
 
 
-class FakeDomain:
+class FakeDomain(domains.Domain):
     name, TOOL_METHODS = "fake", ("search",)
 
     def load(self, split):
@@ -126,11 +127,13 @@ def test_static_check_reasons():
     assert check("from subprocess import run as r\n" + SEED).startswith("forbidden import: subprocess")
     # chess: a chess library or an engine is the official skill's hard ban, named as such
     assert check("import chess\n" + SEED).startswith("forbidden import: chess")
-    assert check("import chess.engine\n" + SEED, domain="chess") == (
+    import domains
+    chess = domains.get("chess")
+    assert check("import chess.engine\n" + SEED, domain=chess) == (
         "chess engine: imports chess.engine; a chess harness relays the model's move and never chooses one (no chess "
         "library, engine or move search)")
-    assert check("from subprocess import run\n" + SEED, domain="chess").startswith("chess engine: imports subprocess")
-    assert check("import os\n" + SEED, domain="chess").startswith("forbidden import: os")
+    assert check("from subprocess import run\n" + SEED, domain=chess).startswith("chess engine: imports subprocess")
+    assert check("import os\n" + SEED, domain=chess).startswith("forbidden import: os")
     assert check("import collections.abc\n" + SEED) is None
     assert check(SEED + "\nx = open('/etc/passwd')\n").startswith("forbidden name: open")
     assert check(SEED + "\nx = ().__class__.__bases__\n").startswith("forbidden attribute: .__")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import domains
 import meta_harness as mh
 from fixtures import stand_ins
 from fixtures.configs import search_config
@@ -36,7 +37,7 @@ def knobs(path):
             if isinstance(n, ast.Assign) and n.targets[0].id != "SEARCH_SPACE"}
 
 
-class FakeDomain:
+class FakeDomain(domains.Domain):
     name, TOOL_METHODS = "fake", ()
 
     def load(self, split):

@@ -545,7 +545,7 @@ class AlwaysBackend:
 
 
 class MathNamedDomain(FakeDomain):
-    name = "math"
+    name, MODEL_CALLS = "math", domains.Math.MODEL_CALLS
 
     def reward(self, task, answer, tools):
         return float(answer == "ok")
@@ -565,7 +565,8 @@ def run(task, llm, tools):
 def test_a_harness_asking_for_more_model_calls_than_the_cap_ends_at_it(backend, tmp_path):
     """searchqa and math: 16 model calls; the 17th request and later get '' without sampling, so the harness ends
     and is scored on what it has; past MAX_LLM_CALLS requests llm() raises (a harness cannot spin on '')."""
-    assert runner.MODEL_CALL_CAPS == {"searchqa": 16, "math": 16, "chess": 18} and runner.MAX_RETRIES == 10
+    assert [(d.MODEL_CALLS, d.MAX_RETRIES) for d in (domains.SearchQA, domains.Math, domains.Chess)] == [
+        (16, None), (16, None), (18, 10)]
     scripted = AlwaysBackend(backend.tokenizer)
     [ep] = rollout.run_episodes(MathNamedDomain(), write(tmp_path, "greedy.py", "ASKS = 20\n" + GREEDY),
                                 MathNamedDomain().load("t", n=1), scripted)

@@ -72,8 +72,8 @@ class SearchDomain:
 
 
 class ChessNamedDomain(SearchDomain):
-    """The same episode under the name whose reward the official runs force to 0 when the tokens run out."""
-    name = "chess"
+    """The same episode under chess's rule: the official runs force the reward to 0 when the tokens run out."""
+    name, OUT_OF_TOKENS_SCORES_ZERO = "chess", True
 
 
 TASK = {"id": "z1", "question": "What is the capital of Zorbia?", "answer": "Quelm"}
