@@ -40,6 +40,8 @@ import os
 import random
 import re
 import string
+from collections import Counter
+from fractions import Fraction
 from functools import cache, lru_cache
 from types import SimpleNamespace
 
@@ -49,8 +51,6 @@ from lib import paper_data
 from lib.retriever import check_flags as check_retriever_flags, shared_retriever
 from lib.contract import check_harness_fits
 from lib.judge import FLAGS as JUDGE_FLAGS, JUDGE_GROUP, judge_from_flags
-from lib.models import check_model
-from lib.policy import check_backend
 from lib.sandbox import PYTHON_TIMEOUT_S, run_python
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -99,6 +99,8 @@ class Domain:
     # imports a harness of this domain is refused for with its own reason (lib/contract.py static_check; any
     # import outside ALLOWED_IMPORTS is refused anyway): BANNED_WHY.format(module=...)
     BANNED_IMPORTS, BANNED_WHY = (), ""
+    # True: the report gives it a column even where it has no runs ("not run"), as the paper's table does
+    REPORTED = True
     # what a proposer reads of the domain (lib/proposers.write_instructions): the caps in words, and its brief
     CAPS = "at most 16 model calls an episode"
     BRIEF = ""
@@ -129,6 +131,11 @@ class Domain:
 
     def gold(self, task):
         """The gold answer in words, for `show` and for people reading traces."""
+        raise NotImplementedError
+
+    def gold_answer(self, task, tools):
+        """An answer that earns reward 1, made through `tools` where the domain needs them (chess plays its
+        line): the contract tests' proof that the reward can be earned (tests/test_domain_contract.py)."""
         raise NotImplementedError
 
     def extract(self, answer):
@@ -263,6 +270,9 @@ tool schema (`TOOLS`), keep its name and its first parameter: the weights are tr
         return float(self.judge.verdict(task.get("question", ""), task["answers"], answer,
                                         fallback=em))
 
+    def gold_answer(self, task, tools):
+        return task["answers"][0]
+
     def gold(self, task):
         return " | ".join(task["answers"])
 
@@ -354,6 +364,9 @@ the model a tool schema (`TOOLS`), keep its name and its first parameter (`code`
 
     def extract(self, answer):
         return last_boxed(answer[-MATH_TAIL_CHARS:]) if isinstance(answer, str) else None
+
+    def gold_answer(self, task, tools):
+        return f"The answer is \\boxed{{{task['answer']}}}"
 
     def gold(self, task):
         return task["answer"]
@@ -473,6 +486,11 @@ MAX_TURNS are yours."""
     def reward(self, task, answer, tools):
         return 1.0 if getattr(tools, "solved", False) is True else 0.0
 
+    def gold_answer(self, task, tools):
+        for move in task["moves"][1::2]:  # the solver's moves; the tools play the opponent's replies
+            tools.move(move)
+        return None
+
     def gold(self, task):
         first, rating = task["moves"][0], task.get("rating")
         return " ".join(task["moves"][1:]) + f"   (opponent first: {first}; rating {rating})"
@@ -481,14 +499,119 @@ MAX_TURNS are yours."""
 # -----------------------------------------------------------------------------
 # the registry and the data flags
 
-DOMAINS = {"searchqa": SearchQA, "math": Math, "chess": Chess}
+# -----------------------------------------------------------------------------
+# Countdown: the fourth domain, and the template for a fork's own (README, "Adding a domain")
+
+MAX_EXPRESSION_CHARS = 200
+EXPRESSION_TOKEN = re.compile(r"\s*(\d+|[-+*/()])")
+
+
+def countdown_value(expression, numbers):
+    """The exact value (a Fraction) of an arithmetic expression over `numbers`, or None when it is not one: only
+    whole numbers from `numbers`, each used at most once, +, -, *, / and parentheses, at most
+    MAX_EXPRESSION_CHARS characters; a division by zero is None too. Parsed by a recursive descent over its
+    tokens, never run as code."""
+    if not isinstance(expression, str) or len(expression) > MAX_EXPRESSION_CHARS:
+        return None
+    tokens, pos, end = [], 0, len(expression.rstrip())
+    while pos < end:
+        match = EXPRESSION_TOKEN.match(expression, pos)
+        if not match:
+            return None
+        tokens.append(match.group(1))
+        pos = match.end()
+    try:
+        value, rest = countdown_sum(tokens, Counter(numbers))
+    except (ValueError, ZeroDivisionError, IndexError, RecursionError):
+        return None
+    return value if not rest else None
+
+
+def countdown_sum(tokens, left):
+    value, tokens = countdown_product(tokens, left)
+    while tokens and tokens[0] in "+-":
+        op, (other, tokens) = tokens[0], countdown_product(tokens[1:], left)
+        value = value + other if op == "+" else value - other
+    return value, tokens
+
+
+def countdown_product(tokens, left):
+    value, tokens = countdown_atom(tokens, left)
+    while tokens and tokens[0] in "*/":
+        op, (other, tokens) = tokens[0], countdown_atom(tokens[1:], left)
+        value = value * other if op == "*" else value / other
+    return value, tokens
+
+
+def countdown_atom(tokens, left):
+    """A number still left, or a parenthesised sum; `left` counts the numbers not used yet."""
+    if tokens[0] == "(":
+        value, rest = countdown_sum(tokens[1:], left)
+        if not rest or rest[0] != ")":
+            raise ValueError("unclosed parenthesis")
+        return value, rest[1:]
+    if not tokens[0].isdigit() or left[int(tokens[0])] < 1:
+        raise ValueError(f"{tokens[0]} is not one of the numbers left")
+    left[int(tokens[0])] -= 1
+    return Fraction(int(tokens[0])), tokens[1:]
+
+
+class NoTools:
+    """A domain without tools: the harness has only the model."""
+
+
+class Countdown(Domain):
+    """Reach the target with the given numbers: each at most once, + - * / and parentheses. The answer is the
+    expression (an "= target" after it is allowed); reward 1 when it is valid and its value is the target
+    exactly. Bundled only (data/countdown_*.jsonl, built by data/build.py), with a harness split of its own."""
+    name = "countdown"
+    REQUIRED = ("id", "numbers", "target")
+    HARNESS_FILE = True
+    REPORTED = False  # not one of the paper's domains: a column in the report only where it ran
+    # a search over expressions in code would answer without the model (the null-model check refuses it too)
+    BANNED_IMPORTS = ("itertools",)
+    BANNED_WHY = ("countdown: imports {module}; a countdown harness relays the model's expression and never "
+                  "searches for one itself")
+    BRIEF = """Countdown: reach the target number with the given numbers, each used at most once, and + - * / with
+parentheses; the answer is the expression, and the reward is 1 only when it is valid and equals the target
+exactly (fractions allowed on the way). There are no tools. Good candidates change a mechanism: the prompt's
+structure (plan, try, check), worked examples, how the expression is read from the reply, or a retry that tells
+the model which rule its last expression broke. Never compute, enumerate or search for an expression in the
+harness's own code: the answer must be the model's."""
+
+    def public(self, task):
+        return {"numbers": task["numbers"], "target": task["target"]}
+
+    def tools(self, task):
+        return NoTools()
+
+    def extract(self, answer):
+        """The expression: the answer up to an '=', stripped."""
+        if not isinstance(answer, str):
+            return None
+        return answer.split("=")[0].strip()[:MAX_EXPRESSION_CHARS + 1] or None
+
+    def reward(self, task, answer, tools=None):
+        value = countdown_value(self.extract(answer), task["numbers"])
+        return 1.0 if value is not None and value == task["target"] else 0.0
+
+    def gold_answer(self, task, tools):
+        return task["solution"]
+
+    def gold(self, task):
+        return f"{task['solution']} = {task['target']}"
+
+
+# the registry: a new domain adds its one line here (whale.py, rollout.py, rft.py, meta_harness.py, --check,
+# --plan, the report and the contract tests take the domains from it)
+DOMAINS = {"searchqa": SearchQA, "math": Math, "chess": Chess, "countdown": Countdown}
 
 
 def get(name, data=None, out=None):
     """A domain on the bundled data, or on the paper's data when `data` (add_args' flags: cli.Inputs.data)
     says --data paper; out: the run folder, where searchqa's judge keeps its cache."""
     if name not in DOMAINS:
-        raise ValueError(f"unknown domain {name!r}: choose searchqa, math or chess")
+        raise ValueError(f"unknown domain {name!r}: choose {', '.join(DOMAINS)} (a new one registers in domains.DOMAINS)")
     flags = SimpleNamespace(**(data or {}))
     paper = getattr(flags, "data", "bundled") == "paper"
     domain = DOMAINS[name](flags if paper else None)
@@ -568,6 +691,8 @@ def check_inputs(args, split="train"):
     paper's retriever), the engine, the data of `split` read whole (a malformed row is an error
     now), the model. --check (lib/ops/preflight.py) runs the same checks and, where it can, asks
     more (the server, the hub). -> (domain, the split's tasks)"""
+    from lib.models import check_model  # here: the report imports this module without torch
+    from lib.policy import check_backend
     domain = check_harness(args)
     check_tools(args.domain, args)
     check_backend(args)

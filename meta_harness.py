@@ -385,7 +385,7 @@ def search(backend, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_
 def main(argv=None):
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # what to run
-    p.add_argument("--domain", required=True, help="searchqa, math or chess")
+    p.add_argument("--domain", required=True, choices=list(domains.DOMAINS))
     p.add_argument("--harness", required=True, help="the seed harness file (h0)")
     p.add_argument("--model", default="smoke", help="smoke | cpu | null (replies '' to every call) | hub id | local path")
     p.add_argument("--out", required=True, help="run folder: the archive (rerun to resume)")

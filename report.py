@@ -31,13 +31,14 @@ from statistics import fmean
 
 import numpy as np
 
+import domains
+from lib import runs as run_folders
 from lib.claims import claims_section
 from lib.cli import Parser, one_line_errors
 from lib.intervals import (benchmarks_ci, hierarchical_ci, paired_difference, percent,
                            pooled_difference, seeds_interval, signed)
 from lib.plots import plot_alternation, plot_curves, plot_timeline
-from lib.runs import (BEST, DOMAINS, FINAL, METHODS, finished, load_runs, paired_scores,  # noqa: F401
-                      points)
+from lib.runs import BEST, FINAL, METHODS, domains_of, finished, paired_scores, points  # noqa: F401
 
 # The comparison's baselines, fixed before any result (never picked by a test score): harness-only
 # searches harnesses as WHALE does, so the difference is what the weight phases add; weight-only
@@ -46,6 +47,7 @@ from lib.runs import (BEST, DOMAINS, FINAL, METHODS, finished, load_runs, paired
 # difference is what alternation adds
 BASELINES = ("harness-only", "weight-only", "stagewise-hw")
 # mean@8 %, SearchQA / Math / Chess (docs/design.md section 2)
+PAPER_DOMAINS = ("searchqa", "math", "chess")  # the paper's Table 1, its numbers below in this order
 PAPER = {
     "harness-only": (38.29, 0.42, 19.82),
     "weight-only": (38.27, 15.42, 22.17),
@@ -53,6 +55,17 @@ PAPER = {
     "whale": (48.34, 24.79, 29.83),
     "whale-adaptive": (52.82, 26.46, None),
 }
+
+
+def load_runs(root):
+    """Every registered domain's runs under root (lib/runs.py), in the registry's order."""
+    return run_folders.load_runs(root, list(domains.DOMAINS))
+
+
+def columns(runs):
+    """The domains a table shows: the registry's that ran, and those it always reports (REPORTED: "not run")."""
+    ran = domains_of(runs)
+    return [name for name, cls in domains.DOMAINS.items() if cls.REPORTED or name in ran]
 
 
 # -----------------------------------------------------------------------------
@@ -96,11 +109,11 @@ def make_table(runs, preset):
              f"the test set, so biased upwards) @ rollouts to reach it. Rollouts = training + "
              f"harness scoring; test evaluation is not counted. {over}",
              "",
-             "| method | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
+             "| method | " + " | ".join(columns(runs)) + " |", "|---|" + "---|" * len(columns(runs))]
     for method in shown_methods(runs):
         lines.append(f"| {method} | " + " | ".join(cell(runs.get((d, method)))
-                                                   for d in DOMAINS) + " |")
-    lines += ["", "Test sets: " + ", ".join(f"{d}: {tasks_of(runs, d)} tasks" for d in DOMAINS), ""]
+                                                   for d in columns(runs)) + " |")
+    lines += ["", "Test sets: " + ", ".join(f"{d}: {tasks_of(runs, d)} tasks" for d in columns(runs)), ""]
     lines += without_model_table(runs, k)
     lines += claims_section(runs)
     if len(seeds) > 1:
@@ -112,7 +125,7 @@ def make_table(runs, preset):
     lines += infrastructure_table(runs)
     if preset == "paper":
         lines += ["", "The paper's numbers (best mean@8 %):", "",
-                  "| method | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
+                  "| method | " + " | ".join(PAPER_DOMAINS) + " |", "|---|" + "---|" * len(PAPER_DOMAINS)]
         for method, values in PAPER.items():
             lines.append(f"| {method} | " + " | ".join("-" if v is None else f"{v:.2f}"
                                                        for v in values) + " |")
@@ -126,10 +139,10 @@ def without_model_table(runs, k):
              "In %, mean over the finished seeds: the score / the same harness on the same tasks under the null "
              "model (every reply ''). A harness that answers by itself shows here; - where an older run did not "
              "measure it.", "",
-             "| method | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
+             "| method | " + " | ".join(columns(runs)) + " |", "|---|" + "---|" * len(columns(runs))]
     for method in shown_methods(runs):
         cells = []
-        for domain in DOMAINS:
+        for domain in columns(runs):
             finals = [points(run)[FINAL] for run in finished(runs.get((domain, method))).values()]
             nulls = [r.get("null_mean_at_k") for r in finals]
             score = f"{100 * fmean(r['mean_at_k'] for r in finals):.1f}" if finals else "not run"
@@ -143,7 +156,7 @@ def benchmark_table(runs, k):
     """Per domain whose test tasks come from several benchmarks (the paper's searchqa: 7 x 100),
     each method's final mean@k per benchmark and their average, over the seeds and tasks."""
     lines = []
-    for domain in DOMAINS:
+    for domain in columns(runs):
         done = {m: finished(runs.get((domain, m))) for m in shown_methods(runs)}
         finals = {m: [run["evals"][-1] for run in d.values()] for m, d in done.items() if d}
         names = sorted({s for rows in finals.values() for row in rows
@@ -166,17 +179,17 @@ def benchmark_table(runs, k):
 def shown_methods(runs):
     """METHODS, less the optional ones (adaptive WHALE, stagewise-hw) where no domain ran them."""
     return [m for m in METHODS if m not in ("whale-adaptive",
-                                            "stagewise-hw") or any((d, m) in runs for d in DOMAINS)]
+                                            "stagewise-hw") or any((d, m) in runs for d in columns(runs))]
 
 
 def per_seed_table(runs, seeds, k):
     """Each seed's final mean@k, so a reader sees the spread between runs, seed by seed."""
     lines = [f"## Final test mean@{k} per seed", "",
              f"In %, seeds {' / '.join(map(str, seeds))}; - where that seed has not finished.", "",
-             "| method | " + " | ".join(DOMAINS) + " |", "|---|" + "---|" * len(DOMAINS)]
+             "| method | " + " | ".join(columns(runs)) + " |", "|---|" + "---|" * len(columns(runs))]
     for method in shown_methods(runs):
         cells = []
-        for domain in DOMAINS:
+        for domain in columns(runs):
             done = finished(runs.get((domain, method)))
             cells.append(" / ".join(f"{100 * points(done[s])[1]['mean_at_k']:.1f}" if s in done
                                     else "-" for s in seeds)
@@ -200,7 +213,7 @@ def comparison_table(runs):
              "| domain | comparison | seed | final: difference [95 % CI] | best over training: "
              "difference [95 % CI] | tasks |", "|---|---|---|---|---|---|"]
     rows = 0
-    for domain in DOMAINS:
+    for domain in columns(runs):
         for method in ("whale", "whale-adaptive"):
             for baseline in BASELINES:
                 found = comparison_rows(domain, f"{method} - {baseline}",
@@ -271,8 +284,8 @@ def search_table(runs):
 
 
 def ordered(runs):
-    """The (domain, method) keys of `runs` in DOMAINS, then METHODS order."""
-    return [(d, m) for d in DOMAINS for m in METHODS if (d, m) in runs]
+    """The (domain, method) keys of `runs` in the tables' domain order, then METHODS order."""
+    return [(d, m) for d in columns(runs) for m in METHODS if (d, m) in runs]
 
 
 def mechanism_table(runs):
@@ -394,7 +407,7 @@ def write_report(args):
     table = make_table(runs, args.preset)
     with open(os.path.join(root, "tables.md"), "w") as f:
         f.write(table)
-    plot_curves(runs, os.path.join(root, "curves.png"), DOMAINS, METHODS)
+    plot_curves(runs, os.path.join(root, "curves.png"), columns(runs), METHODS)
     plot_timeline(runs, os.path.join(root, "timeline.png"))
     figures = write_alternation(runs, root)
     print(table)
@@ -405,7 +418,7 @@ def write_alternation(runs, root):
     """An alternation figure per domain and seed that ran: alternation-<domain>.png for seed 0,
     alternation-<domain>-seed-<n>.png for seed n. -> their names"""
     names = []
-    for domain in DOMAINS:
+    for domain in columns(runs):
         for seed in seed_list(runs):
             seed_runs = {m: runs[domain, m][seed] for m in METHODS if seed in runs.get((domain, m), {})}
             if seed_runs:

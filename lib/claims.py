@@ -4,7 +4,7 @@ import os
 
 from lib.files import read_jsonl
 from lib.intervals import paired_difference, pooled_difference, signed
-from lib.runs import DOMAINS, FINAL, finished, paired_scores, points
+from lib.runs import FINAL, domains_of, finished, paired_scores, points
 
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "cannot tell at this size"
 CLAIMS = {
@@ -60,7 +60,7 @@ def claims_section(runs):
     lines = ["## The paper's three claims, one by one", "",
              f"Computed on seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds)) or '-'}, "
              f"the seeds that finished. {HOW}", ""]
-    whales = [m for m in WHALES if any((d, m) in runs for d in DOMAINS)] or ["whale"]
+    whales = [m for m in WHALES if any((d, m) in runs for d in domains_of(runs))] or ["whale"]
     for method in whales:
         lines += beats_baselines(runs, method)
     lines += bottleneck(runs)
@@ -77,7 +77,7 @@ def beats_baselines(runs, method):
     lines = ["| domain | " + " | ".join(f"{method} - {b}" for b in baselines) + " | verdict |",
              "|---|" + "---|" * (len(baselines) + 1)]
     verdicts = []
-    for domain in DOMAINS:
+    for domain in domains_of(runs):
         if not finished(runs.get((domain, method))):
             continue
         found = [final_difference(runs[domain, method], runs.get((domain, b))) for b in baselines]
@@ -101,7 +101,7 @@ def beats_stagewise(runs, method):
     lines = ["| domain | comparison | final difference [95 % CI] | rollouts in all (mean over seeds) | "
              f"{method} reached the other's final score at, per seed | verdict |", "|---|---|---|---|---|---|"]
     verdicts = []
-    for domain in DOMAINS:
+    for domain in domains_of(runs):
         for other in ("stagewise", "stagewise-hw"):  # stagewise-hw: a reference, harness phases first
             ours, theirs = finished(runs.get((domain, method))), finished(runs.get((domain, other)))
             if not (set(ours) & set(theirs)):
@@ -152,7 +152,7 @@ def harness_reach_rows(runs):
     lines = ["| domain | seed | weight-only final @ rollouts | harness-only final @ rollouts | harness-only - "
              "weight-only | harness-only reached it | verdict |", "|---|---|---|---|---|---|---|"]
     verdicts = {}
-    for domain in DOMAINS:
+    for domain in domains_of(runs):
         weights, harness = finished(runs.get((domain, "weight-only"))), finished(runs.get((domain, "harness-only")))
         for seed in sorted(set(weights) & set(harness)):
             target, theirs = final_row(weights[seed]), final_row(harness[seed])
@@ -193,7 +193,7 @@ def search_after_weights_rows(runs):
     lines = ["| domain | seed | under the base weights: harness_w0 (harness-only) | after a weight phase | "
              "verdict |", "|---|---|---|---|---|"]
     verdicts = {}
-    for domain in DOMAINS:
+    for domain in domains_of(runs):
         before = finished(runs.get((domain, "harness-only")))
         for seed, run in sorted(before.items()):
             after = [(m, name, gain(r, name)) for m in WHALES

@@ -6,7 +6,6 @@ import re
 
 from lib.files import read_json, read_jsonl
 
-DOMAINS = ("searchqa", "math", "chess")
 METHODS = ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale",
            "whale-adaptive")
 
@@ -23,20 +22,25 @@ def seed_folders(root):
     return dict(sorted(seeds.items()))
 
 
-def load_runs(root):
-    """{(domain, method): {seed: run}} for every finished or running folder, a run being {"summary":
-    ..., "evals": [...], "phases": [...], "steps": [...], "archives": {...}, "folder": ...}; each
-    eval row carries its per-task scores ("per_task", None for runs made before whale.py stored
-    them)."""
+def load_runs(root, domains):
+    """{(domain, method): {seed: run}} for every finished or running folder of the named domains (in that
+    order), a run being {"summary": ..., "evals": [...], "phases": [...], "steps": [...], "archives": {...},
+    "folder": ...}; each eval row carries its per-task scores ("per_task", None for runs made before whale.py
+    stored them)."""
     runs = {}
     for seed, bases in seed_folders(root).items():
-        for domain in DOMAINS:
+        for domain in domains:
             for method in METHODS:
                 folder = next((f for f in (os.path.join(b, domain, method) for b in bases)
                                if os.path.exists(os.path.join(f, "metrics.jsonl"))), None)
                 if folder is not None:
                     runs.setdefault((domain, method), {})[seed] = load_run(folder)
     return runs
+
+
+def domains_of(runs):
+    """The domains of `runs`, in the order they were loaded."""
+    return list(dict.fromkeys(d for d, _ in runs))
 
 
 def load_run(folder):
