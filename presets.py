@@ -110,3 +110,14 @@ PAPER_TRAIN_SIZES = {"searchqa": 18_946, "math": 17_917, "chess": 16_384}
 # the cpu preset per domain: its h0 (harnesses/cpu/; chess, outside the cpu preset's default
 # domains, keeps harnesses/chess.py)
 CPU = {domain: dict(harness=f"harnesses/cpu/{domain}.py") for domain in ("searchqa", "math")}
+# run_all.sh's table: its domains per preset (DOMAINS=... overrides). cpu leaves chess out: SmolLM2-135M solves
+# none, and its long multi-turn prompts cost about 8x a searchqa episode. countdown (the fork template) is in no
+# default table. Adaptive WHALE (ADAPTIVE=1) runs where the paper reports it: never on chess.
+TABLE_DOMAINS = {"cpu": ("searchqa", "math")}
+TABLE_DOMAINS_DEFAULT = ("searchqa", "math", "chess")
+ADAPTIVE_DOMAINS = ("searchqa", "math")
+
+
+def table_domains(preset):
+    return TABLE_DOMAINS.get(preset, TABLE_DOMAINS_DEFAULT)
+

@@ -25,8 +25,10 @@ elif [ -z "${PRESET:-}" ]; then
   # torch) is one line naming the cause, never a silent cpu night
   PRESET=$(python lib/driver.py preset) || exit 1
 fi
-# cpu: chess is left out by default (SmolLM2-135M solves none; its long multi-turn prompts cost ~8x a searchqa episode)
-if [ "$PRESET" = cpu ]; then DOMAINS=${DOMAINS:-"searchqa math"}; else DOMAINS=${DOMAINS:-"searchqa math chess"}; fi
+# the preset's table (presets.py table_domains: cpu leaves chess out) and where adaptive WHALE runs
+DOMAINS=${DOMAINS:-$(python -c "import presets, sys; print(*presets.table_domains(sys.argv[1]))" "$PRESET")}
+ADAPTIVE_DOMAINS=$(python -c "import presets; print(*presets.ADAPTIVE_DOMAINS)")
+adaptive_here() { [[ " $ADAPTIVE_DOMAINS " == *" $1 "* ]]; }  # adaptive_here DOMAIN
 if [[ "$PRESET" = cpu || "$PRESET" = gpu ]]; then ADAPTIVE=${ADAPTIVE:-0}; else ADAPTIVE=${ADAPTIVE:-1}; fi
 case $ADAPTIVE in 0|1) ;; *) echo "run_all.sh: ADAPTIVE=$ADAPTIVE: write ADAPTIVE=0 or ADAPTIVE=1" >&2; exit 2 ;; esac
 SEEDS=${SEEDS:-0}
@@ -46,7 +48,9 @@ esac
 # GPU memory) in seconds, before any model loads; a failure is one line naming its fix, and the table does not start
 check_domains=($DOMAINS)
 python whale.py --check "${check_domains[@]}" --preset "$PRESET" --domain "${check_domains[0]}" "$@" || exit 1
-n=$(( $(wc -w <<< "$SEEDS") * ($(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") + ADAPTIVE * $(wc -w <<< "${DOMAINS/chess/}")) ))
+n_adaptive=0
+for domain in $DOMAINS; do if adaptive_here "$domain"; then n_adaptive=$((n_adaptive + 1)); fi; done
+n=$(( $(wc -w <<< "$SEEDS") * ($(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") + ADAPTIVE * n_adaptive) ))
 echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS]$([ "$ADAPTIVE" = 1 ] && echo " + adaptive WHALE"), seeds [$SEEDS]"
 echo "run_all.sh: $n runs; with the default domains and none done yet, $eta a seed; results in results/$PRESET/"
 
@@ -85,7 +89,7 @@ for seed in $SEEDS; do
     if [ ${#todo[@]} -gt 0 ]; then
       run_logged "seed $seed, $domain, ${todo[*]}" "$logs/$domain.log" "${run[@]}" --method "${todo[@]}"
     fi
-    if [ "$ADAPTIVE" = 1 ] && [ "$domain" != chess ] && needs_run "$seed" "$domain" whale-adaptive; then
+    if [ "$ADAPTIVE" = 1 ] && adaptive_here "$domain" && needs_run "$seed" "$domain" whale-adaptive; then
       run_logged "seed $seed, $domain, whale-adaptive" "$logs/$domain-adaptive.log" \
         "${run[@]}" --method whale --schedule adaptive
     fi

@@ -384,7 +384,7 @@ def main(argv=None):
     if runs[0].check is not None:
         argv = sys.argv[1:] if argv is None else list(argv)
         runs += [parse_args([*argv, "--domain", d])[0] for d in runs[0].check]
-        raise SystemExit(preflight.main(runs, check_harness=domains.check_harness))
+        raise SystemExit(preflight.main(runs, check_harness=domains.check_harness, domain_of=domains.from_args))
     with one_line_errors("whale.py"):  # bad input, a damaged run folder, a refused engine: one line
         sandbox.apply_args(runs[0])
         rollout.apply_args(runs[0])

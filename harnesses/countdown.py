@@ -42,10 +42,20 @@ SEARCH_SPACE = {
         "You solve number puzzles. Reply with one arithmetic expression inside <answer></answer>.",
         "Reach the target using some of the numbers once each. First think briefly, then give the expression "
         "inside <answer></answer>.",
+        "Make the target from the numbers. Each number may be used once; + - * / and brackets are allowed. "
+        "Answer like <answer>(3 + 5) * 2</answer>.",
+        "Write a calculation that equals the target, using only the given numbers. Put it in <answer></answer>.",
+        "",
     ],
     "USER_TEMPLATE": ["Numbers: {numbers}\nTarget: {target}",
                       "Use {numbers} to make {target}.",
-                      "Target {target}. Numbers you may use once each: {numbers}."],
+                      "Target {target}. Numbers you may use once each: {numbers}.",
+                      "Numbers: {numbers}\nTarget: {target}\nExpression:"],
+    "FEEDBACK_TEMPLATE": [
+        "Use only the numbers {numbers}, each at most once, and write the expression in <answer></answer>.",
+        "That expression breaks the rules. Try again with {numbers} only, each once at most.",
+        "Not valid. Answer with <answer>expression</answer> using {numbers}.",
+    ],
 }
 
 

@@ -41,8 +41,8 @@ def test_the_null_model_replies_the_empty_string_at_no_model_time(null):
     assert null.tokenizer.decode(ids[0], skip_special_tokens=True) == ""
 
 
-@pytest.mark.parametrize("harness", ["harnesses/searchqa.py", "harnesses/math.py", "harnesses/chess.py",
-                                     "harnesses/cpu/searchqa.py", "harnesses/cpu/math.py"])
+@pytest.mark.parametrize("harness", [f"harnesses/{name}.py" for name in domains.DOMAINS]
+                         + ["harnesses/cpu/searchqa.py", "harnesses/cpu/math.py"])
 def test_every_shipped_h0_earns_nothing_without_the_model(null, harness):
     name = Path(harness).stem
     stats = score(domains.get(name), harness, null)
@@ -55,7 +55,7 @@ def test_a_harness_that_answers_by_itself_scores_without_the_model(null, domain,
     assert stats["mean_at_k"] > 0.25, stats
 
 
-@pytest.mark.parametrize("domain", ["searchqa", "math", "chess"])
+@pytest.mark.parametrize("domain", list(domains.DOMAINS))
 def test_rollout_py_takes_model_null_on_every_domain(tmp_path, domain):
     out = tmp_path / domain
     rollout.main(["--domain", domain, "--harness", f"harnesses/{domain}.py", "--model", "null", "--limit", "2",

@@ -167,9 +167,9 @@ def test_the_harness_line_is_the_runs_own_check(capsys):
 
 
 def test_every_failure_is_a_line_and_a_broken_check_too(monkeypatch, capsys):
-    monkeypatch.setattr(preflight, "check_data", lambda args: {}["boom"])
+    monkeypatch.setattr(preflight, "check_data", lambda args, domain_of: {}["boom"])
     monkeypatch.setattr(preflight, "check_proposer", lambda args: (_ for _ in ()).throw(preflight.Failed("fix it")))
-    assert preflight.main([run_args(preset="smoke", domain="math")]) == 1
+    assert preflight.main([run_args(preset="smoke", domain="math")], domain_of=domains.from_args) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == ["FAIL data (math): the check itself failed (KeyError: 'boom')", "FAIL proposer (mutate): fix it"]
 
@@ -246,7 +246,8 @@ def test_paper_datasets_cached_local_or_missing(tmp_path, offline_hub):
         True, f"--chess-puzzles {puzzles}: local file")
     ok, line = check(preflight.check_data, run_args("--chess-puzzles", str(tmp_path / "gone.csv"), domain="chess"))
     assert not ok and "gone.csv: no such file" in line
-    assert check(preflight.check_data, run_args(preset="cpu", domain="chess")) == (True, "bundled data/chess_*.jsonl")
+    assert check(preflight.check_data, run_args(preset="cpu", domain="chess"), domains.from_args) == (
+        True, "bundled: 1250 train, 256 harness, 250 test tasks")
 
 
 def test_hub_down_is_asked_once(monkeypatch, offline_hub):

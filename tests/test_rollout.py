@@ -248,7 +248,7 @@ def run(task, llm, tools):
     assert stats["mean_turns"] == 0 and stats["errors"] == 0
 
 
-@pytest.mark.parametrize("name", ["searchqa", "math", "chess"])
+@pytest.mark.parametrize("name", list(domains.DOMAINS))
 def test_real_h0_harness_runs_on_smoke(backend, name):
     domains = pytest.importorskip("domains")
     domain = domains.get(name)

@@ -41,10 +41,10 @@ class Failed(Exception):
 # the plan: which checks these runs need, each once
 
 
-def plan(runs, check_harness=None):
+def plan(runs, check_harness=None, domain_of=None):
     """[(name, check)] in a fixed order; a resource shared by several runs (the sandbox, one model for two
     domains) is checked once. check_harness: whale.py's domains.check_harness (the runs' own check of the
-    harness against its domain)."""
+    harness against its domain); domain_of: its domains.from_args (the bundled data read by the domain)."""
     checks = {}
     for args in runs:
         paper = args.data == "paper"
@@ -55,7 +55,8 @@ def plan(runs, check_harness=None):
             checks[("retriever", args.retriever_url, args.wiki)] = ("retriever", partial(check_retriever, args))
         if paper and any(not is_local(name) for _, name in dataset_names(args)):
             checks[("datasets",)] = ("datasets", check_datasets_package)
-        checks[("data", args.domain, paper)] = (f"data ({args.domain})", partial(check_data, args))
+        if paper or domain_of:
+            checks[("data", args.domain, paper)] = (f"data ({args.domain})", partial(check_data, args, domain_of))
         checks[("model", args.model)] = (f"model ({args.model})", partial(check_model, args.model))
         served = (args.openai_url, args.openai_model or args.model) if args.backend == "openai" else None
         checks[("engine", args.backend, served)] = (f"engine ({args.backend})", partial(check_engine, args))
@@ -73,10 +74,10 @@ def plan(runs, check_harness=None):
     return [checks[k] for k in sorted(checks, key=lambda k: order.index(k[0]))]
 
 
-def main(runs, check_harness=None):
+def main(runs, check_harness=None, domain_of=None):
     """Run every check; print the ok lines (all passed, -> 0) or the FAIL lines (-> 1)."""
     oks, fails = [], []
-    for name, check in plan(runs, check_harness):
+    for name, check in plan(runs, check_harness, domain_of):
         try:
             oks.append(f"ok   {name}: {check()}")
         except Failed as e:
@@ -165,13 +166,16 @@ def check_datasets_package():
     return "the `datasets` package is installed"
 
 
-def check_data(args):
+def check_data(args, domain_of=None):
+    """The paper's datasets on this machine or the hub; the bundled splits read whole through the domain
+    (domain_of: whale.py's domains.from_args), so a fork's domain is checked by its own load()."""
     if args.data != "paper":
-        files = (f"{args.domain}_train.jsonl", f"{args.domain}_test.jsonl")
-        missing = [f for f in files if not (PROJECT / "data" / f).exists()]
-        if missing:
-            raise Failed(f"bundled data {', '.join(missing)} missing from {PROJECT / 'data'}: git checkout data/")
-        return f"bundled data/{args.domain}_*.jsonl"
+        domain = domain_of(args)
+        try:
+            sizes = {split: len(domain.load(split)) for split in ("train", "harness", "test")}
+        except (OSError, ValueError) as e:
+            raise Failed(str(e)) from None
+        return f"bundled: {sizes['train']} train, {sizes['harness']} harness, {sizes['test']} test tasks"
     found, missing = {}, {}  # where -> the datasets found there, or why they cannot be had -> the datasets
     for flag, name in dict.fromkeys(dataset_names(args)):
         ok, where = dataset_status(name)

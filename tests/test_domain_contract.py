@@ -1,0 +1,104 @@
+"""The contract every registered domain keeps, run over domains.DOMAINS: a domain a fork registers is covered
+without writing these again (docs/design.md section 5). Its h0 (harnesses/<name>.py) passes the checker and each
+value its SEARCH_SPACE offers passes it too; the agent's view given back as the answer earns nothing; a gold
+answer earns 1 and an empty one 0; no test task is a training or harness task; a search from h0 runs on the
+smoke model. tests/fixtures/tiny_domain.py shows a fork's own domain registered at test time, through every CLI."""
+import json
+from pathlib import Path
+
+import pytest
+
+import domains
+import meta_harness
+from lib import mutate
+from lib.contract import check_harness_fits, static_check
+from lib.hf_backend import HFBackend
+from lib.models import load_model
+from lib.subsets import seeded_sample
+from tests.fixtures.configs import search_config
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = list(domains.DOMAINS)
+
+
+def h0(name):
+    return ROOT / "harnesses" / f"{name}.py"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_h0_and_every_value_its_search_space_offers_pass_the_checker(name):
+    domain = domains.get(name)
+    source = check_harness_fits(h0(name), name, domain.TOOL_METHODS)
+    assert static_check(source, domain=domain) is None
+    options = mutate.knob_options(source)
+    assert options, "SEARCH_SPACE offers nothing to try"
+    for knob, _, value in options:
+        assert static_check(mutate.set_knob(source, knob, value), source, domain=domain) is None, (knob, value)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_view_given_back_earns_nothing_and_the_gold_answer_earns_one(name):
+    domain = domains.get(name)
+    for task in seeded_sample(domain.load("test"), 5):
+        view = json.dumps(domain.public(task))
+        assert domain.reward(task, view, domain.tools(task)) == 0.0  # the view holds no answer
+        assert domain.reward(task, "", domain.tools(task)) == 0.0
+        tools = domain.tools(task)
+        assert domain.reward(task, domain.gold_answer(task, tools), tools) == 1.0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_test_task_is_a_training_or_harness_task(name):
+    domain = domains.get(name)
+    content = lambda task: json.dumps({k: v for k, v in task.items() if k != "id"}, sort_keys=True)
+    test = {content(t) for t in domain.load("test")}
+    for split in ("train", "harness"):
+        assert not test & {content(t) for t in domain.load(split)}, split
+    if domain.HARNESS_FILE:  # a harness split of its own is disjoint from train too
+        assert not {content(t) for t in domain.load("harness")} & {content(t) for t in domain.load("train")}
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    return HFBackend(*load_model("smoke"))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_search_from_h0_runs_on_the_smoke_model(tmp_path, smoke, name):
+    cfg = search_config(candidates=2, harness_tasks=2, max_new_tokens=8)
+    result = meta_harness.search(smoke, domains.get(name), str(h0(name)), tmp_path / "run", cfg, rounds=1)
+    assert result["iterations"] == 1 and Path(result["winner"]).is_file()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "summary.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["valid"] for r in rows), [r["reason"] for r in rows]
+
+
+def test_a_domain_registered_at_test_time_runs_through_every_cli(tmp_path, monkeypatch, capsys):
+    """What a fork's domain gets from one line in the registry: rollout.py, rft.py, meta_harness.py, whale.py
+    (smoke), --plan, --check and report.py, with no other file touched."""
+    import report
+    import rft
+    import rollout
+    import whale
+    from tests.fixtures.tiny_domain import H0, Echo
+    monkeypatch.setitem(domains.DOMAINS, "echo", Echo)
+    harness = tmp_path / "echo.py"
+    harness.write_text(H0)
+    common = ["--domain", "echo", "--harness", str(harness), "--model", "smoke"]
+    rollout.main([*common, "--limit", "2", "--k", "1", "--out", str(tmp_path / "eval")])
+    assert json.loads((tmp_path / "eval" / "results.json").read_text())["mean_at_k"] == 0.0
+    rft.main([*common, "--steps", "1", "--batch", "2", "--group", "2", "--out", str(tmp_path / "rft")])
+    assert (tmp_path / "rft" / "summary.json").exists()
+    meta_harness.main([*common, "--rounds", "1", "--candidates", "1", "--harness-tasks", "2",
+                       "--out", str(tmp_path / "mh")])
+    assert (tmp_path / "mh" / "frontier.json").exists()
+    run = ["--domain", "echo", "--method", "whale", "--preset", "smoke", "--harness", str(harness)]
+    whale.main([*run, "--plan"])
+    assert "echo" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        whale.main([*run, "--check", "echo"])
+    assert e.value.code == 0
+    out = tmp_path / "results" / "smoke" / "echo" / "whale"
+    whale.main([*run, "--out", str(out)])
+    assert json.loads((out / "summary.json").read_text())["domain"] == "echo"
+    report.main(["--preset", "smoke", "--results", str(tmp_path / "results")])
+    assert "| method | searchqa | math | chess | echo |" in (tmp_path / "results" / "smoke" / "tables.md").read_text()
