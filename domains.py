@@ -1,8 +1,8 @@
-"""The three domains: bundled data, what a harness may see, the episode tools and the rewards.
+"""The domains: bundled data, what a harness may see, the episode tools and the rewards.
 (Their split sizes and tasks as a harness sees them: scripts/show_data.py.)
 
     import domains
-    d = domains.get("searchqa")          # or "math", "chess"
+    d = domains.get("searchqa")          # or "math", "chess", "countdown": any name in domains.DOMAINS
     task = d.load("train")[0]
     tools = d.tools(task)                # fresh per episode: search, python, or the chess move
     d.reward(task, answer, tools)        # 0.0 or 1.0
@@ -29,6 +29,9 @@ section 4):
   and #, or with --chess-san-marks as python-chess writes them, as the official observation has
   them); only the reference move is right: any other legal move, an alternative mate too, ends the
   episode; reward 1.0 only for the whole line.
+- countdown (the fourth domain, and the template for a fork's own): generated puzzles of 3-4 numbers and a
+  target; no tools; reward = the answer's expression (left of an '=') uses only the given numbers, each at
+  most once, + - * / and parentheses, and its exact value is the target (countdown_value: parsed, never run).
 
 The paper's data (--data paper: `domains.get(name, args)` with add_args' flags) loads through
 lib/paper_data.py: the hub datasets (or local copies of them) in the bundled tasks' shape, and

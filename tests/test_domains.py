@@ -718,3 +718,37 @@ def test_chess_h0_parsing_and_retries():
     llm = ScriptedLLM(["hmm", "still nothing", f"<move>{task['moves'][1]}</move>"])
     out = h.run(d.public(task), llm, tools)
     assert out["answer"] is None and len(llm.calls) == 2 and tools.next == 1
+
+
+# -----------------------------------------------------------------------------
+# Countdown
+
+
+def test_countdown_verifier_takes_exactly_the_rules_and_never_runs_the_answer():
+    d = domains.get("countdown")
+    task = {"numbers": [2, 3, 7, 50], "target": 57}
+    right = ["50 + 7", "(50 + 7)", " 50+7 ", "7 + 50", "(3 - 2) * 50 + 7", "50 + 7 * (3 - 2)",
+             "50 + 7 = 57",                            # what is left of '=' is checked
+             "50 + 7 = 58",                            # (so a wrong claim after it does not matter)
+             "(" * 60 + "50 + 7" + ")" * 60]           # deep, but within MAX_EXPRESSION_CHARS
+    for answer in right:
+        assert d.reward(task, answer) == 1.0, answer
+    assert domains.countdown_value("7 / 2", [7, 2]) == domains.Fraction(7, 2)  # exact, fractions on the way
+    wrong = ["50 + 8", "50 + 7 + 7", "57",                                   # a number not given, or twice
+             "50 + 7)", "(50 + 7", "50 +", "+ 50 7", "50 7", "", "=",          # malformed
+             "2 ** 5 + 25", "50 // 1 + 7", "0x32 + 7", "5e1 + 7", "50.0 + 7", "-50 + 107",  # outside the grammar
+             "__import__('os').system('id')", "open('/etc/passwd')", "50 + 7; import os",   # hostile, never run
+             "50 + 7 " + "+ 2 - 2 " * 40,                                     # over MAX_EXPRESSION_CHARS
+             "(" * 500 + "50" + ")" * 500,                                   # over it too (and deeper)
+             "50 + 7 / (3 - 3)",                                              # a division by zero
+             None, 57, ["50 + 7"], {"answer": "50 + 7"}]
+    assert [a for a in wrong if d.reward(task, a) != 0.0] == []
+    assert len("50 + 7 " + "+ 2 - 2 " * 40) > domains.MAX_EXPRESSION_CHARS
+
+
+def test_countdown_puzzles_are_solvable_and_their_splits_disjoint():
+    d = domains.get("countdown")
+    for split in ("train", "harness", "test"):
+        for task in d.load(split):
+            assert domains.countdown_value(task["solution"], task["numbers"]) == task["target"]
+            assert set(d.public(task)) == {"numbers", "target"}
