@@ -264,11 +264,17 @@ def test_domains_show_refuses_a_negative_count(capsys):
 
 
 def test_every_h0_fits_its_own_domain_only():
+    """Each tool-using h0 against every other domain: refused, naming both tool sets (countdown's h0 calls no
+    tool, so it fits any domain's; the others call theirs)."""
     for harness in domains.DOMAINS:
         for name, domain in domains.DOMAINS.items():
             path = os.path.join(ROOT, "harnesses", f"{harness}.py")
-            if name == harness:
+            if name == harness or not domains.DOMAINS[harness].TOOL_METHODS:
                 check_harness_fits(path, name, domain.TOOL_METHODS)
+            elif not domain.TOOL_METHODS:
+                with pytest.raises(ValueError, match=rf"calls tools\.{domains.DOMAINS[harness].TOOL_METHODS[0]}, "
+                                                     rf"but {name} offers no tools"):
+                    check_harness_fits(path, name, domain.TOOL_METHODS)
             else:
                 with pytest.raises(ValueError, match=rf"calls tools\.{domains.DOMAINS[harness].TOOL_METHODS[0]}, but "
                                                      rf"{name} offers tools\.{domain.TOOL_METHODS[0]}"):

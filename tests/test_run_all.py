@@ -1,4 +1,4 @@
-"""run_all.sh keeps going: a domain whose process fails (here a damaged data file that the preflight does not
+"""run_all.sh keeps going: a domain whose process fails (here a damaged run folder, which the preflight does not
 read, as a retriever outage or an OOM would fail it mid-night) leaves the other domains to run to the end; the
 failure is named at the end with its last line and its log, the exit status is 1, and the rerun after the fix
 runs only what did not finish. A copy of the repository, so its results/ stays as it is."""
@@ -28,9 +28,9 @@ def test_a_failed_domain_leaves_the_others_to_finish_and_the_rerun_does_only_it(
     repo = tmp_path / "repo"
     shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(
         ".git", ".venv", "results", "runs", "wheels", ".cache", "__pycache__", ".pytest_cache"))
-    data = repo / "data" / "math_test.jsonl"
-    good = data.read_text()
-    data.write_text(good + "{damaged\n")  # math's process refuses it at its start (domains.load)
+    state = repo / "results/smoke/math/weight-only/state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text("[1]\n")  # math's process refuses its run folders at its start (memo.load_state)
 
     first = run_all(repo)
     assert first.returncode == 1, first.stderr[-2000:]
@@ -38,11 +38,11 @@ def test_a_failed_domain_leaves_the_others_to_finish_and_the_rerun_does_only_it(
     assert (repo / "results/smoke/tables.md").exists()  # the report of what finished
     end = first.stderr.splitlines()
     assert end[-2].startswith("run_all.sh: 1 of the night's processes failed; the report holds what finished")
-    assert end[-1].startswith(f"  FAIL seed 0, math, {' '.join(METHODS)}: exit 1: whale.py: error: corrupt data file")
+    assert end[-1].startswith(f"  FAIL seed 0, math, {' '.join(METHODS)}: exit 1: whale.py: error: damaged run file")
     assert end[-1].endswith("(log: results/smoke/logs/math.log)")
-    assert "corrupt data file" in (repo / "results/smoke/logs/math.log").read_text()
+    assert "state.json" in (repo / "results/smoke/logs/math.log").read_text()
 
-    data.write_text(good)
+    state.unlink()  # the fix: the run starts over
     again = run_all(repo)
     assert again.returncode == 0, again.stderr[-2000:]
     assert finished(repo, "math") == list(METHODS)
