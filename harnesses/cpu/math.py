@@ -1,7 +1,8 @@
 """Math h0 of the cpu preset: the bundled h0 (below) with the fewest SEARCH_SPACE changes under which SmolLM2-135M
 earns a small training reward, as the paper's base model does under its h0: one worked example that prints its
-result (EXAMPLES) and the number the code printed as the answer (ANSWER_FROM_OUTPUT). What each change scored:
-docs/cpu-run/README.md, "Calibrating the cpu preset" (scripts/calibrate_cpu_h0.py). SKILL tells the offline proposer (--mutate-order traces) which knobs to try first
+result (EXAMPLES) and the number the code printed as the answer (ANSWER_FROM_OUTPUT). Every single change scored
+at most 1 % (README, "Calibrating the cpu preset"); docs/cpu-run/paper-regime.md has these two's figures
+(scripts/calibrate_cpu_h0.py). SKILL tells the offline proposer (--mutate-order traces) which knobs to try first
 for each failure kind.
 
 Math h0: no system prompt; the model may run one Python code block per turn and answers in \\boxed{}.
