@@ -6,13 +6,12 @@ change behaviour (a refactor) is checked with.
     python scripts/compare_runs.py A B --loss-rtol 1e-4    # the SFT loss: float sums in another order
 
 Compared: every metrics.jsonl, summary.json, evals/*.json (stats and per-task scores), and each archive's
-summary.jsonl, frontier.json and candidates/*/scores.json and harness.py (its code: the module docstring
-aside). Ignored: keys that hold times or paths (seconds, *_s, time, copied_from, final_harness, winner, harness
-paths, the seed's "copied from"), and the reuse keys (their format is the code's). Exit status 1 when anything
+summary.jsonl, frontier.json and candidates/*/scores.json and harness.py. Ignored: keys that hold times or
+paths (seconds, *_s, time, copied_from, final_harness, winner, harness paths, the seed's "copied from"),
+and the reuse keys (their format is the code's). Exit status 1 when anything
 differs, each difference one line.
 """
 import argparse
-import ast
 import json
 import math
 import sys
@@ -25,22 +24,9 @@ PATTERNS = ("metrics.jsonl", "summary.json", "evals/*.json", "harness_w*/summary
             "harness_w*/candidates/*/harness.py", "weights/metrics.jsonl")
 
 
-def code(text):
-    """A harness file's code without its module docstring (prose a refactor may move), as an AST dump; the
-    text itself when it does not parse."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return text
-    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant) \
-            and isinstance(tree.body[0].value.value, str):
-        tree.body = tree.body[1:]
-    return ast.dump(tree)
-
-
 def rows(path):
     if path.suffix == ".py":
-        return [code(path.read_text())]
+        return [path.read_text()]
     text = path.read_text()
     return [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" \
         else [json.loads(text)]
