@@ -95,21 +95,22 @@ def test_one_rsft_step_runs_at_most_nine_lib_modules(tmp_path):
 
 def test_no_hard_coded_domain_list_outside_the_registry():
     """The registry (domains.DOMAINS) is the one list: no tuple, list or set of domain names in rollout.py, rft.py,
-    report.py, data/build.py or lib/ (presets.py holds the per-preset tables; lib/ops/time_model.py is the gpu
-    preset's time model, measured per domain), and run_all.sh takes its domains from presets.py."""
+    report.py, data/build.py or lib/ (presets.py holds the per-preset tables), and run_all.sh takes its domains
+    from presets.py."""
     import domains
     names = set(domains.DOMAINS)
     paths = ["rollout.py", "rft.py", "report.py", "data/build.py",
              *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "lib").rglob("*.py"))]
     found = []
     for path in paths:
-        if path == "lib/ops/time_model.py":
-            continue
         for node in ast.walk(tree(path)):
             if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) >= 2 and all(
                     isinstance(e, ast.Constant) and e.value in names for e in node.elts):
                 found.append(f"{path}:{node.lineno}")
     assert not found, f"hard-coded domain lists: {found}; take them from domains.DOMAINS"
+    import presets
+    from lib.ops import time_model
+    assert [d for d, _, _ in time_model.ADAPTIVE] == list(presets.ADAPTIVE_DOMAINS)  # --plan times what run_all runs
     shell = (ROOT / "run_all.sh").read_text()
     assert not [line for line in shell.splitlines() if not line.lstrip().startswith("#")
                 and sum(name in line for name in names) >= 2]

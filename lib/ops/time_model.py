@@ -121,7 +121,7 @@ NO_FLA_SFT_FACTOR = 3.0  # SFT time without fla-core: transformers' torch path f
 # it out by default)
 TABLE = [(d, m, "fixed") for d in DOMAIN_MODEL
          for m in ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale")]
-ADAPTIVE = [(d, "whale", "adaptive") for d in ("searchqa", "math")]
+ADAPTIVE = [(d, "whale", "adaptive") for d in DOMAIN_MODEL if d != "chess"]  # as presets.ADAPTIVE_DOMAINS
 
 
 def tokens(domain, max_new_tokens=1024):
