@@ -67,6 +67,7 @@ from lib.proposers import failure_advice, propose_agent, propose_in_copy
 from lib.subsets import seeded_sample
 
 PROPOSERS = ("mutate", "command", "claude", "openai")
+NULL_MARGIN = 0.05  # default --null-margin: one lucky task in 20 (an empty reply that happens to be read as right)
 
 
 def add_args(parser):
@@ -176,9 +177,6 @@ def score(cand_dir, backend, domain, tasks, cfg, policy_kw, evaluate):
               "samples": cfg.harness_samples}
     write_json(cand_dir / "scores.json", scores)
     return scores
-
-
-NULL_MARGIN = 0.05  # default --null-margin: one lucky task in 20 (an empty reply that happens to be read as right)
 
 
 def check_without_model(run_dir, iteration, backend, domain, tasks, cfg, policy_kw, evaluate):

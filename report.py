@@ -61,6 +61,11 @@ def load_runs(root):
     return run_folders.load_runs(root, list(domains.DOMAINS))
 
 
+def method_header(names):
+    """A table's two header lines: a method column, then one per name."""
+    return ["| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+
+
 def columns(runs):
     """The domains a table shows: the registry's that ran, and those it always reports (REPORTED: "not run")."""
     ran = domains_of(runs)
@@ -108,7 +113,7 @@ def make_table(runs, preset):
              f"the test set, so biased upwards) @ rollouts to reach it. Rollouts = training + "
              f"harness scoring; test evaluation is not counted. {over}",
              "",
-             "| method | " + " | ".join(columns(runs)) + " |", "|---|" + "---|" * len(columns(runs))]
+             *method_header(columns(runs))]
     for method in shown_methods(runs):
         lines.append(f"| {method} | " + " | ".join(cell(runs.get((d, method)))
                                                    for d in columns(runs)) + " |")
@@ -124,7 +129,7 @@ def make_table(runs, preset):
     lines += infrastructure_table(runs)
     if preset == "paper":
         lines += ["", "The paper's numbers (best mean@8 %):", "",
-                  "| method | " + " | ".join(PAPER["whale"]) + " |", "|---|" + "---|" * len(PAPER["whale"])]
+                  *method_header(PAPER["whale"])]
         for method, values in PAPER.items():
             lines.append(f"| {method} | " + " | ".join("-" if v is None else f"{v:.2f}"
                                                        for v in values.values()) + " |")
@@ -138,7 +143,7 @@ def without_model_table(runs, k):
              "In %, mean over the finished seeds: the score / the same harness on the same tasks under the null "
              "model (every reply ''). A harness that answers by itself shows here; - where an older run did not "
              "measure it.", "",
-             "| method | " + " | ".join(columns(runs)) + " |", "|---|" + "---|" * len(columns(runs))]
+             *method_header(columns(runs))]
     for method in shown_methods(runs):
         cells = []
         for domain in columns(runs):
@@ -163,8 +168,7 @@ def benchmark_table(runs, k):
         if len(names) < 2:
             continue
         lines += [f"## {domain}: final test mean@{k} per benchmark, % [95 % CI]", "",
-                  "| method | " + " | ".join(names) + " | average of benchmarks |",
-                  "|---|" + "---|" * (len(names) + 1)]
+                  *method_header([*names, "average of benchmarks"])]
         for method, rows in finals.items():
             per = [percent(hierarchical_ci([[v for t, v in row["per_task"].items()
                                              if row["sources"].get(t) == name]
@@ -178,14 +182,14 @@ def benchmark_table(runs, k):
 def shown_methods(runs):
     """METHODS, less the optional ones (adaptive WHALE, stagewise-hw) where no domain ran them."""
     return [m for m in METHODS if m not in ("whale-adaptive",
-                                            "stagewise-hw") or any((d, m) in runs for d in columns(runs))]
+                                            "stagewise-hw") or any((d, m) in runs for d in domains_of(runs))]
 
 
 def per_seed_table(runs, seeds, k):
     """Each seed's final mean@k, so a reader sees the spread between runs, seed by seed."""
     lines = [f"## Final test mean@{k} per seed", "",
              f"In %, seeds {' / '.join(map(str, seeds))}; - where that seed has not finished.", "",
-             "| method | " + " | ".join(columns(runs)) + " |", "|---|" + "---|" * len(columns(runs))]
+             *method_header(columns(runs))]
     for method in shown_methods(runs):
         cells = []
         for domain in columns(runs):

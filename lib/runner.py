@@ -42,7 +42,6 @@ MAX_TOOLS, MAX_TOOLS_CHARS = 16, 32_000  # function schemas per llm() call, and 
 ROLES = ("system", "user", "assistant", "tool")  # "tool": a tool's result, as native tool calls expect it
 
 
-
 def exception_reply(e):
     name = type(e).__name__ if type(e).__module__ == "builtins" else "RuntimeError"
     return {"raise": name, "message": f"{type(e).__name__}: {e}"[:MAX_CHARS]}
