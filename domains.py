@@ -606,7 +606,7 @@ harness's own code: the answer must be the model's."""
 
 
 # the registry: a new domain adds its one line here (whale.py, rollout.py, rft.py, meta_harness.py, --check,
-# --plan, the report and the contract tests take the domains from it)
+# plan.py, the report and the contract tests take the domains from it)
 DOMAINS = {"searchqa": SearchQA, "math": Math, "chess": Chess, "countdown": Countdown}
 
 

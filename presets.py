@@ -2,7 +2,7 @@
 the paper and gpu presets' per-domain settings. Why each value is what it is: docs/cpu-run/README.md
 (cpu), docs/protocol.md and docs/fidelity.md (paper), docs/gpu.md (gpu).
 
-    python whale.py --domain math --preset cpu --plan     # what a preset spends, no model loaded
+    python plan.py --domain math --preset cpu      # what a preset spends, no model loaded
 """
 
 # Named bundles of defaults; any flag given on the command line wins. I (--harness-iterations)
@@ -105,7 +105,7 @@ GPU = {domain: dict(model=PAPER[domain]["model"], lr=PAPER[domain]["lr"],
                     max_prompt_tokens=PAPER[domain]["max_prompt_tokens"],
                     sft_batch=int(PAPER[domain]["sft_batch"] * SCALE), **GPU[domain])
        for domain in GPU}
-# D_weight sizes of the paper's data (docs/protocol.md), for --plan without downloading them
+# D_weight sizes of the paper's data (docs/protocol.md), for plan.py without downloading them
 PAPER_TRAIN_SIZES = {"searchqa": 18_946, "math": 17_917, "chess": 16_384}
 # the cpu preset per domain: its h0 (harnesses/cpu/; chess, outside the cpu preset's default
 # domains, keeps harnesses/chess.py)

@@ -47,7 +47,7 @@ esac
 # the preflight, before any run: every resource these runs need (retriever, data, model, engine, proposer, sandbox,
 # GPU memory) in seconds, before any model loads; a failure is one line naming its fix, and the table does not start
 check_domains=($DOMAINS)
-python whale.py --check "${check_domains[@]}" --preset "$PRESET" --domain "${check_domains[0]}" "$@" || exit 1
+python plan.py --check "${check_domains[@]}" --preset "$PRESET" --domain "${check_domains[0]}" "$@" || exit 1
 n_adaptive=0
 for domain in $DOMAINS; do if adaptive_here "$domain"; then n_adaptive=$((n_adaptive + 1)); fi; done
 n=$(( $(wc -w <<< "$SEEDS") * ($(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") + ADAPTIVE * n_adaptive) ))

@@ -2,7 +2,7 @@ r"""
 WHALE: Weight-Harness Alternating LEarning, and the five baselines it is compared with.
 
     python whale.py --domain math --method whale --preset smoke
-    python whale.py --domain searchqa --method whale --preset paper --plan   # the budget, no model
+    python plan.py --domain searchqa --method whale --preset paper   # the budget, no model (plan.py)
     python whale.py --domain searchqa --method whale --schedule adaptive --preset cpu
     python whale.py --domain chess --method weight-only --preset paper
     python whale.py --domain math --preset cpu \
@@ -37,7 +37,7 @@ The schedule decides where a phase ends, never how much a method gets in all:
                never ends on a harness phase (rounds left when the weight budget is spent go unused)
 Harness phases under weights that did not change since the last one continue its archive, each phase
 adding its own rounds; new weights start a new archive from the incoming harness.
-`python whale.py --plan ...` prints a run's phases, steps, rounds and rollouts, no model loaded.
+`python plan.py` (whale.py's flags) prints a run's phases, steps, rounds and rollouts, no model loaded.
 
 Several methods in one command run one after another in one process and never compute the same thing
 twice (lib/memo.py). A run's folder is results/<preset>/[seed-<n>/]<domain>/<method>/ (what it
@@ -48,7 +48,6 @@ import argparse
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -63,17 +62,18 @@ from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_
 from lib.files import write_json
 from lib.hf_backend import NullModelBackend
 from lib.memo import Memo, check_run_folder, check_same_settings
-from lib.ops import plan, preflight, report_to  # the operation commands --plan, --check, --report-to only
+from lib import report_to
 from lib.policy import add_backend_args, load_policy
 from lib.subsets import seeded_sample
-from presets import CPU, GPU, PAPER, PAPER_TRAIN_SIZES, PRESETS
+from presets import CPU, GPU, PAPER, PRESETS
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "stagewise-hw", "fast-slow")
 
 
-def parse_args(argv=None):
-    """-> one Namespace per --method: the preset's defaults, overridden by any flag given."""
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None, more_args=None, description=__doc__):
+    """-> one Namespace per --method: the preset's defaults, overridden by any flag given. more_args(parser)
+    adds another command's own flags (plan.py's --check)."""
+    p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("what to run")
     g.add_argument("--domain", required=True, choices=sorted(domains.DOMAINS))
     g.add_argument("--method", nargs="+", default=["whale"], choices=METHODS,
@@ -93,14 +93,6 @@ def parse_args(argv=None):
     g.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads; 1 on 2-core machines, where the harness workers need "
                         "the other core")
-    g = p.add_argument_group("before a run: print its plan, or check its resources, then exit")
-    g.add_argument("--plan", action="store_true",
-                   help="print the phases, steps, rounds and rollouts, then exit")
-    g.add_argument("--check", nargs="*", default=None, choices=sorted(domains.DOMAINS),
-                   metavar="DOMAIN",
-                   help="check every resource this run needs (and those of the same run on these "
-                        "domains) in seconds, before any model loads, then exit: one line per "
-                        "check, 0 when all pass")
     g = p.add_argument_group("budgets (the same totals for every method)")
     g.add_argument("--epochs", type=positive_float, default=None,
                    help="total weight-training budget in train epochs")
@@ -138,6 +130,8 @@ def parse_args(argv=None):
                    help="every: test mean@k before training and after every phase; ends: before "
                         "training and after the last phase only (fewer intermediate points, never "
                         "fewer final tasks)")
+    if more_args:
+        more_args(p)
     report_to.add_args(p)
     domains.add_args(p)
     add_backend_args(p)
@@ -241,33 +235,6 @@ def fixed_phases(cfg, n_train):
         phases.append((kind, size))
         last = kind
     return phases
-
-
-def plan_sizes(args):
-    """(train prompts, harness tasks, test tasks) of a run, from the data sizes alone (no model is
-    loaded)."""
-    if args.data == "paper":
-        n_train = min(PAPER_TRAIN_SIZES[args.domain],
-                      args.train_limit or PAPER_TRAIN_SIZES[args.domain])
-        n_test = {"searchqa": len(args.searchqa_test_sets.split(",")) * args.searchqa_test_per_set,
-                  "math": 60, "chess": args.chess_test_size}[args.domain]
-        return n_train, args.harness_tasks, min(n_test, args.test_limit or n_test)
-    domain = domains.from_args(args)
-    n_train = len(seeded_sample(domain.load("train"), args.train_limit))
-    n_harness = len(seeded_sample(domain.load("harness"), args.harness_tasks))
-    return n_train, n_harness, len(test_tasks(domain, run_config(args, domains.data_flags()).test))
-
-
-def print_plan(runs, card_gb=80):
-    """--plan: the phases, steps, rounds and rollouts of the runs of one command (one process), and
-    each run's estimated hours on one card of card_gb for its own work (lib/ops/plan.print_runs).
-    -> [estimate, or None for a model the time model lacks]"""
-    sizes = plan_sizes(runs[0])  # every run of a command has the same data
-    data_flags = domains.data_flags()
-    configs = [run_config(args, data_flags) for args in runs]
-    phases = [fixed_phases(cfg, sizes[0]) for cfg in configs]
-    budget = [budgets(cfg, sizes[0]) for cfg in configs]
-    return plan.print_runs(runs, [method_name(a) for a in runs], phases, budget, sizes, card_gb)
 
 
 # -----------------------------------------------------------------------------
@@ -377,14 +344,6 @@ def evaluate_again(policy, test, i, weights_id, adapter, harness):
 
 def main(argv=None):
     runs = parse_args(argv)
-    if runs[0].plan:
-        print_plan(runs)
-        return
-    # the preflight (lib/ops/preflight.py): each --check domain parsed as its own run
-    if runs[0].check is not None:
-        argv = sys.argv[1:] if argv is None else list(argv)
-        runs += [parse_args([*argv, "--domain", d])[0] for d in runs[0].check]
-        raise SystemExit(preflight.main(runs, check_harness=domains.check_harness, domain_of=domains.from_args))
     with one_line_errors("whale.py"):  # bad input, a damaged run folder, a refused engine: one line
         sandbox.apply_args(runs[0])
         rollout.apply_args(runs[0])
@@ -394,7 +353,7 @@ def main(argv=None):
         policy = load_policy(runs[0]) if runs[0].backend != "hf" else None
         data_flags = domains.data_flags()
         for args in runs:
-            with report_to.watch(args):  # --report-to: the rows of its files, live
+            with report_to.watch(args.report_to, args.out, vars(args)):  # --report-to: its files' rows, live
                 run(run_config(args, data_flags), domain, start_run(args, policy),
                     donors=[other.out for other in runs if other.out != args.out])
             # the finished run's optimizer and graphs go before the next run starts

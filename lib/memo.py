@@ -185,7 +185,7 @@ def save_state(out, state):
 
 # flags that may change between a run and its resumption: they change how fast (or when a failing machine stops
 # the run), not what is computed
-RESUMABLE_FLAGS = ("threads", "workers", "out", "plan", "check", "report_to", "infra_budget")
+RESUMABLE_FLAGS = ("threads", "workers", "out", "report_to", "infra_budget")
 RENAMED_FLAGS = {"minibatch": "micro_batch"}  # an older config.json's name: its new one
 
 

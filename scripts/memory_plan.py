@@ -5,7 +5,7 @@
 
 Memory and time come from lib/ops/time_model.py (model configs, stated token lengths, bandwidth and FLOP rates);
 each run's phases, steps, rounds and test size from whale.py's own plan, exactly what
-`python whale.py --plan --preset P --domain D --method M` prints. No GPU, model or dataset is needed.
+`python plan.py --preset P --domain D --method M` prints. No GPU, model or dataset is needed.
 """
 import argparse
 import contextlib
@@ -14,6 +14,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import plan  # noqa: E402
 import whale  # noqa: E402
 from lib.ops import time_model as g  # noqa: E402
 
@@ -22,14 +23,14 @@ THINKING_FLAGS = ("--max-new-tokens", "8192", "--max-model-len", str(g.MODEL_LEN
 
 
 def run_args(preset, domain, method, schedule, extra=()):
-    [args] = whale.parse_args(["--plan", "--preset", preset, "--domain", domain, "--method", method,
+    [args] = whale.parse_args(["--preset", preset, "--domain", domain, "--method", method,
                                "--schedule", schedule, *extra])
     return args
 
 
 def table_estimates(preset, card_gb, extra=(), domains=None, **kw):
     """[(domain, run name, estimate of its own work)] of run_all.sh's table under `preset` on one card, as
-    whale.print_plan gives it for each of run_all.sh's processes (a domain's methods, then adaptive WHALE where
+    plan.print_plan gives it for each of run_all.sh's processes (a domain's methods, then adaptive WHALE where
     run_all.sh's ADAPTIVE default adds it: under paper, not gpu)."""
     table = g.TABLE + (g.ADAPTIVE if preset == "paper" else [])
     rows = []
@@ -40,7 +41,7 @@ def table_estimates(preset, card_gb, extra=(), domains=None, **kw):
                 continue
             runs = [run_args(preset, domain, method, schedule, extra) for method in methods]
             with contextlib.redirect_stdout(io.StringIO()):
-                estimates = whale.print_plan(runs, card_gb)
+                estimates = plan.print_plan(runs, card_gb)
             for args, est in zip(runs, estimates):
                 if kw:  # the same run under other assumptions (proposer time, fla)
                     est = g.hours(g.model_name(args.model), domain, est["counts"], card_gb, args.max_new_tokens,
@@ -158,7 +159,7 @@ def main():
     adaptive = []
     for domain, method, schedule in g.ADAPTIVE:
         with contextlib.redirect_stdout(io.StringIO()):
-            [est] = whale.print_plan([run_args("gpu", domain, method, schedule)])
+            [est] = plan.print_plan([run_args("gpu", domain, method, schedule)])
         adaptive.append(est["total"])
     print(f"ADAPTIVE=1 adds adaptive WHALE on {' and '.join(d for d, _, _ in g.ADAPTIVE)}: "
           f"{' + '.join(f'{h:.1f}' for h in adaptive)} h")

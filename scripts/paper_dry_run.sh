@@ -19,7 +19,7 @@
 #
 #   preflight-paper  PRESET=paper run_all.sh without a retriever stops within 60 s, one line per missing
 #                    resource, no traceback, before any model loads
-#   preflight        whale.py --check passes for all three domains with the stand-ins
+#   preflight        plan.py --check passes for all three domains with the stand-ins
 #   searchqa, math, chess
 #                    whale.py --preset gpu --method whale: a start evaluation, weight phase, harness phase (the
 #                    re-score of h0, one round of the command proposer), weight phase, each evaluated on the
@@ -72,7 +72,7 @@ preflight_paper() {
 }
 
 preflight() {
-    if python whale.py --check searchqa math chess --preset gpu --domain searchqa "${SIZES[@]}" "${DATA[@]}" > "$TMP/check.log" 2>&1; then
+    if python plan.py --check searchqa math chess --preset gpu --domain searchqa "${SIZES[@]}" "${DATA[@]}" > "$TMP/check.log" 2>&1; then
         echo "ok preflight ($(grep -c '^ok' "$TMP/check.log") checks passed)"
     else
         echo "FAIL preflight ($(grep '^FAIL' "$TMP/check.log" | head -n 1 | cut -c1-240))"

@@ -74,10 +74,11 @@ def test_a_search_from_h0_runs_on_the_smoke_model(tmp_path, smoke, name):
 
 def test_a_domain_registered_at_test_time_runs_through_every_cli(tmp_path, monkeypatch, capsys):
     """What a fork's domain gets from one line in the registry: rollout.py, rft.py, meta_harness.py, whale.py
-    (smoke), --plan, --check and report.py, with no other file touched."""
+    (smoke), plan.py (the plan and --check) and report.py, with no other file touched."""
     import report
     import rft
     import rollout
+    import plan
     import whale
     from tests.fixtures.tiny_domain import H0, Echo
     monkeypatch.setitem(domains.DOMAINS, "echo", Echo)
@@ -92,10 +93,10 @@ def test_a_domain_registered_at_test_time_runs_through_every_cli(tmp_path, monke
                        "--out", str(tmp_path / "mh")])
     assert (tmp_path / "mh" / "frontier.json").exists()
     run = ["--domain", "echo", "--method", "whale", "--preset", "smoke", "--harness", str(harness)]
-    whale.main([*run, "--plan"])
+    plan.main(run)
     assert "echo" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
-        whale.main([*run, "--check", "echo"])
+        plan.main([*run, "--check", "echo"])
     assert e.value.code == 0
     out = tmp_path / "results" / "smoke" / "echo" / "whale"
     whale.main([*run, "--out", str(out)])

@@ -1,5 +1,5 @@
 """lib/ops/time_model.py and the gpu preset: the whole table fits 12 h on one 80 GB card by the project's estimate,
-whale.py --plan prints each run's hours, the memory plan counts what it says, and run_all.sh picks gpu on a GPU.
+plan.py prints each run's hours, the memory plan counts what it says, and run_all.sh picks gpu on a GPU.
 No GPU, model or dataset: the estimate is arithmetic on model configs and whale.py's plan."""
 import os
 import shutil
@@ -8,23 +8,24 @@ import sys
 
 import pytest
 
+import plan
 import whale
 from lib.ops import time_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def plan(capsys, *argv):
-    [args] = whale.parse_args(["--plan", *argv])
-    [est] = whale.print_plan([args])
+def planned(capsys, *argv):
+    [args] = whale.parse_args(argv)
+    [est] = plan.print_plan([args])
     return args, est, capsys.readouterr().out
 
 
 def domain_plan(capsys, domain):
     """run_all.sh's process for one domain under the gpu preset: its six methods, in its order."""
     methods = [m for d, m, _ in time_model.TABLE if d == domain]
-    runs = whale.parse_args(["--plan", "--preset", "gpu", "--domain", domain, "--method", *methods])
-    estimates = whale.print_plan(runs)
+    runs = whale.parse_args(["--preset", "gpu", "--domain", domain, "--method", *methods])
+    estimates = plan.print_plan(runs)
     return runs, estimates, capsys.readouterr().out
 
 
@@ -62,8 +63,8 @@ def test_a_domains_runs_share_their_common_phases_in_one_process(capsys):
 
 def test_the_gpu_preset_keeps_the_paper_shape(capsys):
     for domain in ("searchqa", "math", "chess"):
-        args, _, out = plan(capsys, "--preset", "gpu", "--domain", domain)
-        paper, _, _ = plan(capsys, "--preset", "paper", "--domain", domain)
+        args, _, out = planned(capsys, "--preset", "gpu", "--domain", domain)
+        paper, _, _ = planned(capsys, "--preset", "paper", "--domain", domain)
         for flag in ("model", "lr", "group", "candidates", "phase_epochs", "micro_batch",
                      "temperature", "top_k", "data", "backend", "vllm_sleep", "bf16", "proposer", "proposer_model",
                      "harness", "max_prompt_tokens"):
@@ -76,13 +77,13 @@ def test_the_gpu_preset_keeps_the_paper_shape(capsys):
         assert args.batch * args.group / args.sft_batch == paper.batch * paper.group / paper.sft_batch
         assert whale.fixed_phases(args, args.train_limit) == [("weight", 10), ("harness", 1), ("weight", 10)]
         assert "re-score + 1 rounds" in out
-        [only] = whale.parse_args(["--plan", "--preset", "gpu", "--domain", domain, "--method", "harness-only"])
+        [only] = whale.parse_args(["--preset", "gpu", "--domain", domain, "--method", "harness-only"])
         assert whale.budgets(only, args.train_limit) == (0, 2)
 
 
 def test_plan_prints_each_runs_hours_and_their_sum(capsys):
     methods = ["whale", "weight-only", "harness-only"]
-    whale.main(["--plan", "--preset", "gpu", "--domain", "math", "--method", *methods])
+    plan.main(["--preset", "gpu", "--domain", "math", "--method", *methods])
     out = capsys.readouterr().out
     each = [float(line.split()[1]) for line in out.splitlines()
             if line.startswith("estimated") and "on one 80 GB" in line]
@@ -90,14 +91,14 @@ def test_plan_prints_each_runs_hours_and_their_sum(capsys):
     [total] = [line for line in out.splitlines() if "for these 3 runs in one process" in line]
     assert float(total.split()[1]) == pytest.approx(sum(each), abs=0.02)
     # a model the plan does not know gets no estimate, and says so
-    whale.main(["--plan", "--preset", "smoke", "--domain", "math"])
+    plan.main(["--preset", "smoke", "--domain", "math"])
     assert "no time estimate for --model smoke" in capsys.readouterr().out
 
 
 def test_the_estimate_counts_what_the_plan_prints(capsys):
     """run_counts (the estimate's input) and print_plan's totals are the same counts."""
     for method in whale.METHODS:
-        args, est, out = plan(capsys, "--preset", "gpu", "--domain", "searchqa", "--method", method)
+        args, est, out = planned(capsys, "--preset", "gpu", "--domain", "searchqa", "--method", method)
         c = est["counts"]
         assert f"total: {c['train'] + c['harness']:,d} rollouts ({c['train']:,d} training, {c['harness']:,d} " in out
         assert f"= {c['test']:,d}" in out and f"{c['steps']} RSFT steps, {c['rounds']} proposer rounds" in out
@@ -141,7 +142,7 @@ def test_the_memory_plan_counts_the_retriever_the_states_and_thinking_lengths():
     # the gpu preset's engine share fits beside the trainer on every card, its micro-batch of 2 calls too but for
     # chess on 24 GB (peft's fp32 input casts pass the card there: --micro-batch 1, the same update in two halves)
     for domain, share in (("searchqa", 0.45), ("math", 0.7), ("chess", 0.5)):
-        [args] = whale.parse_args(["--plan", "--preset", "gpu", "--domain", domain])
+        [args] = whale.parse_args(["--preset", "gpu", "--domain", domain])
         assert args.gpu_memory == share
         for card in time_model.CARDS:
             where = time_model.CARD_RETRIEVER[card] if domain == "searchqa" else None

@@ -1,4 +1,4 @@
-"""The preflight (`python whale.py --check`, run_all.sh's first step): each resource a run needs, checked before any
+"""The preflight (`python plan.py --check`, run_all.sh's first step): each resource a run needs, checked before any
 model loads, each failure one line naming its fix. The retriever, the proposer's endpoints and the hub are
 stand-ins on loopback or in a temp folder; nothing here reaches the network."""
 import gzip
@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import types
+from functools import partial
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import domains
+import plan
 import whale
 from lib import retriever, sandbox
 from lib.ops import hub, preflight
@@ -147,7 +149,7 @@ def test_paper_run_all_without_a_retriever_exits_in_seconds_with_one_line(tmp_pa
 
 def test_bundled_presets_pass_with_one_ok_line_per_resource(capsys):
     with pytest.raises(SystemExit) as e:
-        whale.main(["--check", "searchqa", "math", "chess", "--preset", "smoke", "--domain", "math"])
+        plan.main(["--check", "searchqa", "math", "chess", "--preset", "smoke", "--domain", "math"])
     out = capsys.readouterr().out.splitlines()
     assert e.value.code == 0 and all(line.startswith("ok   ") for line in out)
     names = [line[5:].split(":")[0] for line in out]
@@ -159,7 +161,7 @@ def test_bundled_presets_pass_with_one_ok_line_per_resource(capsys):
 def test_the_harness_line_is_the_runs_own_check(capsys):
     """--check runs domains.check_harness, the check every CLI makes (domains.check_inputs), as its harness line."""
     with pytest.raises(SystemExit) as e:
-        whale.main(["--check", "--preset", "smoke", "--domain", "math", "--harness", "harnesses/searchqa.py"])
+        plan.main(["--check", "--preset", "smoke", "--domain", "math", "--harness", "harnesses/searchqa.py"])
     fails = capsys.readouterr().err.splitlines()
     with pytest.raises(ValueError) as cli:
         domains.check_inputs(run_args("--harness", "harnesses/searchqa.py", preset="smoke", domain="math"))
@@ -382,3 +384,48 @@ def test_gpu_memory_against_the_runs_need(monkeypatch, offline_hub):
     assert "or lower --gpu-memory" in line
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(79 * GiB), int(80 * GiB)))
     assert check(preflight.check_gpu, [run_args()])[0]
+
+
+def test_an_engine_share_too_small_for_one_sequence_is_refused_before_the_model_loads(monkeypatch, offline_hub):
+    """On a 24 GB card, chess's 4B engine at --gpu-memory 0.3 leaves its KV cache no room for one 8,192-token
+    sequence (vLLM would refuse at its start, after the trainer has loaded): one line naming the share that fits."""
+    fake_hub_cache(offline_hub, models=["Qwen/Qwen3.5-4B"])
+    GiB = preflight.GiB
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "Stand-in GPU")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(23 * GiB), int(24 * GiB)))
+    ok, line = check(preflight.check_gpu, [run_args("--gpu-memory", "0.3", preset="gpu", domain="chess")])
+    assert not ok and line.startswith("chess: Qwen3.5-4B's KV cache at --gpu-memory 0.3 of 24.0 GiB would be 0.00 "
+                                      "GiB, below the 0.30 GiB one sequence of --max-model-len 8192 needs")
+    assert line.endswith("pass --gpu-memory 0.43 or more, or a lower --max-model-len")
+    ok, line = check(preflight.check_gpu, [run_args(preset="gpu", domain="chess")])  # the preset's 0.5
+    assert ok, line
+
+
+def test_the_gated_deltanet_backward_runs_once_before_the_night_and_a_failure_names_flas_fix(monkeypatch):
+    """fla-core's backward (TileLang on Hopper) first runs at the first SFT step; the preflight runs it once in a
+    process of its own, and a crash or a hang is one line naming FLA_TILELANG=0."""
+    names = lambda runs: [name for name, _ in preflight.plan(runs)]
+    assert "gated deltanet backward" in names([run_args(preset="gpu", domain="math")])
+    assert "gated deltanet backward" not in names([run_args(preset="smoke", domain="math")])  # no Qwen3.5
+    assert "gated deltanet backward" not in names([run_args("--method", "harness-only", preset="gpu", domain="math")])
+    # the probe's own code, on the CPU (the same calls, transformers' torch loop where fla-core is absent)
+    src = preflight.GATED_DELTANET_PROBE.replace('"cuda"', '"cpu"').replace("torch.cuda.synchronize()", "")
+    done = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() in ("fla-core", "transformers' torch loop"), done.stderr
+    assert preflight.check_gated_deltanet_backward().startswith("skip (no GPU") or torch.cuda.is_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def crashed(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\ntilelang.engine.CompileError: nvcc failed\n")
+
+    def hung(cmd, **kw):
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+
+    for run, start in ((crashed, "one forward and backward failed (tilelang.engine.CompileError: nvcc failed)"),
+                       (hung, "one forward and backward did not end in 300 s")):
+        ok, line = check(partial(preflight.check_gated_deltanet_backward, run=run))
+        assert not ok and line.startswith(start) and "export FLA_TILELANG=0" in line
+    ok, line = check(partial(preflight.check_gated_deltanet_backward,
+                             run=lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "fla-core\n", "")))
+    assert ok and line == "one forward and backward through fla-core in bf16"

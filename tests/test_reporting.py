@@ -12,7 +12,7 @@ import pytest
 import whale
 import domains
 from lib import cli
-from lib.ops import report_to
+from lib import report_to
 
 
 class StandInWandb(types.ModuleType):
@@ -97,13 +97,14 @@ def test_rows_reads_every_family_and_leaves_a_line_being_written(tmp_path):
     assert report_to.rows(tmp_path / "nothing yet") == []
 
 
-def run_args(out, report_to):
-    return SimpleNamespace(out=str(out), report_to=report_to, preset="smoke", domain="math", method="whale")
+def watched(out, report_to):
+    """watch's arguments for a smoke math run in `out`."""
+    return report_to, str(out), {"report_to": report_to, "preset": "smoke", "domain": "math", "method": "whale"}
 
 
 def test_wandb_gets_each_row_once_live_and_on_its_own_axis(tmp_path, wandb):
     write_run(tmp_path, steps=1)
-    with report_to.watch(run_args(tmp_path, "wandb"), every=3600) as reporter:
+    with report_to.watch(*watched(tmp_path, "wandb"), every=3600) as reporter:
         run = wandb.runs[0]
         assert run.kw["project"] == "whale" and run.kw["name"] == f"smoke/math/{tmp_path.name}"
         assert run.axes["rsft/*"] == "rsft/step" and run.axes["test/*"] == "test/phase"
@@ -119,7 +120,7 @@ def test_wandb_gets_each_row_once_live_and_on_its_own_axis(tmp_path, wandb):
 
 
 def test_the_thread_sends_rows_while_the_run_goes_on(tmp_path, wandb):
-    with report_to.watch(run_args(tmp_path, "wandb"), every=0.05):
+    with report_to.watch(*watched(tmp_path, "wandb"), every=0.05):
         write_run(tmp_path, steps=2)  # written after the start, as a running phase does
         deadline = time.time() + 10
         while len(wandb.runs[0].logged) < 9 and time.time() < deadline:
@@ -130,7 +131,7 @@ def test_the_thread_sends_rows_while_the_run_goes_on(tmp_path, wandb):
 def test_tensorboard_scalars_per_family_axis(tmp_path, tensorboard):
     scalars, writers = tensorboard
     write_run(tmp_path, steps=2)
-    with report_to.watch(run_args(tmp_path, "tensorboard"), every=3600):
+    with report_to.watch(*watched(tmp_path, "tensorboard"), every=3600):
         pass
     assert writers[0].startswith(str(tmp_path / "tensorboard")) and writers[-1] == "closed"
     assert ("rsft/reward", 0.2, 2) in scalars and ("harness/best", 0.75, 4) in scalars
@@ -141,10 +142,10 @@ def test_missing_package_is_one_line_and_the_default_imports_nothing(tmp_path, m
     monkeypatch.delitem(sys.modules, "wandb", raising=False)
     monkeypatch.setattr(report_to.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SystemExit, match=r"^whale.py: error: --report-to wandb needs the wandb package: pip install wandb$"):
-        with report_to.watch(run_args(tmp_path, "wandb")):
+        with report_to.watch(*watched(tmp_path, "wandb")):
             pass
     assert report_to.missing("tensorboard") == "--report-to tensorboard needs the tensorboard package: pip install tensorboard"
-    with report_to.watch(run_args(tmp_path, None)) as reporter:
+    with report_to.watch(*watched(tmp_path, None)) as reporter:
         assert reporter is None and "wandb" not in sys.modules
 
 
@@ -153,7 +154,7 @@ def test_a_failing_sink_never_stops_the_run(tmp_path, wandb, capsys):
     def unreachable(row):
         raise ConnectionError("wandb.ai unreachable")
 
-    with report_to.watch(run_args(tmp_path, "wandb"), every=3600) as reporter:
+    with report_to.watch(*watched(tmp_path, "wandb"), every=3600) as reporter:
         wandb.runs[0].log = unreachable
         reporter.safe_sync()
     assert "report-to: ConnectionError: wandb.ai unreachable (the run goes on" in capsys.readouterr().err
@@ -171,6 +172,6 @@ def test_whale_run_reports_rsft_steps_harness_rounds_and_test_phases(tmp_path, w
     assert sorted(phases) == list(range(len(phases))) and len(phases) >= 3
     assert any("harness/best" in r for r in run.logged)
     watched, plain = (whale.parse_args(["--domain", "math", "--preset", "smoke", *extra])[0]
-                      for extra in (["--report-to", "wandb", "--check"], []))
+                      for extra in (["--report-to", "wandb"], []))
     # watching a run changes none of its results: no config (so no reuse or resume key) names the flags
     assert cli.run_config(watched, domains.data_flags()) == cli.run_config(plain, domains.data_flags())

@@ -14,6 +14,7 @@ import pytest
 import domains
 import meta_harness
 import rft
+import plan
 import whale
 from fixtures import stand_ins
 from lib import files, memo
@@ -56,15 +57,15 @@ def test_the_paper_plan_is_the_official_schedule(capsys):
     harness-only 40 / 60 / 40 rounds."""
     expect = {"searchqa": ([44] * 6 + [32], 6, 40), "math": ([42] * 10, 9, 60), "chess": ([38] * 6 + [28], 6, 40)}
     for domain, (weight, harness_phases, harness_only) in expect.items():
-        [args] = whale.parse_args(["--domain", domain, "--preset", "paper", "--plan"])
-        n = whale.PAPER_TRAIN_SIZES[domain]
+        [args] = whale.parse_args(["--domain", domain, "--preset", "paper"])
+        n = plan.PAPER_TRAIN_SIZES[domain]
         phases = whale.fixed_phases(args, n)
         assert [s for k, s in phases if k == "weight"] == weight, domain
         assert [s for k, s in phases if k == "harness"] == [5] * harness_phases, domain
         assert phases[-1][0] == "weight" and sum(weight) == {"searchqa": 296, "math": 420, "chess": 256}[domain]
         [only] = whale.parse_args(["--domain", domain, "--preset", "paper", "--method", "harness-only"])
         assert whale.budgets(only, n) == (0, harness_only)
-    whale.main(["--domain", "searchqa", "--preset", "paper", "--method", "whale", "--plan"])
+    plan.main(["--domain", "searchqa", "--preset", "paper", "--method", "whale"])
     out = capsys.readouterr().out
     assert "296 RSFT steps" in out and "7 weight phases (44 + 44 + 44 + 44 + 44 + 44 + 32 steps)" in out
     assert "6 harness phases (5 + 5 + 5 + 5 + 5 + 5 rounds)" in out and out.count("re-score + 5 rounds") == 6

@@ -1,2 +1,2 @@
-"""Operations: resuming and checking a run folder, reuse across methods, --check, --plan, --report-to.
+"""Operations on a run before it starts, for plan.py: the preflight (--check), the hub look-ups, the time model.
 A first read of the method can skip this folder."""

@@ -1,4 +1,4 @@
-"""The preflight: `python whale.py --check` (the first thing run_all.sh does) checks every resource the runs of
+"""The preflight: `python plan.py --check` (the first thing run_all.sh does) checks every resource the runs of
 a command need, before any model loads: the retriever or the wiki file (searchqa on the paper's data), the
 datasets, the model, the engine (vllm importable, or the openai server answering), the proposer, the sandbox,
 the --report-to package and GPU memory. It downloads nothing and loads no model, so it takes seconds and a
@@ -21,8 +21,8 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from lib import driver, models, paper_data, retriever, sandbox, web, worker_pool
-from lib.ops import report_to
+from lib import driver, models, paper_data, report_to, retriever, sandbox, web, worker_pool
+from lib.ops import time_model
 from lib.ops.hub import GPU_EXTRA, cached_model_bytes, dataset_status, hub_status, is_local, model_bytes
 
 GiB = 1024 ** 3
@@ -69,8 +69,10 @@ def plan(runs, check_harness=None, domain_of=None):
     checks[("sandbox",)] = ("sandbox", partial(check_sandbox, runs[0]))
     checks[("files",)] = ("open files", partial(check_open_files, runs))
     checks[("gpu",)] = ("gpu", partial(check_gpu, runs))
+    if any(time_model.model_name(args.model) and args.method != "harness-only" for args in runs):
+        checks[("fla",)] = ("gated deltanet backward", check_gated_deltanet_backward)
     order = ("harness", "retriever", "datasets", "data", "model", "engine", "proposer", "sandbox", "files", "report",
-             "gpu")
+             "gpu", "fla")
     return [checks[k] for k in sorted(checks, key=lambda k: order.index(k[0]))]
 
 
@@ -376,9 +378,48 @@ def check_report(kind):
     return f"{kind} is installed"
 
 
+# One forward and backward of the kernel transformers runs for Qwen3.5's GatedDeltaNet layers (fla-core's where it
+# imports, else its torch loop), at the 2B model's head shapes in bf16 on the GPU. On Hopper fla-core's backward JITs
+# TileLang kernels, which nothing else exercises before the first SFT step, an hour into the night.
+GATED_DELTANET_PROBE = r"""
+import importlib.util, torch
+from transformers.models.qwen3_5 import modeling_qwen3_5
+kernel = "fla-core" if importlib.util.find_spec("fla") else "transformers' torch loop"
+shape, device = (1, 128, 16, 128), "cuda"
+q, k, v = (torch.randn(*shape, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+g = (-torch.rand(*shape[:3], device=device)).requires_grad_()
+beta = torch.rand(*shape[:3], device=device, dtype=torch.bfloat16).requires_grad_()
+out, _ = modeling_qwen3_5.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+out.float().square().sum().backward()
+torch.cuda.synchronize()
+assert all(torch.isfinite(t.grad).all() for t in (q, k, v, g, beta)), "a gradient that is not finite"
+print(kernel)
+"""
+GATED_DELTANET_PROBE_S = 300  # TileLang's first compile takes a minute or two; a hang is a failure too
+FLA_FIX = ("export FLA_TILELANG=0 (fla-core's Triton kernels) and rerun, or uninstall fla-core (transformers' torch "
+           "loop, about 3x slower SFT)")
+
+
+def check_gated_deltanet_backward(run=subprocess.run):
+    """The GatedDeltaNet probe in a process of its own (a kernel that crashes takes its CUDA context with it)."""
+    import torch
+    if not torch.cuda.is_available():
+        return "skip (no GPU: the trainer runs transformers' torch loop on the CPU)"
+    try:
+        done = run([sys.executable, "-c", GATED_DELTANET_PROBE], capture_output=True, text=True,
+                   timeout=GATED_DELTANET_PROBE_S, cwd=PROJECT)
+    except subprocess.TimeoutExpired:
+        raise Failed(f"one forward and backward did not end in {GATED_DELTANET_PROBE_S} s: {FLA_FIX}") from None
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise Failed(f"one forward and backward failed ({last[:200]}): {FLA_FIX}")
+    return f"one forward and backward through {done.stdout.strip()} in bf16"
+
+
 def check_gpu(runs):
     """Free memory against the largest need among the runs: the trainer's weights (as cached on disk) plus, for vllm,
-    the engine's share of the card (vLLM refuses to start with less free), plus the CUDA context."""
+    the engine's share of the card (vLLM refuses to start with less free), plus the CUDA context; and for a Qwen3.5
+    engine, a KV cache that holds one sequence of --max-model-len (time_model.kv_shortfall)."""
     import torch
     if not torch.cuda.is_available():
         why = driver.unusable_gpu(driver.gpus(), torch)
@@ -386,6 +427,12 @@ def check_gpu(runs):
             raise Failed(why)
         return f"no GPU ({why})" if why else "no GPU"
     free, total = torch.cuda.mem_get_info()
+    for args in runs:  # a Qwen3.5 engine share too small for one sequence: refused now, not after the model loads
+        name = time_model.model_name(args.model)
+        why = name and args.backend == "vllm" and time_model.kv_shortfall(name, total, args.gpu_memory,
+                                                                          args.max_model_len)
+        if why:
+            raise Failed(f"{args.domain}: {why}")
     need, how = max(gpu_need(args, total) for args in runs)
     line = (f"{torch.cuda.get_device_name()}: {free / GiB:.1f} GiB free of {total / GiB:.1f}, these runs need "
             f"{need / GiB:.1f} ({how})")

@@ -1,5 +1,5 @@
 """The GPU plan of the Qwen3.5 runs (paper and gpu presets): memory per phase and hours per run on one card,
-from the model configs and stated token lengths. No GPU, model or dataset is needed: whale.py --plan and
+from the model configs and stated token lengths. No GPU, model or dataset is needed: plan.py and
 scripts/memory_plan.py (the tables of docs/gpu.md) call in here; nothing here imports a top-level script.
 
     mem = memory("Qwen3.5-2B", 80, retriever="gpu", gpu_memory=0.45, context=8192, completion=1024)
@@ -214,13 +214,15 @@ def lora_casts(c, tokens):
 # memory
 
 def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, completion=1024, micro_batch=None,
-           sleep=True):
+           sleep=True, model_len=MODEL_LEN, card_bytes=None):
     """The plan of one card: the engine's share (--gpu-memory; default: all the trainer leaves), the sequences
     its KV cache holds at `context` tokens, and the largest micro-batch (--micro-batch, model calls) of
     `context`-token calls with `completion` trained tokens that fits beside the trainer (or `micro_batch`,
-    checked). retriever: "gpu" puts Search-R1's index on this card; "cpu" or None leave it off."""
+    checked). It fits only if the KV cache also holds one sequence of model_len (--max-model-len) tokens:
+    vLLM refuses to start below that (kv_shortfall). retriever: "gpu" puts Search-R1's index on this card;
+    "cpu" or None leave it off. card_bytes: a measured card instead of the class card_gb's size."""
     params, lora = param_counts(name)
-    card = CARDS[card_gb][1] * GiB
+    card = card_bytes or CARDS[card_gb][1] * GiB
     on_card = RETRIEVER_GPU_BYTES if retriever == "gpu" else 0
     usable = card * (1 - FREE_SHARE) - CUDA_CONTEXT - on_card
     weights, lora_opt = params * 2, lora * 16  # bf16 base; fp32 LoRA weight + grad + Adam m and v
@@ -239,13 +241,28 @@ def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, complet
     micro = micro_batch or largest
     kv_per_token, state = cache_sizes(name)
     kv = engine - weights - OVERHEAD_ENGINE
+    one_sequence = model_len * kv_per_token + state
     wake = CUDA_CONTEXT + on_card + held + engine  # the card at the wake after an update
     return dict(params=params, lora=lora, weights=weights, lora_opt=lora_opt, retriever=on_card, engine=engine,
                 reserved_at_wake=held, wake=wake, wake_without_hand_back=wake - RESERVED_SLACK + act(max(micro, 1)),
                 gpu_memory=engine / card, max_gpu_memory=room / card, kv=kv,
                 seqs=max(0, int(kv // (context * kv_per_token + state))), kv_per_token=kv_per_token, state=state,
                 micro_batch=micro, largest=largest, act=act(max(micro, 1)), context=context, completion=completion,
-                fits=0 < kv and engine <= room and 1 <= micro <= largest)
+                one_sequence=one_sequence, fits=one_sequence <= kv and engine <= room and 1 <= micro <= largest)
+
+
+def kv_shortfall(name, card_bytes, gpu_memory, model_len):
+    """The one line that refuses an engine share whose KV cache (the share less the engine's bf16 weights and
+    OVERHEAD_ENGINE: CUDA graphs, the sampler's profiling, activations) holds no sequence of model_len tokens,
+    or None. vLLM checks this only at its start, after the trainer has loaded; no RSFT step could run."""
+    mem = memory(name, None, gpu_memory=gpu_memory, model_len=model_len, card_bytes=card_bytes)
+    if mem["one_sequence"] <= mem["kv"]:
+        return None
+    least = (mem["weights"] + OVERHEAD_ENGINE + mem["one_sequence"]) / card_bytes
+    return (f"{name}'s KV cache at --gpu-memory {gpu_memory:g} of {card_bytes / GiB:.1f} GiB would be "
+            f"{max(mem['kv'], 0) / GiB:.2f} GiB, below the {mem['one_sequence'] / GiB:.2f} GiB one sequence of "
+            f"--max-model-len {model_len} needs (vLLM refuses to start): pass --gpu-memory {math.ceil(least * 100) / 100:.2f} "
+            f"or more, or a lower --max-model-len")
 
 
 # -----------------------------------------------------------------------------

@@ -1,7 +1,63 @@
-"""whale.py --plan: a run's phases, RSFT steps, proposer rounds and rollouts, from its flags and data sizes alone."""
-import math
+r"""
+Before a run: its plan (phases, RSFT steps, proposer rounds, rollouts and hours on one card), or a check of
+every resource it needs. It takes whale.py's flags and loads no model, so it answers in seconds.
 
-from lib.ops import time_model
+    python plan.py --domain searchqa --method whale --preset paper
+    python plan.py --domain math --preset gpu --method whale weight-only stagewise
+    python plan.py --check searchqa math chess --preset gpu --domain searchqa   # run_all.sh's first step
+
+The plan is the one whale.py would follow (whale.budgets, whale.fixed_phases, under the same flags); the
+hours come from lib/ops/time_model.py. --check runs lib/ops/preflight.py: one line per check, 0 when all pass.
+"""
+import math
+import sys
+
+import domains
+import whale
+from lib.ops import preflight, time_model
+from lib.subsets import seeded_sample
+from presets import PAPER_TRAIN_SIZES
+
+
+def add_args(parser):
+    g = parser.add_argument_group("check instead of plan")
+    g.add_argument("--check", nargs="*", default=None, choices=sorted(domains.DOMAINS), metavar="DOMAIN",
+                   help="check every resource this run needs (and those of the same run on these domains) in "
+                        "seconds, before any model loads, then exit: one line per check, 0 when all pass")
+
+
+def parse_args(argv=None):
+    return whale.parse_args(argv, more_args=add_args, description=__doc__)
+
+
+# -----------------------------------------------------------------------------
+# the plan
+
+def plan_sizes(args):
+    """(train prompts, harness tasks, test tasks) of a run, from the data sizes alone (no model is
+    loaded)."""
+    if args.data == "paper":
+        n_train = min(PAPER_TRAIN_SIZES[args.domain],
+                      args.train_limit or PAPER_TRAIN_SIZES[args.domain])
+        n_test = {"searchqa": len(args.searchqa_test_sets.split(",")) * args.searchqa_test_per_set,
+                  "math": 60, "chess": args.chess_test_size}[args.domain]
+        return n_train, args.harness_tasks, min(n_test, args.test_limit or n_test)
+    domain = domains.from_args(args)
+    n_train = len(seeded_sample(domain.load("train"), args.train_limit))
+    n_harness = len(seeded_sample(domain.load("harness"), args.harness_tasks))
+    return n_train, n_harness, len(whale.test_tasks(domain, whale.run_config(args, domains.data_flags()).test))
+
+
+def print_plan(runs, card_gb=80):
+    """The phases, steps, rounds and rollouts of the runs of one command (one process), and
+    each run's estimated hours on one card of card_gb for its own work (print_runs).
+    -> [estimate, or None for a model the time model lacks]"""
+    sizes = plan_sizes(runs[0])  # every run of a command has the same data
+    data_flags = domains.data_flags()
+    configs = [whale.run_config(args, data_flags) for args in runs]
+    phases = [whale.fixed_phases(cfg, sizes[0]) for cfg in configs]
+    budget = [whale.budgets(cfg, sizes[0]) for cfg in configs]
+    return print_runs(runs, [whale.method_name(a) for a in runs], phases, budget, sizes, card_gb)
 
 
 def describe(args, name, phases, budget, n_train, n_harness, n_test):
@@ -70,3 +126,18 @@ def print_runs(runs, names, phases, budgets, sizes, card_gb):
         print(f"estimated {sum(e['total'] for e in estimates):.2f} h for these {len(runs)} runs in one "
               f"process (reused: {sum(shared)} of their phases and {len(runs) - 1} start evaluations)")
     return estimates
+
+
+def main(argv=None):
+    runs = parse_args(argv)
+    if runs[0].check is None:
+        print_plan(runs)
+        return
+    # each --check domain parsed as its own run, with the same flags
+    argv = sys.argv[1:] if argv is None else list(argv)
+    runs += [parse_args([*argv, "--domain", d])[0] for d in runs[0].check]
+    raise SystemExit(preflight.main(runs, check_harness=domains.check_harness, domain_of=domains.from_args))
+
+
+if __name__ == "__main__":
+    main()

@@ -4,8 +4,8 @@ phase (harness_w<n>/frontier.json), and test mean@k per phase (metrics.jsonl). A
 REPORT_EVERY_S seconds and sends each row once, so the run's loop is untouched and its files stay the truth. By
 default (no flag) nothing is sent and neither package is imported.
 
-    with report_to.watch(args):   # args.report_to, args.out; a no-op without --report-to
-        run(args)
+    with report_to.watch(args.report_to, args.out, vars(args)):   # a no-op without --report-to
+        run(...)
 
 Every start of a run is a new wandb run or tensorboard folder, holding the whole history read back from the
 files, so a resumed run shows each point once.
@@ -105,11 +105,11 @@ def rows(out):
 
 
 class WandbSink:
-    def __init__(self, args):
+    def __init__(self, out, flags):
         import wandb
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "whale"), dir=args.out,
-                              name=f"{args.preset}/{args.domain}/{Path(args.out).name}",
-                              group=f"{args.preset}/{args.domain}", config=dict(vars(args)))
+        where = f"{flags['preset']}/{flags['domain']}"
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "whale"), dir=out,
+                              name=f"{where}/{Path(out).name}", group=where, config=dict(flags))
         for family, axis in AXES.items():  # each family on its own x axis (wandb's own step must only grow)
             self.run.define_metric(axis)
             self.run.define_metric(f"{family}/*", step_metric=axis)
@@ -125,9 +125,9 @@ class WandbSink:
 
 
 class TensorBoardSink:
-    def __init__(self, args):
+    def __init__(self, out, flags):
         from torch.utils.tensorboard import SummaryWriter
-        self.writer = SummaryWriter(log_dir=os.path.join(args.out, "tensorboard", time.strftime("%Y%m%d-%H%M%S")))
+        self.writer = SummaryWriter(log_dir=os.path.join(out, "tensorboard", time.strftime("%Y%m%d-%H%M%S")))
 
     def log(self, family, x, metrics):
         for name, value in metrics.items():
@@ -177,22 +177,22 @@ class Reporter:
 
 
 @contextlib.contextmanager
-def watch(args, every=REPORT_EVERY_S):
-    """Report this run's rows live while the block runs (see the module docstring); without --report-to, nothing."""
-    kind = getattr(args, "report_to", None)
+def watch(kind, out, flags, every=REPORT_EVERY_S):
+    """Report the rows of run folder `out` live while the block runs (see the module docstring), to `kind` (wandb,
+    tensorboard; None: nothing). flags: the run's, as config.json holds them (wandb's run config)."""
     if not kind:
         yield None
         return
     why = missing(kind)
     if why:
         raise SystemExit(f"whale.py: error: {why}")
-    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(out, exist_ok=True)
     try:
-        sink = SINKS[kind](args)
+        sink = SINKS[kind](out, flags)
     except Exception as e:  # e.g. wandb without a login: one line, before the run starts
         raise SystemExit(f"whale.py: error: --report-to {kind} could not start ({type(e).__name__}: {e}); for wandb: "
                          "`wandb login`, or WANDB_MODE=offline") from None
-    reporter = Reporter(args.out, sink, every)
+    reporter = Reporter(out, sink, every)
     reporter.thread.start()
     try:
         yield reporter
