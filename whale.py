@@ -48,6 +48,7 @@ import argparse
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -74,6 +75,8 @@ def parse_args(argv=None, more_args=None, description=__doc__):
     """-> one Namespace per --method: the preset's defaults, overridden by any flag given. more_args(parser)
     adds another command's own flags (plan.py's --check)."""
     p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if more_args is None and {"--plan", "--check"} & set(sys.argv[1:] if argv is None else argv):
+        p.error("--plan and --check are plan.py's: python plan.py with the same flags (the plan without --plan)")
     g = p.add_argument_group("what to run")
     g.add_argument("--domain", required=True, choices=sorted(domains.DOMAINS))
     g.add_argument("--method", nargs="+", default=["whale"], choices=METHODS,

@@ -544,3 +544,11 @@ def test_test_evals_ends_evaluates_the_start_and_the_last_phase_only_and_resumes
     every, end = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("every", "ends"))
     assert end["final_mean_at_k"] == every["final_mean_at_k"] and end["phases"] == every["phases"] == 3
     assert record(tmp_path / "ends")["steps"] == record(tmp_path / "every")["steps"]
+
+
+def test_whale_points_an_old_plan_or_check_flag_to_plan_py(capsys):
+    for flag in ("--plan", "--check"):
+        with pytest.raises(SystemExit):
+            whale.parse_args(["--domain", "math", "--preset", "smoke", flag])
+        assert capsys.readouterr().err.strip().endswith(
+            "error: --plan and --check are plan.py's: python plan.py with the same flags (the plan without --plan)")
