@@ -49,15 +49,32 @@ def plan_sizes(args):
 
 
 def print_plan(runs, card_gb=80):
-    """The phases, steps, rounds and rollouts of the runs of one command (one process), and
-    each run's estimated hours on one card of card_gb for its own work (print_runs).
-    -> [estimate, or None for a model the time model lacks]"""
+    """Each run's phases, steps, rounds and rollouts (describe) and its estimated hours on one card of card_gb
+    (time_model) for its own work: the phases an earlier run of the process made are reused, not redone
+    (lib/memo.py; adaptive phases end by their rules, so only the start is). -> [estimate, or None for a model
+    the time model lacks]"""
     sizes = plan_sizes(runs[0])  # every run of a command has the same data
+    n_train, n_harness, n_test = sizes
     data_flags = domains.data_flags()
     configs = [whale.run_config(args, data_flags) for args in runs]
-    phases = [whale.fixed_phases(cfg, sizes[0]) for cfg in configs]
-    budget = [whale.budgets(cfg, sizes[0]) for cfg in configs]
-    return print_runs(runs, [whale.method_name(a) for a in runs], phases, budget, sizes, card_gb)
+    phases = [whale.fixed_phases(cfg, n_train) for cfg in configs]
+    shared = [0] * len(runs)
+    if runs[0].schedule == "fixed":
+        shared = time_model.shared_phases([(a.method, p) for a, p in zip(runs, phases)])
+    estimates = []
+    for i, (args, cfg, own, reused) in enumerate(zip(runs, configs, phases, shared)):
+        print("\n".join(describe(args, whale.method_name(args), own, whale.budgets(cfg, n_train), *sizes)))
+        if i:
+            made = {0: "", 1: " and phase 1"}.get(reused, f" and phases 1-{reused}")
+            print(f"  reused from the runs before it in this process: phase 0's evaluation{made}")
+        est = time_model.estimate(args, own, n_harness, n_test, card_gb, shared=reused, first=i == 0)
+        print(time_model.describe(est, card_gb) if est else
+              f"no time estimate for --model {args.model} (lib/ops/time_model.py)")
+        estimates.append(est)
+    if len(runs) > 1 and all(estimates):
+        print(f"estimated {sum(e['total'] for e in estimates):.2f} h for these {len(runs)} runs in one "
+              f"process (reused: {sum(shared)} of their phases and {len(runs) - 1} start evaluations)")
+    return estimates
 
 
 def describe(args, name, phases, budget, n_train, n_harness, n_test):
@@ -90,7 +107,7 @@ def describe(args, name, phases, budget, n_train, n_harness, n_test):
     harness = [n for kind, n in phases if kind == "harness"]
     lines.append(f"{len(weight)} weight phases ({' + '.join(map(str, weight)) or 0} steps), {len(harness)} harness "
                  f"phases ({' + '.join(map(str, harness)) or 0} rounds)")
-    evals = len(phases) + 1 if getattr(args, "test_evals", "every") == "every" else 2  # ends: before and after
+    evals = len(phases) + 1 if args.test_evals == "every" else 2  # ends: before and after
     lines.append(f"total: {trained + scored:,d} rollouts ({trained:,d} training, {scored:,d} harness scoring); test "
                  f"evaluation, not counted: {evals} x {n_test} tasks x k = {args.k} = {evals * n_test * args.k:,d}")
     return lines
@@ -102,30 +119,6 @@ def sft_line(args):
     most = math.ceil(args.batch * args.group / args.sft_batch)
     return (f"  SFT: one optimizer step per {args.sft_batch} accepted trajectories: 0-{most} optimizer steps per "
             f"rollout step of {args.batch * args.group:,d} trajectories")
-
-
-def print_runs(runs, names, phases, budgets, sizes, card_gb):
-    """Each run's plan (describe) and its estimated hours on one card of card_gb (time_model) for its
-    own work: the phases an earlier run of the process made are reused, not redone (lib/memo.py;
-    adaptive phases end by their rules, so only the start is). -> [estimate, or None]"""
-    _, n_harness, n_test = sizes
-    shared = [0] * len(runs)
-    if runs[0].schedule == "fixed":
-        shared = time_model.shared_phases([(a.method, p) for a, p in zip(runs, phases)])
-    estimates = []
-    for i, (args, name, own, budget, reused) in enumerate(zip(runs, names, phases, budgets, shared)):
-        print("\n".join(describe(args, name, own, budget, *sizes)))
-        if i:
-            made = {0: "", 1: " and phase 1"}.get(reused, f" and phases 1-{reused}")
-            print(f"  reused from the runs before it in this process: phase 0's evaluation{made}")
-        est = time_model.estimate(args, own, n_harness, n_test, card_gb, shared=reused, first=i == 0)
-        print(time_model.describe(est, card_gb) if est else
-              f"no time estimate for --model {args.model} (lib/ops/time_model.py)")
-        estimates.append(est)
-    if len(runs) > 1 and all(estimates):
-        print(f"estimated {sum(e['total'] for e in estimates):.2f} h for these {len(runs)} runs in one "
-              f"process (reused: {sum(shared)} of their phases and {len(runs) - 1} start evaluations)")
-    return estimates
 
 
 def main(argv=None):

@@ -261,15 +261,16 @@ def table(run):
 
 ours, hf, log = Path(os.environ["RUNS"]), Path(os.environ["HF"]), open(os.environ["LOG"]).read()
 methods = sorted(p.name for p in ours.iterdir() if (p / "summary.json").exists())
-same = [[table(ours / m)[i] == table(hf / m)[i] for m in methods] for i in range(3)]
-start = [table(run / methods[-1])[1][:1] for run in (ours, hf)]  # base weights and h0: must agree
+pairs = [(table(ours / m), table(hf / m)) for m in methods]
+same = [sum(a[i] == b[i] for a, b in pairs) for i in range(3)]  # runs equal in shape, decisions, RSFT steps
+start_same = bool(pairs) and pairs[-1][0][1][:1] == pairs[-1][1][1][:1]  # base weights and h0: must agree
 probes, canaries = log.count("adapter probe ok"), log.count("adapter canary ok")
-ok = bool(methods) and all(same[0]) and start[0] == start[1] and probes >= 1 and canaries >= 1
+ok = bool(methods) and same[0] == len(methods) and start_same and probes >= 1 and canaries >= 1
 print(f"{'ok' if ok else 'FAIL'} {os.environ['NAME']} {len(methods)} runs ({', '.join(methods)}) in one process: the hf "
-      f"run's phases, steps, rounds and rollouts in {sum(same[0])}/{len(methods)}, its start evaluation "
-      f"{'the same' if start[0] == start[1] else 'NOT the same'}; greedy, so equal unless the engines' fp32 arithmetic "
-      f"flips a token: test mean@k, harness-set scores and winners in {sum(same[1])}/{len(methods)}, RSFT rewards and "
-      f"examples in {sum(same[2])}/{len(methods)}; probe passes {probes}, canary passes {canaries}")
+      f"run's phases, steps, rounds and rollouts in {same[0]}/{len(methods)}, its start evaluation "
+      f"{'the same' if start_same else 'NOT the same'}; greedy, so equal unless the engines' fp32 arithmetic "
+      f"flips a token: test mean@k, harness-set scores and winners in {same[1]}/{len(methods)}, RSFT rewards and "
+      f"examples in {same[2]}/{len(methods)}; probe passes {probes}, canary passes {canaries}")
 EOF
 }
 

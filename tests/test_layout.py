@@ -13,7 +13,7 @@ METHOD_SCRIPTS = ("whale.py", "rft.py", "meta_harness.py")
 # (lib/cli.py) instead.
 CLI_LAYER = {
     "whale.py": {"parse_args", "run_args", "check_args", "start_run"},
-    "plan.py": {"plan_sizes", "describe", "sft_line", "print_runs"},
+    "plan.py": {"plan_sizes", "describe", "sft_line"},
     "rft.py": {"train_cli"},
     "meta_harness.py": {"search_cli"},
     "rollout.py": {"apply_args", "adapted_policy", "evaluate_cli"},
