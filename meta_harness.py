@@ -10,6 +10,9 @@ and on its own the harness-only baseline).
     python meta_harness.py ... --proposer claude    # Claude Code in print mode, as the paper did
     python meta_harness.py ... --proposer openai --proposer-url http://localhost:8000/v1 \
         --proposer-model M
+    python meta_harness.py --domain math --harness my_math.py --preset cpu --rounds 2 --out runs/mh
+        # --preset: whale.py's preset (presets.py) for the flags this script has (model, sampling,
+        # data, harness set, candidates, proposer); any flag given still wins
 
 Algorithm. The seed harness h0 is scored once on the harness set (a fixed subset of the train split,
 1 rollout per task). Each iteration asks a proposer for M new candidate files, validates each one
@@ -65,6 +68,7 @@ from lib.openai_proposer import propose_openai
 from lib.policy import add_backend_args, load_policy
 from lib.proposers import failure_advice, propose_agent, propose_in_copy
 from lib.subsets import seeded_sample
+from presets import add_preset_arg, script_defaults
 
 PROPOSERS = ("mutate", "command", "claude", "openai")
 NULL_MARGIN = 0.05  # default --null-margin: one lucky task in 20 (an empty reply that happens to be read as right)
@@ -399,7 +403,11 @@ def main(argv=None):
     add_args(p)
     add_backend_args(p)
     domains.add_args(p)
+    add_preset_arg(p)
     args = p.parse_args(argv)
+    if args.preset:  # the preset's defaults, then the flags given again over them
+        p.set_defaults(**script_defaults(p, args.preset, args.domain, args.data))
+        args = p.parse_args(argv)
     if args.proposer == "command" and not args.proposer_cmd:
         p.error("--proposer command needs --proposer-cmd 'CLI ... {workdir}' (a command template)")
     if conflicting_flags(args):

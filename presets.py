@@ -121,3 +121,42 @@ ADAPTIVE_DOMAINS = ("searchqa", "math")
 def table_domains(preset):
     return TABLE_DOMAINS.get(preset, TABLE_DOMAINS_DEFAULT)
 
+
+def preset_defaults(name, domain, data=None):
+    """The defaults preset `name` gives a run on `domain` (its bundle, then its per-domain table), as whale.py
+    takes them; `data`: the --data flag given. Raises ValueError for a domain the paper or gpu preset has no
+    settings for."""
+    preset = dict(PRESETS[name])
+    if name in ("paper", "gpu"):
+        table = PAPER if name == "paper" else GPU
+        if domain not in table:
+            raise ValueError(f"--preset {name}: {domain} has no paper settings (presets.py PAPER: the paper's "
+                             "domains); run it with --preset smoke or cpu")
+        preset.update(table[domain])
+    if name == "cpu":  # chess keeps harnesses/chess.py (not in the cpu preset's table)
+        preset.update(CPU.get(domain, {}))
+    if data == "paper":  # the bundled math sets' choices do not apply to the paper's data
+        preset.pop("math_test_set", None), preset.pop("math_max_steps", None)
+    return preset
+
+
+def add_preset_arg(parser):
+    """--preset on rollout.py, rft.py and meta_harness.py: whale.py's bundles, so a step run alone samples,
+    scores and trains as the preset's run does."""
+    parser.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                        help="take the defaults of whale.py's preset (presets.py) for the flags this script has; "
+                             "any flag given still wins (default: none, the script's own defaults)")
+
+
+def script_defaults(parser, name, domain, data=None):
+    """The defaults preset `name` gives the flags `parser` has, for `domain` (a preset value for a flag the
+    script lacks, such as whale.py's budgets, is left out); {} without a preset or a domain. The script passes
+    them to parser.set_defaults and parses again, so any flag given wins."""
+    if name is None or domain is None:
+        return {}
+    try:
+        preset = preset_defaults(name, domain, data)
+    except ValueError as e:
+        parser.error(str(e))
+    flags = {action.dest for action in parser._actions}
+    return {key: value for key, value in preset.items() if key in flags}

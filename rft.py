@@ -6,6 +6,9 @@ weight-only baseline.
         --group 8 --out out/rft
     python rft.py --domain math --harness harnesses/math.py --model cpu --steps 5 --batch 4 \
         --group 4 --max-new-tokens 96 --out out/rft-cpu
+    python rft.py --domain math --harness my_math.py --preset cpu --steps 3 --out out/rft-cpu
+        # --preset: whale.py's preset (presets.py) for the flags this script has (model, sampling,
+        # data, batch, G, SFT, --train-limit); any flag given still wins
 
 Each rollout step (RSFT.step) is sample, filter, update:
 - sample: the next --batch prompts of the train split from a seeded epoch sampler (a fresh shuffle
@@ -50,6 +53,8 @@ from lib.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_che
                        write_jsonl)
 from lib.models import shared_prefix
 from lib.policy import add_backend_args, load_policy
+from lib.subsets import seeded_sample
+from presets import add_preset_arg, script_defaults
 
 
 def add_args(parser):
@@ -425,6 +430,9 @@ def main(argv=None):
     p.add_argument("--steps", type=positive_int, default=10,
                    help="rollout steps in all (a rerun resumes)")
     p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument("--train-limit", type=positive_int, default=None,
+                   help="draw the prompts from a seeded sample of N train tasks (as whale.py's --train-limit)")
+    add_preset_arg(p)
     # adaptive stop (paper: window = minimum phase length = patience = 0.2 epoch)
     p.add_argument("--stop-patience", type=nonnegative_int, default=0,
                    help="stop early when the N-step mean reward set no new best for N steps, after "
@@ -433,6 +441,9 @@ def main(argv=None):
     add_backend_args(p)
     domains.add_args(p)
     args = p.parse_args(argv)
+    if args.preset:  # the preset's defaults, then the flags given again over them
+        p.set_defaults(**script_defaults(p, args.preset, args.domain, args.data))
+        args = p.parse_args(argv)
     if not (args.domain and args.harness and args.out):
         p.error("--domain, --harness and --out are required")
     if conflicting_flags(args):
@@ -451,6 +462,8 @@ def train_cli(args):
     check_checkpoint(args.out)
     check_checkpoint_model(args.out, args.model)
     domain, train = domains.check_inputs(args, "train")
+    if args.train_limit:  # as whale.py draws its prompts
+        train = seeded_sample(train, args.train_limit)
     check_batch(args.batch, len(train), domain.name)
     cfg = rsft_config(args, inputs_of(args, domains.data_flags()))
     trainer = RSFT(cfg, load_policy(args), domain, args.out, train=train)

@@ -6,6 +6,12 @@ lib/policy.py).
         --k 8 --limit 4 --out out/eval
     python rollout.py --domain searchqa --harness harnesses/searchqa.py --model cpu --k 2 \
         --limit 4 --out out/sq
+    python rollout.py --domain math --harness my_math.py --preset cpu --split harness   # as the cpu search scores it
+    python rollout.py --domain math --harness my_math.py --preset cpu --split test      # as the cpu table does
+
+--preset takes whale.py's preset (presets.py): its model, sampling and data flags, and the split's size as the
+preset's run draws it (harness: --harness-tasks tasks x --harness-samples; test: --test-limit tasks past
+--test-holdout, mean@--k; train: --train-limit); any flag given still wins.
 
 Algorithm. A harness is untrusted Python: `run(task, llm, tools)`. Each episode runs it in its own
 worker (lib/harness_process.py) inside the OS sandbox (lib/sandbox.py: no project folder, no data,
@@ -49,6 +55,7 @@ from lib.runner import MAX_PROMPT_TOKENS
 from lib.sandbox import InfrastructureError
 from lib.runner import Episode, Runner
 from lib.subsets import seeded_sample
+from presets import add_preset_arg, preset_defaults, script_defaults
 
 
 # -----------------------------------------------------------------------------
@@ -181,6 +188,17 @@ def evaluate(domain, harness_path, tasks, backend, k=8, **kw):
 # -----------------------------------------------------------------------------
 # CLI
 
+def split_defaults(preset, split):
+    """--limit, --k and --test-holdout as the preset's run sizes `split`: the harness set as the search scores a
+    harness (its --harness-tasks, --harness-samples samples: meta_harness.py's default 1 unless the preset
+    says), the test evaluation (its --test-limit past --test-holdout, mean@--k), the train sample (--train-limit)."""
+    if split == "harness":
+        return {"limit": preset.get("harness_tasks"), "k": preset.get("harness_samples", 1)}
+    if split == "test":
+        return {"limit": preset.get("test_limit"), "k": preset["k"], "test_holdout": preset.get("test_holdout", 0)}
+    return {"limit": preset.get("train_limit")}
+
+
 def adapted_policy(args):
     """The policy for --model with --adapter: the trainer-side model holds it, and the vllm and
     openai engines load it too and pass the canary before the first episode; a bad folder or a
@@ -204,6 +222,9 @@ def main(argv=None):
     p.add_argument("--limit", type=positive_int, default=None,
                    help="a seeded sample of N tasks of the split")
     p.add_argument("--k", type=positive_int, default=8, help="samples per task (mean@k)")
+    p.add_argument("--test-holdout", type=nonnegative_int, default=0,
+                   help="--split test: never draw the first N test tasks (as whale.py's test evaluation)")
+    add_preset_arg(p)
     p.add_argument("--out", default=None, help="folder for traces.jsonl and results.json")
     # model and sampling
     p.add_argument("--model", default="smoke", help="smoke | cpu | null (replies '' to every call) | hub id | local path")
@@ -213,6 +234,10 @@ def main(argv=None):
     p.add_argument("--seed", type=seed_int, default=0)
     domains.add_args(p)  # --data paper, --math-test-set ...
     args = p.parse_args(argv)
+    if args.preset and args.domain:  # the preset's defaults, then the flags given again over them
+        p.set_defaults(**{**script_defaults(p, args.preset, args.domain, args.data),
+                          **split_defaults(preset_defaults(args.preset, args.domain, args.data), args.split)})
+        args = p.parse_args(argv)
     if not args.domain or not args.harness:
         p.error("pass --domain and --harness")
     if conflicting_flags(args):
@@ -228,7 +253,8 @@ def evaluate_cli(args, domains):
     apply_args(args)
     check_out(args.out)
     domain, tasks = domains.check_inputs(args, args.split)
-    tasks = seeded_sample(tasks, args.limit)
+    held_out = {t["id"] for t in tasks[: args.test_holdout]} if args.split == "test" else ()
+    tasks = seeded_sample(tasks, args.limit, exclude=held_out)
     policy = adapted_policy(args)
     out = Path(args.out) if args.out else None
     traces = None

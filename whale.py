@@ -66,7 +66,7 @@ from lib.memo import Memo, check_run_folder, check_same_settings
 from lib import report_to
 from lib.policy import add_backend_args, load_policy
 from lib.subsets import seeded_sample
-from presets import CPU, GPU, PAPER, PRESETS
+from presets import PRESETS, preset_defaults
 
 METHODS = ("whale", "weight-only", "harness-only", "stagewise", "stagewise-hw", "fast-slow")
 
@@ -142,18 +142,10 @@ def parse_args(argv=None, more_args=None, description=__doc__):
     meta_harness.add_args(p)
     # two passes: the first learns the preset and domain, the second lets any given flag override it
     first = p.parse_args(argv)
-    preset = dict(PRESETS[first.preset])
-    if first.preset in ("paper", "gpu"):
-        table = PAPER if first.preset == "paper" else GPU
-        if first.domain not in table:
-            p.error(f"--preset {first.preset}: {first.domain} has no paper settings (presets.py PAPER: the paper's "
-                    "domains); run it with --preset smoke or cpu")
-        preset.update(table[first.domain])
-    if first.preset == "cpu":  # chess keeps harnesses/chess.py (not in the cpu preset's table)
-        preset.update(CPU.get(first.domain, {}))
-    if first.data == "paper":  # the bundled math sets' choices do not apply to the paper's data
-        preset.pop("math_test_set", None), preset.pop("math_max_steps", None)
-    p.set_defaults(**preset)
+    try:
+        p.set_defaults(**preset_defaults(first.preset, first.domain, first.data))
+    except ValueError as e:
+        p.error(str(e))
     args = p.parse_args(argv)
     args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")
     check_args(args, p)

@@ -317,7 +317,7 @@ def sampling_of(args, **override):
 
 
 def rsft_config(args, inputs):
-    # rft.py alone trains on the whole train split: no --train-limit there
+    # rft.py alone: its --train-limit (default: the whole train split)
     return fields_of(RSFTConfig, args, inputs=inputs, sampling=sampling_of(args),
                      train_limit=getattr(args, "train_limit", None))
 
