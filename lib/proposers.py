@@ -205,6 +205,7 @@ def run_in_sandbox(argv, cwd, out_dir, timeout):
         except subprocess.TimeoutExpired:
             rc = "timeout"
         finally:
+            sandbox.kill(proc)  # returns once every process of the sandbox is gone (bounded), never before
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # stragglers in its session (all of them without the sandbox)
             except (ProcessLookupError, PermissionError):

@@ -32,6 +32,7 @@ The harness workers built on it: lib/worker_pool.py.
 """
 import errno
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -209,22 +210,42 @@ def start_once(argv, *, files=(), env=None, pass_fds=(), packages=True, **popen_
         os.close(fd)
 
 
-def kill(proc):
-    """SIGKILL a sandbox started from wrap(): its pid namespace, then bwrap (proc). Until bwrap has set the
+def kill(proc, timeout_s=10.0):
+    """SIGKILL a sandbox started from wrap() and wait until every process in it is gone. Until bwrap has set the
     namespace up, the namespace's init (bwrap's child) waits for it without --die-with-parent, so killing only
     a bwrap still setting up would leave that init blocked forever. Stopped, bwrap can neither start its child
-    nor reap it, so the child's pid holds still while it is killed; killing the init ends every process in
-    the namespace."""
+    nor reap it, so the child's pid holds still while it is killed; killing the init ends every process in the
+    namespace, and the init itself exits only once the kernel has reaped them all: its pidfd turning readable
+    is the moment the sandbox is gone. Waiting for bwrap alone is not (its --die-with-parent signal reaches the
+    init later): a proposer's child was seen alive right after the old kill returned. Bounded by timeout_s."""
     if proc.poll() is None:
+        inits = []
         try:
             os.kill(proc.pid, signal.SIGSTOP)
             os.waitid(os.P_PID, proc.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)  # leaves the exit to proc.wait()
             for pid in children(proc.pid):
+                try:
+                    inits.append(os.pidfd_open(pid))
+                except OSError:  # already gone
+                    pass
                 os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, ChildProcessError):
             pass
+        try:
+            for fd in inits:
+                if not readable_within(fd, timeout_s):
+                    print(f"WARNING: a sandbox's processes outlived SIGKILL by {timeout_s:g} s", file=sys.stderr)
+        finally:
+            for fd in inits:
+                os.close(fd)
     proc.kill()
     proc.wait()
+
+
+def readable_within(fd, timeout_s):
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
 
 
 def children(pid):
