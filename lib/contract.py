@@ -60,17 +60,41 @@ def check_harness(path):
     if not any(isinstance(n, ast.FunctionDef) and n.name == "run" for n in tree.body):
         raise ValueError(f"{path}:1: no top-level function run; define run(task, llm, tools) returning "
                          "{'answer': ...}")
-    found = skill_misfit(tree)
+    found = space_misfit(tree) or skill_misfit(tree)
     if found:
         raise ValueError(f"{path}:{found[0]}: {found[1]}")
     return source
 
 
+def top_level_assigns(tree):
+    """{name: its last top-level `name = ...` statement}: the file's knobs as mutate reads and rewrites them."""
+    return {n.targets[0].id: n for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name)}
+
+
+def space_misfit(tree):
+    """(line, why) when SEARCH_SPACE names a key that is no knob of the file (a typo: mutate could never set it,
+    so it would try nothing there without a word), else None. A SEARCH_SPACE that is not a literal dict is left
+    to mutate, which reads it as empty."""
+    assigns = top_level_assigns(tree)
+    if "SEARCH_SPACE" not in assigns:
+        return None
+    try:
+        space = ast.literal_eval(assigns["SEARCH_SPACE"].value)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        return None
+    knobs = [name for name in assigns if name.isupper() and name not in ("SEARCH_SPACE", "SKILL", RUNNER_OWNS)]
+    for key in space if isinstance(space, dict) else ():
+        if key not in assigns:
+            return (assigns["SEARCH_SPACE"].lineno, f"SEARCH_SPACE names {key!r}, which is no knob of this file (a "
+                    f"top-level NAME = value); its knobs: {', '.join(knobs) or 'none'}")
+    return None
+
+
 def skill_misfit(tree):
     """(line, why) when the file declares a SKILL (failure kind -> knobs, read by the offline proposer) that
     names a kind that does not exist or a knob that is not in its SEARCH_SPACE, else None."""
-    assigns = {n.targets[0].id: n for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
-               and isinstance(n.targets[0], ast.Name)}
+    assigns = top_level_assigns(tree)
     if "SKILL" not in assigns:
         return None
     try:
@@ -172,7 +196,7 @@ def static_check(source, parent_source=None, prompt_only=False, domain=None):
             return f"forbidden name: {node.id} (line {node.lineno})"
         if isinstance(node, ast.Attribute) and node.attr.startswith("__") and node.attr.endswith("__"):
             return f"forbidden attribute: .{node.attr} (line {node.lineno})"
-    found = skill_misfit(tree)
+    found = space_misfit(tree) or skill_misfit(tree)
     if found:
         return f"{found[1]} (line {found[0]})"
     found = owned_change(tree, parent_source)

@@ -36,6 +36,7 @@ MAX_CHARS = 32_000        # per message content, tool result, error text
 MAX_MESSAGES = 256        # per llm() call
 MAX_LINE = 4_000_000      # one JSON message from a worker
 STDOUT_KEEP = 10_000      # printed characters kept in the trace
+EXTRA_KEEP = 2_000        # characters (as JSON) kept in the trace of what run() returned beside 'answer'
 MAX_PROMPT_TOKENS = 8192  # per llm() call when the run sets no --max-prompt-tokens / --max-model-len
 MAX_STOPS, MAX_STOP_CHARS = 4, 32
 MAX_TOOLS, MAX_TOOLS_CHARS = 16, 32_000  # function schemas per llm() call, and their JSON size
@@ -214,6 +215,8 @@ class Runner:
                      "extracted": extracted_answer(self.domain, answer), "error": error, "turns": len(ep.calls), "tokens": sum(len(c["completion_ids"]) for c in ep.calls),
                      "seconds": round(now - ep.start, 3), "calls": ep.calls, "tool_calls": ep.tool_calls,
                      "stdout": stdout, "out_of_tokens": ep.out_of_tokens, "capped": ep.capped}
+        if isinstance(result, dict) and "answer" in result and len(result) > 1:  # the cpu h0s return a note
+            ep.record["returned"] = beside_answer(result)
         ep.state = "done"
         self.running.discard(ep)
         self.bar.update(1)
@@ -465,6 +468,14 @@ class Runner:
                     else self.retire(w)
         if w in self.workers and len(w.inbuf) > MAX_LINE:
             self.fail(w.episode, f"a message over {MAX_LINE} bytes", w) if w.episode else self.retire(w)
+
+
+def beside_answer(result):
+    """The keys run() returned beside 'answer', kept in the trace so the harness's author can read what it noted;
+    bounded: past EXTRA_KEEP characters of JSON, the first EXTRA_KEEP of them as text, marked cut."""
+    extra = {k: v for k, v in result.items() if k != "answer"}
+    text = json.dumps(extra)
+    return extra if len(text) <= EXTRA_KEEP else f"{text[:EXTRA_KEEP]} ... (cut: {len(text)} characters)"
 
 
 def extracted_answer(domain, answer):

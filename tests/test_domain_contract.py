@@ -103,3 +103,37 @@ def test_a_domain_registered_at_test_time_runs_through_every_cli(tmp_path, monke
     assert json.loads((out / "summary.json").read_text())["domain"] == "echo"
     report.main(["--preset", "smoke", "--results", str(tmp_path / "results")])
     assert "| method | searchqa | math | chess | echo |" in (tmp_path / "results" / "smoke" / "tables.md").read_text()
+
+
+# -----------------------------------------------------------------------------
+# the contract's rules a harness author meets (README "The harness contract", docs/design.md section 3)
+
+def test_a_search_space_key_that_names_no_knob_is_refused_in_one_line(tmp_path):
+    """A typo in SEARCH_SPACE: mutate could never set the knob and would skip it without a word, so the checker
+    (the runner's gate and the search's verdict alike) refuses it, naming the key and the knobs that exist."""
+    from tests.fixtures.tiny_domain import H0
+    typo = tmp_path / "typo.py"
+    typo.write_text(H0.replace('SEARCH_SPACE = {"MAX_TOKENS"', 'SEARCH_SPACE = {"MAX_TOKEN"'))
+    why = "SEARCH_SPACE names 'MAX_TOKEN', which is no knob of this file (a top-level NAME = value); its knobs: " \
+          "PROMPT_TEMPLATE, MAX_TOKENS"
+    with pytest.raises(ValueError) as e:
+        check_harness_fits(typo, "echo", ())
+    assert str(e.value) == f"{typo}:4: {why}"
+    assert static_check(typo.read_text()) == f"{why} (line 4)"
+    assert static_check(H0) is None and mutate.knob_options(H0)  # spelled right, it passes and mutate tries it
+
+
+def test_what_run_returns_beside_the_answer_is_kept_in_the_trace_and_bounded(tmp_path, smoke):
+    import rollout
+    from lib.runner import EXTRA_KEEP
+    from tests.fixtures.tiny_domain import Echo
+    harness = tmp_path / "noted.py"
+    harness.write_text('"""Answers the word itself, with what it noted."""\n\n\ndef run(task, llm, tools):\n'
+                       '    note = "x" * 5000 if task["word"] == "w201" else {"votes": {task["word"]: 3, "other": 1}}\n'
+                       '    return {"answer": task["word"], "note": note}\n')
+    eps = rollout.run_episodes(Echo(), harness, Echo().load("test")[:2], smoke, deadline_s=60)
+    assert [e["reward"] for e in eps] == [1.0, 1.0]
+    assert eps[0]["returned"] == {"note": {"votes": {"w200": 3, "other": 1}}}
+    kept = eps[1]["returned"]  # too long for the trace: its first EXTRA_KEEP characters, marked
+    assert kept.startswith('{"note": "xxx') and kept.endswith(" ... (cut: 5012 characters)")
+    assert len(kept) < EXTRA_KEEP + 40
