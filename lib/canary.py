@@ -256,7 +256,7 @@ def probe_engine(engine, tok, targets="all-linear", rank=PROBE_RANK):
     tokens hides the effect), the probe doubles and is served again: a correct engine passes however noisy its
     dtype, as its noise stays and the effect grows. engine.model is the trainer's base model; it is left as it was,
     and the engine serves the base model again. --skip-lora-probe skips it (at the user's risk: the canary after
-    each update still runs). -> the last probe's stats."""
+    each update still runs, but cannot resolve an adapter below the dtype noise). -> the last probe's stats."""
     model = engine.model
     peft, share = make_probe(model, tok, targets, rank)
     effects = []
@@ -276,13 +276,19 @@ def probe_engine(engine, tok, targets="all-linear", rank=PROBE_RANK):
         engine.serve_base()
     if stats["verdict"] == "applied":
         return stats
-    skip = "--skip-lora-probe skips this check at your risk (the canary after each update still runs)"
+    skip = ("--skip-lora-probe starts without this check: the engine then serves weights nobody checked until the "
+            "canary after an update can resolve them")
     if stats["scale"] is not None and stats["scale"] + 3 * stats["scale_se"] <= PROBE_IGNORED:
+        keys = getattr(engine, "adapter_keys", None)
         raise EngineError(
             f"adapter probe FAILED (not applied): {stats['detail']}. A probe that moves the trainer "
             f"{stats['effect']:.2f} nats/token moves the engine {stats['scale']:.2f} as much: {engine.LORA_PATH} does "
-            "not apply LoRA to this model's layers (an adapter on modules it does not wrap is dropped, logged at "
-            f"debug level only); stopping before the first rollout. {skip}.")
+            "not apply LoRA to this model's layers. The likely cause is the key mapping: an adapter key that names no "
+            "module of the class the engine serves is dropped, logged at debug level only"
+            + (f" (this engine got {keys}; tests/test_vllm_keys.py checks the mapping with vLLM's own code)"
+               if keys else "")
+            + "; stopping before the first rollout. Fix the mapping or the engine's LoRA support for this model: "
+            "skipping this check would serve the base model all night.")
     raise EngineError(
         f"adapter probe FAILED (noise too large to decide): {stats['detail']}. At {share:g}x the base weights' norm "
         f"the probe moves the trainer {stats['effect']:.2f} nats/token and the engine's own effect misses "

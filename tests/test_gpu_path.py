@@ -280,13 +280,16 @@ def test_the_engine_proves_its_lora_path_with_a_probe_adapter_at_start(monkeypat
     if applies:
         backend = policy.load_backend(args, model, ByteTok())
         assert backend.lora is None and backend.llm.kw["max_lora_rank"] == 16
+        assert backend.llm.kw["max_num_seqs"] == 64  # no --workers: the runner's 64 at once
         assert "adapter probe ok (applied)" in capsys.readouterr().out
     else:
         with pytest.raises(EngineError, match=r"^adapter probe FAILED \(not applied\): vllm .* vLLM's LoRA path .* "
-                                              r"stopping before the first rollout\. --skip-lora-probe skips this check "
-                                              r"at your risk .*\.$") as e:
+                                              r"The likely cause is the key mapping: .* \(this engine got the adapter's "
+                                              r"keys as the trainer names them .*\); stopping before the first "
+                                              r"rollout\. .* skipping this check would serve the base model all "
+                                              r"night\.$") as e:
             policy.load_backend(args, model, ByteTok())
-        assert "\n" not in str(e.value)
+        assert "\n" not in str(e.value) and "--skip-lora-probe" not in str(e.value)  # no skipping offered as the fix
     # the trainer's model is as it was: the probe is gone
     assert model.state_dict().keys() == weights.keys() and all(torch.equal(model.state_dict()[k], v)
                                                                for k, v in weights.items())
@@ -318,7 +321,7 @@ class NoisyEngine:
 def test_the_probe_passes_a_correct_engine_under_bf16_noise_and_stops_one_that_ignores_the_adapter(base, capsys):
     """bf16-sized noise (0.05 nats/token) on the adapted tokens only, none on the base model's, so the noise measured
     there cannot warn: a correct engine passes, one that ignores the adapter under the same noise stops the run,
-    naming the case and the flag that skips the check."""
+    naming the case and the key mapping as its likely cause."""
     correct = NoisyEngine(copy.deepcopy(base), applies=True, sigma=0.05)
     s = canary.probe_engine(correct, ByteTok())
     assert s["verdict"] == "applied" and s["residual"] <= canary.PROBE_RESIDUAL and correct.served is None
@@ -326,7 +329,7 @@ def test_the_probe_passes_a_correct_engine_under_bf16_noise_and_stops_one_that_i
     assert "adapter probe ok (applied): noisy stand-in" in capsys.readouterr().out
     ignoring = NoisyEngine(copy.deepcopy(base), applies=False, sigma=0.05)
     with pytest.raises(EngineError, match=r"^adapter probe FAILED \(not applied\): noisy stand-in, .* the stand-in's "
-                                          r"LoRA path does not apply LoRA .* --skip-lora-probe skips this check") as e:
+                                          r"LoRA path does not apply LoRA .* the key mapping") as e:
         canary.probe_engine(ignoring, ByteTok())
     assert "\n" not in str(e.value) and ignoring.loads > 1  # it doubled before deciding
     assert "adapter probe undecided, doubling it" in capsys.readouterr().out
@@ -338,7 +341,8 @@ def test_the_probe_says_when_the_noise_is_too_large_to_decide(base):
     noise a correct engine cannot be told from a missing adapter, and the run stops saying so; an engine that
     ignores the adapter never passes (here its own effect is below half the trainer's by three standard errors)."""
     with pytest.raises(EngineError, match=r"^adapter probe FAILED \(noise too large to decide\): .* its numerics "
-                                          r"cannot be told from a missing adapter; .* --skip-lora-probe"):
+                                          r"cannot be told from a missing adapter; .* --skip-lora-probe starts "
+                                          r"without this check: the engine then serves weights nobody checked"):
         canary.probe_engine(NoisyEngine(copy.deepcopy(base), applies=True, sigma=0.4), ByteTok())
     with pytest.raises(EngineError, match=r"^adapter probe FAILED \(not applied\)"):
         canary.probe_engine(NoisyEngine(copy.deepcopy(base), applies=False, sigma=0.4), ByteTok())
