@@ -24,6 +24,7 @@ SLOW = {
     "test_driver.py::test_run_all_never_falls_back_to_cpu_on_a_gpu_torch_cannot_use",
     "test_rollout.py::test_time_spent_generating_is_not_charged_to_waiting_harnesses",
     "test_domains.py::test_cli_stats_show_and_errors",
+    "test_domain_contract.py::test_every_test_over_the_registry_passes_for_a_fork_domain",
     "test_domains.py::test_prompt_only_lets_a_candidate_change_only_prompt_text",
     "test_domains.py::test_public_hides_answers",
     "test_domains.py::test_splits_sizes_and_disjoint",

@@ -3,7 +3,12 @@ without writing these again (docs/design.md section 5). Its h0 (harnesses/<name>
 value its SEARCH_SPACE offers passes it too; the agent's view given back as the answer earns nothing; a gold
 answer earns 1 and an empty one 0; no test task is a training or harness task; a search from h0 runs on the
 smoke model. tests/fixtures/tiny_domain.py shows a fork's own domain registered at test time, through every CLI."""
+import inspect
 import json
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,3 +142,36 @@ def test_what_run_returns_beside_the_answer_is_kept_in_the_trace_and_bounded(tmp
     kept = eps[1]["returned"]  # too long for the trace: its first EXTRA_KEEP characters, marked
     assert kept.startswith('{"note": "xxx') and kept.endswith(" ... (cut: 5012 characters)")
     assert len(kept) < EXTRA_KEEP + 40
+
+
+# -----------------------------------------------------------------------------
+# a fork's domain through the whole suite
+
+# the tests of tests/ that iterate over domains.DOMAINS: the parametrized ones by their id (the domain's name, or its
+# h0's path), and the two that loop over the registry whole
+OVER_THE_REGISTRY = "echo or test_every_h0_fits_its_own_domain_only or test_cli_stats_show_and_errors"
+
+
+def test_every_test_over_the_registry_passes_for_a_fork_domain(tmp_path):
+    """tests/fixtures/tiny_domain.py's domain added as a fork adds one (its line in domains.py's registry, its h0 at
+    harnesses/<name>.py), in a copy of the repository: every test of tests/ that iterates over domains.DOMAINS
+    runs for it too, and passes, with no test written for it."""
+    from tests.fixtures.tiny_domain import H0, Echo
+    fork = tmp_path / "fork"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for path in tracked.splitlines():
+        if (ROOT / path).is_file():  # as the working tree has it
+            (fork / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / path, fork / path)
+    (fork / "harnesses" / "echo.py").write_text(H0)
+    with open(fork / "domains.py", "a") as f:  # a fork writes its class into domains.py, and its registry line
+        f.write(f"\n\n{inspect.getsource(Echo)}\n\nDOMAINS[\"echo\"] = Echo\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "tests", "-k",
+                           OVER_THE_REGISTRY], cwd=fork, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:]
+    passed = re.findall(r"^PASSED (\S+)", done.stdout, re.MULTILINE)
+    ran = sorted(test for test in passed if "echo" in test)
+    assert len(ran) >= 12 and {t.split("::")[0] for t in ran} == {
+        "tests/test_domains.py", "tests/test_domain_contract.py", "tests/test_rollout.py", "tests/test_null_model.py"}, ran
+    assert any("test_every_h0_fits_its_own_domain_only" in t for t in passed)
+    assert any("test_cli_stats_show_and_errors" in t for t in passed)

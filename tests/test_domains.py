@@ -483,10 +483,14 @@ def test_harness_contract(name):
 
 @pytest.mark.parametrize("name", list(domains.DOMAINS))
 def test_fst_has_as_many_prompt_variants_as_the_full_search_has_structural_options(name):
+    """The contract's one rule on SEARCH_SPACE's size (README, docs/design.md section 3): at least as many prompt
+    alternatives as others, so fast-slow (prompt text only) has as many changes to try as whale's structural ones."""
     h = load_harness(name)
     options = {k: len(v) - 1 for k, v in h.SEARCH_SPACE.items()}
     prompt = sum(n for k, n in options.items() if isinstance(h.SEARCH_SPACE[k][0], str))
-    assert prompt >= sum(options.values()) - prompt >= 10
+    other = sum(options.values()) - prompt
+    assert prompt >= other, (f"harnesses/{name}.py: SEARCH_SPACE offers {prompt} prompt alternatives and {other} "
+                             "others; it needs at least as many prompt ones (*_PROMPT / *_TEMPLATE values)")
 
 
 @pytest.mark.parametrize("name", ["searchqa", "math"])
@@ -517,7 +521,7 @@ def test_prompt_only_lets_a_candidate_change_only_prompt_text(name):
     allowed |= {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.FunctionDef))
                 and isinstance(n.body[0], ast.Expr)}
     strings = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
-    assert len(allowed) >= 4 and len(strings) > 2 * len(allowed)
+    assert allowed and len(strings) > len(allowed)  # the docstring at least, and strings it may not change
     for node in strings:
         node.value, old = node.value + "!", node.value
         verdict = contract.static_check(ast.unparse(tree), source, prompt_only=True)
@@ -526,18 +530,22 @@ def test_prompt_only_lets_a_candidate_change_only_prompt_text(name):
     for knob, old, new in mutate.knob_options(source):
         verdict = contract.static_check(mutate.set_knob(source, knob, new), source, prompt_only=True)
         assert (verdict is None) == isinstance(new, str), (knob, new)
-    assert contract.static_check(source.replace("MAX_TURNS = ", "MAX_TURNS = 1 + "), source, prompt_only=True)
+    assert contract.static_check(source.replace("\ndef run(", "\nEXTRA = 1\n\n\ndef run("), source, prompt_only=True)
 
 
-def scripted_reply(messages, name, task):
-    """A plausible reply for any harness variant: the format the prompt asked for, with the right content."""
-    if name == "searchqa":
+def scripted_reply(messages, domain, task):
+    """A plausible reply for any harness variant. The shipped domains: the format their h0 asks for, with the right
+    content, through their tools (a search, a code block, a move); any other domain (a fork's): its gold answer as
+    text (Domain.gold_answer), which needs nothing written here."""
+    if domain.name == "searchqa":
         return f"<search>{task['support'][0]}</search>" if len(messages) < 3 else f"{task['answers'][0]}\n<answer>{task['answers'][0]}</answer>"
-    if name == "math":
+    if domain.name == "math":
         return "```python\nprint(6 * 7)\n```" if len(messages) < 2 else "so \\boxed{42}"
-    if name == "countdown":
+    if domain.name == "countdown":
         return f"<answer>{task['solution']}</answer>"
-    return f"<move>{task['moves'][1]}</move>"
+    if domain.name == "chess":
+        return f"<move>{task['moves'][1]}</move>"
+    return str(domain.gold_answer(task, domain.tools(task)))
 
 
 @pytest.mark.parametrize("name", list(domains.DOMAINS))
@@ -556,7 +564,7 @@ def test_every_search_space_option_runs(name):
         def llm(messages, max_tokens=None, **kw):
             calls.append(kw)
             assert max_tokens is None or max_tokens >= 1
-            return scripted_reply(messages, name, task)
+            return scripted_reply(messages, d, task)
         out = ns["run"](d.public(task), llm, d.tools(task))
         assert isinstance(out, dict) and "answer" in out, (knob, new)
         assert all(kw == ({"stop": ns["STOP"]} if ns.get("STOP") else {}) for kw in calls), (knob, new)
