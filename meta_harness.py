@@ -66,7 +66,9 @@ from lib.hf_backend import NullModelBackend
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
 from lib.policy import add_backend_args, load_policy
-from lib.proposers import failure_advice, propose_agent, propose_in_copy
+from lib.briefs import BRIEFS
+from lib.proposers import (PROPOSER_MAX_FILE_MB, PROPOSER_MAX_PROCS, PROPOSER_MAX_WRITTEN_MB, PROPOSER_MEMORY_MB,
+                           failure_advice, propose_agent, propose_in_copy)
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, script_defaults
 
@@ -93,6 +95,10 @@ def add_args(parser):
                    help="how much more than its parent a candidate may earn without the model")
     p = parser.add_argument_group("proposer")
     p.add_argument("--proposer", default="mutate", choices=PROPOSERS)
+    p.add_argument("--proposer-brief", default="official", choices=sorted(BRIEFS),
+                   help="the brief's rules: official (the official skills': the paper and gpu presets), or "
+                        "small-model (plus the project's two for a small policy: short prompts, exploring; the "
+                        "cpu and smoke presets; lib/briefs.py)")
     p.add_argument("--mutate-order", default="seeded", choices=("seeded", "listed", "traces"),
                    help="mutate's knob order: seeded (drawn from --seed), listed (SEARCH_SPACE "
                         "order), traces (the knobs the harness's SKILL declares for the failure "
@@ -116,6 +122,18 @@ def add_args(parser):
                         "script, install, config); repeatable")
     p.add_argument("--proposer-prompt-tokens", type=positive_int, default=24000,
                    help="openai prompt budget (chars/4 estimate)")
+    # the proposer sandbox's bounds (command, claude); past one, that call is one failed proposal with its reason
+    p.add_argument("--proposer-network", default=None, choices=("none", "host"),
+                   help="command: none unless host is given; claude: host (its API; no allow-listed egress "
+                        "proxy in this build, so the host's loopback is in reach: none cuts it)")
+    p.add_argument("--proposer-memory-mb", type=positive_int, default=PROPOSER_MEMORY_MB,
+                   help="memory of the proposer's whole sandbox (a cgroup; else RLIMIT_DATA per process)")
+    p.add_argument("--proposer-max-procs", type=positive_int, default=PROPOSER_MAX_PROCS,
+                   help="tasks (processes and threads) of its sandbox (a cgroup's pids.max)")
+    p.add_argument("--proposer-max-file-mb", type=positive_int, default=PROPOSER_MAX_FILE_MB,
+                   help="any one file it writes, its stdout and stderr included (RLIMIT_FSIZE)")
+    p.add_argument("--proposer-max-written-mb", type=positive_int, default=PROPOSER_MAX_WRITTEN_MB,
+                   help="everything it writes in its folder, and its /tmp's size")
 
 
 # -----------------------------------------------------------------------------

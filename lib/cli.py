@@ -245,6 +245,7 @@ class SearchConfig:
     null_check: str  # refuse | report: a winner that earns more without the model than its parent
     null_margin: float
     proposer: str
+    proposer_brief: str  # official | small-model: the brief's rules (lib/briefs.py BRIEFS)
     mutate_order: str
     proposer_cmd: str | None
     proposer_url: str
@@ -254,6 +255,11 @@ class SearchConfig:
     proposer_max_failures: int
     proposer_ro: tuple
     proposer_prompt_tokens: int
+    proposer_network: str | None  # none | host; None: the proposer's own default (lib/proposers.network)
+    proposer_memory_mb: int
+    proposer_max_procs: int
+    proposer_max_file_mb: int
+    proposer_max_written_mb: int
 
 
 @dataclass(frozen=True)

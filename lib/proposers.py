@@ -7,6 +7,7 @@ notes.md. The agent CLIs run in the OS sandbox (lib/sandbox.py) with that folder
 
 import json
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -31,6 +32,12 @@ MAX_META_BYTES = 64_000
 MAX_FIELD_CHARS = 2_000  # hypothesis, changed
 MAX_NOTES_CHARS = 200_000
 MAX_OUTPUT_BYTES = 8_000_000  # a proposer's stdout / stderr kept
+# a proposer's bounds (their flags: meta_harness.py): memory and processes of its whole sandbox, any one file,
+# everything it writes; an agent CLI on node needs a few GiB
+PROPOSER_MEMORY_MB = 8192
+PROPOSER_MAX_PROCS = 512
+PROPOSER_MAX_FILE_MB = 64
+PROPOSER_MAX_WRITTEN_MB = 1024
 # Claude Code: file tools only (no shell, no web); the variables its login may come from
 CLAUDE_TOOLS = "Read,Write,Edit,Glob,Grep"
 CLAUDE_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "CLAUDE_CODE_OAUTH_TOKEN")
@@ -193,17 +200,18 @@ def remove_tree(path):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def run_in_sandbox(argv, cwd, out_dir, timeout):
+def run_in_sandbox(argv, cwd, out_dir, timeout, limits=None, cgroup=None, pass_fds=()):
     """Run a proposer in its own session; its output goes to files, so a child that keeps stdout open cannot
-    hang the search. On timeout the process group dies, and with it bwrap, whose pid namespace takes every
-    process the proposer started (double-forked or not). -> (rc or "timeout", stdout, stderr)"""
+    hang the search. On timeout, or past a bound of `limits` (Limits), the sandbox dies and this returns once
+    every process of it is gone. -> (rc, "timeout" or a bound's one-line reason, stdout, stderr)"""
+    limits = limits or Limits()
     with open(out_dir / "stdout", "wb") as out, open(out_dir / "stderr", "wb") as err:
         proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                start_new_session=True, env={})  # env={}: see sandbox.start_one_process
+                                start_new_session=True, env={},  # env={}: see sandbox.start_one_process
+                                preexec_fn=limits.apply, pass_fds=pass_fds)
+        reason = None
         try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+            reason = watch(proc, out_dir, limits, cgroup, time.time() + timeout)
         finally:
             sandbox.kill(proc)  # returns once every process of the sandbox is gone (bounded), never before
             try:
@@ -211,7 +219,76 @@ def run_in_sandbox(argv, cwd, out_dir, timeout):
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()
-    return rc, tail(out_dir / "stdout"), tail(out_dir / "stderr")
+    reason = reason or limits.passed(out_dir, cgroup)
+    return proc.returncode, reason, tail(out_dir / "stdout"), tail(out_dir / "stderr")
+
+
+class Limits:
+    """A proposer's bounds (flags --proposer-memory-mb, --proposer-max-procs, --proposer-max-file-mb,
+    --proposer-max-written-mb). Memory and processes: its sandbox's cgroup, where the host has one (else memory is
+    RLIMIT_DATA and processes only --proposer-timeout); file size: RLIMIT_FSIZE; the total written under its
+    scratch folder (the archive copy's growth, its stdout and stderr): measured every WATCH_S, the sandbox killed
+    past it."""
+
+    def __init__(self, memory_mb=PROPOSER_MEMORY_MB, max_procs=PROPOSER_MAX_PROCS, max_file_mb=PROPOSER_MAX_FILE_MB,
+                 max_written_mb=PROPOSER_MAX_WRITTEN_MB, base_bytes=0):
+        self.memory_mb, self.max_procs, self.max_file_mb = memory_mb, max_procs, max_file_mb
+        self.max_written_mb, self.base_bytes = max_written_mb, base_bytes
+
+    def apply(self):
+        """In the child before bwrap starts (every process of the sandbox inherits them)."""
+        size = self.max_file_mb << 20
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if not sandbox.cgroup_parents():
+            data = self.memory_mb << 20
+            resource.setrlimit(resource.RLIMIT_DATA, (data, data))
+
+    def passed(self, scratch, cgroup):
+        """The one-line reason of the first bound the proposer reached, or None."""
+        events = cgroup.events() if cgroup else {}
+        if events.get("oom_kill"):
+            return f"killed at its memory bound (--proposer-memory-mb {self.memory_mb})"
+        if events.get("pids_max"):
+            return f"tried to run more than {self.max_procs} processes (--proposer-max-procs)"
+        written, largest = usage(scratch)
+        if largest >= self.max_file_mb << 20:
+            return f"a file reached its size bound (--proposer-max-file-mb {self.max_file_mb})"
+        if written - self.base_bytes > self.max_written_mb << 20:
+            return f"wrote more than {self.max_written_mb} MiB (--proposer-max-written-mb)"
+        return None
+
+
+WATCH_S = 0.1
+
+
+def watch(proc, scratch, limits, cgroup, deadline):
+    """Wait for the proposer, checking its bounds every WATCH_S. -> None (it exited), "timeout", or a reason."""
+    while True:
+        try:
+            proc.wait(timeout=min(WATCH_S, max(deadline - time.time(), 0)))
+            return None
+        except subprocess.TimeoutExpired:
+            if time.time() >= deadline:
+                return "timeout"
+            reason = limits.passed(scratch, cgroup)
+            if reason:
+                return reason
+
+
+def usage(root):
+    """(bytes on disk under root, the largest file's size), symlinks not followed."""
+    total = largest = 0
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            total += st.st_blocks * 512
+            if stat.S_ISREG(st.st_mode):
+                largest = max(largest, st.st_size)
+    return total, largest
 
 
 def tail(path, limit=MAX_OUTPUT_BYTES):
@@ -230,23 +307,44 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
                                        instructions=shlex.quote(str(work / "INSTRUCTIONS.md")))
         argv, ro = ["/bin/sh", "-c", cmd], cfg.proposer_ro
         env = {k: os.environ[k] for k in [cfg.proposer_key_env] if k in os.environ}
-    print(f"proposer {cfg.proposer} (sandboxed, in {work}): {shlex.join(argv)}")
+    net = network(cfg)
+    print(f"proposer {cfg.proposer} (sandboxed, network: {net}, in {work}): {shlex.join(argv)}")
     t0 = time.time()
-    rc, out, err = run_in_sandbox(sandbox.wrap(argv, ro=ro, rw=[work], net=True, cwd=str(work), env=env),
-                                  work, scratch, cfg.proposer_timeout)
-    cost = {"iteration": iteration, "proposer": cfg.proposer, "candidates": names, "rc": rc,
-            "seconds": round(time.time() - t0, 2)}
-    if rc == "timeout":
+    limits = Limits(cfg.proposer_memory_mb, cfg.proposer_max_procs, cfg.proposer_max_file_mb,
+                    cfg.proposer_max_written_mb, base_bytes=usage(scratch)[0])
+    cgroup = sandbox.Cgroup(cfg.proposer_memory_mb << 20, cfg.proposer_max_procs)
+    fd = sandbox.no_fork_filter(no_fork=False)
+    try:
+        argv = sandbox.wrap(argv, ro=ro, rw=[work], net=net == "host", cwd=str(work), env=env, seccomp_fd=fd,
+                            cgroup=cgroup, tmp_bytes=cfg.proposer_max_written_mb << 20)
+        rc, bound, out, err = run_in_sandbox(argv, work, scratch, cfg.proposer_timeout, limits, cgroup,
+                                             pass_fds=(fd,))
+    finally:
+        os.close(fd)
+        cgroup.close()
+    cost = {"iteration": iteration, "proposer": cfg.proposer, "candidates": names,
+            "rc": "timeout" if bound == "timeout" else rc, "seconds": round(time.time() - t0, 2)}
+    if bound == "timeout":
         error = f"timed out after {cfg.proposer_timeout:g}s (--proposer-timeout)"
+    elif bound:
+        error = bound
     elif cfg.proposer == "claude":
-        error, usage = claude_result(out)
-        cost.update(usage)
+        error, usage_ = claude_result(out)
+        cost.update(usage_)
         error = error or (None if rc == 0 else f"exit {rc}: {(err or out).strip()[-300:]}")
     else:
         error = None if rc == 0 else f"exit {rc}: {(err or out).strip()[-300:] or 'no output'}"
     log_cost(run_dir, {**cost, "error": error})
     if error:
         raise ProposalFailed(error)
+
+
+def network(cfg):
+    """none (the command proposer's default: it edits files) or host (claude's: it calls its API; this build
+    has no allow-listed egress proxy, so its sandbox shares the host's network, loopback included:
+    --proposer-network none cuts it, and lib/ops/preflight.py says which applies)."""
+    chosen = getattr(cfg, "proposer_network", None)
+    return chosen or ("host" if cfg.proposer == "claude" else "none")
 
 
 def claude_command(work, scratch, run_dir, cfg):

@@ -190,6 +190,7 @@ class Runner:
                 ep.state, ep.start, ep.since = "busy", now, now
                 w.episode, ep.worker = ep, w
                 self.running.add(ep)
+                w.limit_memory(self.memory_bytes)  # the sandbox as a whole, beside the worker's own RLIMIT_AS
                 self.send(w, {"source": self.source, "path": self.path, "methods": list(self.domain.TOOL_METHODS),
                               "task": ep.public, "seed": call_seed(self.seed, ep.index, ep.task["id"], ep.sample,
                                                                    "random"),

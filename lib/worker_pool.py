@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from lib.sandbox import kill as kill_sandbox, python, start_one_process
+from lib.sandbox import CGROUP_SLACK_BYTES, Cgroup, kill as kill_sandbox, python, start_one_process
 
 WORKER_PY = str(Path(__file__).resolve().with_name("harness_process.py"))
 WORKER_MEMORY_SHARE = 0.25  # of the machine's RAM: one budget for all concurrent harness workers together
@@ -27,6 +27,7 @@ WORKER_MEMORY_MAX = 2 << 30  # per worker, however few run at once
 FDS_PER_WORKER = 3  # the parent's descriptors of a started worker: its two pipe ends and its stderr file
 FDS_BESIDE_WORKERS = 1024  # CUDA's, vLLM's zmq sockets, the model's and the run's files (stated, not measured)
 NR_OPEN = 1 << 20  # Linux's default ceiling for a soft limit, where the hard one is unlimited
+WORKER_TASKS = 256  # threads of one worker's sandbox, bwrap's two processes included (its cgroup's pids.max)
 
 
 def worker_memory_bytes(n_workers):
@@ -71,12 +72,19 @@ class Worker:
         p2w_r, self.wfd = os.pipe()
         self.rfd, w2p_w = os.pipe()
         self.stderr = tempfile.TemporaryFile()  # start-up errors (bwrap's, the interpreter's); RLIMIT_FSIZE=0 later
+        # the whole sandbox's memory (shared memory, tmpfs and kernel memory included) and tasks, counted by the
+        # kernel where the host has cgroups; lowered to the episode's share when its job is sent (limit_memory)
+        self.cgroup = Cgroup(WORKER_MEMORY_MAX + CGROUP_SLACK_BYTES, WORKER_TASKS)
         try:
             # no start_new_session: it costs the vfork fast path (a plain fork of a parent holding a model is
             # slow), and killing bwrap reaches everything inside anyway
             self.proc = start_one_process(
                 [python(), "-I", "-S", WORKER_PY, str(p2w_r), str(w2p_w)], files=[WORKER_PY], packages=False,
-                pass_fds=(p2w_r, w2p_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr)
+                cgroup=self.cgroup, pass_fds=(p2w_r, w2p_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=self.stderr)
+        except BaseException:
+            self.cgroup.close()
+            raise
         finally:
             for fd in (p2w_r, w2p_w):
                 os.close(fd)
@@ -108,8 +116,13 @@ class Worker:
             if fd in sel.get_map():
                 sel.unregister(fd)
 
+    def limit_memory(self, memory_bytes):
+        """The sandbox's cgroup bound: the episode's RLIMIT_AS plus what lives outside its address space."""
+        self.cgroup.limit_memory(memory_bytes + CGROUP_SLACK_BYTES)
+
     def kill(self):
         kill_sandbox(self.proc)  # its pid namespace, with every process and thread inside, even while bwrap sets it up
+        self.cgroup.close()
         for fd in (self.rfd, self.wfd):
             try:
                 os.close(fd)

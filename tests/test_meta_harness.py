@@ -462,11 +462,11 @@ def test_failures_count_only_in_a_row(fake, monkeypatch):
     fr, seed, run_dir = fake
     script = iter(["fail", "fail", "ok", "fail", "fail", "ok"])
 
-    def fake_run(argv, cwd, out_dir, timeout):
+    def fake_run(argv, cwd, out_dir, timeout, *bounds, **kw):  # -> (rc, a bound reached, stdout, stderr)
         if next(script) == "fail":
-            return 1, json.dumps({"type": "result", "subtype": "success", "is_error": True,
-                                  "result": "API Error: 529 Overloaded"}), ""
-        return 0, json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "done"}), ""
+            return 1, None, json.dumps({"type": "result", "subtype": "success", "is_error": True,
+                                        "result": "API Error: 529 Overloaded"}), ""
+        return 0, None, json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "done"}), ""
     monkeypatch.setattr(proposers, "run_in_sandbox", fake_run)
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)  # meta_harness and lib.proposers
     res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=1, proposer="claude"), rounds=2)
