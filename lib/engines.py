@@ -72,10 +72,13 @@ def has_gated_deltanet(config):
     return "linear_attention" in (getattr(text, "layer_types", None) or [])
 
 
+CUDA_DEFAULT = "/usr/local/cuda"  # where the CUDA toolkit installs when $CUDA_HOME is unset
+
+
 def nvcc_path():
     """nvcc where FlashInfer's JIT looks for it (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin), or None."""
     found = shutil.which("nvcc")
-    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+    for home in (os.environ.get("CUDA_HOME"), CUDA_DEFAULT):
         if not found and home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
             found = os.path.join(home, "bin", "nvcc")
     return found

@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import plan  # noqa: E402
 import whale  # noqa: E402
 from lib.ops import time_model as g  # noqa: E402
+from lib.policy import engine_seqs  # noqa: E402
 
 GiB = g.GiB
 THINKING_FLAGS = ("--max-new-tokens", "8192", "--max-model-len", str(g.MODEL_LEN))  # the official episode
@@ -62,7 +63,8 @@ def memory_rows():
     most the trainer leaves, and the micro-batches that fit, for the gpu preset's calls and thinking ones."""
     rows = []
     for domain, name in g.DOMAIN_MODEL.items():
-        share = run_args("gpu", domain, "whale", "fixed").gpu_memory
+        gpu = run_args("gpu", domain, "whale", "fixed")
+        share, seqs = gpu.gpu_memory, engine_seqs(gpu)
         for card in g.CARDS:
             where = g.CARD_RETRIEVER[card] if domain == "searchqa" else None
             capped, thinking = g.LONGEST["capped"][domain], g.LONGEST["thinking"][domain]
@@ -72,13 +74,16 @@ def memory_rows():
             long_seqs = g.memory(name, card, where, share, context=g.MODEL_LEN)["seqs"]
             retriever = {"gpu": f"GPU {at['retriever'] / GiB:.0f}", "cpu": f"CPU ({g.RETRIEVER_CPU_RAM / GiB:.0f} RAM)",
                          None: "-"}[where]
+            blocks = g.cache_blocks(name, at["kv"])[0]
             rows.append([domain, name, f"{card} GB", f"{(at['weights'] + at['lora_opt']) / GiB:.1f}", retriever,
                          f"{share}: {at['engine'] / GiB:.0f} GiB, {at['seqs']} / {long_seqs}",
+                         f"{blocks} ({'yes' if blocks >= seqs else f'NO: --workers {blocks}'})",
                          f"{most['max_gpu_memory']:.2f}", f"{at['act'] / GiB:.1f} ({'yes' if at['fits'] else 'NO'})",
                          f"{at['wake'] / GiB:.0f} ({at['wake_without_hand_back'] / GiB:.0f})",
                          most["largest"],
                          f"{deep['largest'] or 'NO'} ({g.activation_bytes(name, 1, *thinking) / GiB:.0f} GiB for 1)"])
     head = ["domain", "model", "card", "trainer GiB", "retriever GiB", "engine (--gpu-memory): seqs at 8k / 32k",
+            f"cache blocks (>= --workers {seqs}?)",
             "most --gpu-memory", "SFT, 2 calls of 8k (1k trained): GiB",
             "card at the wake after an update, GiB (without the trainer's hand-back)", "largest --micro-batch",
             "thinking calls that fit"]

@@ -284,7 +284,9 @@ def test_models_built_cached_or_local(tmp_path, offline_hub):
 
 def test_engine_vllm_imports_or_names_the_gpu_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.33.0"))
-    assert check(preflight.check_engine, run_args()) == (True, "vllm 0.33.0 imports")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert check(preflight.check_engine, run_args()) == (
+        True, "vllm 0.33.0 imports; no CUDA device: vLLM's own kernels for this platform")
     monkeypatch.setitem(sys.modules, "vllm", None)  # what Python does for a package that is not there
     ok, line = check(preflight.check_engine, run_args())
     assert not ok and "vllm does not import" in line and "bash install.sh --gpu" in line
@@ -398,8 +400,56 @@ def test_an_engine_share_too_small_for_one_sequence_is_refused_before_the_model_
     assert not ok and line.startswith("chess: Qwen3.5-4B's KV cache at --gpu-memory 0.3 of 24.0 GiB would be 0.00 "
                                       "GiB, below the 0.30 GiB one sequence of --max-model-len 8192 needs")
     assert line.endswith("pass --gpu-memory 0.43 or more, or a lower --max-model-len")
-    ok, line = check(preflight.check_gpu, [run_args(preset="gpu", domain="chess")])  # the preset's 0.5
+    ok, line = check(preflight.check_gpu, [run_args("--workers", "128", preset="gpu", domain="chess")])
+    assert ok, line  # the preset's 0.5
+
+
+def test_an_engine_with_fewer_cache_blocks_than_sequences_is_refused_before_the_model_loads(monkeypatch, offline_hub):
+    """vLLM refuses to capture its CUDA graphs when max_num_seqs (here --workers) exceeds its Mamba cache blocks:
+    chess's 4B engine at the gpu preset's --gpu-memory 0.5 of a 24 GB card has about 134 blocks, below the preset's
+    --workers 256; one line names the --workers that fits. The gpu preset's defaults pass on an 80 GB card."""
+    fake_hub_cache(offline_hub, models=["Qwen/Qwen3.5-2B", "Qwen/Qwen3.5-4B"])
+    GiB = preflight.GiB
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "Stand-in GPU")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(23 * GiB), int(24 * GiB)))
+    ok, line = check(preflight.check_gpu, [run_args(preset="gpu", domain="chess")])
+    assert not ok and line.startswith("chess: Qwen3.5-4B's cache at --gpu-memory 0.5 of 24.0 GiB would hold about "
+                                      "134 blocks (16.5 MiB each: one per running sequence's Gated DeltaNet state), "
+                                      "below the 256 sequences the engine runs at once (--workers): vLLM refuses")
+    assert line.endswith("pass --workers 134") and "\n" not in line  # 0.58 would not fit beside the trainer
+    assert check(preflight.check_gpu, [run_args("--workers", "134", preset="gpu", domain="chess")])[0]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(79 * GiB), int(80 * GiB)))
+    ok, line = check(preflight.check_gpu, [run_args(preset="gpu", domain=d) for d in ("searchqa", "math", "chess")])
     assert ok, line
+
+
+def test_the_engine_kernels_with_and_without_nvcc_on_path(monkeypatch, tmp_path):
+    """Without nvcc on a CUDA card, vLLM would JIT-compile FlashInfer's Gated DeltaNet prefill (Hopper) and sampler
+    at warm-up and die: the engine takes the Triton prefill and PyTorch's sampler, and the preflight says so; with
+    nvcc, vLLM's defaults."""
+    from lib import engines
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.33.0"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.setattr(engines, "CUDA_DEFAULT", str(tmp_path / "no-cuda"))  # not this machine's /usr/local/cuda
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert engines.nvcc_path() is None
+    kw, env, _ = engines.engine_backends(True, engines.nvcc_path(), gated_deltanet=True)
+    assert kw == {"gdn_prefill_backend": "triton"} and env == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    ok, line = check(preflight.check_engine, run_args(preset="gpu", domain="math"))
+    assert ok and line.startswith("vllm 0.33.0 imports; no nvcc (not on PATH, $CUDA_HOME/bin or /usr/local/cuda/bin):"
+                                  " the Triton Gated DeltaNet prefill (gdn_prefill_backend=triton) and PyTorch's "
+                                  "sampler (VLLM_USE_FLASHINFER_SAMPLER=0), which need no compiler")
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("#!/bin/sh\n")
+    nvcc.chmod(0o755)
+    assert engines.nvcc_path() == str(nvcc)
+    assert engines.engine_backends(True, engines.nvcc_path(), gated_deltanet=True)[:2] == ({}, {})
+    ok, line = check(preflight.check_engine, run_args(preset="gpu", domain="math"))
+    assert ok and line == f"vllm 0.33.0 imports; nvcc at {nvcc}: vLLM's default kernels (FlashInfer's, compiled at " \
+                          "warm-up where needed)"
+    assert engines.engine_backends(False, None, gated_deltanet=True)[:2] == ({}, {})  # the CPU engine: its own
 
 
 def test_the_gated_deltanet_backward_runs_once_before_the_night_and_a_failure_names_flas_fix(monkeypatch):

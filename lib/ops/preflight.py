@@ -242,13 +242,21 @@ def check_engine(args):
         except Exception as e:  # not installed, or built for another torch / CUDA
             raise Failed(f"--backend vllm: vllm does not import ({type(e).__name__}: {str(e)[:120]}): {GPU_EXTRA}, "
                          "or --backend hf") from None
-        return f"vllm {getattr(vllm, '__version__', '?')} imports"
+        return f"vllm {getattr(vllm, '__version__', '?')} imports; {engine_kernels(args.model)}"
     served = models_at(args.openai_url, None, "--openai-url")
     want = args.openai_model or args.model
     if served and want not in served:
         raise Failed(f"the server at {args.openai_url} serves {served}, not {want}: pass --openai-model NAME (the "
                      "served base model) or serve --model there")
     return f"the server at {args.openai_url} serves {want}"
+
+
+def engine_kernels(model):
+    """Which kernels the engine will take and why (lib/engines.engine_backends: without nvcc, none that compile)."""
+    import torch
+    from lib import engines
+    gated_deltanet = time_model.model_name(model) is not None or engines.has_gated_deltanet(engines.local_config(model))
+    return engines.engine_backends(torch.cuda.is_available(), engines.nvcc_path(), gated_deltanet)[2]
 
 
 def models_at(url, key, flag):
@@ -419,18 +427,21 @@ def check_gated_deltanet_backward(run=subprocess.run):
 def check_gpu(runs):
     """Free memory against the largest need among the runs: the trainer's weights (as cached on disk) plus, for vllm,
     the engine's share of the card (vLLM refuses to start with less free), plus the CUDA context; and for a Qwen3.5
-    engine, a KV cache that holds one sequence of --max-model-len (time_model.kv_shortfall)."""
+    engine, a KV cache that holds one sequence of --max-model-len (time_model.kv_shortfall) and a cache block for
+    each sequence it runs at once (time_model.block_shortfall)."""
     import torch
     if not torch.cuda.is_available():
         why = driver.unusable_gpu(driver.gpus(), torch)
         if why and any(args.backend == "vllm" or getattr(args, "preset", None) in ("gpu", "paper") for args in runs):
             raise Failed(why)
         return f"no GPU ({why})" if why else "no GPU"
+    from lib.policy import engine_seqs
     free, total = torch.cuda.mem_get_info()
-    for args in runs:  # a Qwen3.5 engine share too small for one sequence: refused now, not after the model loads
+    for args in runs:  # a Qwen3.5 engine share vLLM would refuse: refused now, not after the model loads
         name = time_model.model_name(args.model)
-        why = name and args.backend == "vllm" and time_model.kv_shortfall(name, total, args.gpu_memory,
-                                                                          args.max_model_len)
+        why = name and args.backend == "vllm" and (
+            time_model.kv_shortfall(name, total, args.gpu_memory, args.max_model_len)
+            or time_model.block_shortfall(name, total, args.gpu_memory, engine_seqs(args)))
         if why:
             raise Failed(f"{args.domain}: {why}")
     need, how = max(gpu_need(args, total) for args in runs)

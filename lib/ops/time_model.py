@@ -251,6 +251,46 @@ def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, complet
                 one_sequence=one_sequence, fits=one_sequence <= kv and engine <= room and 1 <= micro <= largest)
 
 
+# vLLM's hybrid cache (vllm/v1/core/kv_cache_planning.py, platforms/interface.py _align_hybrid_block_size): every
+# layer's page is one size, a Gated DeltaNet layer's whole state (its recurrent state in the config's mamba_ssm_dtype,
+# float32 for Qwen3.5, as cache_sizes counts it) or an attention layer's KV for a block of tokens, the block rounded
+# up to KERNEL_BLOCK tokens until its page holds that state; the layers form groups of the full-attention layers'
+# count (the 1 of the 3:1 pattern) and a block is one page of each layer of a group. A running sequence holds one
+# block for each DeltaNet group, and with full CUDA graphs (vLLM's default) vLLM refuses to start when max_num_seqs
+# exceeds the blocks (vllm/config/compilation.py: "max_num_seqs (N) exceeds available Mamba cache blocks (M)")
+KERNEL_BLOCK = 16  # tokens: the attention kernels' smallest block (FlashAttention's), vLLM's alignment
+
+
+def cache_blocks(name, kv_bytes):
+    """(blocks vLLM makes of kv_bytes of cache, tokens an attention block holds, bytes a block takes)."""
+    c = config(name)
+    n_delta, n_full = layer_counts(c)
+    kv_per_token, state = cache_sizes(name)
+    layer_state, layer_token = state // n_delta, kv_per_token // n_full
+    tokens = KERNEL_BLOCK * math.ceil(layer_state / (KERNEL_BLOCK * layer_token))
+    per_block = n_full * tokens * layer_token
+    return max(0, int(kv_bytes // per_block)), tokens, per_block
+
+
+def block_shortfall(name, card_bytes, gpu_memory, seqs):
+    """The one line that refuses an engine share whose cache holds fewer blocks than `seqs` (the max_num_seqs the
+    engine is given: lib/policy.engine_seqs, from --workers), or None. vLLM checks this only at its start, after
+    the trainer has loaded."""
+    mem = memory(name, None, gpu_memory=gpu_memory, card_bytes=card_bytes)
+    blocks, tokens, per_block = cache_blocks(name, mem["kv"])
+    if blocks >= seqs:
+        return None
+    least = math.ceil((mem["weights"] + OVERHEAD_ENGINE + seqs * per_block) / card_bytes * 100) / 100
+    fixes = [f"--workers {blocks}"] if blocks >= 64 else []  # the engine keeps room for the test's 64 at once
+    if least <= mem["max_gpu_memory"]:
+        fixes.append(f"--gpu-memory {least:.2f}")
+    fix = " or ".join(fixes) if fixes else f"a larger card (the share that fits, {least:.2f}, leaves no room for the trainer)"
+    return (f"{name}'s cache at --gpu-memory {gpu_memory:g} of {card_bytes / GiB:.1f} GiB would hold about {blocks} "
+            f"blocks ({per_block / 2**20:.1f} MiB each: one per running sequence's Gated DeltaNet state), below the "
+            f"{seqs} sequences the engine runs at once (--workers): vLLM refuses to start (max_num_seqs exceeds "
+            f"available Mamba cache blocks): pass {fix}")
+
+
 def kv_shortfall(name, card_bytes, gpu_memory, model_len):
     """The one line that refuses an engine share whose KV cache (the share less the engine's bf16 weights and
     OVERHEAD_ENGINE: CUDA graphs, the sampler's profiling, activations) holds no sequence of model_len tokens,
