@@ -14,6 +14,7 @@ import sys
 
 import domains
 import whale
+from lib.cli import one_line_errors
 from lib.ops import preflight, time_model
 from lib.subsets import seeded_sample
 from presets import PAPER_TRAIN_SIZES
@@ -124,6 +125,12 @@ def sft_line(args):
 def main(argv=None):
     runs = parse_args(argv)
     if runs[0].check is None:
+        if runs[0].data != "paper":  # the paper's sets load slowly, and its presets hold out no test task
+            with one_line_errors("plan.py"):
+                test = whale.run_config(runs[0], domains.data_flags()).test
+                warning = whale.holdout_warning(domains.from_args(runs[0]), test)
+            if warning:
+                print(warning)
         print_plan(runs)
         return
     # each --check domain parsed as its own run, with the same flags

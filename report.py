@@ -180,9 +180,9 @@ def benchmark_table(runs, k):
 
 
 def shown_methods(runs):
-    """METHODS, less the optional ones (adaptive WHALE, stagewise-hw) where no domain ran them."""
-    return [m for m in METHODS if m not in ("whale-adaptive",
-                                            "stagewise-hw") or any((d, m) in runs for d in domains_of(runs))]
+    """METHODS, less the optional ones (the adaptive runs, stagewise-hw) where no domain ran them."""
+    return [m for m in METHODS if not (m.endswith("-adaptive") or m == "stagewise-hw")
+            or any((d, m) in runs for d in domains_of(runs))]
 
 
 def per_seed_table(runs, seeds, k):
@@ -415,6 +415,8 @@ def write_report(args):
     figures = write_alternation(runs, root)
     print(table)
     print(f"wrote {root}/tables.md, curves.png, timeline.png, {', '.join(figures)}")
+    for folder, why in run_folders.skipped_folders(root, runs, list(domains.DOMAINS)):
+        print(f"not in the tables: {folder} ({why})")
 
 
 def write_alternation(runs, root):

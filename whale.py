@@ -111,16 +111,16 @@ def parse_args(argv=None, more_args=None, description=__doc__):
     g.add_argument("--train-limit", type=positive_int, default=None,
                    help="use a seeded sample of N train tasks (small presets)")
     g = p.add_argument_group("adaptive schedule (paper: window = min length = patience = 0.2 "
-                             "epoch; P_h = 2, at least 6 rounds)")
+                             "epoch; P_h = 2, 5 to 15 rounds; every preset sets them)")
     g.add_argument("--adaptive-epochs", type=positive_float, default=0.2,
                    help="weight phase window, minimum length and patience")
     g.add_argument("--harness-patience", type=nonnegative_int, default=2,
                    help="rounds without a new archive best")
     g.add_argument("--harness-min-rounds", "--harness-min-iterations",
-                   dest="harness_min_rounds", type=nonnegative_int, default=6,
+                   dest="harness_min_rounds", type=nonnegative_int, default=5,
                    help="proposer rounds a harness phase makes at least")
     g.add_argument("--harness-max-rounds", "--harness-max-iterations",
-                   dest="harness_max_rounds", type=positive_int, default=12,
+                   dest="harness_max_rounds", type=positive_int, default=15,
                    help="proposer rounds a harness phase makes at most")
     g = p.add_argument_group("test evaluation")
     g.add_argument("--k", type=positive_int, default=None, help="samples per test task for mean@k")
@@ -300,6 +300,24 @@ def test_tasks(domain, test):
                          exclude={t["id"] for t in tasks[: test.test_holdout]})
 
 
+def holdout_warning(domain, test):
+    """One line when --test-holdout leaves fewer test tasks than --test-limit asks for (a domain's small test
+    split would otherwise shrink the evaluation without a word), else None; a holdout that leaves none is a
+    ValueError."""
+    if not test.test_holdout:
+        return None
+    tasks = domain.load("test")
+    n, left = len(tasks), len(tasks) - len({t["id"] for t in tasks[: test.test_holdout]})
+    if left <= 0:
+        raise ValueError(f"--test-holdout {test.test_holdout} leaves none of {domain.name}'s {n} test tasks: lower "
+                         f"--test-holdout below {n}")
+    if test.test_limit and left < test.test_limit:
+        return (f"--test-holdout {test.test_holdout} leaves {left} of {domain.name}'s {n} test tasks, fewer than "
+                f"--test-limit {test.test_limit}: the test evaluation runs on those {left} (lower --test-holdout, "
+                "or give the domain more test tasks)")
+    return None
+
+
 def evaluate_test(policy, domain, harness, test, traces):
     """mean@k on the test split with the score of every task, its episodes in `traces`. -> {"stats",
     "per_task", "sources"} (what evals/<tag>.json holds beside its key)"""
@@ -365,6 +383,9 @@ def check_inputs(runs):
     train = seeded_sample(train, args.train_limit)
     domain.load("test")  # a malformed data file is an error now, before any model is loaded
     data_flags = domains.data_flags()
+    warning = holdout_warning(domain, run_config(args, data_flags).test)
+    if warning:
+        print(warning)
     for one in runs:
         check_out(one.out)
         cfg = run_config(one, data_flags)

@@ -6,8 +6,11 @@ import re
 
 from lib.files import read_json, read_jsonl
 
+# a run under --schedule adaptive is <method>-adaptive (whale.method_name): every method's is read, whale's
+# (the one run_all.sh makes) first
 METHODS = ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale",
-           "whale-adaptive")
+           "whale-adaptive", "harness-only-adaptive", "weight-only-adaptive", "stagewise-adaptive",
+           "stagewise-hw-adaptive", "fast-slow-adaptive")
 
 
 def seed_folders(root):
@@ -36,6 +39,33 @@ def load_runs(root, domains):
                 if folder is not None:
                     runs.setdefault((domain, method), {})[seed] = load_run(folder)
     return runs
+
+
+def skipped_folders(root, runs, domains):
+    """[(folder, why)] of the run folders under root, any seed (<domain>/<name>/ holding a config.json or a
+    metrics.jsonl), that `runs` (load_runs(root, domains)) did not read, so that none is left out without a
+    word: another domain's, a method name this module does not list, a run with no metrics.jsonl yet, or a
+    second folder of a seed's run."""
+    read = {run["folder"] for seed_runs in runs.values() for run in seed_runs.values()}
+    skipped = []
+    for seed, bases in seed_folders(root).items():
+        for base in bases:
+            for domain in sorted(os.listdir(base)):
+                if not os.path.isdir(os.path.join(base, domain)) or re.fullmatch(r"seed-\d+", domain):
+                    continue
+                for name in sorted(os.listdir(os.path.join(base, domain))):
+                    folder = os.path.join(base, domain, name)
+                    if folder in read or not any(os.path.isfile(os.path.join(folder, f))
+                                                 for f in ("config.json", "metrics.jsonl")):
+                        continue
+                    why = (f"{domain} is not a registered domain (domains.DOMAINS)" if domain not in domains
+                           else f"{name} is not a method the report lists (lib/runs.py METHODS)"
+                           if name not in METHODS else
+                           "no metrics.jsonl: the run wrote no phase yet"
+                           if not os.path.isfile(os.path.join(folder, "metrics.jsonl"))
+                           else f"seed {seed}'s {domain}/{name} was read from another folder")
+                    skipped.append((folder, why))
+    return skipped
 
 
 def domains_of(runs):
