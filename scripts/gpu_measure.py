@@ -167,14 +167,39 @@ def decode():
               f"{rate / plan:.2f} (within {DECODE_RANGE[0]:g}-{DECODE_RANGE[1]:g}: hf is no engine)")
 
 
+PROBE_MODEL = "qwen35-probe-v1"  # build_probe_model's cache folder
+
+
+def build_probe_model(folder):
+    """A small random Qwen3.5 saved as the hub checkpoints are (Qwen3_5ForConditionalGeneration: a vision tower
+    beside three Gated DeltaNet layers and a gated full-attention one), with the real models' head sizes (Gated
+    DeltaNet key and value heads of 128, attention heads of 256), which vLLM's kernels are built for (the paper dry
+    run's tiny model has heads of 16, which FlashInfer's Hopper prefill may refuse), and the tests' Qwen3.5 tokenizer."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    from tests.fixtures.qwen35 import qwen35_tokenizer
+    heads = {k: v for k, v in time_model.QWEN35_COMMON.items() if k.startswith(("head_dim", "linear_"))}
+    tok = qwen35_tokenizer()
+    torch.manual_seed(0)
+    text = dict(heads, vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                num_attention_heads=2, num_key_value_heads=1, linear_num_key_heads=2, linear_num_value_heads=2,
+                max_position_embeddings=32768, tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=256)
+    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision,
+                                                          tie_word_embeddings=True))
+    model.generation_config.eos_token_id = tok.eos_token_id
+    tok.save_pretrained(folder)
+    model.save_pretrained(folder)
+
+
 def probe():
-    """vLLM serves a probe adapter on Qwen3.5's real model class (a tiny random Qwen3_5ForConditionalGeneration,
-    saved as the hub checkpoints are) and its outputs move as the trainer's: what every engine start checks."""
+    """vLLM serves a probe adapter on Qwen3.5's real model class (build_probe_model) and its outputs move as the
+    trainer's: what every engine start checks, with the adapter's keys renamed for that class (lib/engines)."""
     from lib import canary, engines, models
-    from tests.fixtures.qwen35 import QWEN35_TINY, build_qwen35_tiny
-    folder = models.cached(QWEN35_TINY, build_qwen35_tiny)
+    folder = models.cached(PROBE_MODEL, build_probe_model)
     model, tok = models.load_model(str(folder), dtype=torch.bfloat16)
     engine = engines.VLLMBackend(str(folder), tok, model, gpu_memory=0.3, max_lora_rank=16, max_model_len=2048)
+    print(f"vllm-probe: {engine.backends}; {engine.adapter_keys}", flush=True)
     try:
         s = canary.probe_engine(engine, tok)
         print(f"ok vllm-probe Qwen3.5's model class serves a LoRA adapter: adapter effect {s['effect']:.2e} "

@@ -162,12 +162,15 @@ def adapter_keys_of_checkpoint(folder):
     return names
 
 
-@pytest.fixture(scope="module")
-def qwen35_adapter():
+@pytest.fixture(scope="module", params=["tiny", "probe"])
+def qwen35_adapter(request):
     """The adapter the trainer writes for a tiny Qwen3.5 of the real architecture (saved as the hub checkpoints
-    are: Qwen3_5ForConditionalGeneration), and the copy the engine loads."""
+    are: Qwen3_5ForConditionalGeneration), and the copy the engine loads: the paper dry run's model, and the one
+    gpu_check.sh's vllm-probe serves (the real head sizes)."""
+    from scripts.gpu_measure import PROBE_MODEL, build_probe_model
     from tests.fixtures.qwen35 import QWEN35_TINY, build_qwen35_tiny
-    checkpoint = models.cached(QWEN35_TINY, build_qwen35_tiny)
+    checkpoint = models.cached(*{"tiny": (QWEN35_TINY, build_qwen35_tiny),
+                                 "probe": (PROBE_MODEL, build_probe_model)}[request.param])
     model, _ = models.load_model(checkpoint)
     assert type(model).__name__ == "Qwen3_5ForCausalLM"  # AutoModelForCausalLM: the text-only class
     pairs = engines.adapter_key_renames(checkpoint, model)
