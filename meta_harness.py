@@ -20,8 +20,9 @@ before any rollout (it parses, defines run(task, llm, tools), imports only allow
 exec/open/dunder tricks, with --prompt-only differs from its parent only in string constants, and
 survives one smoke episode), scores the valid ones on the harness set and adds everything to the
 archive. The accepted harness is the best harness-set score in the archive, ties going to fewer
-mean turns. The search stops after a fixed number of iterations, or when the archive best has not
-improved for P iterations after at least N iterations (the paper's patience rule); not, as the
+mean turns, then to the earlier candidate. The search stops after a fixed number of iterations, or when
+the archive best has not improved for P iterations after at least N iterations (the paper's patience rule,
+checked, as officially, only after an iteration that scored a valid candidate); not, as the
 official chess search does, once a candidate scores 1.0 on the harness set: every method spends its
 whole budget of rounds here.
 
@@ -393,7 +394,10 @@ def search(backend, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_
         done = it
         print(f"iteration {it}: best {frontier['best']} = {frontier['score']:.4f}, series "
               f"{frontier['best_series']}")
-        if stop is not None and stop(frontier["best_series"]):
+        # as the official search (meta_harness_*.py `continue`s before its patience check): a round whose
+        # candidates were all refused still counts as a round, but only a round that scored one may stop the search
+        scored = any(r["valid"] for r in rows if r["iteration"] == it)
+        if stop is not None and scored and stop(frontier["best_series"]):
             break
     return {"winner": str((run_dir / frontier["harness"]).resolve()), "score": frontier["score"],
             "rollouts": frontier["rollouts"], "iterations": done,

@@ -19,18 +19,21 @@ the paper and gpu presets' per-domain settings. Why each value is what it is: do
 # paper is the official protocol (docs/protocol.md; its deviations: docs/fidelity.md), with the
 # per-domain settings in PAPER below; --micro-batch is the micro-batch of one forward/backward
 # inside an SFT mini-batch of --sft-batch trajectories (PAPER: the official global mini-batch).
+# proposer_brief: the rules of the proposer's brief (lib/briefs.py BRIEFS): the official skills' (paper,
+# gpu), or with the project's two additions for a small policy (smoke, cpu; docs/fidelity.md setting 4).
 PRESETS = {
     "smoke": dict(model="smoke", threads=1, epochs=1.0, phase_epochs=0.5, harness_iterations=2,
                   train_limit=8, test_limit=4, k=1, batch=2, group=2, micro_batch=8, candidates=2,
                   harness_tasks=2, max_new_tokens=8, deadline=60.0, adaptive_epochs=0.5,
-                  harness_patience=1, harness_min_rounds=1, harness_max_rounds=2),
+                  harness_patience=1, harness_min_rounds=1, harness_max_rounds=2,
+                  proposer_brief="small-model"),
     "cpu": dict(model="cpu", threads=2, epochs=1.0, phase_epochs=0.375, harness_iterations=2,
                 train_limit=64, test_limit=50, test_holdout=50, test_evals="ends", k=4, batch=8,
                 group=4, micro_batch=8, lr=3e-4, warmup=2, weight_decay=0.0, candidates=3,
                 harness_tasks=24, max_new_tokens=32, temperature=0.6, deadline=300.0,
                 adaptive_epochs=0.25, harness_patience=1, harness_min_rounds=1,
                 harness_max_rounds=2, math_test_set="generated", math_max_steps=2,
-                mutate_order="traces"),
+                mutate_order="traces", proposer_brief="small-model"),
     # generation (docs/protocol.md): Qwen3.5 thinks (its template's enable_thinking), no per-call
     # cap but the episode's assistant-token budget (PAPER), the official model length; chess SAN
     # with + and # (docs/protocol.md section 3)
@@ -38,6 +41,7 @@ PRESETS = {
                   bf16=True, grad_checkpointing=True, phase_epochs=0.6, harness_iterations=6,
                   train_limit=None, test_limit=None, k=8, batch=256, group=8, micro_batch=2, warmup=0,
                   weight_decay=0.01, grad_clip=1.0, candidates=3, null_check="report",
+                  proposer_brief="official",
                   harness_tasks=256, harness_samples=1, proposer="claude",
                   proposer_model="claude-opus-4-7", proposer_timeout=2400.0, temperature=1.0,
                   top_k=20, max_new_tokens=8192, thinking="on", max_model_len=32768, deadline=600.0,
@@ -60,7 +64,7 @@ PRESETS = {
                 bf16=True, grad_checkpointing=True, epochs=1.2, phase_epochs=0.6,
                 harness_iterations=2, train_limit=544, test_limit=None, k=4, batch=32, group=8,
                 micro_batch=2, warmup=0, weight_decay=0.01, grad_clip=1.0, candidates=3,
-                harness_tasks=128, harness_samples=1, workers=256, proposer="claude",
+                harness_tasks=128, harness_samples=1, workers=256, proposer="claude", proposer_brief="official",
                 proposer_model="claude-opus-4-7", proposer_timeout=2400.0, temperature=1.0,
                 top_k=20, thinking="off", max_new_tokens=1024, episode_tokens=2048,
                 max_model_len=8192, deadline=600.0, adaptive_epochs=0.2, harness_patience=1,

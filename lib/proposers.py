@@ -19,7 +19,7 @@ from pathlib import Path
 
 from lib import sandbox
 from lib.archive import log_cost
-from lib.briefs import INSTRUCTIONS, NULL_RULES
+from lib.briefs import BRIEFS, INSTRUCTIONS, NULL_RULES, llm_interface
 from lib.contract import ALLOWED_IMPORTS, MAX_HARNESS_CHARS
 from lib.files import read_json, write_json
 
@@ -53,7 +53,7 @@ def write_instructions(run_dir, domain, names, parent, iteration, cfg):
     text = INSTRUCTIONS.format(domain=domain.name, public_keys=", ".join(f"`{k}`" for k in example),
                                tool_methods=", ".join(f"`{m}`" for m in domain.TOOL_METHODS),
                                allowed=", ".join(ALLOWED_IMPORTS), caps=domain.CAPS, domain_brief=domain.BRIEF,
-                               prompt_only=prompt_only,
+                               prompt_only=prompt_only, llm_interface=llm_interface(), **BRIEFS[cfg.proposer_brief],
                                null_rule=NULL_RULES[cfg.null_check].format(margin=cfg.null_margin),
                                iteration=iteration,
                                parent=parent, targets=", ".join(f"`candidates/{n}/harness.py`" for n in names))

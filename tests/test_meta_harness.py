@@ -177,11 +177,31 @@ def test_mutate_archive_and_resume_never_rescore(fake):
 
 
 def test_patience_stop_ends_search_early(fake):
+    """PROMPT changes no score: after the best knob values the rounds score valid candidates that gain nothing,
+    and the search stops at the first round the patience rule allows."""
     fr, seed, run_dir = fake
-    seed.write_text(SEED.replace('"MAX_TURNS": [1, 2, 3], ', ""))  # one knob, one other value: no gain after it
+    seed.write_text(SEED.replace('"STYLE": ["plain", "tagged"]', '"STYLE": ["plain", "tagged"], '
+                                 '"PROMPT": ["Answer briefly: ", "A: ", "Reply: ", "Say: ", "Answer: ", "Q: "]'))
     stop = lambda s: mh.should_stop_harness_phase(s, patience=2, min_iters=3)
-    res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=1), rounds=10, stop=stop)
-    assert res["iterations"] == 3 and res["best_series"] == pytest.approx([0.1, 0.15, 0.15, 0.15])
+    res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=1), rounds=12, stop=stop)
+    rows = [r for r in rows_of(run_dir).values() if r["iteration"]]
+    assert all(r["valid"] for r in rows) and res["iterations"] < 12
+    series = res["best_series"]
+    assert stop(series) and not any(stop(series[:t + 1]) for t in range(1, res["iterations"]))
+
+
+def test_a_round_without_a_valid_candidate_does_not_stop_the_search(fake):
+    """As the official search (it `continue`s before its patience check): a round whose candidates were all refused
+    counts as a round but never ends the search; here one knob with one other value leaves mutate nothing new after
+    round 1. A stop rule that holds from round 2 on is therefore never asked again, and all 4 rounds run."""
+    fr, seed, run_dir = fake
+    seed.write_text(SEED.replace('"MAX_TURNS": [1, 2, 3], ', ""))
+    asked = []
+    stop = lambda series: asked.append(len(series) - 1) or len(series) > 2  # true after round 2 and later
+    res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=1), rounds=4, stop=stop)
+    valid = {r["iteration"]: r["valid"] for r in rows_of(run_dir).values()}
+    assert valid[1] and not any(valid[t] for t in (2, 3, 4))
+    assert res["iterations"] == 4 and asked == [1]
 
 
 STAND_IN = textwrap.dedent('''\
@@ -622,7 +642,8 @@ def test_each_domain_gets_its_own_brief_and_caps(tmp_path):
         folder = tmp_path / name
         folder.mkdir()
         path = proposers.write_instructions(folder, domains.get(name), ["h1_1"], "h0", 1,
-                                            SimpleNamespace(prompt_only=False, null_check="refuse", null_margin=0.05))
+                                            SimpleNamespace(prompt_only=False, null_check="refuse", null_margin=0.05,
+                                                            proposer_brief="official"))
         text[name] = path.read_text()
         assert f"## The {name} domain\n" in text[name]
         # every domain's proposer is told that the answering is the model's, and how that is checked
