@@ -183,10 +183,16 @@ def validate(cand_dir, rows, backend, domain, tasks, cfg, policy_kw, run_episode
             error = ep.get("error")
         except ValueError as e:  # the runner's own harness checks
             error = str(e)
-        reason = f"smoke episode failed: {str(error)[:300]}" if error else None
+        reason = f"smoke episode failed: {error_tail(error)}" if error else None
     meta.update(valid=reason is None, reason=reason)
     write_json(cand_dir / "meta.json", meta)
     return meta
+
+
+def error_tail(error, limit=300):
+    """The end of an episode's error, where a traceback's exception line is (its head is only 'Traceback')."""
+    text = str(error).strip()
+    return text if len(text) <= limit else "... " + text[-limit:]
 
 
 def score(cand_dir, backend, domain, tasks, cfg, policy_kw, evaluate):

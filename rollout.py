@@ -154,16 +154,10 @@ def run_and_count(domain, harness_path, tasks, backend, *, samples=1, temperatur
                     max_new_tokens=max_new_tokens, deadline_s=deadline_s,
                     workers=workers or min(64, len(episodes)), seed=seed, thinking=thinking,
                     episode_tokens=episode_tokens, max_prompt_tokens=max_prompt_tokens,
-                    max_model_len=max_model_len)
+                    max_model_len=max_model_len, traces_path=traces_path)
     records = runner.run(episodes, desc) if episodes else []
     counts = {"generate_calls": runner.generate_calls, "llm_calls": runner.llm_calls,
               "generate_s": runner.generate_s}
-    if traces_path:
-        Path(traces_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(traces_path, "a") as f:
-            for r in records:
-                calls = [{k: v for k, v in c.items() if not k.endswith("_ids")} for c in r["calls"]]
-                f.write(json.dumps({**r, "calls": calls}) + "\n")
     INFRA_ERRORS.add(len(records), runner.infra_errors)  # after the traces: they show what failed
     return records, counts
 
@@ -240,6 +234,8 @@ def main(argv=None):
         args = p.parse_args(argv)
     if not args.domain or not args.harness:
         p.error("pass --domain and --harness")
+    if args.test_holdout and args.split != "test":
+        p.error(f"--test-holdout holds out test tasks, and --split {args.split} draws none: drop it, or use --split test")
     if conflicting_flags(args):
         p.error(conflicting_flags(args))
     with one_line_errors("rollout.py"):

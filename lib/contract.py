@@ -40,8 +40,10 @@ def check_harness(path):
     """-> the harness source; raises FileNotFoundError / ValueError naming the file, the line and the fix.
     The runner's gate, before any worker starts: it parses, imports only ALLOWED_IMPORTS, defines run."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path}: no such harness file; pass an existing .py file such as harnesses/chess.py")
+    if not path.is_file():  # a folder, a FIFO (reading it would block), a device
+        raise ValueError(f"{path}: not a regular file; pass a harness .py file such as harnesses/chess.py")
     try:
         source = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:  # unreadable, or not text

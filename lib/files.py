@@ -19,11 +19,14 @@ def read_json(path, default=None):
     path = Path(path)
     if not path.exists():
         return default
+    data = path.read_bytes()
     try:
-        return json.loads(path.read_text())
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        why = f"not UTF-8 text: byte {e.start}"
     except json.JSONDecodeError as e:
-        raise ValueError(f"damaged run file {path} ({'empty' if not path.read_text().strip() else e.msg}): restore "
-                         "it, or start this run over in a fresh --out") from None
+        why = "empty" if not data.strip() else e.msg
+    raise ValueError(f"damaged run file {path} ({why}): restore it, or start this run over in a fresh --out")
 
 
 def write_json(path, obj):

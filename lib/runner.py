@@ -13,6 +13,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -37,6 +38,7 @@ MAX_MESSAGES = 256        # per llm() call
 MAX_LINE = 4_000_000      # one JSON message from a worker
 STDOUT_KEEP = 10_000      # printed characters kept in the trace
 EXTRA_KEEP = 2_000        # characters (as JSON) kept in the trace of what run() returned beside 'answer'
+TRACE_RECORD_BYTES = 1_000_000  # one episode's line in traces.jsonl, everything included (trace_line)
 MAX_PROMPT_TOKENS = 8192  # per llm() call when the run sets no --max-prompt-tokens / --max-model-len
 MAX_STOPS, MAX_STOP_CHARS = 4, 32
 MAX_TOOLS, MAX_TOOLS_CHARS = 16, 32_000  # function schemas per llm() call, and their JSON size
@@ -135,10 +137,12 @@ class Runner:
     """The parent's event loop over worker pipes, tool threads and batched generation."""
 
     def __init__(self, domain, harness_path, backend, *, temperature, top_k, max_new_tokens, deadline_s, workers,
-                 seed, thinking="auto", episode_tokens=None, max_prompt_tokens=None, max_model_len=None):
+                 seed, thinking="auto", episode_tokens=None, max_prompt_tokens=None, max_model_len=None,
+                 traces_path=None):
         sandbox.check()  # once per process: fails closed, naming --unsafe-no-sandbox
         self.source = check_harness(harness_path)
         self.domain, self.path, self.backend, self.seed = domain, str(harness_path), backend, seed
+        self.traces_path = traces_path  # each episode's trace_line appended as it finishes, in episode order
         self.gen_kw = dict(temperature=temperature, top_k=top_k)
         self.max_new_tokens, self.deadline_s, self.n_workers = max_new_tokens, deadline_s, workers
         self.thinking = thinking_switch(backend.tokenizer, thinking)
@@ -212,7 +216,7 @@ class Runner:
                 error = f"reward failed: {type(e).__name__}: {e}"
         if ep.out_of_tokens and getattr(self.domain, "OUT_OF_TOKENS_SCORES_ZERO", False):
             reward = 0.0
-        ep.record = {"task_id": ep.task["id"], "sample": ep.sample, "reward": reward, "answer": answer,
+        ep.record = {"task_id": ep.task["id"], "sample": ep.sample, "reward": reward, "answer": capped(answer),
                      "extracted": extracted_answer(self.domain, answer), "error": error, "turns": len(ep.calls), "tokens": sum(len(c["completion_ids"]) for c in ep.calls),
                      "seconds": round(now - ep.start, 3), "calls": ep.calls, "tool_calls": ep.tool_calls,
                      "stdout": stdout, "out_of_tokens": ep.out_of_tokens, "capped": ep.capped}
@@ -221,6 +225,17 @@ class Runner:
         ep.state = "done"
         self.running.discard(ep)
         self.bar.update(1)
+        self.write_finished()
+
+    def write_finished(self):
+        """Append the trace of every finished episode whose predecessors are all written: records leave as they
+        finish, in episode order (the file reads the same however the episodes interleaved)."""
+        while self.written < len(self.order) and self.order[self.written].state == "done":
+            if self.traces:
+                self.traces.write(trace_line(self.order[self.written].record) + "\n")
+            self.written += 1
+        if self.traces:
+            self.traces.flush()
 
     def fail(self, ep, error, w):
         """A harness broke a rule or ran out of time: the episode scores 0 and its sandbox is replaced."""
@@ -276,7 +291,8 @@ class Runner:
             name, args, kwargs = tool_request(msg, self.domain.TOOL_METHODS)
             if len(ep.tool_calls) >= MAX_TOOL_CALLS:
                 return self.send(w, {"raise": "RuntimeError", "message": f"tool call limit {MAX_TOOL_CALLS} reached"})
-            ep.tool_calls.append({"name": name, "args": args, "kwargs": kwargs, "result": None})
+            # the record keeps capped copies (a 3 MB query is cut); the tool gets the arguments whole
+            ep.tool_calls.append({"name": name, "args": capped(args), "kwargs": capped(kwargs), "result": None})
             ep.state, ep.since = "tool", now
             ep.future = self.pool.submit(getattr(ep.tools, name), *args, **kwargs)
             ep.future.add_done_callback(self.wake)
@@ -324,7 +340,7 @@ class Runner:
             return self.retire(ep.worker)
         except Exception as e:
             reply = exception_reply(e)
-        ep.tool_calls[-1]["result"] = reply.get("value", reply.get("message"))
+        ep.tool_calls[-1]["result"] = capped(reply.get("value", reply.get("message")))
         ep.state, ep.since, ep.future = "busy", now, None
         self.send(ep.worker, reply)
 
@@ -369,6 +385,10 @@ class Runner:
 
     def run(self, episodes, desc):
         self.todo, self.running, self.workers = deque(episodes), set(), []
+        self.order, self.written = list(episodes), 0
+        if self.traces_path:
+            Path(self.traces_path).parent.mkdir(parents=True, exist_ok=True)
+        self.traces = open(self.traces_path, "a") if self.traces_path else None
         self.n_workers = min(self.n_workers, len(episodes))
         self.memory_bytes = worker_memory_bytes(self.n_workers)
         self.sel = selectors.DefaultSelector()
@@ -397,6 +417,8 @@ class Runner:
                 self.wake_w = None
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.bar.close()
+            if self.traces:
+                self.traces.close()
         return [ep.record for ep in episodes]
 
     def loop(self):
@@ -477,6 +499,34 @@ def beside_answer(result):
     extra = {k: v for k, v in result.items() if k != "answer"}
     text = json.dumps(extra)
     return extra if len(text) <= EXTRA_KEEP else f"{text[:EXTRA_KEEP]} ... (cut: {len(text)} characters)"
+
+
+def capped(value, limit=MAX_CHARS):
+    """A recorded value (a tool call's arguments or result, an answer) as it is, or past `limit` characters of
+    JSON its first `limit` as text, marked cut: no field of a trace holds more."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return value if len(text) <= limit else f"{text[:limit]} ... (cut: {len(text)} characters)"
+
+
+def trace_line(record):
+    """One episode's line of traces.jsonl, at most TRACE_RECORD_BYTES: token ids left out (the record keeps them
+    for training); over the bound, each model call keeps only its last message, then the last calls and tool
+    calls go, and `trace_cut` says how long the full line was."""
+    calls = [{k: v for k, v in c.items() if not k.endswith("_ids")} for c in record["calls"]]
+    line = json.dumps({**record, "calls": calls})
+    if len(line) <= TRACE_RECORD_BYTES:
+        return line
+    full = len(line)
+    calls = [{**c, "messages": c["messages"][-1:], "messages_cut": len(c["messages"]) - 1} for c in calls]
+    tools = list(record["tool_calls"])
+    while True:
+        line = json.dumps({**record, "calls": calls, "tool_calls": tools, "trace_cut": full})
+        if len(line) <= TRACE_RECORD_BYTES or not (calls or tools):
+            return line
+        (calls if len(calls) >= len(tools) else tools).pop()
 
 
 def extracted_answer(domain, answer):
