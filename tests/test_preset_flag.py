@@ -70,3 +70,10 @@ def test_a_preset_without_settings_for_the_domain_is_one_line(capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().endswith("countdown has no paper settings (presets.py PAPER: the paper's "
                                                     "domains); run it with --preset smoke or cpu")
+
+
+def test_a_holdout_on_another_split_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        rollout.main(["--domain", "math", "--harness", "harnesses/math.py", "--split", "harness", "--test-holdout", "3"])
+    assert e.value.code == 2 and capsys.readouterr().err.endswith(
+        ": error: --test-holdout holds out test tasks, and --split harness draws none: drop it, or use --split test\n")
