@@ -236,8 +236,6 @@ def main(argv=None):
         p.error("pass --domain and --harness")
     if args.test_holdout and args.split != "test":
         p.error(f"--test-holdout holds out test tasks, and --split {args.split} draws none: drop it, or use --split test")
-    if args.test_holdout and args.split != "test":
-        p.error(f"--test-holdout holds out test tasks, and --split {args.split} draws none: drop it, or use --split test")
     if conflicting_flags(args):
         p.error(conflicting_flags(args))
     with one_line_errors("rollout.py"):
