@@ -124,9 +124,12 @@ def add_args(parser):
     p.add_argument("--proposer-prompt-tokens", type=positive_int, default=24000,
                    help="openai prompt budget (chars/4 estimate)")
     # the proposer sandbox's bounds (command, claude); past one, that call is one failed proposal with its reason
-    p.add_argument("--proposer-network", default=None, choices=("none", "host"),
-                   help="command: none unless host is given; claude: host (its API; no allow-listed egress "
-                        "proxy in this build, so the host's loopback is in reach: none cuts it)")
+    p.add_argument("--proposer-network", default=None, choices=("none", "endpoint", "host"),
+                   help="none: no network (command's default); endpoint: only its API and --proposer-allow-host, "
+                        "through an allow-listed proxy, never the host's loopback or private addresses (claude's "
+                        "default); host: the host's whole network (only if you accept that)")
+    p.add_argument("--proposer-allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="an endpoint the proposer may reach (port 443 unless given); repeatable")
     p.add_argument("--proposer-memory-mb", type=positive_int, default=PROPOSER_MEMORY_MB,
                    help="memory of the proposer's whole sandbox (a cgroup; else RLIMIT_DATA per process)")
     p.add_argument("--proposer-max-procs", type=positive_int, default=PROPOSER_MAX_PROCS,

@@ -255,7 +255,8 @@ class SearchConfig:
     proposer_max_failures: int
     proposer_ro: tuple
     proposer_prompt_tokens: int
-    proposer_network: str | None  # none | host; None: the proposer's own default (lib/proposers.network)
+    proposer_network: str | None  # none | endpoint | host; None: the proposer's default (lib/proposers.network)
+    proposer_allow_host: tuple
     proposer_memory_mb: int
     proposer_max_procs: int
     proposer_max_file_mb: int
@@ -330,7 +331,7 @@ def rsft_config(args, inputs):
 
 def search_config(args, inputs):
     return fields_of(SearchConfig, args, inputs=inputs, sampling=sampling_of(args),
-                     proposer_ro=tuple(args.proposer_ro))
+                     proposer_ro=tuple(args.proposer_ro), proposer_allow_host=tuple(args.proposer_allow_host))
 
 
 def eval_config(args, inputs):

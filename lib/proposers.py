@@ -307,14 +307,20 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
                                        instructions=shlex.quote(str(work / "INSTRUCTIONS.md")))
         argv, ro = ["/bin/sh", "-c", cmd], cfg.proposer_ro
         env = {k: os.environ[k] for k in [cfg.proposer_key_env] if k in os.environ}
-    net = network(cfg)
-    print(f"proposer {cfg.proposer} (sandboxed, network: {net}, in {work}): {shlex.join(argv)}")
+    net, egress = network(cfg), None
+    shown = f"{net}: {', '.join(endpoints(cfg))}" if net == "endpoint" else net
+    print(f"proposer {cfg.proposer} (sandboxed, network {shown}, in {work}): {shlex.join(argv)}")
     t0 = time.time()
     limits = Limits(cfg.proposer_memory_mb, cfg.proposer_max_procs, cfg.proposer_max_file_mb,
                     cfg.proposer_max_written_mb, base_bytes=usage(scratch)[0])
     cgroup = sandbox.Cgroup(cfg.proposer_memory_mb << 20, cfg.proposer_max_procs)
     fd = sandbox.no_fork_filter(no_fork=False)
+    sockets = tempfile.mkdtemp(prefix="whale-egress-", dir="/tmp")  # short: a socket's path has 107 bytes at most
     try:
+        if net == "endpoint" and not sandbox.disabled():
+            egress = sandbox.Egress(sockets, endpoints(cfg))
+            argv, proxy_env, sock = sandbox.through_egress(argv, egress)
+            env, ro = {**env, **proxy_env}, [*ro, sock]
         argv = sandbox.wrap(argv, ro=ro, rw=[work], net=net == "host", cwd=str(work), env=env, seccomp_fd=fd,
                             cgroup=cgroup, tmp_bytes=cfg.proposer_max_written_mb << 20)
         rc, bound, out, err = run_in_sandbox(argv, work, scratch, cfg.proposer_timeout, limits, cgroup,
@@ -322,8 +328,13 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
     finally:
         os.close(fd)
         cgroup.close()
+        if egress:
+            egress.close()
+        shutil.rmtree(sockets, ignore_errors=True)
     cost = {"iteration": iteration, "proposer": cfg.proposer, "candidates": names,
             "rc": "timeout" if bound == "timeout" else rc, "seconds": round(time.time() - t0, 2)}
+    if egress and egress.refused:  # what it tried to reach beside its endpoints
+        cost["egress_refused"] = sorted(set(egress.refused))[:20]
     if bound == "timeout":
         error = f"timed out after {cfg.proposer_timeout:g}s (--proposer-timeout)"
     elif bound:
@@ -340,11 +351,19 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
 
 
 def network(cfg):
-    """none (the command proposer's default: it edits files) or host (claude's: it calls its API; this build
-    has no allow-listed egress proxy, so its sandbox shares the host's network, loopback included:
-    --proposer-network none cuts it, and lib/ops/preflight.py says which applies)."""
-    chosen = getattr(cfg, "proposer_network", None)
-    return chosen or ("host" if cfg.proposer == "claude" else "none")
+    """none: an empty network namespace (command's default: it edits files); endpoint: that namespace with one
+    way out, sandbox.Egress, to endpoints(cfg) only (claude's default, and command's with --proposer-allow-host);
+    host: the host's network, loopback and private addresses included, only when the user asks for it."""
+    if cfg.proposer_network:
+        return cfg.proposer_network
+    return "endpoint" if cfg.proposer == "claude" or cfg.proposer_allow_host else "none"
+
+
+def endpoints(cfg):
+    """Where the proposer may connect: claude's API (ANTHROPIC_BASE_URL, else api.anthropic.com) and every
+    --proposer-allow-host."""
+    found = [os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"] if cfg.proposer == "claude" else []
+    return found + list(cfg.proposer_allow_host)
 
 
 def claude_command(work, scratch, run_dir, cfg):

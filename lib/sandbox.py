@@ -37,6 +37,7 @@ import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -306,6 +307,197 @@ def parent(pid):
 
 
 # -----------------------------------------------------------------------------
+# a proposer's network: its own empty network namespace, and one way out, an allow-listed proxy (the shape of
+# Claude Code's own sandbox runtime: bubblewrap plus a proxy outside it reached through a Unix socket)
+
+# Runs inside the sandbox as the command's parent: it serves HTTPS_PROXY on the sandbox's own loopback (and each
+# fixed tunnel on its port there), forwarding every connection to the Unix socket of the Egress proxy outside;
+# then runs the command and exits with its status.
+BRIDGE = r"""
+import os, socket, subprocess, sys, threading
+sock_path, proxy_port, tunnels, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[5:]
+
+def pump(a, b):
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+def serve(port, target):
+    listener = socket.create_server(("127.0.0.1", port))
+    while True:
+        client, _ = listener.accept()
+        upstream = socket.socket(socket.AF_UNIX)
+        try:
+            upstream.connect(sock_path)
+            if target:  # a fixed tunnel: the proxy is asked for target, its answer read before the client talks
+                upstream.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+                head = b""
+                while b"\r\n\r\n" not in head and len(head) < 4096:
+                    chunk = upstream.recv(1)
+                    if not chunk:
+                        break
+                    head += chunk
+                if b" 200 " not in head.split(b"\r\n", 1)[0]:
+                    raise OSError(head[:200])
+        except OSError:
+            client.close()
+            upstream.close()
+            continue
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+for spec in filter(None, tunnels.split(",")):
+    port, target = spec.split("=", 1)
+    threading.Thread(target=serve, args=(int(port), target), daemon=True).start()
+threading.Thread(target=serve, args=(proxy_port, None), daemon=True).start()
+sys.exit(subprocess.call(argv))
+"""
+PROXY_PORT = 3128  # HTTPS_PROXY inside the sandbox (its own loopback)
+
+
+def endpoint_of(url):
+    """(host, port) of a URL (https: 443, http: 80 unless given)."""
+    from urllib.parse import urlsplit
+    parts = urlsplit(url if "//" in url else "//" + url)
+    port = parts.port or (80 if parts.scheme == "http" else 443)
+    return (parts.hostname or "").lower(), port
+
+
+def public(address):
+    """Whether an IP address is on the public internet: not the host's loopback, a private or link-local network
+    (a cloud's metadata service), multicast, reserved or unspecified."""
+    import ipaddress
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if getattr(ip, "ipv4_mapped", None):
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+class Egress:
+    """The proxy outside the sandbox: CONNECT host:port (and plain http://host:port/... requests) for the
+    allowed endpoints only, each name resolved here and connected only where every address it resolves to is
+    public. An endpoint the user configured as a literal loopback or private address (a local server) is
+    allowed as given, and only that host and port. Everything else gets 403 and is counted in `refused`."""
+
+    def __init__(self, folder, endpoints):
+        self.allowed = {endpoint_of(e) for e in endpoints}
+        self.path = os.path.join(folder, "egress.sock")
+        self.refused = []
+        self.server = socket.socket(socket.AF_UNIX)
+        self.server.bind(self.path)
+        self.server.listen(64)
+        threading.Thread(target=self.serve, daemon=True, name="whale-egress").start()
+
+    def tunnels(self):
+        """Fixed tunnels for endpoints on a literal address (a local server the client reaches directly, not
+        through HTTPS_PROXY): 'port=host:port,...' for the bridge."""
+        return ",".join(f"{port}={host}:{port}" for host, port in sorted(self.allowed) if literal(host))
+
+    def serve(self):
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self.handle, args=(client,), daemon=True).start()
+
+    def handle(self, client):
+        try:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = client.recv(4096)
+                if not chunk or len(head) > 65536:
+                    return client.close()
+                head += chunk
+            line, rest = head.split(b"\r\n", 1)
+            method, target, version = line.decode("latin-1").split(" ", 2)
+            if method == "CONNECT":
+                host, port = endpoint_of("//" + target)
+            else:
+                host, port = endpoint_of(target)
+            upstream = self.connect(host, port)
+            if upstream is None:
+                self.refused.append(f"{host}:{port}")
+                client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+                return client.close()
+            if method == "CONNECT":
+                client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                upstream.sendall(head.split(b"\r\n\r\n", 1)[1])
+            else:  # origin-form to the server; every later request on this connection goes to the same server
+                from urllib.parse import urlsplit
+                parts = urlsplit(target)
+                path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+                upstream.sendall(f"{method} {path} {version}\r\n".encode("latin-1") + rest)
+        except (OSError, ValueError, UnicodeError):
+            return client.close()
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+    def connect(self, host, port):
+        """A socket to an allowed endpoint, or None."""
+        if (host, port) not in self.allowed:
+            return None
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            return None
+        if not literal(host) and not all(public(info[4][0]) for info in infos):
+            return None  # a name that resolves to the host's loopback or a private network is not its endpoint
+        for family, kind, proto, _, address in infos:
+            try:
+                return socket.create_connection(address[:2], timeout=30)
+            except OSError:
+                continue
+        return None
+
+    def close(self):
+        self.server.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def literal(host):
+    import ipaddress
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return host == "localhost"
+
+
+def pump(a, b):
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def through_egress(argv, egress):
+    """argv run under the bridge (inside the sandbox), with the proxy variables set for it: -> (argv, env,
+    the socket to bind into the sandbox)."""
+    proxy = f"http://127.0.0.1:{PROXY_PORT}"
+    env = {name: proxy for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")}
+    env.update(NO_PROXY="", no_proxy="")
+    return ([python(), "-I", "-c", BRIDGE, egress.path, str(PROXY_PORT), egress.tunnels(), "--", *argv], env,
+            egress.path)
+
+
+# -----------------------------------------------------------------------------
 # one bound for everything a sandbox holds: the kernel's own accounting, a cgroup of its own (memory: anonymous,
 # shared memory, tmpfs pages and the kernel's memory for it; processes: every task, threads included)
 
@@ -346,8 +538,21 @@ def cgroup_parents():
             rel = mine[name][len(root):] if mine[name].startswith(root) and root != "/" else mine[name]
             folders.append(os.path.normpath(point + "/" + rel.lstrip("/")))
         if len(folders) == len(kind) and all(probe(d, kind) for d in folders):
+            for folder in folders:
+                sweep(folder)
             return folders
     return []
+
+
+def sweep(parent):
+    """Remove the empty groups a process that is gone left behind (one killed before its Cgroup.close ran)."""
+    for name in os.listdir(parent):
+        pid = name.split("-")[1] if name.startswith("whale-") else ""
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.rmdir(os.path.join(parent, name))
+            except OSError:  # still holds a process: left to its owner
+                pass
 
 
 def probe(parent, kind):

@@ -360,7 +360,7 @@ def check_sandbox(args):
         raise Failed(str(e)) from None
     if sandbox.disabled():
         return f"OFF ({sandbox.OPT_OUT}=1): harness code runs without the OS sandbox"
-    return "bubblewrap starts a confined python under the no-fork filter"
+    return f"bubblewrap starts a confined python under the no-fork filter; memory bound: {sandbox.memory_bound()}"
 
 
 def check_open_files(runs):
