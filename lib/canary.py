@@ -255,8 +255,9 @@ def probe_engine(engine, tok, targets="all-linear", rank=PROBE_RANK):
     stops the run whatever the learning rate. While the answer is undecided (the engine's noise on the adapted
     tokens hides the effect), the probe doubles and is served again: a correct engine passes however noisy its
     dtype, as its noise stays and the effect grows. engine.model is the trainer's base model; it is left as it was,
-    and the engine serves the base model again. --skip-lora-probe skips it (at the user's risk: the canary after
-    each update still runs, but cannot resolve an adapter below the dtype noise). -> the last probe's stats."""
+    and the engine serves the base model again. --skip-lora-probe skips it: the engine then serves weights nobody
+    checked (the canary after each update still runs, but cannot resolve an adapter below the dtype noise). -> the
+    last probe's stats."""
     model = engine.model
     peft, share = make_probe(model, tok, targets, rank)
     effects = []
