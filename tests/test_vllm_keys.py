@@ -249,3 +249,24 @@ def test_every_engine_keyword_exists_in_the_pinned_engine_args(vllm, vision, cud
     if "gdn_prefill_backend" in kw:
         choices = segment(package / "engine" / "arg_utils.py", "EngineArgs")
         assert re.search(r"gdn_prefill_backend: \(\s*Literal\[[^\]]*\"triton\"", choices)
+
+
+def test_the_engine_copy_is_written_fresh(tmp_path):
+    """An adapter folder's files may be hard links of a stored snapshot's (lib/files.link_tree): the copy the engine
+    loads is written as new files, so a later sync never changes a snapshot's."""
+    from safetensors.torch import load_file, save_file
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    key = "base_model.model.model.layers.0.mlp.up_proj.lora_A.weight"
+    save_file({key: torch.ones(2, 2)}, adapter / "adapter_model.safetensors")
+    pairs = [("model.", "model.language_model.")]
+    first = Path(engines.engine_adapter(str(adapter), pairs))
+    os.link(first / "adapter_model.safetensors", tmp_path / "snapshot.safetensors")
+    save_file({key: torch.zeros(2, 2)}, adapter / "adapter_model.safetensors")  # the next update
+    again = Path(engines.engine_adapter(str(adapter), pairs))
+    renamed = "base_model.model.model.language_model.layers.0.mlp.up_proj.lora_A.weight"
+    assert again == first == adapter / engines.ENGINE_COPY
+    assert load_file(again / "adapter_model.safetensors")[renamed].sum() == 0
+    assert load_file(tmp_path / "snapshot.safetensors")[renamed].sum() == 4  # the snapshot's file as it was
+    assert (again / "adapter_config.json").read_text() == '{"r": 8}'
