@@ -259,7 +259,7 @@ class Limits:
         return None
 
 
-WATCH_S = 0.1
+WATCH_S = 0.25  # a proposer's bounds are checked this often (a walk of its scratch folder)
 
 
 def watch(proc, scratch, limits, cgroup, deadline):

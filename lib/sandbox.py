@@ -21,8 +21,12 @@ process tree die with the sandbox: kill(proc) ends the namespace and every proce
 or not. The command runs with no capabilities and an empty environment (bwrap itself starts from `env -i`,
 so not even /proc/1/environ, the sandbox's init, shows the parent's variables). no_fork_filter() adds a
 seccomp filter (libseccomp through pyseccomp) under which the command cannot start another process, while
-threads still work: harness workers and the python tool run under it, so each is one process and its
-RLIMIT_AS bounds the whole sandbox's memory.
+threads still work: harness workers and the python tool run under it, so each is one process. Every filter
+denies the kernel surface no harness needs (DENIED_CALLS: ptrace, io_uring, keyctl, bpf, mounts, namespaces,
+...). A process's RLIMIT_AS does not see memory outside its address space (SysV shared memory, tmpfs pages), so
+each sandbox also gets a cgroup of its own where the host allows one (Cgroup: memory and tasks, counted by the
+kernel), the IPC calls are denied to workers and the tool, and /tmp is a sized tmpfs; memory_bound() says which
+bound applies. Proposers get an empty network namespace whose one way out is an allow-listed proxy (Egress).
 
 Where the kernel refuses namespaces (some GPU hosts do), check() stops the run with one line that names the
 opt-out: WHALE_UNSAFE_NO_SANDBOX=1 (the CLIs' --unsafe-no-sandbox sets it) runs the same commands without the
@@ -329,8 +333,7 @@ def pump(a, b):
         except OSError:
             pass
 
-def serve(port, target):
-    listener = socket.create_server(("127.0.0.1", port))
+def serve(listener, target):
     while True:
         client, _ = listener.accept()
         upstream = socket.socket(socket.AF_UNIX)
@@ -353,11 +356,11 @@ def serve(port, target):
         for a, b in ((client, upstream), (upstream, client)):
             threading.Thread(target=pump, args=(a, b), daemon=True).start()
 
-for spec in filter(None, tunnels.split(",")):
-    port, target = spec.split("=", 1)
-    threading.Thread(target=serve, args=(int(port), target), daemon=True).start()
-threading.Thread(target=serve, args=(proxy_port, None), daemon=True).start()
-sys.exit(subprocess.call(argv))
+routes = [(int(spec.split("=")[0]), spec.split("=", 1)[1]) for spec in filter(None, tunnels.split(","))]
+for port, target in [(proxy_port, None), *routes]:  # listening before the command starts
+    threading.Thread(target=serve, args=(socket.create_server(("127.0.0.1", port)), target), daemon=True).start()
+rc = subprocess.call(argv)
+sys.exit(128 - rc if rc < 0 else rc)  # a signal as a shell reports it
 """
 PROXY_PORT = 3128  # HTTPS_PROXY inside the sandbox (its own loopback)
 

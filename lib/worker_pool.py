@@ -2,7 +2,7 @@
 serving exactly one episode, so no state carries over from one episode to the next. POOL starts them in a
 background thread and keeps started ones across run_episodes calls, so an episode rarely waits for one. The
 workers of a run share one memory budget (WORKER_MEMORY_SHARE of the machine's RAM, split as each worker's
-RLIMIT_AS).
+RLIMIT_AS, and as its sandbox's cgroup bound, 64 MiB above it, where the host has cgroups).
 
     POOL.order(n)            # start n more in the background
     workers = POOL.take(n)   # up to n started ones, without waiting; the runner reads and writes their pipes
