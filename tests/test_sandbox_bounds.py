@@ -138,6 +138,39 @@ def test_shared_memory_past_a_cgroup_bound_kills_the_sandbox_and_is_freed():
 
 
 @needs_sandbox
+def test_the_python_tool_gets_no_shared_memory():
+    code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "print(libc.shmget(0, 1 << 20, 0o1600), ctypes.get_errno(), libc.memfd_create(b'm', 0), ctypes.get_errno())")
+    assert sandbox.run_python(code).split() == ["-1", "1", "-1", "1"]
+
+
+@needs_sandbox
+@needs_cgroup
+def test_a_workers_sandbox_is_bounded_as_a_whole_and_its_group_goes_with_it():
+    from lib import worker_pool
+
+    def limits():
+        found = []
+        for folder in w.cgroup.folders:
+            for name in ("memory.max", "memory.limit_in_bytes"):
+                if os.path.exists(os.path.join(folder, name)):
+                    found.append(int(open(os.path.join(folder, name)).read()))
+        return found
+    w = worker_pool.Worker()
+    folders = list(w.cgroup.folders)
+    try:
+        assert limits() == [worker_pool.WORKER_MEMORY_MAX + sandbox.CGROUP_SLACK_BYTES]
+        w.limit_memory(256 << 20)  # as the runner does when it sends the episode
+        assert limits() == [(256 << 20) + sandbox.CGROUP_SLACK_BYTES]
+        assert worker_pool.readable(w.rfd, 60) and os.read(w.rfd, 100) == b'{"ready": true}\n'
+        procs = [open(os.path.join(f, "cgroup.procs")).read().split() for f in folders]
+        assert all(str(w.proc.pid) in p and len(p) == 3 for p in procs)  # bwrap, its init, the worker
+    finally:
+        w.kill()
+    assert not any(os.path.exists(f) for f in folders)
+
+
+@needs_sandbox
 def test_tmp_cannot_take_more_than_its_size():
     # the python tool: 100,000 long symlinks (counted by no file-size limit) fill its 64 MiB /tmp and stop
     before = shmem_kib()
