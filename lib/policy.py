@@ -70,7 +70,7 @@ def load_backend(args, model, tok, adapter=None):
             rank = max_lora_rank(args, adapter)
             backend = VLLMBackend(path, tok, model, gpu_memory=args.gpu_memory, sleep=args.vllm_sleep,
                                   max_lora_rank=rank, max_model_len=args.max_model_len,
-                                  max_num_seqs=engine_seqs(args))
+                                  max_num_seqs=engine_seqs(getattr(args, "workers", None)))
         else:
             rank = PROBE_RANK  # a server's --max-lora-rank is its own: vLLM's default (16) holds the probe
             backend = OpenAIBackend(args.openai_url, args.openai_model or path, tok, model,
@@ -83,10 +83,10 @@ def load_backend(args, model, tok, adapter=None):
     return backend
 
 
-def engine_seqs(args):
-    """The engine's max_num_seqs: the most episodes the runner keeps live (--workers; its default 64), at least
-    the 64 the test evaluation runs at once."""
-    return max(getattr(args, "workers", None) or RUNNER_WIDTH, RUNNER_WIDTH)
+def engine_seqs(workers):
+    """The engine's max_num_seqs: the most episodes the runner keeps live (--workers; None: its default 64), at
+    least the 64 the test evaluation runs at once."""
+    return max(workers or RUNNER_WIDTH, RUNNER_WIDTH)
 
 
 def max_lora_rank(args, adapter=None):

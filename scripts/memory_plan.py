@@ -64,7 +64,7 @@ def memory_rows():
     rows = []
     for domain, name in g.DOMAIN_MODEL.items():
         gpu = run_args("gpu", domain, "whale", "fixed")
-        share, seqs = gpu.gpu_memory, engine_seqs(gpu)
+        share, seqs = gpu.gpu_memory, engine_seqs(gpu.workers)
         for card in g.CARDS:
             where = g.CARD_RETRIEVER[card] if domain == "searchqa" else None
             capped, thinking = g.LONGEST["capped"][domain], g.LONGEST["thinking"][domain]

@@ -441,7 +441,7 @@ def check_gpu(runs):
         name = time_model.model_name(args.model)
         why = name and args.backend == "vllm" and (
             time_model.kv_shortfall(name, total, args.gpu_memory, args.max_model_len)
-            or time_model.block_shortfall(name, total, args.gpu_memory, engine_seqs(args)))
+            or time_model.block_shortfall(name, total, args.gpu_memory, engine_seqs(args.workers)))
         if why:
             raise Failed(f"{args.domain}: {why}")
     need, how = max(gpu_need(args, total) for args in runs)
