@@ -56,7 +56,7 @@ def local_config(model_path):
     from transformers import AutoConfig
     try:
         return AutoConfig.from_pretrained(model_path, local_files_only=True)
-    except (OSError, ValueError):
+    except (OSError, ValueError, KeyError):  # KeyError: a model type this transformers does not know
         return None
 
 
