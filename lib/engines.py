@@ -60,12 +60,6 @@ def local_config(model_path):
         return None
 
 
-def has_vision_tower(model_path):
-    """Whether the checkpoint is a vision-language one (Qwen3.5 is): the engine then loads its language model only,
-    neither loading nor profiling a vision tower that no prompt here uses."""
-    return getattr(local_config(model_path), "vision_config", None) is not None
-
-
 def has_gated_deltanet(config):
     """Whether the model has Gated DeltaNet (linear attention) layers, as Qwen3.5's text config says."""
     text = config.get_text_config() if config is not None else None
@@ -110,7 +104,7 @@ def llm_kwargs(model_path, dtype, *, gpu_memory, sleep, max_lora_rank, max_model
     kw = dict(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory,
               enable_sleep_mode=sleep, enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1,
               max_model_len=max_model_len, max_num_seqs=max_num_seqs, **backends)
-    if vision:
+    if vision:  # a vision-language checkpoint (Qwen3.5 is): no vision tower loaded or profiled, no prompt uses it
         kw["language_model_only"] = True
     return kw
 
@@ -237,7 +231,7 @@ class VLLMBackend:
         import vllm  # GPU-only extra: requirements-gpu.txt (on CPU: scripts/vllm_cpu_check.sh builds a venv)
         dtype = base_dtype(model)
         settings = (f"--gpu-memory {gpu_memory}{' --vllm-sleep' if sleep else ''} --max-lora-rank {max_lora_rank} "
-                    f"--max-model-len {max_model_len}, --workers {max_num_seqs}, dtype {dtype}")
+                    f"--max-model-len {max_model_len}, max_num_seqs {max_num_seqs} from --workers, dtype {dtype}")
         if sleep:
             from vllm.platforms import current_platform
             if not current_platform.is_sleep_mode_available():
