@@ -25,8 +25,10 @@
 #   vllm-greedy      vLLM's greedy tokens equal hf's on the same prompts (each within the canary's tolerance)
 #   vllm-lora        vLLM applies a LoRA adapter: greedy output changes and the adapter canary passes
 #   vllm-sleep       sleeping the engine frees GPU memory and the next generate wakes it
-#   vllm-probe       the probe adapter every engine start checks, on Qwen3.5's real model class (a tiny random
-#                    Qwen3_5ForConditionalGeneration): the engine's outputs move as the trainer's
+#   vllm-probe       the probe adapter every engine start checks, on Qwen3.5's real model class (a small random
+#                    Qwen3_5ForConditionalGeneration with the real head sizes, 128 and 256, which the kernels take),
+#                    through the adapter copy renamed for that class: the engine's outputs move as the trainer's;
+#                    its log names the kernels taken (no nvcc: Triton's) and the key mapping
 # A check prints "skip" where what it needs is missing here: CUDA, the carried wheels, or vllm (install.sh --gpu).
 # Each check has CHECK_TIMEOUT_S (default 240 s; a vLLM start is most of it) and is a FAIL line past it, so the
 # whole fits one 10-minute command; the end prints the total time and the size of what was carried.
