@@ -199,14 +199,14 @@ def probe():
     folder = models.cached(PROBE_MODEL, build_probe_model)
     model, tok = models.load_model(str(folder), dtype=torch.bfloat16)
     engine = engines.VLLMBackend(str(folder), tok, model, gpu_memory=0.3, max_lora_rank=16, max_model_len=2048)
-    print(f"vllm-probe: {engine.backends}; {engine.adapter_keys}", flush=True)
+    took = f"kernels: {engine.backends}; {engine.adapter_keys}"
     try:
         s = canary.probe_engine(engine, tok)
         print(f"ok vllm-probe Qwen3.5's model class serves a LoRA adapter: adapter effect {s['effect']:.2e} "
               f"nats/token, the engine's own effect {s['scale']:.2f} of it (residual {s['residual']:.2e}), "
-              f"dtype noise {s['noise']:.2e}")
+              f"dtype noise {s['noise']:.2e}; {took}")
     except canary.EngineError as e:
-        print(f"FAIL vllm-probe {e}")
+        print(f"FAIL vllm-probe {e} ({took})")
 
 
 def main():
