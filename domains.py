@@ -107,10 +107,16 @@ class Domain:
     # what a proposer reads of the domain (lib/proposers.write_instructions): the caps in words, and its brief
     CAPS = "at most 16 model calls an episode"
     BRIEF = ""
+    # what judges an answer, in words: summary.json records it and the report's table header shows it (None: a
+    # domain with one verifier and nothing to tell apart says none)
+    VERIFIER = None
 
     def __init__(self, data=None):
         self.data = data  # the paper data's flags (add_args'), as attributes; None: bundled data
         self.paper_splits = {}  # the paper's splits, loaded once (harness re-reads train)
+
+    def verifier(self):
+        return self.VERIFIER
 
     def load(self, split):
         if split not in SPLITS:
@@ -233,6 +239,10 @@ branch on question text, entities or the benchmark a question comes from. Where 
 tool schema (`TOOLS`), keep its name and its first parameter: the weights are trained under it."""
     judge = None  # lib.judge.Judge with --judge-url, else exact match
 
+    def verifier(self):
+        """Exact match (the official code's default) or the LLM judge (the official docs'; docs/fidelity.md)."""
+        return "exact match" if self.judge is None else f"LLM judge {self.judge.model}"
+
     def load(self, split):
         if split == "harness" and self.data is not None:  # the official builder's D_harness: NQ rows of D_weight
             return paper_data.searchqa_harness(self.load("train"))
@@ -322,6 +332,7 @@ class Math(Domain):
     name = "math"
     TOOL_METHODS = ("python",)
     REQUIRED = ("id", "question", "answer")
+    VERIFIER = "the last \\boxed{} by string equality"
     # after the official runs' proposer skill (meta_harness/skills/meta-harness-retool/SKILL.md)
     BRIEF = """Math problems, with `tools.python` to run code; the reward reads the last `\\boxed{...}` of the final
 answer and compares it with the gold answer as a string. Good candidates change a mechanism; pick an axis other
@@ -445,6 +456,7 @@ class Chess(Domain):
     name = "chess"
     TOOL_METHODS = ("move",)
     REQUIRED = ("id", "fen", "moves")
+    VERIFIER = "the reference move"
     PAPER_HARNESS_SPLIT = True  # the official mh_val bucket, disjoint from train and test
     MODEL_CALLS, MAX_RETRIES = 18, 10  # the official runner: 2 x its 9 turns, each retry budget clamped to 10
     OUT_OF_TOKENS_SCORES_ZERO = True  # the official agent loop forces the reward to 0
@@ -569,6 +581,7 @@ class Countdown(Domain):
     exactly. Bundled only (data/countdown_*.jsonl, built by data/build.py), with a harness split of its own."""
     name = "countdown"
     REQUIRED = ("id", "numbers", "target")
+    VERIFIER = "the expression's exact value"
     HARNESS_FILE = True
     REPORTED = False  # not one of the paper's domains: a column in the report only where it ran
     # a search over expressions in code would answer without the model (the null-model check refuses it too)
@@ -666,7 +679,9 @@ def add_args(parser):
     p = parser.add_argument_group(JUDGE_GROUP)
     for flag, kw in JUDGE_FLAGS:
         p.add_argument(flag, **kw)
-    return [a.dest for a in parser._actions[first:]]
+    names = [a.dest for a in parser._actions[first:]]
+    parser.add_argument(paper_data.PAPER_WITH_BM25[0], **paper_data.PAPER_WITH_BM25[1])  # no result changes: no key
+    return names
 
 
 @cache

@@ -259,7 +259,7 @@ def run(cfg, domain, policy, donors=()):
                 cfg, policy, domain, h, archive, before, memo.rounds_left()))
         memo.end_phase(kind, winner, detail, test if after(kind) is None or cfg.test_evals == "every" else None)
     memo.write_summary({"domain": cfg.domain, "method": method_name(cfg), "preset": cfg.preset,
-                        "model": cfg.model, "k": cfg.k})
+                        "model": cfg.model, "k": cfg.k, "verifier": domain.verifier()})
 
 
 def weight_rule(cfg, n_train, steps_left):

@@ -162,6 +162,10 @@ def conflicting_flags(args):
         return f"--proposer-cmd is the command of --proposer command, not of --proposer {get('proposer')}: drop one"
     if get("retriever_url") and get("wiki"):
         return "--retriever-url and --wiki name two retrievers for searchqa: give one of them"
+    if get("preset") == "paper" and (get("wiki") or get("wiki_limit")) and not get("paper_with_bm25"):
+        return ("--preset paper: --wiki and --wiki-limit search with bm25s, not the official retriever (Search-R1's "
+                "e5 server over wiki-18: scripts/search_r1_retriever.sh, then --retriever-url); add "
+                "--paper-with-bm25 to run bm25s anyway (a deviation: docs/fidelity.md)")
     if (get("retriever_url") or get("wiki")) and get("data") != "paper":
         return "--retriever-url and --wiki serve the paper's searchqa data: add --data paper, or drop them"
     if (get("backend") == "vllm" and get("lora_rank") is not None and get("max_lora_rank") is not None

@@ -303,6 +303,12 @@ FLAGS = [
 ]
 
 
+# --preset paper refuses --wiki / --wiki-limit (lib/cli.py conflicting_flags) unless given this flag; not a data
+# flag (domains.add_args leaves it out of data_flags): it changes no result, --wiki and --wiki-limit do
+PAPER_WITH_BM25 = ("--paper-with-bm25", dict(action="store_true", help="--preset paper: search with bm25s over "
+                   "--wiki instead of the official retriever (Search-R1's e5 server); a deviation (docs/fidelity.md)"))
+
+
 # -----------------------------------------------------------------------------
 # a domain's paper tasks, with add_args' dataset names and filters
 

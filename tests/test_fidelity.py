@@ -110,3 +110,113 @@ def test_harnesses_without_runner_owns_keep_their_contract():
     assert "RUNNER_OWNS" not in cpu
     assert static_check(cpu.replace("def run(task, llm, tools):", "def run(task, llm, tools):\n    llm([])", 1), cpu,
                         domain="chess") is None
+
+
+# -----------------------------------------------------------------------------
+# issue 49: the proposer's brief against the harness contract, the paper preset's retriever, the verifier on record
+
+LLM_MESSAGES = [{"role": "user", "content": "q"}]
+# a value the runner accepts for each keyword of llm(); a keyword the worker's llm() gains without one here fails
+# the test below, as it would fail the brief (lib/briefs.py KEYWORDS)
+KEYWORD_VALUES = {"tools": [{"type": "function", "function": {"name": "search"}}], "max_tokens": 5,
+                  "stop": ["</answer>"]}
+
+
+def written_brief(tmp_path, brief, domain="searchqa"):
+    from types import SimpleNamespace
+    from lib import proposers
+    folder = tmp_path / brief
+    folder.mkdir()
+    cfg = SimpleNamespace(prompt_only=False, null_check="refuse", null_margin=0.05, proposer_brief=brief)
+    return proposers.write_instructions(folder, domains.get(domain), ["h1_1"], "h0", 1, cfg).read_text()
+
+
+def test_the_brief_names_every_keyword_and_role_the_runner_accepts(tmp_path):
+    """The brief's llm() lines against the contract the runner enforces (lib/runner.py llm_request) and the worker's
+    llm() (lib/harness_process.py): each keyword and role the runner accepts is in INSTRUCTIONS.md, under every
+    brief; it once said llm(messages, max_tokens=None) with three roles."""
+    from lib import briefs, runner
+    keywords = [arg.arg for arg in briefs.worker_llm().args.args][1:]
+    assert {"tools", "stop", "max_tokens"} <= set(keywords)
+    with pytest.raises(ValueError, match="unknown keys"):  # the runner checks its keys: the list below is its own
+        runner.llm_request({"llm": LLM_MESSAGES, "temperature": 0.5}, 16)
+    for brief in briefs.BRIEFS:
+        text = written_brief(tmp_path, brief)
+        assert f"`llm(messages, {', '.join(f'{k}=None' for k in keywords)}) -> str`" in text
+        for keyword in keywords:
+            runner.llm_request({"llm": LLM_MESSAGES, keyword: KEYWORD_VALUES[keyword]}, 16)  # accepted
+            assert f"  - `{keyword}=`: " in text, (brief, keyword)
+        for role in runner.ROLES:
+            runner.llm_request({"llm": [{"role": role, "content": "x"}]}, 16)  # accepted
+            assert f'"{role}"' in text.split("`messages`", 1)[1].split("\n", 1)[0], (brief, role)
+        assert f"at most {runner.MAX_STOPS} strings of at most {runner.MAX_STOP_CHARS} characters" in text
+
+
+def test_the_paper_and_gpu_briefs_hold_the_official_rules_only(tmp_path):
+    """The project's two rules for a small policy are in the cpu and smoke presets' brief only (docs/fidelity.md
+    setting 4); the official skills' rules are in every brief."""
+    from presets import PRESETS
+    assert {name: PRESETS[name]["proposer_brief"] for name in PRESETS} == {
+        "smoke": "small-model", "cpu": "small-model", "gpu": "official", "paper": "official"}
+    official, small = written_brief(tmp_path, "official"), written_brief(tmp_path, "small-model")
+    for own in ("Keep prompts short", "exploring new ideas"):
+        assert own not in official and own in small
+    for rule in ("changes ONE mechanism", "not a sweep of constants", "a falsifiable hypothesis tied to failures",
+                 "test different mechanisms", "Do not stop early"):
+        assert rule in official.replace("\n   ", " ") and rule in small.replace("\n   ", " ")
+
+
+@pytest.mark.parametrize("flags", [["--wiki", "wiki-18.jsonl"], ["--wiki-limit", "1000"]])
+def test_the_paper_preset_refuses_bm25_without_its_flag(flags, capsys):
+    """--wiki / --wiki-limit under --preset paper: one line naming the official retriever and the flag; with
+    --paper-with-bm25 the plan runs; the gpu preset is not refused; the flag enters no reuse key."""
+    import plan
+    run = ["--domain", "searchqa", "--method", "whale", *flags, "--preset", "paper"]
+    with pytest.raises(SystemExit) as e:
+        plan.main(run)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err
+    assert "not the official retriever (Search-R1's e5 server" in err and "add --paper-with-bm25" in err
+    plan.main([*run, "--paper-with-bm25"])
+    assert "296 RSFT steps" in capsys.readouterr().out
+    plan.main([*run[:-1], "gpu"])
+    assert "preset gpu" in capsys.readouterr().out
+    assert "paper_with_bm25" not in domains.data_flags() and "wiki" in domains.data_flags()
+
+
+def test_summary_json_and_the_table_header_name_the_verifier(tmp_path, monkeypatch):
+    """A searchqa run records the verifier it was scored by (here the LLM judge, stood in: no request is sent) in
+    summary.json, and report.py's table header shows it; without --judge-url it is exact match."""
+    import report
+    import whale
+    from lib import judge
+    monkeypatch.setattr(judge.Judge, "ask", lambda self, prompt: 0)
+    assert domains.get("searchqa").verifier() == "exact match"
+    out = tmp_path / "results" / "smoke" / "searchqa" / "weight-only"
+    whale.main(["--domain", "searchqa", "--method", "weight-only", "--preset", "smoke", "--epochs", "0.5",
+                "--out", str(out), "--judge-url", "http://127.0.0.1:9/v1", "--judge-model", "judge-m"])
+    assert json.loads((out / "summary.json").read_text())["verifier"] == "LLM judge judge-m"
+    report.main(["--preset", "smoke", "--results", str(tmp_path / "results")])
+    assert "| method | searchqa (LLM judge judge-m) | math | chess |" in (
+        tmp_path / "results" / "smoke" / "tables.md").read_text()
+
+
+def test_another_judge_prompt_is_read_from_a_file(tmp_path, monkeypatch):
+    """--judge-prompt FILE replaces the project's wording (the official text, say); a file without the three fields
+    is a one-line error; the verdict cache keeps each prompt's verdicts apart."""
+    from lib import judge
+    sent = []
+    monkeypatch.setattr(judge.Judge, "post", lambda self, prompt: sent.append(prompt) or "CORRECT")
+    path = tmp_path / "v11.txt"
+    path.write_text("Judge.\nQuestion: {question}\nReference answer(s): {gold}\nPredicted answer: {prediction}\n")
+    flags = argparse.Namespace(judge_url="http://127.0.0.1:9/v1", judge_model="m", judge_key_env=None,
+                               judge_prompt=str(path))
+    mine = judge.judge_from_flags(flags, str(tmp_path / "run"))
+    assert mine.verdict("Who?", ["Homer", "Homère"], "Homer", fallback=0) == 1
+    assert sent == ["Judge.\nQuestion: Who?\nReference answer(s): Homer | Homère\nPredicted answer: Homer\n"]
+    default = judge.judge_from_flags(argparse.Namespace(**{**vars(flags), "judge_prompt": None}), str(tmp_path / "run"))
+    assert default.cache == {} and judge.Judge("u", "m", cache_path=str(tmp_path / "run" / "judge_cache.jsonl"),
+                                               prompt=path.read_text()).cache == {("Who?", "Homer"): 1}
+    path.write_text("Question: {question}\nPredicted answer: {prediction}\n")
+    with pytest.raises(ValueError, match=r"--judge-prompt .*v11.txt: no \{gold\} in it"):
+        judge.read_prompt(str(path))
