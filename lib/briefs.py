@@ -80,8 +80,8 @@ NULL_RULES = {
 # A brief's rules, per preset (--proposer-brief). official: what the official skills say (paper and gpu presets;
 # meta_harness/skills/*/SKILL.md: one mechanism a candidate, no parameter-only variants, one falsifiable
 # hypothesis a slot tied to an observed failure, different axes, no early stop). small-model: the project's two
-# additions for the cpu and smoke presets' small models (SmolLM2-135M reads 2,048 tokens, the cpu preset writes
-# 32 a call); their offline proposer (mutate) never reads a brief, so neither was calibrated by a proposer run
+# additions for the cpu and smoke presets' small models (SmolLM2-135M; the cpu preset lets it write
+# 32 tokens a call); their offline proposer (mutate) never reads a brief, so neither was calibrated by a proposer run
 # (docs/fidelity.md setting 4).
 BRIEFS = {
     "official": {"prompt_rule": "", "round_rule": ""},
