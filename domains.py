@@ -16,8 +16,8 @@ disjoint from train and test). Every limit (--train-limit, --test-limit, --harne
 section 4):
 - searchqa: BM25 (bm25s) over a synthetic encyclopedia, split by entity (`source` "synthetic");
   reward = exact match after normalisation (lower case, punctuation and the articles a/an/the
-  removed, white space folded) with any gold answer, or with --judge-url the official LLM judge's
-  verdict (lib/judge.py).
+  removed, white space folded) with any gold answer, or with --judge-url the verdict of the LLM judge
+  the official docs name, in the project's wording of its rules (lib/judge.py; docs/fidelity.md 16, 17).
 - math: test = the GSM8K originals, or with --math-test-set generated 200 held-out generated
   problems of 1-2 steps; --math-max-steps N keeps only the bundled training problems of at most N
   steps (and so the harness set drawn from them); `python(code)` runs in a fresh OS sandbox
@@ -226,7 +226,7 @@ class SearchQA(Domain):
     # after the official runs' proposer skill (meta_harness/skills/meta-harness-search-r1/SKILL.md)
     BRIEF = """Multi-turn factual question answering over an encyclopedia through `tools.search` (a retriever over
 a fixed corpus, not a web search engine); the reward is exact match of the final answer, after normalisation,
-with any gold answer. Good candidates change a mechanism; pick an axis other than the last iterations' ones:
+with any gold answer (or an LLM judge's verdict, where the run uses one). Good candidates change a mechanism; pick an axis other than the last iterations' ones:
 - A. the system prompt's structure (e.g. plan, search, verify, then answer);
 - B. the user template;
 - C. query rewriting before a search (decomposition, entity extraction, dropping filler words);
