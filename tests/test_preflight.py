@@ -218,16 +218,16 @@ def test_wiki_is_read_as_downloaded_gzip(tmp_path):
     path = tmp_path / "wiki-18.jsonl.gz"
     with gzip.open(path, "wt", encoding="utf-8") as f:
         f.write("".join(json.dumps(d) + "\n" for d in WIKI))
-    ok, line = check(preflight.check_retriever, run_args("--wiki", str(path)))
+    ok, line = check(preflight.check_retriever, run_args("--wiki", str(path), "--paper-with-bm25"))
     assert ok and "reads ('\"Zarnoth River\": The Zarnoth" in line and "built at the first search" in line
     wiki = retriever.WikiBM25(str(path))  # the run's bm25s over the .gz itself
     assert wiki.search("who founded Kelmar", k=1) == ['"Kelmar": Kelmar is a city founded in 1342 by the weaver Oda Prell.']
     assert "index is cached" in check(preflight.check_wiki, str(path))[1]
     # the flags are checked by the runs' own check first (retriever.check_flags)
-    ok, line = check(preflight.check_retriever, run_args("--wiki", str(tmp_path / "missing.jsonl.gz")))
+    ok, line = check(preflight.check_retriever, run_args("--wiki", str(tmp_path / "missing.jsonl.gz"), "--paper-with-bm25"))
     assert not ok and "hf download PeterJinGo/wiki-18-corpus wiki-18.jsonl.gz" in line
     (tmp_path / "bad.jsonl").write_text("not json\n")
-    ok, line = check(preflight.check_retriever, run_args("--wiki", str(tmp_path / "bad.jsonl")))
+    ok, line = check(preflight.check_retriever, run_args("--wiki", str(tmp_path / "bad.jsonl"), "--paper-with-bm25"))
     assert not ok and "is not a wiki-18 .jsonl or .jsonl.gz file" in line
 
 # -----------------------------------------------------------------------------
