@@ -187,10 +187,10 @@ def split_defaults(preset, split):
     harness (its --harness-tasks, --harness-samples samples: meta_harness.py's default 1 unless the preset
     says), the test evaluation (its --test-limit past --test-holdout, mean@--k), the train sample (--train-limit)."""
     if split == "harness":
-        return {"limit": preset.get("harness_tasks"), "k": preset.get("harness_samples", 1)}
+        return {"limit": preset.get("harness_tasks"), "k": preset.get("harness_samples", 1), "test_holdout": 0}
     if split == "test":
         return {"limit": preset.get("test_limit"), "k": preset["k"], "test_holdout": preset.get("test_holdout", 0)}
-    return {"limit": preset.get("train_limit")}
+    return {"limit": preset.get("train_limit"), "test_holdout": 0}  # the test holdout is the test split's
 
 
 def adapted_policy(args):
