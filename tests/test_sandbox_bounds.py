@@ -22,6 +22,7 @@ from lib import sandbox
 from lib.contract import check_harness
 from lib.files import read_json
 from lib.runner import MAX_CHARS, TRACE_RECORD_BYTES
+from test_archive_security import processes_with
 from test_meta_harness import SEED, FakeDomain, FakeRollout, make_args
 
 needs_sandbox = pytest.mark.skipif(sandbox.disabled(), reason=f"{sandbox.OPT_OUT}=1: no OS boundary to test")
@@ -328,7 +329,10 @@ def proposer(tmp_path, monkeypatch):
         cmd = " ".join([sandbox.python(), str(script), attack, "{workdir}", *map(str, argv)])
         args = make_args(proposer="command", proposer_cmd=cmd, proposer_ro=[str(script)], candidates=1,
                          proposer_max_failures=1, **over)
-        mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), tmp_path / "run", args, rounds=1)
+        try:
+            mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), tmp_path / "run", args, rounds=1)
+        finally:  # every process the proposer started is gone when the search moves on
+            assert processes_with(str(script)) == []
         return tmp_path / "run"
     return run
 
