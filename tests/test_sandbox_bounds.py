@@ -401,3 +401,14 @@ def test_a_fifo_or_a_folder_as_harness_is_not_a_regular_file(tmp_path):
             check_harness(path)
     with pytest.raises(FileNotFoundError, match="no such harness file"):
         check_harness(tmp_path / "absent.py")
+
+
+@needs_sandbox
+def test_without_a_writable_cgroup_the_fallback_bounds_hold_and_the_preflight_says_so(monkeypatch):
+    monkeypatch.setattr(sandbox, "cgroup_parents", lambda: [])
+    cgroup = sandbox.Cgroup(1 << 30, 64)
+    assert cgroup.folders == [] and cgroup.enter(["true"]) == ["true"] and cgroup.events() == {}
+    assert sandbox.memory_bound().startswith("no writable cgroup: per-process RLIMIT_AS")
+    out = sandbox.run_python("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                             "print(libc.shmget(0, 1 << 20, 0o1600), ctypes.get_errno())\nprint(sum(range(10)))")
+    assert out.split() == ["-1", "1", "45"]  # the tool works; shared memory is still refused by the filter
