@@ -18,6 +18,7 @@ import torch
 
 import domains
 import plan
+import presets
 import whale
 from lib import retriever, sandbox
 from lib.ops import hub, preflight
@@ -133,7 +134,7 @@ def test_paper_run_all_without_a_retriever_exits_in_seconds_with_one_line(tmp_pa
     for package in ("vllm", "datasets"):  # importable stand-ins of the GPU extra
         (stubs / package).mkdir(parents=True)
         (stubs / package / "__init__.py").write_text('__version__ = "0.33.0"\n')
-    cache = fake_hub_cache(tmp_path / "hub", models={d["model"] for d in whale.PAPER.values()},
+    cache = fake_hub_cache(tmp_path / "hub", models={d["model"] for d in presets.PAPER.values()},
                            datasets=PAPER_DATASETS)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX")}
     env.update(PRESET="paper", PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{env['PATH']}",
