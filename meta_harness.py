@@ -153,6 +153,12 @@ def should_stop_harness_phase(best_series, patience, min_iters):
     return max(best_series[-patience:]) <= best_series[-patience - 1] if patience > 0 else True
 
 
+def phase_stalled(best_series, before, patience, min_iters):
+    """should_stop_harness_phase over the rounds after the archive's first `before` (a harness phase that
+    continues an archive counts from its own start)."""
+    return len(best_series) - 1 > before and should_stop_harness_phase(best_series[before:], patience, min_iters)
+
+
 # -----------------------------------------------------------------------------
 # validation (before any rollout: the harness contract of lib/contract.py, then one smoke episode)
 # and scoring
@@ -373,7 +379,7 @@ def check_and_score(run_dir, name, backend, domain, tasks, cfg, policy_kw, run_e
 def search(backend, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_name="h0",
            run_episodes=None, evaluate=None):
     """Meta-Harness under fixed weights, `rounds` proposer rounds (an archive that holds some already
-    replays them). stop(best_series) -> bool ends the search early (see should_stop_harness_phase).
+    replays them). stop: (rounds before, patience, min rounds) ends the search early (phase_stalled), None never.
     cfg: a cli.SearchConfig. run_episodes and evaluate run a candidate's smoke episode and score it
     (rollout's unless given others)."""
     run_episodes, evaluate = run_episodes or rollout.run_episodes, evaluate or rollout.evaluate
@@ -406,7 +412,7 @@ def search(backend, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_
         # as the official search (meta_harness_*.py `continue`s before its patience check): a round whose
         # candidates were all refused still counts as a round, but only a round that scored one may stop the search
         scored = any(r["valid"] for r in rows if r["iteration"] == it)
-        if stop is not None and scored and stop(frontier["best_series"]):
+        if stop is not None and scored and phase_stalled(frontier["best_series"], *stop):
             break
     return {"winner": str((run_dir / frontier["harness"]).resolve()), "score": frontier["score"],
             "rollouts": frontier["rollouts"], "iterations": done,
@@ -469,9 +475,7 @@ def search_cli(args):
         restore_seed(args.out, [args.harness], fix)
     os.makedirs(args.out, exist_ok=True)
     write_json(Path(args.out) / "config.json", vars(args))
-    stop = None
-    if args.patience:
-        stop = lambda s: should_stop_harness_phase(s, args.patience, args.min_rounds)
+    stop = (0, args.patience, args.min_rounds) if args.patience else None
     t0 = time.time()
     result = search(load_policy(args), domain, args.harness, args.out, cfg, args.rounds, stop=stop)
     print(json.dumps(result))

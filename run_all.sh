@@ -84,7 +84,7 @@ for seed in $SEEDS; do
       if needs_run "$seed" "$domain" "$method"; then todo+=("$method"); fi
     done
     # the methods of a domain share one process: the model and engine load once, and the phases and evaluations
-    # they have in common are computed once (lib/memo.py)
+    # they have in common are computed once (lib/ledger.py)
     run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed" "$@")
     if [ ${#todo[@]} -gt 0 ]; then
       run_logged "seed $seed, $domain, ${todo[*]}" "$logs/$domain.log" "${run[@]}" --method "${todo[@]}"

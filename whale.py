@@ -40,7 +40,7 @@ adding its own rounds; new weights start a new archive from the incoming harness
 `python plan.py` (whale.py's flags) prints a run's phases, steps, rounds and rollouts, no model loaded.
 
 Several methods in one command run one after another in one process and never compute the same thing
-twice (lib/memo.py). A run's folder is results/<preset>/[seed-<n>/]<domain>/<method>/ (what it
+twice (lib/ledger.py). A run's folder is results/<preset>/[seed-<n>/]<domain>/<method>/ (what it
 holds: docs/design.md section 8). Rerunning the same command resumes: finished steps, iterations and
 evaluations are never redone, and the resumed run ends where an uninterrupted one would have.
 """
@@ -49,6 +49,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -58,11 +59,11 @@ import meta_harness
 import rft
 import rollout
 from lib import sandbox
-from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_int, one_line_errors,
+from lib.cli import (Parser, check_out, config_hash, conflicting_flags, nonnegative_int, one_line_errors,
                      positive_float, positive_int, run_config, seed_int)
-from lib.files import write_json
+from lib.files import file_sha, stored_path, write_json
 from lib.hf_backend import NullModelBackend
-from lib.memo import Memo, check_run_folder, check_same_settings
+from lib.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
 from lib import report_to
 from lib.policy import add_backend_args, load_policy
 from lib.subsets import seeded_sample
@@ -236,30 +237,95 @@ def fixed_phases(cfg, n_train):
 # the run: phase after phase, each followed by a test evaluation
 
 def run(cfg, domain, policy, donors=()):
-    """One method's run: the plan's budgets, then phase after phase, each with its test evaluation. The memo
-    (lib/memo.py) is the run folder's record: what finished is never redone, what a donor run (another method
-    of this command) made with the same key is taken instead, what a damage lost is rebuilt first."""
+    """One method's run: the plan's budgets, then phase after phase, each with its test evaluation. The ledger
+    (lib/ledger.py) is the run folder's record, looked up before each piece of work: what finished is never
+    redone, what a donor run (another method of this command) made with the same key is taken instead, what a
+    damage lost is rebuilt first."""
     train = seeded_sample(domain.load("train"), cfg.rsft.train_limit)
     steps, rounds = budgets(cfg, len(train))
-    memo = Memo(cfg.out, donors, cfg.harness, steps, rounds, errors=rollout.INFRA_ERRORS)
-    test = lambda tag, weights_id, harness: memo.evaluation(
-        tag, weights_id, harness, cfg.test, lambda h, traces: evaluate_test(policy, domain, h, cfg.test, traces))
-    memo.repair(lambda i, weights_id, adapter, harness: evaluate_again(policy, test, i, weights_id, adapter, harness))
+    ledger = Ledger(cfg.out, donors, cfg.harness)
+    for i, weights, adapter, harness in ledger.repair():  # the test evaluations a damage lost
+        evaluate_again(ledger, policy, domain, cfg.test, i, weights, adapter, harness)
+    trainer = None  # the RSFT trainer (its weights, steps and rollouts); none for a run without steps
     if steps:
-        memo.trainer = rft.RSFT(cfg.rsft, policy, domain, Path(cfg.out, "weights"), train, run_dir=cfg.out)
-    memo.begin(test)
-    after = lambda kind: next_phase(cfg.method, kind, memo.steps_left(), memo.rounds_left())
-    while kind := memo.running() or after(memo.last_kind()):
-        if kind == "weight":
-            rule = weight_rule(cfg, len(train), steps - memo.phase_start())
-            train_phase = lambda trainer, harness, start: weight_phase(trainer, harness, rule, start)
-            winner, detail = None, memo.weight_phase(cfg.rsft, rule, train_phase)
-        else:
-            winner, detail = memo.harness_phase(cfg.search, lambda archive, before, h: harness_phase(
-                cfg, policy, domain, h, archive, before, memo.rounds_left()))
-        memo.end_phase(kind, winner, detail, test if after(kind) is None or cfg.test_evals == "every" else None)
-    memo.write_summary({"domain": cfg.domain, "method": method_name(cfg), "preset": cfg.preset,
-                        "model": cfg.model, "k": cfg.k, "verifier": domain.verifier()})
+        trainer = rft.RSFT(cfg.rsft, policy, domain, Path(cfg.out, "weights"), train, run_dir=cfg.out)
+    errors = rollout.INFRA_ERRORS  # the infrastructure-error budget: counted per phase, its counts in every row
+
+    # phase 0: h0 under the base weights
+    errors.start_phase("phase 0 (start)")
+    ledger.log_start(steps, rounds)
+    stats = test_evaluation(ledger, policy, domain, cfg.test, "phase_0", weights_id(trainer), ledger.harness())
+    ledger.log_eval({"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats,
+                     **errors.counts()})
+
+    # a killed run finishes the phase it was in first
+    kind = ledger.running() or next_phase(cfg.method, ledger.last_kind(), steps - steps_done(trainer),
+                                          rounds - ledger.rounds_done())
+    while kind:
+        errors.start_phase(f"phase {ledger.phase() + 1} ({kind})")
+        started = time.time()
+        if kind == "weight":  # RSFT steps under the current harness, until the schedule ends the phase
+            harness, start = ledger.harness(), ledger.phase_start(trainer.step_count)
+            rule = weight_rule(cfg, len(train), steps - start)
+            key = {"weights": f"{trainer.weights_id} at step {trainer.step_count}", "harness": file_sha(harness),
+                   "config": config_hash({"rsft": cfg.rsft, "rule": rule})}
+            start, key = ledger.enter("weight", trainer.step_count, key)  # a resumed phase keeps its own
+            snapshot = ledger.find_snapshot(key) if trainer.step_count == start else None
+            if snapshot is not None:  # a donor run made this very phase: its weights, not its steps again
+                trainer = trainer.adopt(snapshot)
+                print(f"weights: RSFT steps {start + 1}-{trainer.step_count} taken from {snapshot}")
+            rewards = [row["reward"] for row in trainer.history if row["step"] > start]
+            while not rft.weight_phase_over(rewards, **rule):
+                rewards.append(trainer.step(harness)["reward"])
+            ledger.keep_snapshot(trainer.out_dir, trainer.step_count, key)  # for the other runs of the command
+            detail = {"steps": trainer.step_count - start, "epoch": trainer.epoch_progress}
+        else:  # Meta-Harness rounds from the current harness under the current weights; its winner goes on
+            ledger.enter("harness", steps_done(trainer))
+            weights, harness = weights_id(trainer), ledger.harness()
+            archive, before = ledger.archive_for(weights)  # unchanged weights continue the last archive
+            if before == 0:  # a new archive: a donor's same search is copied, then replayed
+                ledger.take_archive(archive, {"weights": weights, "seed": file_sha(harness),
+                                              "config": config_hash(cfg.search)})
+            cap = before + min(harness_phase_cap(cfg), rounds - ledger.rounds_done())
+            result = meta_harness.search(policy, domain, harness, os.path.join(cfg.out, archive), cfg.search, cap,
+                                         stop=harness_stop(cfg, before))
+            ledger.record_search(archive, weights, result)
+            harness = result["winner"]
+            detail = {"iterations": result["iterations"] - before, "archive": archive,
+                      "harness_score": result["score"], "winner": stored_path(harness, cfg.out)}
+
+        # the phase's end: its test evaluation (--test-evals ends: the last phase's only), its row, state.json
+        i = ledger.close_phase(kind, harness)
+        after = next_phase(cfg.method, kind, steps - steps_done(trainer), rounds - ledger.rounds_done())
+        stats = NOT_EVALUATED
+        if after is None or cfg.test_evals == "every":
+            stats = test_evaluation(ledger, policy, domain, cfg.test, f"phase_{i}", weights_id(trainer), harness)
+        rollouts = (trainer.rollouts if trainer else 0) + ledger.harness_rollouts()  # test rollouts not counted
+        ledger.log_eval({"event": "eval", "phase": i, "kind": kind, "step": steps_done(trainer),
+                         "rollouts": rollouts, "seconds": time.time() - started, **detail, **stats,
+                         **errors.counts()})
+        ledger.save()
+        score = "not evaluated (--test-evals ends)" if stats is NOT_EVALUATED else f"{stats['mean_at_k']:.4f}"
+        print(f"phase {i} {kind}: test mean@{stats.get('k', '-')} = {score}, RSFT steps {steps_done(trainer)}/"
+              f"{steps}, harness rounds {ledger.rounds_done()}/{rounds}, rollouts {rollouts}")
+        kind = after
+
+    summary = ledger.write_summary({"domain": cfg.domain, "method": method_name(cfg), "preset": cfg.preset,
+                                    "model": cfg.model, "k": cfg.k, "verifier": domain.verifier()},
+                                    steps_done(trainer))
+    null = summary["final_null_mean_at_k"]
+    print(f"best mean@{cfg.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} "
+          f"rollouts; final {summary['final_mean_at_k']:.4f}"
+          + ("" if null is None else f"; the final harness without the model {null:.4f}"))
+
+
+def steps_done(trainer):
+    return trainer.step_count if trainer else 0
+
+
+def weights_id(trainer):
+    """The current weights' id: "base" until an RSFT step updates the adapter."""
+    return trainer.weights_id if trainer else "base"
 
 
 def weight_rule(cfg, n_train, steps_left):
@@ -271,26 +337,11 @@ def weight_rule(cfg, n_train, steps_left):
             "window": steps_for(cfg.adaptive_epochs, n_train, cfg.batch)}
 
 
-def weight_phase(trainer, harness, rule, start):
-    """RSFT steps of `trainer` under `harness` until the rule ends the phase that began at step `start`
-    (a resumed phase counts the steps it made before). -> the trainer"""
-    rewards = [row["reward"] for row in trainer.history if row["step"] > start]
-    while not rft.weight_phase_over(rewards, **rule):
-        rewards.append(trainer.step(harness)["reward"])
-    return trainer
-
-
-def harness_phase(cfg, policy, domain, harness, archive, before, rounds_left):
-    """Meta-Harness from `harness` under the current weights in `archive`, which holds `before` rounds
-    of earlier phases under these weights (a new archive starts by re-scoring `harness`). This phase
-    adds at most its cap of rounds: fixed, all of them; adaptive, until the archive best has stalled
-    (patience, minimum) counted from this phase's start. -> the search's result"""
-    stop = None
-    if cfg.schedule == "adaptive":
-        stop = lambda series: len(series) - 1 > before and meta_harness.should_stop_harness_phase(
-            series[before:], cfg.harness_patience, cfg.harness_min_rounds)
-    rounds = before + min(harness_phase_cap(cfg), rounds_left)
-    return meta_harness.search(policy, domain, harness, archive, cfg.search, rounds, stop=stop)
+def harness_stop(cfg, before):
+    """Where an adaptive harness phase ends early (meta_harness.phase_stalled): the archive best stalled for
+    --harness-patience rounds after --harness-min-rounds, counted from the phase's start, after the archive's
+    `before` rounds of earlier phases. None: fixed, every round of its cap."""
+    return (before, cfg.harness_patience, cfg.harness_min_rounds) if cfg.schedule == "adaptive" else None
 
 
 def test_tasks(domain, test):
@@ -340,14 +391,24 @@ def evaluate_test(policy, domain, harness, test, traces):
     return {"stats": stats, "per_task": per_task, "sources": sources}
 
 
-def evaluate_again(policy, test, i, weights_id, adapter, harness):
-    """A test evaluation a damaged folder lost (Memo.repair), from the same inputs."""
+def test_evaluation(ledger, policy, domain, test, tag, weights, harness):
+    """evals/<tag>.json, as the ledger has it (made by this run, or by a donor with the same key), else evaluated
+    (evaluate_test) and recorded. -> its stats"""
+    stats = ledger.evaluation(tag, weights, harness, test)
+    if stats is None:
+        result = evaluate_test(policy, domain, harness, test, ledger.new_traces(tag))
+        stats = ledger.record_evaluation(tag, weights, harness, test, result)
+    return stats
+
+
+def evaluate_again(ledger, policy, domain, test, i, weights, adapter, harness):
+    """A test evaluation a damaged folder lost (Ledger.repair), from the same inputs."""
     print(f"evals/phase_{i}: lost or damaged, evaluated again (same weights, harness, seeds)")
     if adapter is not None:
         policy.load_adapter(adapter)
         policy.model.eval()
         policy.serve_adapter(adapter)
-    test(f"phase_{i}", weights_id, harness)
+    test_evaluation(ledger, policy, domain, test, f"phase_{i}", weights, harness)
     if adapter is not None:
         policy.drop_adapter()  # the trainer loads the checkpoint onto the base model
 

@@ -20,7 +20,7 @@ import rollout
 import whale
 from scripts import show_data
 from lib import sandbox
-from lib import files, memo
+from lib import files, ledger
 from lib.canary import EngineError
 from lib.cli import one_line_errors
 from lib.contract import check_harness_fits
@@ -156,7 +156,7 @@ def test_whale_missing_state_json_after_finished_steps(tmp_path, capsys):
     fake_checkpoint(out / "weights")
     (out / "state.json").write_text(json.dumps({"phase": 0}))
     (out / "metrics.jsonl").write_text(json.dumps(PHASE_0_ROW) + "\n")
-    memo.check_run_folder(str(out))  # intact
+    ledger.check_run_folder(str(out))  # intact
     (out / "state.json").unlink()
     with pytest.raises(SystemExit) as e:
         CLIS["whale.py"](["--out", str(out)])
@@ -166,15 +166,15 @@ def test_whale_missing_state_json_after_finished_steps(tmp_path, capsys):
     out = tmp_path / "harness-only"
     out.mkdir()
     (out / "metrics.jsonl").write_text("".join(json.dumps({"event": "eval", "phase": p}) + "\n" for p in (0, 1)))
-    memo.check_run_folder(str(out))  # killed between phase 1's evaluation and its state: resumes
+    ledger.check_run_folder(str(out))  # killed between phase 1's evaluation and its state: resumes
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"event": "eval", "phase": 2}) + "\n")
     with pytest.raises(ValueError, match="state.json is missing"):
-        memo.check_run_folder(str(out))
+        ledger.check_run_folder(str(out))
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"event": "ev')
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 4 is not a JSON object: .*delete that line"):
-        memo.check_run_folder(str(out))
+        ledger.check_run_folder(str(out))
 
 
 def test_empty_meta_json_in_an_archive(tmp_path):

@@ -182,26 +182,27 @@ def test_patience_stop_ends_search_early(fake):
     fr, seed, run_dir = fake
     seed.write_text(SEED.replace('"STYLE": ["plain", "tagged"]', '"STYLE": ["plain", "tagged"], '
                                  '"PROMPT": ["Answer briefly: ", "A: ", "Reply: ", "Say: ", "Answer: ", "Q: "]'))
-    stop = lambda s: mh.should_stop_harness_phase(s, patience=2, min_iters=3)
+    stop = (0, 2, 3)  # from the first round: patience 2, at least 3 rounds (mh.phase_stalled)
     res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=1), rounds=12, stop=stop)
     rows = [r for r in rows_of(run_dir).values() if r["iteration"]]
     assert all(r["valid"] for r in rows) and res["iterations"] < 12
     series = res["best_series"]
-    assert stop(series) and not any(stop(series[:t + 1]) for t in range(1, res["iterations"]))
+    assert mh.phase_stalled(series, *stop)
+    assert not any(mh.phase_stalled(series[:t + 1], *stop) for t in range(1, res["iterations"]))
 
 
 def test_a_round_without_a_valid_candidate_does_not_stop_the_search(fake):
     """As the official search (it `continue`s before its patience check): a round whose candidates were all refused
     counts as a round but never ends the search; here one knob with one other value leaves mutate nothing new after
-    round 1. A stop rule that holds from round 2 on is therefore never asked again, and all 4 rounds run."""
+    round 1. The stop rule holds from round 2 on, yet all 4 rounds run."""
     fr, seed, run_dir = fake
     seed.write_text(SEED.replace('"MAX_TURNS": [1, 2, 3], ', ""))
-    asked = []
-    stop = lambda series: asked.append(len(series) - 1) or len(series) > 2  # true after round 2 and later
+    stop = (0, 1, 2)  # patience 1, at least 2 rounds: stalled from round 2 on
     res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=1), rounds=4, stop=stop)
     valid = {r["iteration"]: r["valid"] for r in rows_of(run_dir).values()}
     assert valid[1] and not any(valid[t] for t in (2, 3, 4))
-    assert res["iterations"] == 4 and asked == [1]
+    assert res["iterations"] == 4
+    assert all(mh.phase_stalled(res["best_series"][:t + 1], *stop) for t in (2, 3, 4))
 
 
 STAND_IN = textwrap.dedent('''\

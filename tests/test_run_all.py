@@ -30,7 +30,7 @@ def test_a_failed_domain_leaves_the_others_to_finish_and_the_rerun_does_only_it(
         ".git", ".venv", "results", "runs", "wheels", ".cache", "__pycache__", ".pytest_cache"))
     state = repo / "results/smoke/math/weight-only/state.json"
     state.parent.mkdir(parents=True)
-    state.write_text("[1]\n")  # math's process refuses its run folders at its start (memo.load_state)
+    state.write_text("[1]\n")  # math's process refuses its run folders at its start (ledger.load_state)
 
     first = run_all(repo)
     assert first.returncode == 1, first.stderr[-2000:]

@@ -17,10 +17,10 @@ import rft
 import plan
 import whale
 from fixtures import stand_ins
-from lib import files, memo
+from lib import files, ledger
 from lib.cli import run_config
 from lib.hf_backend import NullModelBackend
-from lib.memo import Memo
+from lib.ledger import Ledger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -343,9 +343,9 @@ def test_a_run_interrupted_anywhere_resumes_to_the_same_result(tmp_path, fake, m
     out = tmp_path / "interrupted"
     points = [(whale.meta_harness, "search", 1, False),  # phase 2's search done, its winner not recorded
               (whale.rft.RSFT, "step", 1, False),  # mid weight phase 3, its first step checkpointed
-              (memo, "snapshot_weights", 1, True),  # phase 3: its last RSFT step checkpointed, state not saved
-              (Memo, "log_eval", 2, False),  # phase 3 evaluated and logged, state not saved
-              (Memo, "save", 1, False)]  # phase 3 saved, no summary yet
+              (ledger, "snapshot_weights", 1, True),  # phase 3: its last RSFT step checkpointed, state not saved
+              (Ledger, "log_eval", 2, False),  # phase 3 evaluated and logged, state not saved
+              (Ledger, "save", 1, False)]  # phase 3 saved, no summary yet
     for owner, name, call, before in points:
         with monkeypatch.context() as m:
             interrupt(m, owner, name, call, before)
@@ -417,8 +417,8 @@ def test_an_evaluation_is_reused_only_when_weights_harness_and_settings_match(tm
             for n in "ab")
     def evaluate_test(args, harness, tag, weights, donors):
         test = run_config(args, whale.domains.data_flags()).test
-        return Memo(args.out, donors, harness, 0, 0).evaluation(
-            tag, weights, harness, test, lambda h, traces: whale.evaluate_test(stand_ins.BACKEND, Domain(), h, test, traces))
+        return whale.test_evaluation(Ledger(args.out, donors, harness), stand_ins.BACKEND, Domain(), test, tag, weights,
+                                     harness)
 
     stats = evaluate_test(a, str(harness), "phase_0", "base", [])
     saved = json.loads((tmp_path / "a" / "evals" / "phase_0.json").read_text())
@@ -534,7 +534,7 @@ def test_test_evals_ends_evaluates_the_start_and_the_last_phase_only_and_resumes
     whale.main(argv + ["--out", str(tmp_path / "every")])
     ends = argv + ["--test-evals", "ends", "--out", str(tmp_path / "ends")]
     with monkeypatch.context() as m:
-        interrupt(m, Memo, "log_eval", 2)  # phase 1 logged without an evaluation, state not saved
+        interrupt(m, Ledger, "log_eval", 2)  # phase 1 logged without an evaluation, state not saved
         with pytest.raises(Interrupt):
             whale.main(ends)
     whale.main(ends)

@@ -1,21 +1,23 @@
-"""The run folder as the record of a run's finished work: the one wrapper around whale's pure phase calls.
+"""The run folder as the ledger of a run's finished work. It runs nothing: whale.run looks up each phase, search
+and test evaluation here before doing it, and records it here after.
 
-    memo = Memo(out, donors, h0, steps, rounds)
-    memo.weight_phase(rsft_config, rule, train)        # train(trainer, harness, start) -> trainer
-    memo.harness_phase(search_config, search)         # search(archive, rounds_before, harness) -> result
-    memo.evaluation(tag, weights, harness, config, evaluate)
-    memo.end_phase(kind, winner, detail, evaluate)    # the phase's test evaluation, its row, then saved
+    ledger = Ledger(out, donors, h0)
+    start, key = ledger.enter("weight", step, key)      # saved before the work: a resume finishes this phase
+    ledger.find_snapshot(key)                           # a donor's weights after the same phase, else None
+    ledger.archive_for(weights)                         # (archive, rounds it holds): continued or new
+    ledger.evaluation(tag, weights, harness, config)    # stats made before (here or by a donor), else None
+    ledger.close_phase(kind, harness); ledger.log_eval(row); ledger.save()
 
-A call's key is an allow-list: the weights' id, the harness's sha256 and the hash of the config that call
-receives (lib/cli.config_hash), nothing else. Before a call runs, the memo looks for its result:
+A lookup's key is an allow-list: the weights' id, the harness's sha256 and the hash of the config the work
+receives (lib/cli.config_hash), nothing else. The ledger finds a result:
 - in this run's folder (a resume: a finished phase, evaluation or search round is never redone; a phase
   killed midway resumes inside itself, from RSFT's own checkpoint or the archive's own index);
-- in the folder of a donor run, another method of the same whale.py command that made the same call with the
+- in the folder of a donor run, another method of the same whale.py command that made the same work with the
   same key (cross-method reuse: whale, weight-only, stagewise and fast-slow all start with RSFT under h0), taken
   as hard links (or real copies) put in place by one rename, so a kill never leaves half of one.
 It keeps state.json (which phases finished, what is running), the rows of metrics.jsonl, and checks the run
 folder as a whole before any work resumes (check_run_folder), so a damaged or missing file is one line naming it
-and the fix, or rebuilt exactly (Memo.repair), never a silent restart or a summary with phases missing. A rerun
+and the fix, or rebuilt exactly (Ledger.repair), never a silent restart or a summary with phases missing. A rerun
 keeps the settings the folder was started with (check_same_settings)."""
 import json
 import os
@@ -58,7 +60,7 @@ def load_state(out):
 def check_run_folder(out, model=None, h0=None, candidates=None):
     """The run folder as a whole, before any work: every file a resume reads is there and whole, as state.json
     says it must be, else one line naming the file and the fix (never a silent restart, never a summary with
-    phases missing). What can be rebuilt exactly is left for Memo.repair to rebuild (lost_seeds,
+    phases missing). What can be rebuilt exactly is left for Ledger.repair to rebuild (lost_seeds,
     lost_evaluations). state.json is written before the first RSFT step and after phase 1's evaluation, so RSFT
     steps or a phase-2 evaluation without it mean it was lost. model, h0, candidates: the resuming command's,
     which must be the run's (checked where given). -> the state, None for a run not yet started"""
@@ -214,158 +216,68 @@ def read_rows(out):
 NOT_EVALUATED = {"mean_at_k": None, "test_tasks": 0}
 
 
-class Memo:
-    """One run's progress and the wrapper around its phase calls. Entering a phase is saved before its work,
-    so a resumed run finishes that phase first; leaving it is saved after its evaluation is logged. The counters
-    whale's loop reads (RSFT steps, proposer rounds, rollouts) come from here. errors: the run's
-    infrastructure-error budget (rollout.INFRA_ERRORS), told where each phase starts; its counts() go into every
-    evaluation row."""
+class Ledger:
+    """One run's record in its folder: what finished (state.json), the phase rows (metrics.jsonl), the test
+    evaluations (evals/), and the donors' work a call with the same key may take. It runs nothing: whale.run asks it
+    whether a phase, a search or an evaluation was made (here, or by a donor run), does the work itself when not,
+    and records it here. Entering a phase is saved before its work, so a resumed run finishes that phase first;
+    leaving it is saved after its evaluation is logged."""
 
-    def __init__(self, out, donors, h0, steps, rounds, errors=None):
-        self.out, self.donors, self.h0, self.steps, self.rounds = out, list(donors), h0, steps, rounds
-        self.errors = errors
-        self.saved = load_state(out)
-        self.trainer = None  # the RSFT trainer, for the step and rollout counters (None: a run without steps)
-        self.started = None
+    def __init__(self, out, donors, h0):
+        self.out, self.donors, self.h0 = out, list(donors), h0
+        self.state = load_state(out)
 
-    # the counters
-    def step(self):
-        return self.trainer.step_count if self.trainer else 0
-
-    def rounds_done(self):
-        return sum(self.saved["archive_iterations"].values())
-
-    def steps_left(self):
-        return self.steps - self.step()
-
-    def rounds_left(self):
-        return self.rounds - self.rounds_done()
-
-    def rollouts(self):
-        """Training rollouts plus harness scoring; test evaluation is not counted."""
-        return (self.trainer.rollouts if self.trainer else 0) + sum(self.saved["harness_rollouts"].values())
-
-    def weights(self):
-        """The current weights' id: "base" until an RSFT step updates the adapter."""
-        return self.trainer.weights_id if self.trainer else "base"
-
-    def harness(self):
-        """The harness the run goes on with: the last harness phase's winner, else h0."""
-        return resolved_path(self.saved["harness"], self.out) or os.path.abspath(self.h0)
+    # what the record says
+    def phase(self):
+        """The phases finished."""
+        return self.state["phase"]
 
     def running(self):
         """The kind of the phase a killed run left unfinished, else None."""
-        return self.saved["running"]
-
-    def phase_start(self):
-        """The RSFT step the running phase began at (the next phase's: the current step)."""
-        return self.step() if self.saved["running"] is None else self.saved["phase_start_step"]
+        return self.state["running"]
 
     def last_kind(self):
-        return (self.saved["kinds"] or [None])[-1]
+        return (self.state["kinds"] or [None])[-1]
+
+    def harness(self):
+        """The harness the run goes on with: the last harness phase's winner, else h0."""
+        return resolved_path(self.state["harness"], self.out) or os.path.abspath(self.h0)
+
+    def rounds_done(self):
+        return sum(self.state["archive_iterations"].values())
+
+    def harness_rollouts(self):
+        """The harness scoring's rollouts, over every archive (the run's other rollouts are its RSFT steps)."""
+        return sum(self.state["harness_rollouts"].values())
+
+    def phase_start(self, step):
+        """The RSFT step the running phase began at; `step`, the current one, for a phase not yet entered."""
+        return step if self.state["running"] is None else self.state["phase_start_step"]
 
     # the phases
-    def begin(self, evaluate):
-        """The run's first row and phase 0's test evaluation (h0 under the base weights)."""
-        self.start_counting("phase 0 (start)")
+    def log_start(self, steps, rounds):
+        """The run's first row: its budgets."""
         if not any(r.get("event") == "start" for r in read_rows(self.out)):
-            append_jsonl(os.path.join(self.out, "metrics.jsonl"), {"event": "start", "weight_steps": self.steps,
-                                                                   "harness_iterations": self.rounds,
+            append_jsonl(os.path.join(self.out, "metrics.jsonl"), {"event": "start", "weight_steps": steps,
+                                                                   "harness_iterations": rounds,
                                                                    "time": time.time()})
-        stats = evaluate("phase_0", self.weights(), self.harness())
-        self.log_eval({"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats,
-                       **self.counters()})
 
-    def enter(self, kind, key=None):
-        """A new phase is remembered before its work starts, so a resumed run finishes it first; key: what a
-        weight phase starts from (its snapshot's key)."""
-        self.start_counting(f"phase {self.saved['phase'] + 1} ({kind})")
-        if self.saved["running"] is None:
-            self.saved.update(running=kind, phase_start_step=self.step(), phase_key=key)
+    def enter(self, kind, step, key=None):
+        """A new phase is remembered before its work starts, so a resumed run finishes it first; step: the RSFT
+        step it starts at; key: what a weight phase starts from (its snapshot's key). -> (the step the phase
+        began at, its key): a resumed phase's own, else these"""
+        if self.state["running"] is None:
+            self.state.update(running=kind, phase_start_step=step, phase_key=key)
             self.save()
-        self.started = time.time()
+        return self.state["phase_start_step"], self.state.get("phase_key")
 
-    def start_counting(self, phase):
-        if self.errors:
-            self.errors.start_phase(phase)
-
-    def counters(self):
-        return self.errors.counts() if self.errors else {}
-
-    def weight_phase(self, config, rule, train):
-        """RSFT steps under the run's harness until the phase's rule ends it: taken from a donor run's snapshot
-        made with this phase's key (the trainer's state, the harness, the config and rule), else
-        train(trainer, harness, start) -> trainer, which resumes mid-phase from the trainer's own checkpoint.
-        The phase's end is kept as weights/snapshot-<step> for the other runs of the command. -> the detail of
-        the phase's row"""
-        harness, start = self.harness(), self.step()
-        state = f"{self.weights()} at step {start}"  # the sampler's place and the optimizer go with the step
-        self.enter("weight", {"weights": state, "harness": file_sha(harness),
-                              "config": config_hash({"rsft": config, "rule": rule})})
-        start, key = self.saved["phase_start_step"], self.saved.get("phase_key")
-        snapshot = find_snapshot(self.donors, key) if self.step() == start else None
-        if snapshot is not None:
-            self.trainer = self.trainer.adopt(snapshot)
-            print(f"weights: RSFT steps {start + 1}-{self.trainer.step_count} taken from {snapshot}")
-        self.trainer = train(self.trainer, harness, start)
-        snapshot_weights(self.trainer.out_dir, self.trainer.step_count, key)
-        return {"steps": self.trainer.step_count - start, "epoch": self.trainer.epoch_progress}
-
-    def harness_phase(self, config, search):
-        """A Meta-Harness search from the run's harness under the current weights, in the archive archive_for
-        names: a new archive is first taken from a donor run that searched with the same key (the weights, the
-        seed harness, the config), whose rounds search() then replays as far as it needs;
-        search(archive, rounds_before, harness) -> its result. -> (winner, the detail of the phase's row)"""
-        self.enter("harness")
-        weights, harness = self.weights(), self.harness()
-        name, before = self.archive_for(weights)
-        archive = os.path.join(self.out, name)
-        if before == 0:
-            adopt_archive(archive, {"weights": weights, "seed": file_sha(harness), "config": config_hash(config)},
-                          self.donors)
-        result = search(archive, before, harness)
-        self.saved["archive_weights"][name] = weights
-        self.saved["archive_iterations"][name] = result["iterations"]
-        self.saved["harness_rollouts"][name] = result["rollouts"]
-        return result["winner"], {"iterations": result["iterations"] - before, "archive": name,
-                                  "harness_score": result["score"],
-                                  "winner": stored_path(result["winner"], self.out)}
-
-    def evaluation(self, tag, weights, harness, config, evaluate):
-        """A test evaluation evals/<tag>.json: read back when this run made it, copied with its traces when
-        this run or a donor made the same one (the weights, the harness's content, the config), else
-        evaluate(harness, traces_path) -> {"stats", "per_task", "sources"}. -> its stats"""
-        folder = Path(self.out, "evals")
-        path = folder / f"{tag}.json"
-        if path.exists():
-            return read_json(path)["stats"]
-        folder.mkdir(parents=True, exist_ok=True)
-        key = {"weights": weights, "harness": file_sha(harness), "config": config_hash(config)}
-        stats = copy_evaluation(key, [self.out, *self.donors], path, f"test evaluation ({tag})")
-        if stats is not None:
-            return stats
-        traces = folder / f"{tag}.traces.jsonl"
-        traces.unlink(missing_ok=True)  # an evaluation killed midway starts over
-        result = evaluate(harness, traces)
-        write_json(path, {"key": key, **result})  # last: marks it done
-        return result["stats"]
-
-    def end_phase(self, kind, winner, detail, evaluate=None):
-        """The phase is over: its test evaluation (evaluate(tag, weights, harness) -> stats; None: not
-        evaluated), its row in metrics.jsonl, then state.json saved. -> the row"""
-        i = self.saved["phase"] + 1
-        harness = winner or self.harness()
-        self.saved.update(phase=i, kinds=self.saved["kinds"] + [kind], running=None, phase_start_step=None,
+    def close_phase(self, kind, harness):
+        """The phase is over, the run going on with `harness`: recorded here, saved (save) once its row is
+        logged. -> the phase's number"""
+        i = self.state["phase"] + 1
+        self.state.update(phase=i, kinds=self.state["kinds"] + [kind], running=None, phase_start_step=None,
                           phase_key=None, harness=stored_path(harness, self.out))
-        stats = evaluate(f"phase_{i}", self.weights(), harness) if evaluate else NOT_EVALUATED
-        row = {"event": "eval", "phase": i, "kind": kind, "step": self.step(), "rollouts": self.rollouts(),
-               "seconds": time.time() - self.started, **detail, **stats, **self.counters()}
-        self.log_eval(row)
-        self.save()
-        score = "not evaluated (--test-evals ends)" if stats is NOT_EVALUATED else f"{stats['mean_at_k']:.4f}"
-        print(f"phase {i} {kind}: test mean@{stats.get('k', '-')} = {score}, RSFT steps {self.step()}/{self.steps}, "
-              f"harness rounds {self.rounds_done()}/{self.rounds}, rollouts {self.rollouts()}")
-        return row
+        return i
 
     def log_eval(self, row):
         """A run killed between logging and saving its state logs the same evaluation again on resume: skip it."""
@@ -373,9 +285,9 @@ class Memo:
             append_jsonl(os.path.join(self.out, "metrics.jsonl"), row)
 
     def save(self):
-        save_state(self.out, self.saved)
+        save_state(self.out, self.state)
 
-    def write_summary(self, about):
+    def write_summary(self, about, rsft_steps):
         """summary.json: `about` (domain, method, preset, model, k), the best and the final test evaluation of
         the finished run, its totals."""
         phases = [r for r in read_rows(self.out) if r.get("event") == "eval"]
@@ -383,42 +295,84 @@ class Memo:
         best = max(evals, key=lambda r: (r["mean_at_k"], -r["rollouts"]))
         summary = {**about, "best_mean_at_k": best["mean_at_k"], "rollouts_to_best": best["rollouts"],
                    "best_phase": best["phase"], "final_mean_at_k": evals[-1]["mean_at_k"],
-                   # the final harness without the model, on the same test tasks (None: an older evaluation)
+                   # the final harness without the model, on the same test tasks
                    "final_null_mean_at_k": evals[-1].get("null_mean_at_k"),
                    "total_rollouts": evals[-1]["rollouts"], "phases": len(phases) - 1,
-                   "rsft_steps": self.step(), "harness_iterations": self.rounds_done(),
+                   "rsft_steps": rsft_steps, "harness_iterations": self.rounds_done(),
                    "final_harness": stored_path(self.harness(), self.out), "test_tasks": evals[-1]["test_tasks"]}
         write_json(os.path.join(self.out, "summary.json"), summary)
-        null = summary["final_null_mean_at_k"]
-        print(f"best mean@{about['k']} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} "
-              f"rollouts; final {summary['final_mean_at_k']:.4f}"
-              + ("" if null is None else f"; the final harness without the model {null:.4f}"))
+        return summary
+
+    # the weights: a donor's snapshot with the same key, the phase's own kept for the others
+    def find_snapshot(self, key):
+        """The snapshot a donor run made at the end of a weight phase with this key, else None."""
+        return find_snapshot(self.donors, key)
+
+    def keep_snapshot(self, weights, step, key):
+        """The checkpoint that ends a weight phase, kept as weights/snapshot-<step> for the other runs."""
+        snapshot_weights(weights, step, key)
 
     # the harness archives
     def archive_for(self, weights):
         """-> (the archive a harness phase searches in, the rounds it already holds): the last one if the weights
         have not changed since it ran (whatever the method: no search is repeated or charged twice), else a new
         one, harness_w<weight phases>."""
-        last = list(self.saved["archive_weights"])[-1:]
-        if last and self.saved["archive_weights"][last[0]] == weights:
+        last = list(self.state["archive_weights"])[-1:]
+        if last and self.state["archive_weights"][last[0]] == weights:
             name = last[0]
         else:
-            name = f"harness_w{self.saved['kinds'].count('weight')}"
-        return name, self.saved["archive_iterations"].get(name, 0)
+            name = f"harness_w{self.state['kinds'].count('weight')}"
+        return name, self.state["archive_iterations"].get(name, 0)
+
+    def take_archive(self, name, key):
+        """A new archive: a donor's, copied, if it searched with the same key (the weights, the seed harness, the
+        config); the search then replays its rounds as far as it needs."""
+        adopt_archive(os.path.join(self.out, name), key, self.donors)
+
+    def record_search(self, name, weights, result):
+        """The search's counters of archive `name` (saved with the phase's end)."""
+        self.state["archive_weights"][name] = weights
+        self.state["archive_iterations"][name] = result["iterations"]
+        self.state["harness_rollouts"][name] = result["rollouts"]
+
+    # the test evaluations
+    def evaluation(self, tag, weights, harness, config):
+        """The stats of evals/<tag>.json: read back when this run made it, copied with its traces when this run or
+        a donor made the same one (the weights, the harness's content, the config); None: not made."""
+        folder = Path(self.out, "evals")
+        path = folder / f"{tag}.json"
+        if path.exists():
+            return read_json(path)["stats"]
+        folder.mkdir(parents=True, exist_ok=True)
+        return copy_evaluation(evaluation_key(weights, harness, config), [self.out, *self.donors], path,
+                               f"test evaluation ({tag})")
+
+    def new_traces(self, tag):
+        """Where an evaluation writes its traces (an evaluation killed midway starts over)."""
+        traces = Path(self.out, "evals", f"{tag}.traces.jsonl")
+        traces.unlink(missing_ok=True)
+        return traces
+
+    def record_evaluation(self, tag, weights, harness, config, result):
+        """evals/<tag>.json: the evaluation's key and result ({"stats", "per_task", "sources"}). -> its stats"""
+        write_json(Path(self.out, "evals", f"{tag}.json"), {"key": evaluation_key(weights, harness, config),
+                                                            **result})  # last: marks it done
+        return result["stats"]
 
     # a damaged folder
-    def repair(self, evaluate_again):
+    def repair(self):
         """Rebuild, exactly, what check_run_folder found lost or damaged and rebuildable, before the run goes on:
         a seed harness copy, an archive's index (summary.jsonl, frontier.json), weights/metrics.jsonl (the
-        checkpoint's history); the test evaluations lost, through evaluate_again(phase, weights id, adapter
-        folder or None, harness) (from the same weights, harness and seeds they give the same scores)."""
-        out, state = self.out, self.saved
+        checkpoint's history). -> [(phase, weights id, adapter folder or None, harness)] of the test evaluations
+        lost, the base model's first: whale evaluates them again (the same weights, harness and seeds give the
+        same scores)."""
+        out, state = self.out, self.state
         lost = lost_evaluations(out, state)
         for i in lost:
             for name in (f"phase_{i}.json", f"phase_{i}.traces.jsonl"):
                 Path(out, "evals", name).unlink(missing_ok=True)
         if not os.path.exists(os.path.join(out, "state.json")):
-            return  # no phase started: phase 0 is evaluated first, as in a fresh run
+            return []  # no phase started: phase 0 is evaluated first, as in a fresh run
         sources = [os.path.abspath(self.h0)] + sorted(
             str(p) for run_dir in [out, *self.donors] for p in Path(run_dir).glob("harness_w*/candidates/*/harness.py"))
         for seed in sorted(lost_seeds(out, state)):
@@ -439,8 +393,12 @@ class Memo:
                 print(f"{ckpt.parent / 'metrics.jsonl'}: rebuilt from the checkpoint's history")
         rows = phase_rows(out, state)
         redo = [(i, *evaluation_inputs(out, state, rows, i, self.h0)) for i in lost if i <= state["phase"]]
-        for args in sorted(redo, key=lambda r: r[2] is not None):  # an engine: the base model's first
-            evaluate_again(*args)
+        return sorted(redo, key=lambda r: r[2] is not None)  # an engine: the base model's first
+
+
+def evaluation_key(weights, harness, config):
+    """A test evaluation's key: the weights' id, the harness's content, the test config's hash."""
+    return {"weights": weights, "harness": file_sha(harness), "config": config_hash(config)}
 
 
 # -----------------------------------------------------------------------------
