@@ -58,7 +58,8 @@ from pathlib import Path
 import domains
 import rollout
 from lib import sandbox
-from lib.archive import candidate_rows, check_archive, pick_best, restore_seed, write_index
+from lib.archive import candidate_rows, check_archive, restore_seed, write_index
+from lib.briefs import BRIEFS
 from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegative_int,
                      one_line_errors, positive_float, positive_int, search_config, seed_int, unit_interval)
 from lib.contract import normalized, static_check
@@ -67,9 +68,9 @@ from lib.hf_backend import NullModelBackend
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
 from lib.policy import add_backend_args, load_policy
-from lib.briefs import BRIEFS
 from lib.proposers import (PROPOSER_MAX_FILE_MB, PROPOSER_MAX_PROCS, PROPOSER_MAX_WRITTEN_MB, PROPOSER_MEMORY_MB,
                            failure_advice, propose_agent, propose_in_copy)
+from lib.rules import pick_best
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, script_defaults
 
@@ -141,7 +142,7 @@ def add_args(parser):
 
 
 # -----------------------------------------------------------------------------
-# stopping (pure; the best candidate: lib/archive.pick_best)
+# stopping (pure; the best candidate: lib/rules.pick_best)
 
 def should_stop_harness_phase(best_series, patience, min_iters):
     """best_series[0] is the seed's score, best_series[i] the archive best after iteration i.

@@ -15,7 +15,7 @@ Each rollout step (RSFT.step) is sample, filter, update:
 per epoch, so
   "0.6 epoch" is exactly 0.6 * len(train) prompts), G = --group episodes each, under the current
   harness with the current weights;
-- filter: keep every episode with reward > 0.5 (all correct ones, not best-of-n): an accepted
+- filter: keep every successful episode (reward > lib/rules.SUCCESS; all of them, not best-of-n): an accepted
 trajectory, whose
   every llm() call is one example (prompt ids, sampled completion ids);
 - update: one pass over the accepted trajectories in order, one optimizer step per SFT mini-batch of
@@ -53,6 +53,7 @@ from lib.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_che
                        write_jsonl)
 from lib.models import shared_prefix
 from lib.policy import add_backend_args, load_policy
+from lib.rules import SUCCESS
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, script_defaults
 
@@ -303,7 +304,7 @@ class RSFT:
         t0 = time.time()
         episodes = self.sample(tasks, harness_path)
         t1 = time.time()
-        accepted = [e for e in episodes if e["reward"] > 0.5]
+        accepted = [e for e in episodes if e["reward"] > SUCCESS]
         trajectories = [t for t in map(examples_of, accepted) if t]
         examples = [e for t in trajectories for e in t]
         lr = self.scheduler.get_last_lr()[0]

@@ -4,7 +4,7 @@ candidate folders are its truth; the index (summary.jsonl, frontier.json) is reb
 as it goes (write_index) and on a resume (rebuild_index).
 
     rows, frontier = write_index(run_dir, iterations)   # frontier["best"], ["score"], ["best_series"], ...
-    best = pick_best(rows)                              # the best score; ties to fewer mean turns, then earlier
+    best = pick_best(rows)                              # the winner (lib/rules.py: the one ranking rule)
 """
 import os
 import shutil
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from lib.files import (append_jsonl, damaged, json_object, read_json, read_jsonl, sha256, whole_jsonl,
                        write_json, write_jsonl)
+from lib.rules import pick_best
 
 
 def candidate_rows(run_dir):
@@ -46,14 +47,6 @@ def proposer_costs(run_dir):
     rows = read_jsonl(path)
     keys = ("seconds", "prompt_tokens", "completion_tokens", "cost_usd")
     return {"calls": len(rows), **{k: round(sum(r.get(k) or 0 for r in rows), 4) for k in keys}}
-
-
-def pick_best(rows):
-    """The valid row with the best score; ties go to fewer mean turns, then to the earlier row."""
-    scored = [r for r in rows if r.get("score") is not None and r.get("valid") is not False]
-    if not scored:
-        raise ValueError("pick_best: no scored candidate in the archive; score the seed harness first")
-    return scored[max(range(len(scored)), key=lambda i: (scored[i]["score"], -scored[i]["mean_turns"], -i))]
 
 
 

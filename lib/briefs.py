@@ -9,13 +9,14 @@ import ast
 from pathlib import Path
 
 from lib.runner import MAX_CHARS, MAX_MESSAGES, MAX_STOP_CHARS, MAX_STOPS, MAX_TOOLS, ROLES
+from lib.rules import WINNER_RULE
 
 INSTRUCTIONS = """# Meta-Harness: propose better harnesses
 
 You improve the *harness* of a small LLM agent for the `{domain}` domain: the Python file that builds
 prompts, manages context, calls tools, loops over turns and parses the final answer. The model weights
 are fixed during this search. Each candidate is scored on a fixed harness set drawn from the training
-split (1 rollout per task); the best score wins, ties go to fewer mean turns, then to the earlier candidate.
+split (1 rollout per task); """ + WINNER_RULE + """.
 
 ## The archive (this folder, a copy made for this iteration)
 - `summary.jsonl`: one row per candidate (name, iteration, parent, hypothesis, what changed, valid,

@@ -1,6 +1,6 @@
 """Why harness-set episodes fail, in kinds any domain shares, as the offline proposer reads them from an archive's
-traces (what a coding agent would look for first). A failed episode (reward <= 0.5) is of the first kind that
-fits, in this order:
+traces (what a coding agent would look for first). A failed episode (reward <= lib/rules.SUCCESS) is of the first kind
+that fits, in this order:
     erred       the harness raised, broke a rule or ran past its deadline
     cut         nothing could be read as an answer, and the last model call stopped at its token cap
     no_answer   nothing could be read as an answer (the domain's own reading: math's last \\boxed{}, ...)
@@ -13,13 +13,14 @@ would change first for each kind."""
 from collections import Counter
 
 from lib.files import read_jsonl
+from lib.rules import SUCCESS
 
 FAILURE_KINDS = ("erred", "cut", "no_answer", "no_tool", "wrong")
 
 
 def failure_kind(episode):
-    """The kind of a failed episode's failure, None when it succeeded (reward > 0.5)."""
-    if episode.get("reward", 0.0) > 0.5:
+    """The kind of a failed episode's failure, None when it succeeded (reward > lib/rules.SUCCESS)."""
+    if episode.get("reward", 0.0) > SUCCESS:
         return None
     if episode.get("error"):
         return "erred"

@@ -13,6 +13,7 @@ from lib.archive import candidate_rows, log_cost
 from lib.contract import normalized, static_check
 from lib.failures import FAILURE_KINDS, failure_counts, kinds_by_frequency
 from lib.proposers import finish, prepare
+from lib.rules import rank
 
 
 def propose_mutate(run_dir, names, rows, iteration, cfg):
@@ -40,8 +41,7 @@ def propose_mutate(run_dir, names, rows, iteration, cfg):
     value_tries = Counter((parents[n], knob, repr(value)) for n, change in changes.items()
                           for knob, value in change.items())
     seen = {normalized(source) for source in sources.values()}
-    ranked = sorted((r for r in rows if r["score"] is not None and r["name"] in sources),
-                    key=lambda r: (-r["score"], r["mean_turns"]))
+    ranked = rank(r for r in rows if r["name"] in sources)  # any scored one with a file, refused or not
     gains, improved = best_changes(rows, changes)
     seed_name = next(r["name"] for r in rows if r["parent"] is None)
     order = search_order(sources[seed_name], cfg.seed, cfg.mutate_order)

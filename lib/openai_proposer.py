@@ -14,6 +14,7 @@ from pathlib import Path
 from lib import web
 from lib.archive import log_cost
 from lib.proposers import ProposalFailed, finish
+from lib.rules import SUCCESS, rank
 
 # OpenAI-compatible API: statuses worth a retry (as the OpenAI SDK: these and every 5xx), how long to wait at most
 RETRY_STATUS = (408, 409, 429)
@@ -133,7 +134,7 @@ def field(reply, name):
 def openai_prompt(run_dir, rows, instructions, name, made, budget_tokens):
     """Instructions, archive summary, the best candidates' code and sampled traces, within budget (chars/4)."""
     cand_root, budget = Path(run_dir) / "candidates", budget_tokens * 4
-    ranked = sorted((r for r in rows if r["score"] is not None), key=lambda r: (-r["score"], r["mean_turns"]))
+    ranked = rank(rows)
     ask = (f"\nReply with lines `Parent: <name>`, `Hypothesis: ...`, `Changed: ...`, then the complete new "
            f"file for candidate {name} in one ```python block.\n")
     if made:
@@ -159,7 +160,7 @@ def sample_traces(path, seed, n_fail=3, n_ok=2, cut=600):
         return []
     eps = [json.loads(l) for l in open(path)]
     rng = random.Random(seed)
-    fail, ok = [e for e in eps if e.get("reward", 0) <= 0.5], [e for e in eps if e.get("reward", 0) > 0.5]
+    fail, ok = [e for e in eps if e.get("reward", 0) <= SUCCESS], [e for e in eps if e.get("reward", 0) > SUCCESS]
     picked = rng.sample(fail, min(n_fail, len(fail))) + rng.sample(ok, min(n_ok, len(ok)))
     out = []
     for e in picked:

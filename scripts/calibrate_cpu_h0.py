@@ -10,7 +10,7 @@ and why its failed episodes fail. Never the test split.
 Each --variant is the harness with some knobs set: KNOB=#i takes SEARCH_SPACE[KNOB][i], KNOB=LITERAL a Python
 literal; "" is the harness as it is. Per variant:
     train    the preset's training prompts (--train-limit, a seeded sample; --train-prompts N of them) x G
-             (--group) samples: the training reward is the share of rollouts with reward > 0.5, as rft.py
+             (--group) samples: the training reward is the share of rollouts with reward > lib/rules.SUCCESS, as rft.py
              counts accepted episodes; with all 64 x 4 it is the reward RSFT's first epoch would see
     harness  the preset's harness set (--harness-tasks x --harness-samples): its score, mean@1, is what
              meta_harness.py would give this harness as a candidate
@@ -38,6 +38,7 @@ from lib import sandbox  # noqa: E402
 from lib.failures import failure_kind  # noqa: E402
 from lib.mutate import knob_values, set_knob  # noqa: E402
 from lib.policy import load_policy  # noqa: E402
+from lib.rules import SUCCESS  # noqa: E402
 from lib.subsets import seeded_sample  # noqa: E402
 
 
@@ -81,9 +82,9 @@ def measure(domain, path, tasks, samples, policy, preset, desc):
     for e in eps:
         per_task.setdefault(e["task_id"], []).append(e["reward"])
     return {"tasks": len(tasks), "samples": samples, "rollouts": len(eps),
-            "reward": round(sum(e["reward"] > 0.5 for e in eps) / len(eps), 4),
+            "reward": round(sum(e["reward"] > SUCCESS for e in eps) / len(eps), 4),
             "mean_at_k": round(sum(sum(r) / len(r) for r in per_task.values()) / len(per_task), 4),
-            "tasks_solved": sum(any(r > 0.5 for r in rs) for rs in per_task.values()),
+            "tasks_solved": sum(any(r > SUCCESS for r in rs) for rs in per_task.values()),
             "failure_kinds": kinds, "mean_turns": round(sum(e["turns"] for e in eps) / len(eps), 2),
             "tokens": sum(e["tokens"] for e in eps), "llm_calls": counts["llm_calls"],
             "generate_calls": counts["generate_calls"], "seconds": round(time.time() - t0, 1)}

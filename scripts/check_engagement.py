@@ -51,7 +51,7 @@ def weight_only(cfg, policy, domain, train, out):
     while trainer.step_count < steps:
         trainer.step(os.path.abspath(cfg.harness))
     rows = trainer.history
-    rewards = [r["accept_rate"] for r in rows]  # the share of rollouts with reward > 0.5
+    rewards = [r["accept_rate"] for r in rows]  # the share of successful rollouts (lib/rules.SUCCESS)
     first, last = report.quarters(rows)  # the table's own rule (report.py's What moved)
     accepted = [round(r["accept_rate"] * cfg.batch * cfg.rsft.group) for r in rows]
     return {"steps": steps, "phase_steps": phase, "rewards": [round(r, 4) for r in rewards],

@@ -112,3 +112,22 @@ def test_no_hard_coded_domain_list_outside_the_registry():
     shell = (ROOT / "run_all.sh").read_text()
     assert not [line for line in shell.splitlines() if not line.lstrip().startswith("#")
                 and sum(name in line for name in names) >= 2]
+
+
+def test_the_acceptance_rules_are_written_once():
+    """lib/rules.py holds the success threshold and the candidates' ranking: no other source compares a reward with
+    0.5, and no other source ranks by score and mean turns (mutate, the null check, the proposers take rank and
+    pick_best)."""
+    sources = [p for p in ROOT.rglob("*.py") if not {"tests", ".venv", "results"} & set(p.relative_to(ROOT).parts)]
+    found = []
+    for path in sources:
+        rel = str(path.relative_to(ROOT))
+        for n in ast.walk(tree(rel)):
+            if isinstance(n, ast.Compare) and any(isinstance(op, (ast.Gt, ast.LtE)) for op in n.ops) and any(
+                    isinstance(c, ast.Constant) and c.value == 0.5 for c in n.comparators):
+                found.append(f"{rel}:{n.lineno} compares with 0.5")
+            if isinstance(n, ast.Lambda) and rel != "lib/rules.py":
+                names = {c.value for c in ast.walk(n.body) if isinstance(c, ast.Constant)}
+                if {"score", "mean_turns"} <= names:
+                    found.append(f"{rel}:{n.lineno} ranks candidates")
+    assert not found, f"{found}: import lib/rules.SUCCESS, rank or pick_best instead"
