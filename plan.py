@@ -87,15 +87,18 @@ def describe(args, name, phases, budget, n_train, n_harness, n_test):
              sft_line(args)]
     score = n_harness * args.harness_samples  # one scoring of one harness
     trained = scored = 0
-    archives = set()
+    last = None
     for i, (kind, size) in enumerate(phases, 1):
         if kind == "weight":
             n = size * args.batch * args.group
             trained += n
             lines.append(f"  phase {i:2d}  weight   {f'{size} steps':29s}{n:10,d} rollouts")
+            last = kind
             continue
-        fresh = args.method in ("whale", "fast-slow") or not archives  # new weights: a new archive
-        archives.add(i if fresh else min(archives))
+        # a new archive (its seed re-scored) unless the last phase searched under the same weights (the ledger's
+        # archive_for; the plan counts every weight phase as moving the weights)
+        fresh = last != "harness"
+        last = kind
         n = fresh * score + size * args.candidates * (score + 1)  # + one smoke episode per candidate
         scored += n
         what = f"{'re-score + ' if fresh else ''}{size} rounds"

@@ -4,6 +4,8 @@ the paper and gpu presets' per-domain settings. Why each value is what it is: do
 
     python plan.py --domain math --preset cpu      # what a preset spends, no model loaded
 """
+from lib.methods import METHODS
+
 
 # Named bundles of defaults; any flag given on the command line wins. I (--harness-iterations)
 # counts the re-scoring of the incoming harness, so a harness phase makes I - 1 proposer rounds.
@@ -164,3 +166,8 @@ def script_defaults(parser, name, domain, data=None):
         parser.error(str(e))
     flags = {action.dest for action in parser._actions}
     return {key: value for key, value in preset.items() if key in flags}
+
+def table_methods(schedule="fixed"):
+    """run_all.sh's methods, in the method table's order (lib/methods.py): every method under the fixed schedule,
+    those the table also runs under the adaptive one (adaptive WHALE) where ADAPTIVE=1."""
+    return [name for name, m in METHODS.items() if schedule == "fixed" or m.adaptive]

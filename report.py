@@ -38,22 +38,24 @@ from lib.cli import Parser, one_line_errors
 from lib.intervals import (benchmarks_ci, hierarchical_ci, paired_difference, percent,
                            pooled_difference, seeds_interval, signed)
 from lib.plots import plot_alternation, plot_curves, plot_timeline
-from lib.runs import BEST, FINAL, METHODS, domains_of, finished, paired_scores, points  # noqa: F401
+from lib.methods import ADAPTIVE, METHODS, method_of, run_names
+from lib.runs import BEST, FINAL, domains_of, finished, paired_scores, points  # noqa: F401
 
-# The comparison's baselines, fixed before any result (never picked by a test score): harness-only
-# searches harnesses as WHALE does, so the difference is what the weight phases add; weight-only
-# trains the weights as WHALE does, so the difference is what the harness phases add; stagewise-hw
-# (all harness rounds, then all weight steps) has WHALE's budgets in a harness-first order, so the
-# difference is what alternation adds
-BASELINES = ("harness-only", "weight-only", "stagewise-hw")
-# mean@8 %, SearchQA / Math / Chess (docs/design.md section 2)
-PAPER = {  # the paper's Table 1: best mean@8 in %
-    "harness-only": {"searchqa": 38.29, "math": 0.42, "chess": 19.82},
-    "weight-only": {"searchqa": 38.27, "math": 15.42, "chess": 22.17},
-    "fast-slow": {"searchqa": 35.34, "math": 17.92, "chess": 25.68},
-    "whale": {"searchqa": 48.34, "math": 24.79, "chess": 29.83},
-    "whale-adaptive": {"searchqa": 52.82, "math": 26.46, "chess": None},
-}
+
+def baselines():
+    """The comparison's fixed baselines (lib/methods.py says why each), in the method table's order."""
+    return [name for name, m in METHODS.items() if m.baseline]
+
+
+def ours():
+    """The runs compared against the baselines: the method's, then its adaptive schedule's."""
+    return [name for name in run_names() if method_of(name).ours]
+
+
+def paper_scores():
+    """The paper's Table 1, best mean@8 in % (SearchQA / Math / Chess, docs/design.md section 2), per run name."""
+    scores = {name: m.paper for name, m in METHODS.items() if m.paper}
+    return {**scores, **{name + ADAPTIVE: m.paper_adaptive for name, m in METHODS.items() if m.paper_adaptive}}
 
 
 def load_runs(root):
@@ -143,8 +145,8 @@ def make_table(runs, preset):
     if preset == "paper":
         lines += ["", "The paper's numbers (best mean@8 %; searchqa judged by gpt-5.4-mini, the official "
                   "docs/data.md section 5):", "",
-                  *method_header(PAPER["whale"])]
-        for method, values in PAPER.items():
+                  *method_header(paper_scores()[ours()[0]])]
+        for method, values in paper_scores().items():
             lines.append(f"| {method} | " + " | ".join("-" if v is None else f"{v:.2f}"
                                                        for v in values.values()) + " |")
     return "\n".join(lines) + "\n"
@@ -194,8 +196,8 @@ def benchmark_table(runs, k):
 
 
 def shown_methods(runs):
-    """METHODS, less the optional ones (the adaptive runs, stagewise-hw) where no domain ran them."""
-    return [m for m in METHODS if not (m.endswith("-adaptive") or m == "stagewise-hw")
+    """The run names, less the optional ones (the adaptive runs, stagewise-hw) where no domain ran them."""
+    return [m for m in run_names() if not (m.endswith(ADAPTIVE) or method_of(m).optional)
             or any((d, m) in runs for d in domains_of(runs))]
 
 
@@ -226,21 +228,21 @@ def comparison_table(runs):
              "(each run's last evaluation, chosen without looking at the test set); best over "
              "training (each run's best evaluation, picked on the test set) "
              f"stands beside it. The baselines are fixed, not picked by a test score: "
-             f"{', '.join(BASELINES)}.", "",
+             f"{', '.join(baselines())}.", "",
              "| domain | comparison | seed | final: difference [95 % CI] | best over training: "
              "difference [95 % CI] | tasks |", "|---|---|---|---|---|---|"]
     rows = 0
     for domain in columns(runs):
-        for method in ("whale", "whale-adaptive"):
-            for baseline in BASELINES:
+        for method in ours():
+            for baseline in baselines():
                 found = comparison_rows(domain, f"{method} - {baseline}",
                                         finished(runs.get((domain, method))),
                                         finished(runs.get((domain, baseline))))
                 lines += found
                 rows += len(found)
     if not rows:
-        return lines[:2] + [f"Not enough finished runs: it needs whale and one of "
-                            f"{', '.join(BASELINES)} under the "
+        return lines[:2] + [f"Not enough finished runs: it needs {ours()[0]} and one of "
+                            f"{', '.join(baselines())} under the "
                             "same seed."]
     return lines
 
@@ -301,8 +303,8 @@ def search_table(runs):
 
 
 def ordered(runs):
-    """The (domain, method) keys of `runs` in the tables' domain order, then METHODS order."""
-    return [(d, m) for d in columns(runs) for m in METHODS if (d, m) in runs]
+    """The (domain, method) keys of `runs` in the tables' domain order, then the method table's."""
+    return [(d, m) for d in columns(runs) for m in run_names() if (d, m) in runs]
 
 
 def mechanism_table(runs):
@@ -424,7 +426,7 @@ def write_report(args):
     table = make_table(runs, args.preset)
     with open(os.path.join(root, "tables.md"), "w") as f:
         f.write(table)
-    plot_curves(runs, os.path.join(root, "curves.png"), columns(runs), METHODS)
+    plot_curves(runs, os.path.join(root, "curves.png"), columns(runs), run_names())
     plot_timeline(runs, os.path.join(root, "timeline.png"))
     figures = write_alternation(runs, root)
     print(table)
@@ -439,7 +441,7 @@ def write_alternation(runs, root):
     names = []
     for domain in columns(runs):
         for seed in seed_list(runs):
-            seed_runs = {m: runs[domain, m][seed] for m in METHODS if seed in runs.get((domain, m), {})}
+            seed_runs = {m: runs[domain, m][seed] for m in run_names() if seed in runs.get((domain, m), {})}
             if seed_runs:
                 names.append(f"alternation-{domain}" + (f"-seed-{seed}" if seed else "") + ".png")
                 plot_alternation(seed_runs, os.path.join(root, names[-1]),

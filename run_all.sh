@@ -35,7 +35,9 @@ SEEDS=${SEEDS:-0}
 for seed in $SEEDS; do
   case $seed in ''|*[!0-9]*) echo "run_all.sh: SEEDS=\"$SEEDS\": write whole numbers, e.g. SEEDS=\"0 1 2\"" >&2; exit 2 ;; esac
 done
-METHODS="harness-only weight-only stagewise stagewise-hw fast-slow whale"
+# the method table's methods (lib/methods.py, through presets.table_methods), and those it also runs adaptive
+METHODS=$(python -c "import presets; print(*presets.table_methods())")
+ADAPTIVE_METHODS=$(python -c "import presets; print(*presets.table_methods('adaptive'))")
 case $PRESET in  # on the 2-core machine with the default DOMAINS (the measurements: README, docs/cpu-run/README.md)
   smoke) eta="about 2 min" ;;
   cpu)   eta="about 21 min" ;;
@@ -50,7 +52,7 @@ check_domains=($DOMAINS)
 python plan.py --check "${check_domains[@]}" --preset "$PRESET" --domain "${check_domains[0]}" "$@" || exit 1
 n_adaptive=0
 for domain in $DOMAINS; do if adaptive_here "$domain"; then n_adaptive=$((n_adaptive + 1)); fi; done
-n=$(( $(wc -w <<< "$SEEDS") * ($(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") + ADAPTIVE * n_adaptive) ))
+n=$(( $(wc -w <<< "$SEEDS") * ($(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") + ADAPTIVE * n_adaptive * $(wc -w <<< "$ADAPTIVE_METHODS")) ))
 echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS]$([ "$ADAPTIVE" = 1 ] && echo " + adaptive WHALE"), seeds [$SEEDS]"
 echo "run_all.sh: $n runs; with the default domains and none done yet, $eta a seed; results in results/$PRESET/"
 
@@ -89,9 +91,15 @@ for seed in $SEEDS; do
     if [ ${#todo[@]} -gt 0 ]; then
       run_logged "seed $seed, $domain, ${todo[*]}" "$logs/$domain.log" "${run[@]}" --method "${todo[@]}"
     fi
-    if [ "$ADAPTIVE" = 1 ] && adaptive_here "$domain" && needs_run "$seed" "$domain" whale-adaptive; then
-      run_logged "seed $seed, $domain, whale-adaptive" "$logs/$domain-adaptive.log" \
-        "${run[@]}" --method whale --schedule adaptive
+    adaptive=()
+    if [ "$ADAPTIVE" = 1 ] && adaptive_here "$domain"; then
+      for method in $ADAPTIVE_METHODS; do
+        if needs_run "$seed" "$domain" "$method-adaptive"; then adaptive+=("$method"); fi
+      done
+    fi
+    if [ ${#adaptive[@]} -gt 0 ]; then
+      run_logged "seed $seed, $domain, ${adaptive[*]/%/-adaptive}" "$logs/$domain-adaptive.log" \
+        "${run[@]}" --method "${adaptive[@]}" --schedule adaptive
     fi
   done
 done

@@ -62,14 +62,15 @@ from lib import sandbox
 from lib.cli import (Parser, check_out, config_hash, conflicting_flags, nonnegative_int, one_line_errors,
                      positive_float, positive_int, run_config, seed_int)
 from lib.files import file_sha, stored_path, write_json
+from lib import methods
 from lib.hf_backend import NullModelBackend
+from lib.methods import next_phase
 from lib.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
 from lib import report_to
 from lib.policy import add_backend_args, load_policy
 from lib.subsets import seeded_sample
 from presets import PRESETS, preset_defaults
 
-METHODS = ("whale", "weight-only", "harness-only", "stagewise", "stagewise-hw", "fast-slow")
 
 
 def parse_args(argv=None, more_args=None, description=__doc__):
@@ -80,7 +81,7 @@ def parse_args(argv=None, more_args=None, description=__doc__):
         p.error("--plan and --check are plan.py's: python plan.py with the same flags (the plan without --plan)")
     g = p.add_argument_group("what to run")
     g.add_argument("--domain", required=True, choices=sorted(domains.DOMAINS))
-    g.add_argument("--method", nargs="+", default=["whale"], choices=METHODS,
+    g.add_argument("--method", nargs="+", default=[methods.DEFAULT], choices=list(methods.METHODS),
                    help="one or more methods, run one after another in this process (the imports "
                         "and h0's test evaluation are paid once)")
     g.add_argument("--schedule", default="fixed", choices=("fixed", "adaptive"))
@@ -160,7 +161,7 @@ def run_args(args, method):
     # seed 0 keeps the one-seed layout: a finished one-seed run is seed 0 of a multi-seed one
     seed_dir = os.path.join(args.preset, f"seed-{args.seed}") if args.seed else args.preset
     one.out = args.out or os.path.join("results", seed_dir, args.domain, method_name(one))
-    one.prompt_only = args.prompt_only or method == "fast-slow"  # FST: prompt strings only
+    one.prompt_only = args.prompt_only or methods.METHODS[method].prompt_only  # FST: prompt strings only
     return one
 
 
@@ -189,27 +190,11 @@ def steps_for(epochs, n_train, batch):
 
 
 def budgets(cfg, n_train):
-    """(RSFT steps, proposer rounds) this method spends in all; see the docstring for the rule."""
+    """(RSFT steps, proposer rounds) this method spends in all: the method table's rule (lib/methods.budgets) on
+    S = round(epochs x |train| / batch) steps in ceil(S / s) fixed weight phases of s steps."""
     steps = steps_for(cfg.epochs, n_train, cfg.batch)
     phases = math.ceil(steps / steps_for(cfg.phase_epochs, n_train, cfg.batch))
-    if cfg.method == "weight-only":
-        return steps, 0
-    if cfg.method == "harness-only":
-        return 0, cfg.harness_only_rounds or (cfg.harness_iterations - 1) * phases
-    return steps, (cfg.harness_iterations - 1) * (phases - 1)
-
-
-def next_phase(method, last, steps_left, rounds_left):
-    """The kind of the next phase, or None when the run is over. whale and fast-slow alternate,
-    weight first, and end after a weight phase; stagewise-hw spends its rounds first; every other
-    method its steps first."""
-    if method in ("whale", "fast-slow"):
-        if steps_left <= 0:
-            return None
-        return "harness" if last == "weight" and rounds_left > 0 else "weight"
-    if method == "stagewise-hw":
-        return "harness" if rounds_left > 0 else "weight" if steps_left > 0 else None
-    return "weight" if steps_left > 0 else "harness" if rounds_left > 0 else None
+    return methods.budgets(cfg.method, steps, phases, cfg.harness_iterations, cfg.harness_only_rounds)
 
 
 def harness_phase_cap(cfg):

@@ -4,6 +4,7 @@ import os
 
 from lib.files import read_jsonl
 from lib.intervals import paired_difference, pooled_difference, signed
+from lib.methods import CLAIM_I, CLAIM_II, CLAIM_III, METHODS, method_of, run_names
 from lib.runs import FINAL, domains_of, finished, paired_scores, points
 
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "cannot tell at this size"
@@ -14,7 +15,6 @@ CLAIMS = {
     "iii": "Small interleaved updates beat stagewise training (all weight phases, then all harness phases) in "
            "accuracy and in rollout cost.",
 }
-WHALES = ("whale", "whale-adaptive")
 HOW = ("Each claim in one line, then what the runs measured for it and the verdict: **holds** where the 95 % "
        "interval of the difference the claim is about lies above 0, **does not hold** where it lies at or below "
        "0 (or the claim's rollout half fails), **cannot tell at this size** where it straddles 0; a claim made "
@@ -22,6 +22,11 @@ HOW = ("Each claim in one line, then what the runs measured for it and the verdi
        "Test differences are on final points (each run's last evaluation, chosen without looking at the test "
        "set), per task on the same tasks and seed, in points, pooled over the seeds both runs finished (a "
        "hierarchical bootstrap, as in the comparison table).")
+
+
+def whale_runs():
+    """The run names the claims are about: WHALE, then adaptive WHALE (the method table's `ours`)."""
+    return [m for m in run_names() if method_of(m).ours]
 
 
 def verdict_of(difference):
@@ -60,7 +65,7 @@ def claims_section(runs):
     lines = ["## The paper's three claims, one by one", "",
              f"Computed on seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds)) or '-'}, "
              f"the seeds that finished. {HOW}", ""]
-    whales = [m for m in WHALES if any((d, m) in runs for d in domains_of(runs))] or ["whale"]
+    whales = [m for m in whale_runs() if any((d, m) in runs for d in domains_of(runs))] or whale_runs()[:1]
     for method in whales:
         lines += beats_baselines(runs, method)
     lines += bottleneck(runs)
@@ -73,7 +78,7 @@ def claims_section(runs):
 # (i) WHALE against the single-axis methods and FST
 
 def beats_baselines(runs, method):
-    baselines = ("weight-only", "harness-only", "fast-slow")
+    baselines = CLAIM_I
     lines = ["| domain | " + " | ".join(f"{method} - {b}" for b in baselines) + " | verdict |",
              "|---|" + "---|" * (len(baselines) + 1)]
     verdicts = []
@@ -89,7 +94,7 @@ def beats_baselines(runs, method):
 
 def claim_lines(claim, method, verdict, table):
     """The claim in one line (adaptive WHALE's: a pointer to WHALE's), its verdict, its table."""
-    said = CLAIMS[claim] if method == "whale" else f"The same for {method}."
+    said = CLAIMS[claim] if method in METHODS else f"The same for {method}."  # an adaptive run: the same claim
     return ([f"**({claim}) {said}** Verdict: **{verdict}**.", ""]
             + (table or ["Not enough finished runs."]) + [""])
 
@@ -102,7 +107,7 @@ def beats_stagewise(runs, method):
              f"{method} reached the other's final score at, per seed | verdict |", "|---|---|---|---|---|---|"]
     verdicts = []
     for domain in domains_of(runs):
-        for other in ("stagewise", "stagewise-hw"):  # stagewise-hw: a reference, harness phases first
+        for other in CLAIM_III:  # stagewise, then stagewise-hw: a reference, harness phases first
             ours, theirs = finished(runs.get((domain, method))), finished(runs.get((domain, other)))
             if not (set(ours) & set(theirs)):
                 continue
@@ -110,10 +115,10 @@ def beats_stagewise(runs, method):
             verdict = verdict_of(final_difference(ours, theirs))
             if verdict == HOLDS and cost[0] > cost[1]:
                 verdict = FAILS + " (more rollouts)"
-            if other == "stagewise":
+            if other == CLAIM_III[0]:
                 verdicts.append(verdict)
             reached = [first_reach(ours[s], final_row(theirs[s])["mean_at_k"]) for s in sorted(set(ours) & set(theirs))]
-            lines.append(f"| {domain} | {method} - {other}{' (reference)' if other != 'stagewise' else ''} | "
+            lines.append(f"| {domain} | {method} - {other}{' (reference)' if other != CLAIM_III[0] else ''} | "
                          f"{signed(final_difference(ours, theirs))} | {cost[0]:,.0f} / {cost[1]:,.0f} | "
                          + " / ".join("never" if r is None else f"{r:,}" for r in reached) + f" | {verdict} |")
     return claim_lines("iii", method, combined(verdicts), lines if verdicts else [])
@@ -153,7 +158,7 @@ def harness_reach_rows(runs):
              "weight-only | harness-only reached it | verdict |", "|---|---|---|---|---|---|---|"]
     verdicts = {}
     for domain in domains_of(runs):
-        weights, harness = finished(runs.get((domain, "weight-only"))), finished(runs.get((domain, "harness-only")))
+        harness, weights = (finished(runs.get((domain, m))) for m in CLAIM_II)
         for seed in sorted(set(weights) & set(harness)):
             target, theirs = final_row(weights[seed]), final_row(harness[seed])
             reached = first_reach(harness[seed], target["mean_at_k"])
@@ -194,9 +199,9 @@ def search_after_weights_rows(runs):
              "verdict |", "|---|---|---|---|---|"]
     verdicts = {}
     for domain in domains_of(runs):
-        before = finished(runs.get((domain, "harness-only")))
+        before = finished(runs.get((domain, CLAIM_II[0])))  # harness-only: its search under the base weights
         for seed, run in sorted(before.items()):
-            after = [(m, name, gain(r, name)) for m in WHALES
+            after = [(m, name, gain(r, name)) for m in whale_runs()
                      for r in [finished(runs.get((domain, m))).get(seed)] if r
                      for name in r["archives"] if name != "harness_w0"]
             if "harness_w0" not in run["archives"] or not after:

@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from lib.methods import METHODS, WEIGHTS
 from lib.sandbox import InfrastructureError
 from lib.sandbox import SandboxError
 
@@ -154,10 +155,12 @@ def conflicting_flags(args):
     """The first two flags of `args` that contradict each other (one cannot act under the other), as the line
     naming both and the fix; None when there are none. The CLIs share the flags, so they share this check."""
     get = lambda name, default=None: getattr(args, name, default)
-    methods = get("method") if isinstance(get("method"), list) else [get("method")]
-    if get("prompt_only") and "weight-only" in methods:
-        return ("--prompt-only limits the harness search, and --method weight-only searches no harness: drop "
-                "--prompt-only, or use --method fast-slow")
+    names = get("method") if isinstance(get("method"), list) else [get("method")]
+    searchless = [m for m in names if m in METHODS and METHODS[m].budgets == WEIGHTS]
+    if get("prompt_only") and searchless:
+        fst = next(m for m in METHODS if METHODS[m].prompt_only)
+        return (f"--prompt-only limits the harness search, and --method {searchless[0]} searches no harness: drop "
+                f"--prompt-only, or use --method {fst}")
     if get("proposer_cmd") and get("proposer") != "command":
         return f"--proposer-cmd is the command of --proposer command, not of --proposer {get('proposer')}: drop one"
     if get("retriever_url") and get("wiki"):

@@ -9,6 +9,7 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from lib.intervals import interval  # noqa: E402
+from lib.methods import method_of  # noqa: E402
 
 KIND_COLOURS = {"weight": "tab:blue", "harness": "tab:orange"}
 
@@ -55,7 +56,7 @@ def plot_curves(runs, path, domains, methods):
 def plot_timeline(runs, path):
     """A row per WHALE run and seed: its phases shaded by kind along the rollout axis, the test points
     on them."""
-    whale_runs = [(d, m, seed) for (d, m), seed_runs in runs.items() if m.startswith("whale")
+    whale_runs = [(d, m, seed) for (d, m), seed_runs in runs.items() if method_of(m).ours
                   for seed, run in seed_runs.items() if run["evals"]]
     fig, axes = plt.subplots(max(1, len(whale_runs)), 1,
                              figsize=(10, 2.4 * max(1, len(whale_runs))), squeeze=False)
@@ -165,7 +166,7 @@ def draw_alternation(ax, run):
 def plot_alternation(seed_runs, path, title):
     """Two columns of panels, one per method that ran ({method: run} of one domain and seed), WHALE
     first, sharing both axes so WHALE reads against each baseline; one legend for all."""
-    methods = sorted(seed_runs, key=lambda m: not m.startswith("whale"))  # stable: METHODS order after
+    methods = sorted(seed_runs, key=lambda m: not method_of(m).ours)  # stable: the method table's order after
     rows = max(1, (len(methods) + 1) // 2)
     height = 2.6 * rows + 1.4
     fig, axes = plt.subplots(rows, 2, figsize=(11, height), sharex=True, sharey=True, squeeze=False)

@@ -5,12 +5,7 @@ import os
 import re
 
 from lib.files import read_json, read_jsonl
-
-# a run under --schedule adaptive is <method>-adaptive (whale.method_name): every method's is read, whale's
-# (the one run_all.sh makes) first
-METHODS = ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale",
-           "whale-adaptive", "harness-only-adaptive", "weight-only-adaptive", "stagewise-adaptive",
-           "stagewise-hw-adaptive", "fast-slow-adaptive")
+from lib.methods import run_names
 
 
 def seed_folders(root):
@@ -33,7 +28,7 @@ def load_runs(root, domains):
     runs = {}
     for seed, bases in seed_folders(root).items():
         for domain in domains:
-            for method in METHODS:
+            for method in run_names():  # the method table's (lib/methods.py)
                 folder = next((f for f in (os.path.join(b, domain, method) for b in bases)
                                if os.path.exists(os.path.join(f, "metrics.jsonl"))), None)
                 if folder is not None:
@@ -59,8 +54,8 @@ def skipped_folders(root, runs, domains):
                                                  for f in ("config.json", "metrics.jsonl")):
                         continue
                     why = (f"{domain} is not a registered domain (domains.DOMAINS)" if domain not in domains
-                           else f"{name} is not a method the report lists (lib/runs.py METHODS)"
-                           if name not in METHODS else
+                           else f"{name} is not a run of a method in the method table (lib/methods.py)"
+                           if name not in run_names() else
                            "no metrics.jsonl: the run wrote no phase yet"
                            if not os.path.isfile(os.path.join(folder, "metrics.jsonl"))
                            else f"seed {seed}'s {domain}/{name} was read from another folder")

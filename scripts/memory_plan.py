@@ -16,6 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import plan  # noqa: E402
 import whale  # noqa: E402
+from lib.methods import DEFAULT  # noqa: E402
 from lib.ops import time_model as g  # noqa: E402
 from lib.policy import engine_seqs  # noqa: E402
 
@@ -63,7 +64,7 @@ def memory_rows():
     most the trainer leaves, and the micro-batches that fit, for the gpu preset's calls and thinking ones."""
     rows = []
     for domain, name in g.DOMAIN_MODEL.items():
-        gpu = run_args("gpu", domain, "whale", "fixed")
+        gpu = run_args("gpu", domain, DEFAULT, "fixed")
         share, seqs = gpu.gpu_memory, engine_seqs(gpu.workers)
         for card in g.CARDS:
             where = g.CARD_RETRIEVER[card] if domain == "searchqa" else None
@@ -114,7 +115,7 @@ def domain_rows(cards, preset, extra=(), **kw):
 
 def width_rows():
     """95 % half-widths of one cell's mean@k at the gpu and paper presets' test sizes and k."""
-    k_gpu, k_paper = (run_args(preset, "math", "whale", "fixed").k for preset in ("gpu", "paper"))
+    k_gpu, k_paper = (run_args(preset, "math", DEFAULT, "fixed").k for preset in ("gpu", "paper"))
     head = ["domain", "test tasks (gpu / paper)", f"gpu mean@{k_gpu}, p = 0.1", "p = 0.3", "p = 0.5",
             f"paper mean@{k_paper}, p = 0.3"]
     out = []

@@ -227,7 +227,7 @@ adapter_eval() {
 # the gpu preset's process shape, scaled to minutes: a domain's six methods in one whale.py process on one engine (the
 # probe at its start, Policy.to_base between runs, the canary after every RSFT update, harness phases through a
 # `command` proposer), greedy so that the hf backend's run of the same command must make the same decisions
-METHODS=(harness-only weight-only stagewise stagewise-hw fast-slow whale)
+read -ra METHODS <<< "$("$PY" -c 'import presets; print(*presets.table_methods())')"  # the method table's order
 AGENT="$(printf '%q %q' "$("$PY" -c 'from lib import sandbox; print(sandbox.python())')" "$PWD/scripts/paper_dry_run.py") agent {workdir}"
 loop_run() {  # loop_run NAME BACKEND [flags]: whale.py in $TMP/NAME (its own results/), its output in $TMP/NAME.log
     local name=$1 backend=$2 dir="$TMP/$1" root=$PWD f; shift 2

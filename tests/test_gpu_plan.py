@@ -10,6 +10,7 @@ import pytest
 
 import plan
 import whale
+from lib.methods import METHODS
 from lib.ops import time_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +33,7 @@ def domain_plan(capsys, domain):
 def test_the_gpu_table_fits_in_about_12_hours_on_80_gb_with_20_rsft_steps_a_run(capsys):
     """run_all.sh's table (3 domains x 6 methods, one process a domain): at least 5x the 4 RSFT steps a run of
     the previous gpu preset, in about 12 h on one 80 GB card by the estimate."""
-    assert {m for _, m, _ in time_model.TABLE} == set(whale.METHODS) and len(time_model.TABLE) == 18
+    assert {m for _, m, _ in time_model.TABLE} == set(METHODS) and len(time_model.TABLE) == 18
     hours = 0.0
     for domain in time_model.DOMAIN_MODEL:
         runs, estimates, _ = domain_plan(capsys, domain)
@@ -97,7 +98,7 @@ def test_plan_prints_each_runs_hours_and_their_sum(capsys):
 
 def test_the_estimate_counts_what_the_plan_prints(capsys):
     """run_counts (the estimate's input) and print_plan's totals are the same counts."""
-    for method in whale.METHODS:
+    for method in METHODS:
         args, est, out = planned(capsys, "--preset", "gpu", "--domain", "searchqa", "--method", method)
         c = est["counts"]
         assert f"total: {c['train'] + c['harness']:,d} rollouts ({c['train']:,d} training, {c['harness']:,d} " in out

@@ -131,3 +131,28 @@ def test_the_acceptance_rules_are_written_once():
                 if {"score", "mean_turns"} <= names:
                     found.append(f"{rel}:{n.lineno} ranks candidates")
     assert not found, f"{found}: import lib/rules.SUCCESS, rank or pick_best instead"
+
+
+def test_method_names_only_in_the_method_table():
+    """lib/methods.py is the one table of methods: no other source (but the two scripts that measure weight-only
+    and harness-only) holds a method's name as a value, and run_all.sh lists none; prose may name them."""
+    from lib.methods import METHODS, run_names
+    names = set(run_names()) | set(METHODS)
+    skip = {"lib/methods.py",
+            "scripts/check_engagement.py", "scripts/calibrate_cpu_h0.py",  # about weight-only and harness-only
+            "lib/models.py", "lib/report_to.py"}  # "whale": the project's cache folder and wandb project
+    sources = [p for p in ROOT.rglob("*.py") if not {"tests", ".venv", "results"} & set(p.relative_to(ROOT).parts)]
+    found = []
+    for path in sources:
+        rel = str(path.relative_to(ROOT))
+        if rel in skip:
+            continue
+        t = tree(rel)
+        prose = {id(n.body[0].value) for n in ast.walk(t) if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
+                 and n.body and isinstance(n.body[0], ast.Expr)}  # docstrings
+        found += [f"{rel}:{n.lineno} {n.value!r}" for n in ast.walk(t)
+                  if isinstance(n, ast.Constant) and n.value in names and id(n) not in prose]
+    shell = [f"{p.name}:{i}" for p in (ROOT / "run_all.sh", ROOT / "scripts" / "vllm_cpu_check.sh")
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if not line.lstrip().startswith("#") and sum(f" {n} " in f" {line} " for n in names) >= 2]
+    assert not found + shell, f"method names outside lib/methods.py: {found + shell}"

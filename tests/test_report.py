@@ -92,7 +92,7 @@ def test_tables_and_bands_come_from_the_per_task_scores(tmp_path, monkeypatch):
 
     bands = []
     monkeypatch.setattr(matplotlib.axes.Axes, "fill_between", lambda ax, x, low, high, **kw: bands.append((x, low, high)))
-    report.plot_curves(runs, str(tmp_path / "curves.png"), report.columns(runs), report.METHODS)
+    report.plot_curves(runs, str(tmp_path / "curves.png"), report.columns(runs), report.run_names())
     assert (tmp_path / "curves.png").stat().st_size > 0
     whale_band = next(b for b in bands if b[0] == [0, 100, 200])
     assert whale_band[1][:2] == [0.0, 75.0] and whale_band[2][:2] == [0.0, 75.0]  # constant phases: zero width

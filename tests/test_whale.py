@@ -21,6 +21,7 @@ from lib import files, ledger
 from lib.cli import run_config
 from lib.hf_backend import NullModelBackend
 from lib.ledger import Ledger
+from lib.methods import METHODS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +33,7 @@ def kinds(args, n_train):
 def test_every_method_gets_the_same_budgets_in_its_own_order():
     # smoke: 8 prompts at batch 2 = 4 steps in 2 phases of 2; I = 2 (the re-score + 1 round); harness-only gets
     # (I - 1) x 2 rounds, the alternating methods (I - 1) x (2 - 1): a harness phase between two weight phases
-    args = whale.parse_args(["--domain", "math", "--preset", "smoke", "--method", *whale.METHODS])
+    args = whale.parse_args(["--domain", "math", "--preset", "smoke", "--method", *METHODS])
     budget = {a.method: whale.budgets(a, 8) for a in args}
     assert budget == {"whale": (4, 1), "fast-slow": (4, 1), "stagewise": (4, 1), "stagewise-hw": (4, 1),
                       "weight-only": (4, 0), "harness-only": (0, 2)}
@@ -42,7 +43,7 @@ def test_every_method_gets_the_same_budgets_in_its_own_order():
                      "weight-only": ["weight", "weight"], "harness-only": ["harness", "harness"]}
     # 10 prompts, --phase-epochs 0.4: 5 steps in phases of 2, 2, 1; I = 3: 2 rounds a phase, 2 x 2 in all
     args = whale.parse_args(["--domain", "math", "--preset", "smoke", "--phase-epochs", "0.4", "--harness-iterations",
-                             "3", "--method", *whale.METHODS])
+                             "3", "--method", *METHODS])
     phases = {a.method: whale.fixed_phases(a, 10) for a in args}
     assert phases["whale"] == [("weight", 2), ("harness", 2), ("weight", 2), ("harness", 2), ("weight", 1)]
     assert phases["stagewise"] == [("weight", 2), ("weight", 2), ("weight", 1), ("harness", 2), ("harness", 2)]

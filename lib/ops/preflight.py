@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 
 from lib import driver, models, paper_data, report_to, retriever, sandbox, web, worker_pool
+from lib.methods import HARNESS, METHODS, WEIGHTS
 from lib.ops import time_model
 from lib.ops.hub import GPU_EXTRA, cached_model_bytes, dataset_status, hub_status, is_local, model_bytes
 
@@ -60,7 +61,7 @@ def plan(runs, check_harness=None, domain_of=None):
         checks[("model", args.model)] = (f"model ({args.model})", partial(check_model, args.model))
         served = (args.openai_url, args.openai_model or args.model) if args.backend == "openai" else None
         checks[("engine", args.backend, served)] = (f"engine ({args.backend})", partial(check_engine, args))
-        if args.method != "weight-only":  # every other method searches harnesses
+        if METHODS[args.method].budgets != WEIGHTS:  # a method with proposer rounds
             key = ("proposer", args.proposer, args.proposer_cmd, args.proposer_url, args.proposer_model)
             checks[key] = (f"proposer ({args.proposer})", partial(check_proposer, args))
         if args.report_to:
@@ -69,7 +70,7 @@ def plan(runs, check_harness=None, domain_of=None):
     checks[("sandbox",)] = ("sandbox", partial(check_sandbox, runs[0]))
     checks[("files",)] = ("open files", partial(check_open_files, runs))
     checks[("gpu",)] = ("gpu", partial(check_gpu, runs))
-    if any(time_model.model_name(args.model) and args.method != "harness-only" for args in runs):
+    if any(time_model.model_name(args.model) and METHODS[args.method].budgets != HARNESS for args in runs):
         checks[("fla",)] = ("gated deltanet backward", check_gated_deltanet_backward)
     order = ("harness", "retriever", "datasets", "data", "model", "engine", "proposer", "sandbox", "files", "report",
              "gpu", "fla")

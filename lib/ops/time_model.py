@@ -31,6 +31,8 @@ plan is to be checked against scripts/gpu_check.sh and the first real run's metr
 """
 import math
 
+from lib.methods import METHODS
+
 GiB = 1024 ** 3
 
 # Qwen3.5 text configs: layer counts and sizes from THUDM/slime scripts/models/qwen3.5-{2B,4B}.sh; the
@@ -119,9 +121,9 @@ NO_FLA_SFT_FACTOR = 3.0  # SFT time without fla-core: transformers' torch path f
 # the runs of run_all.sh's table, in its order: every domain x method (one process a domain); ADAPTIVE adds
 # adaptive WHALE where the paper reports it (a process of its own: another --schedule; the gpu preset leaves
 # it out by default)
-TABLE = [(d, m, "fixed") for d in DOMAIN_MODEL
-         for m in ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale")]
-ADAPTIVE = [(d, "whale", "adaptive") for d in DOMAIN_MODEL if d != "chess"]  # as presets.ADAPTIVE_DOMAINS
+TABLE = [(d, m, "fixed") for d in DOMAIN_MODEL for m in METHODS]  # the method table's order (lib/methods.py)
+ADAPTIVE = [(d, m, "adaptive") for d in DOMAIN_MODEL if d != "chess"  # as presets.ADAPTIVE_DOMAINS
+            for m, method in METHODS.items() if method.adaptive]
 
 
 def tokens(domain, max_new_tokens=1024):
@@ -332,12 +334,12 @@ def shared_phases(runs):
     """[how many leading phases of each run an earlier run of the process made], runs: [(method, phases)] in
     the process's order. whale.py's reuse takes a phase when everything before it and the phase itself are
     the same: the same RSFT steps under the same harnesses, the same search from the same harness under the
-    same weights (fast-slow's searches, prompt strings only, are its own)."""
+    same weights (a prompt-only method's searches, fast-slow's, are its own)."""
     made, out = set(), []
     for method, phases in runs:
         path, shared = (), 0
         for kind, size in phases:
-            path += ((kind, size, method == "fast-slow" and kind == "harness"),)
+            path += ((kind, size, METHODS[method].prompt_only and kind == "harness"),)
             shared += path in made and shared == len(path) - 1
             made.add(path)
         out.append(shared)
