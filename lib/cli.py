@@ -8,7 +8,7 @@ configs: what each part of the method reads, built from the flags here and nowhe
 
 Below the command line a part receives its config, never the whole argparse Namespace; a config's hash
 (config_hash) is what cross-method reuse and a resume compare, so a flag enters a key only where a
-config names it."""
+config names it: every flag does, but the few of NO_RESULT_FLAGS, which cannot change a result."""
 
 import argparse
 import contextlib
@@ -186,6 +186,14 @@ def conflicting_flags(args):
 # -----------------------------------------------------------------------------
 # the typed configs: what each part reads (field names are the flags' dests)
 
+# The flags no typed config holds, so no reuse key: they change how fast a result is made, where the engine runs or
+# what it keeps in memory, where the run is written and reported, or when a failing machine stops it, never the
+# result. Every other flag of every CLI reaches a config (tests/test_layout.py checks each parser against this list).
+NO_RESULT_FLAGS = ("out", "threads", "report_to", "gpu_memory", "vllm_sleep", "max_lora_rank", "skip_lora_probe",
+                   "openai_url", "openai_workers", "infra_budget", "unsafe_no_sandbox", "check")
+FLAG_FIELDS = {"deadline": "deadline_s"}  # a flag whose config field has another name
+
+
 @dataclass(frozen=True)
 class Inputs:
     """What every call runs on: the domain with its data flags, and the base model as its backend serves it."""
@@ -194,6 +202,7 @@ class Inputs:
     backend: str
     bf16: bool
     data: dict  # the flags of domains.add_args (which data, its sizes, the retriever, the judge)
+    openai_model: str | None = None  # --backend openai: the served model's name (None: --model)
 
 
 @dataclass(frozen=True)
@@ -317,7 +326,7 @@ def fields_of(cls, args, **given):
 def inputs_of(args, data_flags):
     # rollout.py and meta_harness.py train nothing: no --bf16 there
     return Inputs(args.domain, args.model, args.backend, getattr(args, "bf16", False),
-                  {k: getattr(args, k) for k in sorted(data_flags)})
+                  {k: getattr(args, k) for k in sorted(data_flags)}, getattr(args, "openai_model", None))
 
 
 def sampling_of(args, **override):

@@ -156,3 +156,60 @@ def test_method_names_only_in_the_method_table():
              for i, line in enumerate(p.read_text().splitlines(), 1)
              if not line.lstrip().startswith("#") and sum(f" {n} " in f" {line} " for n in names) >= 2]
     assert not found + shell, f"method names outside lib/methods.py: {found + shell}"
+
+
+class Parsed(Exception):
+    pass
+
+
+def parser_flags(main, monkeypatch):
+    """The flag dests of the parser a CLI's main builds, stopped as it parses."""
+    from lib import cli
+    seen = []
+
+    def record(parser, *a, **kw):
+        seen.append(parser)
+        raise Parsed
+    with monkeypatch.context() as m:
+        m.setattr(cli.Parser, "parse_args", record)
+        try:
+            main(["--domain", "math"])
+        except Parsed:
+            pass
+    return {a.dest for a in seen[0]._actions if a.dest != "help"}
+
+
+def config_fields(config, out):
+    """Every field name of a typed config, nested configs and the data flags included."""
+    import dataclasses
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        out.add(f.name)
+        if dataclasses.is_dataclass(value):
+            config_fields(value, out)
+        if isinstance(value, dict):
+            out |= set(value)
+    return out
+
+
+def test_every_flag_reaches_the_reuse_key_or_cannot_change_a_result(monkeypatch):
+    """Each flag of whale.py and plan.py reaches the RunConfig whose hashes key reuse, or is on lib/cli.NO_RESULT_FLAGS;
+    the standalone rft.py, meta_harness.py and rollout.py share that rule for every flag but their own extent (they
+    key no reuse: each resumes only its own folder)."""
+    import domains
+    import meta_harness
+    import plan
+    import rft
+    import rollout
+    import whale
+    from lib import cli
+    [args] = whale.parse_args(["--domain", "math", "--preset", "smoke"])
+    keyed = config_fields(cli.run_config(args, domains.data_flags()), set())
+    own = {"rft.py": {"steps", "stop_patience"}, "meta_harness.py": {"rounds", "patience", "min_rounds"},
+           "rollout.py": {"split", "limit", "adapter"}}
+    for name, main in (("whale.py", whale.main), ("plan.py", plan.main), ("rft.py", rft.main),
+                       ("meta_harness.py", meta_harness.main), ("rollout.py", rollout.main)):
+        flags = parser_flags(main, monkeypatch)
+        missing = {f for f in flags if cli.FLAG_FIELDS.get(f, f) not in keyed} - set(cli.NO_RESULT_FLAGS)
+        assert missing == own.get(name, set()), f"{name}: {sorted(missing)} reach no config: add each to its " \
+                                                "config (lib/cli.py) or, if it cannot change a result, to NO_RESULT_FLAGS"
