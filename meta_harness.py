@@ -377,7 +377,7 @@ def check_and_score(run_dir, name, backend, domain, tasks, cfg, policy_kw, run_e
         print(f"  {name}: rejected, {meta['reason']}")
 
 
-def search(backend, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_name="h0",
+def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_name="h0",
            run_episodes=None, evaluate=None):
     """Meta-Harness under fixed weights, `rounds` proposer rounds (an archive that holds some already
     replays them). stop: (rounds before, patience, min rounds) ends the search early (phase_stalled), None never.
@@ -397,15 +397,15 @@ def search(backend, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_
     check_setup(run_dir, domain, tasks, cfg)
     add_seed(run_dir, seed_harness, seed_name)
     if not (run_dir / "candidates" / seed_name / "scores.json").exists():
-        score(run_dir / "candidates" / seed_name, backend, domain, tasks, cfg, kw, evaluate)
+        score(run_dir / "candidates" / seed_name, policy, domain, tasks, cfg, kw, evaluate)
     rows, frontier = write_index(run_dir, 0)
     done = failures = 0
     for it in range(1, rounds + 1):
         names = [f"h{it}_{j}" for j in range(1, M + 1)]
         failures = propose_iteration(run_dir, names, rows, it, domain, cfg, failures)  # propose
         for name in names:  # validate, score
-            check_and_score(run_dir, name, backend, domain, tasks, cfg, kw, run_episodes, evaluate)
-        check_without_model(run_dir, it, backend, domain, tasks, cfg, kw, evaluate)
+            check_and_score(run_dir, name, policy, domain, tasks, cfg, kw, run_episodes, evaluate)
+        check_without_model(run_dir, it, policy, domain, tasks, cfg, kw, evaluate)
         rows, frontier = write_index(run_dir, it)  # accept: the archive best
         done = it
         print(f"iteration {it}: best {frontier['best']} = {frontier['score']:.4f}, series "

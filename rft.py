@@ -11,13 +11,11 @@ weight-only baseline.
         # data, batch, G, SFT, --train-limit); any flag given still wins
 
 Each rollout step (RSFT.step) is sample, filter, update:
-- sample: the next --batch prompts of the train split from a seeded epoch sampler (a fresh shuffle
-per epoch, so
-  "0.6 epoch" is exactly 0.6 * len(train) prompts), G = --group episodes each, under the current
-  harness with the current weights;
-- filter: keep every successful episode (reward > lib/rules.SUCCESS; all of them, not best-of-n): an accepted
-trajectory, whose
-  every llm() call is one example (prompt ids, sampled completion ids);
+- sample: the next --batch prompts of the train split from a seeded epoch sampler (a fresh shuffle per
+  epoch, so "0.6 epoch" is exactly 0.6 * len(train) prompts), G = --group episodes each, under the
+  current harness with the current weights;
+- filter: keep every successful episode (reward > lib/rules.SUCCESS; all of them, not best-of-n): an
+  accepted trajectory, whose every llm() call is one example (prompt ids, sampled completion ids);
 - update: one pass over the accepted trajectories in order, one optimizer step per SFT mini-batch of
   --sft-batch of them, so ceil(accepted / sft_batch) steps (the paper presets: 64 per GPU x the
   official runs' data-parallel GPUs, presets.OFFICIAL_DP_GPUS); a mini-batch's loss is the summed

@@ -13,32 +13,10 @@ lib/policy.py).
 preset's run draws it (harness: --harness-tasks tasks x --harness-samples; test: --test-limit tasks past
 --test-holdout, mean@--k; train: --train-limit); any flag given still wins.
 
-Algorithm. A harness is untrusted Python: `run(task, llm, tools)`. Each episode runs it in its own
-worker (lib/harness_process.py) inside the OS sandbox (lib/sandbox.py: no project folder, no data,
-no other process, no network), so it holds no answers and no hidden tool state. The worker talks
-JSON lines over its own pipes: it asks for `llm(messages, tools, max_tokens, stop)` or a tool call
-and waits for the reply. The parent process holds the tasks, the tools and the model; it checks
-every request (lib/runner.py llm_request), renders it through the model's chat template (tool schemas in the
-model's native format, thinking per --thinking), answers tool calls from a thread pool and collects
-the llm() requests of all episodes, and when every live episode is waiting (or the rest are busy for
-a while) it samples them all in ONE batched `backend.generate` call. It records the exact prompt and
-completion token ids of every call, and cuts the reply text after the first stop string. Each call's
-token cap is the harness's and --max-new-tokens, cut to what is left of the episode's
-assistant-token budget (--episode-tokens) and of the model length; once nothing is left, the reply
-is empty (docs/protocol.md section 2). So is every request past the official caps on an episode's
-model calls, whatever the harness asks (each domain's MODEL_CALLS and MAX_RETRIES: searchqa and math 16; chess
-18, and 10 retries of each kind). When an episode ends (done, error, its deadline, a forged request:
-reward 0, error in the trace) its sandbox is killed with every process and thread in it, and a fresh
-one starts in its place: every episode gets a fresh interpreter (started ones wait in a pool across
-calls, so an episode rarely waits). An episode lost outside the harness's own code (its worker did
-not start, a tool server or the python tool's sandbox failed: lib.sandbox.InfrastructureError) also
-scores 0, but counts against its phase's error budget, not the candidate: past --infra-budget (5 %)
-of a phase's episodes the run stops with one line (InfraErrorBudget). Seeds: each call's sampling seed
-and the harness's `random` seed come from (--seed, the episode's index, task id, sample, call
-number): the same prompt twice in one batch gets two rollouts, a rerun the same ones. The parent
-computes the reward from the returned answer. mean@k = per-task success rate over k samples,
-averaged over tasks. The runner (lib/runner.py)'s overhead over raw batched generation:
-scripts/bench_rollout.py.
+A harness is untrusted Python, `run(task, llm, tools)`: each episode runs it in a fresh sandboxed worker, and the
+runner (lib/runner.py) batches the llm() requests of every live episode into one `generate` call, answers the tool
+calls, records the exact token ids and computes the reward. mean@k = per-task success rate over k samples,
+averaged over tasks. How the runner works (caps, seeds, the error budget): docs/design.md section 4.
 """
 import argparse
 import json

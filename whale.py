@@ -11,38 +11,14 @@ WHALE: Weight-Harness Alternating LEarning, and the five baselines it is compare
 The agent is weights (a LoRA adapter on the base model) plus a harness (a Python file). A run is a
 sequence of phases, each followed by a mean@k evaluation on the test split:
 
-    weight phase   online RSFT (rft.py) under the current harness
-    harness phase  Meta-Harness (meta_harness.py) under the current weights; its winner goes on
+    weight phase   online RSFT steps (rft.py) under the current harness
+    harness phase  Meta-Harness rounds (meta_harness.py) under the current weights; its winner goes on
 
-Budgets, the same totals for every method under both schedules (the official protocol's rule):
-    weight budget   S = round(epochs x |train| / batch) RSFT steps, in fixed phases of
-                    s = round(phase_epochs x |train| / batch) steps (E), the last one what is left
-    harness budget  R = (I - 1) x (ceil(S / s) - 1) proposer rounds: a harness phase between every
-                    two weight phases, each the re-scoring of the incoming harness under the new
-                    weights (the first of its I iterations) and I - 1 rounds of M candidates;
-                    harness-only: --harness-only-iterations rounds (default (I - 1) x ceil(S / s))
-A method spends its budgets in this order:
-    whale         weight, harness, weight, ..., weight: it ends after a weight phase
-    weight-only   RSFT for the whole weight budget under h0 (no harness budget)
-    harness-only  Meta-Harness for its rounds under the base weights (no weight budget)
-    stagewise     all weight phases, then all harness phases
-    stagewise-hw  all harness phases, then all weight phases (separates alternation from order)
-    fast-slow     the WHALE alternation, but the proposer may change only h0's prompt strings (FST)
-The schedule decides where a phase ends, never how much a method gets in all:
-    fixed      a weight phase is s steps, a harness phase I - 1 rounds
-    adaptive   a weight phase ends when its windowed training reward has set no new phase-best for
-               --adaptive-epochs (also its minimum length), a harness phase when its archive best
-               has not improved for --harness-patience rounds after --harness-min-iterations (at
-               most --harness-max-iterations); either ends early when its budget is spent, and whale
-               never ends on a harness phase (rounds left when the weight budget is spent go unused)
-Harness phases under weights that did not change since the last one continue its archive, each phase
-adding its own rounds; new weights start a new archive from the incoming harness.
-`python plan.py` (whale.py's flags) prints a run's phases, steps, rounds and rollouts, no model loaded.
-
-Several methods in one command run one after another in one process and never compute the same thing
-twice (lib/ledger.py). A run's folder is results/<preset>/[seed-<n>/]<domain>/<method>/ (what it
-holds: docs/design.md section 8). Rerunning the same command resumes: finished steps, iterations and
-evaluations are never redone, and the resumed run ends where an uninterrupted one would have.
+run() below is the whole loop, top to bottom. The methods and their budget rules are one table, lib/methods.py;
+the budget algebra and the adaptive schedule: docs/design.md section 2; `python plan.py` (whale.py's flags)
+prints a run's phases, steps, rounds and rollouts, no model loaded. Several methods in one command run one
+after another in one process and never compute the same thing twice; rerunning the same command resumes (the
+run folder's ledger, lib/ledger.py; what a folder holds: docs/design.md section 8).
 """
 import argparse
 import json
