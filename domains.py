@@ -17,11 +17,11 @@ section 4):
 - searchqa: BM25 (bm25s) over a synthetic encyclopedia, split by entity (`source` "synthetic");
   reward = exact match after normalisation (lower case, punctuation and the articles a/an/the
   removed, white space folded) with any gold answer, or with --judge-url the verdict of the LLM judge
-  the official docs name, in the project's wording of its rules (lib/judge.py; docs/fidelity.md 16, 17).
+  the official docs name, in the project's wording of its rules (lib/paper/judge.py; docs/fidelity.md 16, 17).
 - math: test = the GSM8K originals, or with --math-test-set generated 200 held-out generated
   problems of 1-2 steps; --math-max-steps N keeps only the bundled training problems of at most N
   steps (and so the harness set drawn from them); `python(code)` runs in a fresh OS sandbox
-  (lib/sandbox.py) with CPU, memory and output limits; reward = the last \\boxed{...} within the
+  (lib/episodes/sandbox.py) with CPU, memory and output limits; reward = the last \\boxed{...} within the
   answer's final 100 characters (nested braces handled) equals the gold answer as a string, white
   space included (math_dapo's strict box check).
 - chess: Lichess puzzles; the line's first move is the opponent's and is played before the agent
@@ -34,7 +34,7 @@ section 4):
   most once, + - * / and parentheses, and its exact value is the target (countdown_value: parsed, never run).
 
 The paper's data (--data paper: `domains.get(name, args)` with add_args' flags) loads through
-lib/paper_data.py: the hub datasets (or local copies of them) in the bundled tasks' shape, and
+lib/paper/paper_data.py: the hub datasets (or local copies of them) in the bundled tasks' shape, and
 Wikipedia 2018 for search.
 """
 import argparse
@@ -50,11 +50,11 @@ from types import SimpleNamespace
 
 import chess
 
-from lib import paper_data
-from lib.retriever import check_flags as check_retriever_flags, shared_retriever
+from lib.paper import paper_data
+from lib.paper.retriever import check_flags as check_retriever_flags, shared_retriever
 from lib.contract import check_harness_fits
-from lib.judge import FLAGS as JUDGE_FLAGS, JUDGE_GROUP, judge_from_flags
-from lib.sandbox import PYTHON_TIMEOUT_S, run_python
+from lib.paper.judge import FLAGS as JUDGE_FLAGS, JUDGE_GROUP, judge_from_flags
+from lib.episodes.sandbox import PYTHON_TIMEOUT_S, run_python
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 SPLITS = ("train", "harness", "test")
@@ -237,7 +237,7 @@ with any gold answer (or an LLM judge's verdict, where the run uses one). Good c
 Combining mechanisms of earlier candidates is fine, as are published patterns (ReAct, self-ask, IRCoT). Never
 branch on question text, entities or the benchmark a question comes from. Where the harness gives the model a
 tool schema (`TOOLS`), keep its name and its first parameter: the weights are trained under it."""
-    judge = None  # lib.judge.Judge with --judge-url, else exact match
+    judge = None  # lib.paper.judge.Judge with --judge-url, else exact match
 
     def verifier(self):
         """Exact match (the official code's default) or the LLM judge (the official docs'; docs/fidelity.md)."""
@@ -300,7 +300,7 @@ class PythonTools:
 
     def python(self, code):
         """Run code; return its stdout and stderr (or an error text), cut to
-        lib.sandbox.MAX_OUTPUT_CHARS."""
+        lib.episodes.sandbox.MAX_OUTPUT_CHARS."""
         return run_python(code, timeout_s=self.timeout_s)
 
 
@@ -658,8 +658,8 @@ def from_args(args):
 
 
 def add_args(parser):
-    """The data flags every CLI passes to get(): the paper's sets (lib/paper_data.py), the bundled
-    sets' options, and searchqa's judge (lib/judge.py). -> their names (dests): what a run's
+    """The data flags every CLI passes to get(): the paper's sets (lib/paper/paper_data.py), the bundled
+    sets' options, and searchqa's judge (lib/paper/judge.py). -> their names (dests): what a run's
     cli.Inputs.data holds, so what its reuse and resume keys compare"""
     first = len(parser._actions)
     p = parser.add_argument_group(paper_data.DATA_GROUP)
@@ -709,8 +709,8 @@ def check_inputs(args, split="train"):
     paper's retriever), the engine, the data of `split` read whole (a malformed row is an error
     now), the model. --check (lib/ops/preflight.py) runs the same checks and, where it can, asks
     more (the server, the hub). -> (domain, the split's tasks)"""
-    from lib.models import check_model  # here: the report imports this module without torch
-    from lib.policy import check_backend
+    from lib.backends.models import check_model  # here: the report imports this module without torch
+    from lib.backends.policy import check_backend
     domain = check_harness(args)
     check_tools(args.domain, args)
     check_backend(args)

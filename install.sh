@@ -3,7 +3,7 @@
 #
 #     bash install.sh          # CPU: torch 2.13.0 (a CPU wheel), requirements.txt, SmolLM2-135M
 #     bash install.sh --gpu    # CUDA machine: torch 2.14.0, requirements-gpu.txt (vllm, datasets), SmolLM2-135M;
-#                              # first checks the NVIDIA driver (>= 580, for the CUDA 13 wheels: lib/driver.py)
+#                              # first checks the NVIDIA driver (>= 580, for the CUDA 13 wheels: lib/ops/driver.py)
 #
 # The environment is .venv/ in the repo, made with `python3 -m venv` (PYTHON=python3.11 picks another
 # interpreter); an active venv or conda env is used instead. run_all.sh and .ci/run pick the same one.
@@ -21,7 +21,7 @@ case "${1:-}" in
   *) die "unknown argument '$1': run 'bash install.sh' (CPU) or 'bash install.sh --gpu' (CUDA machine)" ;;
 esac
 # the CUDA 13 wheels need NVIDIA driver 580 or newer; on an older one torch sees no GPU (stdlib only: no venv yet)
-if [ "${1:-}" = --gpu ] && command -v "${PYTHON:-python3}" > /dev/null; then "${PYTHON:-python3}" lib/driver.py install; fi
+if [ "${1:-}" = --gpu ] && command -v "${PYTHON:-python3}" > /dev/null; then "${PYTHON:-python3}" lib/ops/driver.py install; fi
 
 # the environment: an active venv or conda env, else .venv/ (made once, remade if its Python is gone)
 if [ -n "${VIRTUAL_ENV:-}" ] || [ -n "${CONDA_PREFIX:-}" ]; then

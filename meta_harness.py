@@ -28,7 +28,7 @@ whole budget of rounds here.
 
 The run folder is the archive and the search's own truth. A proposer never works in it: it gets a
 copy of the harness-set material (code, meta, scores, traces, summary, frontier, notes) in a fresh
-folder outside the run folder, runs there in its own session inside the OS sandbox (lib/sandbox.py:
+folder outside the run folder, runs there in its own session inside the OS sandbox (lib/episodes/sandbox.py:
 it sees that folder and nothing of the project, the data or the run's evals/), and afterwards the
 search takes back only each new candidate's harness.py (size-capped, no symlinks), its parent /
 hypothesis / changed as short text, and notes.md. Validity and scores are always the search's own. A
@@ -57,17 +57,17 @@ from pathlib import Path
 
 import domains
 import rollout
-from lib import sandbox
+from lib.episodes import sandbox
 from lib.archive import candidate_rows, check_archive, restore_seed, write_index
 from lib.briefs import BRIEFS
 from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegative_int,
                      one_line_errors, positive_float, positive_int, search_config, seed_int, unit_interval)
 from lib.contract import normalized, static_check
-from lib.files import check_run_files, check_same_model, file_sha, read_json, write_json
-from lib.hf_backend import NullModelBackend
+from lib.run_folder.files import check_run_files, check_same_model, file_sha, read_json, write_json
+from lib.backends.hf_backend import NullModelBackend
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
-from lib.policy import add_backend_args, load_policy
+from lib.backends.policy import add_backend_args, load_policy
 from lib.proposers import (PROPOSER_MAX_FILE_MB, PROPOSER_MAX_PROCS, PROPOSER_MAX_WRITTEN_MB, PROPOSER_MEMORY_MB,
                            failure_advice, propose_agent, propose_in_copy)
 from lib.rules import pick_best

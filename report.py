@@ -11,7 +11,7 @@ with the rollouts spent to reach it, each the mean over seeds with a 95 % interv
 hierarchical bootstrap: resample the seeds, then the test tasks within each resampled seed (2,000
 resamples of the per-task scores in evals/phase_<n>.json, seed 0; with one seed, a bootstrap over
 test tasks). Then the paper's three claims, each with what the runs measured and a verdict (holds /
-does not hold / cannot tell at this size; lib/claims.py). With several seeds, each seed's final
+does not hold / cannot tell at this size; lib/report/claims.py). With several seeds, each seed's final
 point follows. The paired comparison: WHALE (and
 adaptive WHALE) minus fixed, named baselines (harness-only, weight-only, stagewise-hw, each where it
 ran), the mean per-task difference on the same tasks under the same seed, per seed and pooled over
@@ -22,7 +22,7 @@ mean@k against cumulative rollouts, a panel per domain, a line per method and se
 interval over test tasks as a band), timeline.png (each WHALE run's phases along the rollout axis,
 with mean@k where it was tested) and per domain and seed alternation-<domain>[-seed-<n>].png (a panel
 per method: its phases, the training reward of every RSFT step, the harness-set score of every search
-round, the test points with their intervals; lib/plots.py).
+round, the test points with their intervals; lib/report/plots.py).
 """
 import argparse
 import os
@@ -32,14 +32,14 @@ from statistics import fmean
 import numpy as np
 
 import domains
-from lib import runs as run_folders
-from lib.claims import claims_section
+from lib.report import runs as run_folders
+from lib.report.claims import claims_section
 from lib.cli import Parser, one_line_errors
-from lib.intervals import (benchmarks_ci, hierarchical_ci, paired_difference, percent,
+from lib.report.intervals import (benchmarks_ci, hierarchical_ci, paired_difference, percent,
                            pooled_difference, seeds_interval, signed)
-from lib.plots import plot_alternation, plot_curves, plot_timeline
+from lib.report.plots import plot_alternation, plot_curves, plot_timeline
 from lib.methods import ADAPTIVE, METHODS, method_of, run_names
-from lib.runs import BEST, FINAL, domains_of, finished, paired_scores, points  # noqa: F401
+from lib.report.runs import BEST, FINAL, domains_of, finished, paired_scores, points  # noqa: F401
 
 
 def baselines():
@@ -59,7 +59,7 @@ def paper_scores():
 
 
 def load_runs(root):
-    """Every registered domain's runs under root (lib/runs.py), in the registry's order."""
+    """Every registered domain's runs under root (lib/report/runs.py), in the registry's order."""
     return run_folders.load_runs(root, list(domains.DOMAINS))
 
 

@@ -42,15 +42,15 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import rollout
-from lib import sandbox
+from lib.episodes import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegative_float,
                      nonnegative_int, one_line_errors, positive_float, positive_int, probability,
                      rsft_config, seed_int)
-from lib.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_checkpoint_model,
+from lib.run_folder.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_checkpoint_model,
                        link_tree, read_json, resolved_path, sha256, stored_path, swap_link, write_json,
                        write_jsonl)
-from lib.models import shared_prefix
-from lib.policy import add_backend_args, load_policy
+from lib.backends.models import shared_prefix
+from lib.backends.policy import add_backend_args, load_policy
 from lib.rules import SUCCESS
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, script_defaults

@@ -1,6 +1,6 @@
 r"""
 The batched, sandboxed episode runner and mean@k evaluation (the policy and its backends:
-lib/policy.py).
+lib/backends/policy.py).
 
     python rollout.py --domain chess --harness harnesses/chess.py --model smoke --split test \
         --k 8 --limit 4 --out out/eval
@@ -14,7 +14,7 @@ preset's run draws it (harness: --harness-tasks tasks x --harness-samples; test:
 --test-holdout, mean@--k; train: --train-limit); any flag given still wins.
 
 A harness is untrusted Python, `run(task, llm, tools)`: each episode runs it in a fresh sandboxed worker, and the
-runner (lib/runner.py) batches the llm() requests of every live episode into one `generate` call, answers the tool
+runner (lib/episodes/runner.py) batches the llm() requests of every live episode into one `generate` call, answers the tool
 calls, records the exact token ids and computes the reward. mean@k = per-task success rate over k samples,
 averaged over tasks. How the runner works (caps, seeds, the error budget): docs/design.md section 4.
 """
@@ -24,14 +24,14 @@ import os
 import time
 from pathlib import Path
 
-from lib import sandbox
+from lib.episodes import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int,
                      one_line_errors, positive_float, positive_int, sampling_of, seed_int,
                      share)
-from lib.policy import add_backend_args, load_policy
-from lib.runner import MAX_PROMPT_TOKENS
-from lib.sandbox import InfrastructureError
-from lib.runner import Episode, Runner
+from lib.backends.policy import add_backend_args, load_policy
+from lib.episodes.runner import MAX_PROMPT_TOKENS
+from lib.episodes.sandbox import InfrastructureError
+from lib.episodes.runner import Episode, Runner
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, preset_defaults, script_defaults
 
@@ -42,7 +42,7 @@ from presets import add_preset_arg, preset_defaults, script_defaults
 def add_sampling_args(p):
     """Sampling and runner flags, shared by every script that runs episodes."""
     # sampling (paper: temperature 1.0, top-k 20, top-p 1.0, for training and test alike; top-p has no
-    # flag: the engines always send the official 1.0, lib/engines.py TOP_P, because a `vllm serve` fills a
+    # flag: the engines always send the official 1.0, lib/backends/engines.py TOP_P, because a `vllm serve` fills a
     # missing one from the model's generation_config.json) and the runner
     p.add_argument("--temperature", type=nonnegative_float, default=1.0, help="0 = greedy")
     p.add_argument("--top-k", type=nonnegative_int, default=20, help="0 = off")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every domain x method, then the report:   bash run_all.sh
-# Preset: `gpu` when torch sees a CUDA GPU, `cpu` when nvidia-smi sees none either (lib/driver.py); PRESET=... overrides (PRESET=paper: the official budgets,
+# Preset: `gpu` when torch sees a CUDA GPU, `cpu` when nvidia-smi sees none either (lib/ops/driver.py); PRESET=... overrides (PRESET=paper: the official budgets,
 # GPU-days); SMOKE=1 means `smoke`.
 # DOMAINS="searchqa math" narrows the domains; ADAPTIVE=0|1 leaves out or adds the adaptive WHALE runs (default:
 # 1 under smoke and paper, 0 under cpu and gpu, to keep them within their time; never on chess, as in the paper). SEEDS="0 1 2" runs every seed (whale.py --seed; default 0):
@@ -23,7 +23,7 @@ if [ "${SMOKE:-0}" = "1" ]; then
 elif [ -z "${PRESET:-}" ]; then
   # gpu where torch sees a GPU, cpu where there is none; a GPU that only nvidia-smi sees (an old driver, a CPU
   # torch) is one line naming the cause, never a silent cpu night
-  PRESET=$(python lib/driver.py preset) || exit 1
+  PRESET=$(python lib/ops/driver.py preset) || exit 1
 fi
 # the preset's table (presets.py table_domains: cpu leaves chess out) and where adaptive WHALE runs
 DOMAINS=${DOMAINS:-$(python -c "import presets, sys; print(*presets.table_domains(sys.argv[1]))" "$PRESET")}
@@ -86,7 +86,7 @@ for seed in $SEEDS; do
       if needs_run "$seed" "$domain" "$method"; then todo+=("$method"); fi
     done
     # the methods of a domain share one process: the model and engine load once, and the phases and evaluations
-    # they have in common are computed once (lib/ledger.py)
+    # they have in common are computed once (lib/run_folder/ledger.py)
     run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed" "$@")
     if [ ${#todo[@]} -gt 0 ]; then
       run_logged "seed $seed, $domain, ${todo[*]}" "$logs/$domain.log" "${run[@]}" --method "${todo[@]}"

@@ -18,7 +18,7 @@ run() below is the whole loop, top to bottom. The methods and their budget rules
 the budget algebra and the adaptive schedule: docs/design.md section 2; `python plan.py` (whale.py's flags)
 prints a run's phases, steps, rounds and rollouts, no model loaded. Several methods in one command run one
 after another in one process and never compute the same thing twice; rerunning the same command resumes (the
-run folder's ledger, lib/ledger.py; what a folder holds: docs/design.md section 8).
+run folder's ledger, lib/run_folder/ledger.py; what a folder holds: docs/design.md section 8).
 """
 import argparse
 import json
@@ -34,16 +34,16 @@ import domains
 import meta_harness
 import rft
 import rollout
-from lib import sandbox
+from lib.episodes import sandbox
 from lib.cli import (Parser, check_out, config_hash, conflicting_flags, nonnegative_int, one_line_errors,
                      positive_float, positive_int, run_config, seed_int)
-from lib.files import file_sha, stored_path, write_json
+from lib.run_folder.files import file_sha, stored_path, write_json
 from lib import methods
-from lib.hf_backend import NullModelBackend
+from lib.backends.hf_backend import NullModelBackend
 from lib.methods import next_phase
-from lib.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
-from lib import report_to
-from lib.policy import add_backend_args, load_policy
+from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
+from lib.run_folder import report_to
+from lib.backends.policy import add_backend_args, load_policy
 from lib.subsets import seeded_sample
 from presets import PRESETS, preset_defaults
 
@@ -199,7 +199,7 @@ def fixed_phases(cfg, n_train):
 
 def run(cfg, domain, policy, donors=()):
     """One method's run: the plan's budgets, then phase after phase, each with its test evaluation. The ledger
-    (lib/ledger.py) is the run folder's record, looked up before each piece of work: what finished is never
+    (lib/run_folder/ledger.py) is the run folder's record, looked up before each piece of work: what finished is never
     redone, what a donor run (another method of this command) made with the same key is taken instead, what a
     damage lost is rebuilt first."""
     train = seeded_sample(domain.load("train"), cfg.rsft.train_limit)

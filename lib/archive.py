@@ -10,7 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from lib.files import (append_jsonl, damaged, json_object, read_json, read_jsonl, sha256, whole_jsonl,
+from lib.run_folder.files import (append_jsonl, damaged, json_object, read_json, read_jsonl, sha256, whole_jsonl,
                        write_json, write_jsonl)
 from lib.rules import pick_best
 

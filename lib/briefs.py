@@ -8,7 +8,7 @@ model (NULL_RULES). lib/proposers.write_instructions fills them in.
 import ast
 from pathlib import Path
 
-from lib.runner import MAX_CHARS, MAX_MESSAGES, MAX_STOP_CHARS, MAX_STOPS, MAX_TOOLS, ROLES
+from lib.episodes.runner import MAX_CHARS, MAX_MESSAGES, MAX_STOP_CHARS, MAX_STOPS, MAX_TOOLS, ROLES
 from lib.rules import WINNER_RULE
 
 INSTRUCTIONS = """# Meta-Harness: propose better harnesses
@@ -105,8 +105,8 @@ KEYWORDS = {
 
 def llm_interface():
     """The brief's lines on llm(), written from the harness contract itself so the two cannot drift: the keywords
-    of the llm() a harness is handed (read off lib/harness_process.py, the worker script, which cannot be
-    imported), the roles and limits the runner checks (lib/runner.py llm_request); tests/test_fidelity.py holds
+    of the llm() a harness is handed (read off lib/episodes/harness_process.py, the worker script, which cannot be
+    imported), the roles and limits the runner checks (lib/episodes/runner.py llm_request); tests/test_fidelity.py holds
     the brief to the runner."""
     llm = worker_llm()
     names, signature = [arg.arg for arg in llm.args.args], f"llm({ast.unparse(llm.args)}) -> str"
@@ -121,6 +121,6 @@ def llm_interface():
 
 
 def worker_llm():
-    """The syntax tree of the llm() the worker hands a harness (lib/harness_process.py, make_llm's inner llm)."""
-    tree = ast.parse((Path(__file__).parent / "harness_process.py").read_text())
+    """The syntax tree of the llm() the worker hands a harness (lib/episodes/harness_process.py, make_llm's inner llm)."""
+    tree = ast.parse((Path(__file__).parent / "episodes" / "harness_process.py").read_text())
     return next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "llm")

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lib.methods import METHODS, WEIGHTS
-from lib.sandbox import InfrastructureError
-from lib.sandbox import SandboxError
+from lib.episodes.sandbox import InfrastructureError
+from lib.episodes.sandbox import SandboxError
 
 
 class Parser(argparse.ArgumentParser):
@@ -40,10 +40,10 @@ class Parser(argparse.ArgumentParser):
 def project_errors():
     """What the project raises for bad input: ValueError (also JSON and decoding errors), the OSError family
     (FileNotFoundError, PermissionError, IsADirectoryError ...), ImportError of an optional package, the
-    sandbox's and the engines' errors, and a run over its error budget (InfrastructureError). EngineError lives beside torch (lib/canary.py): it can only have been
+    sandbox's and the engines' errors, and a run over its error budget (InfrastructureError). EngineError lives beside torch (lib/backends/canary.py): it can only have been
     raised once that module is loaded, so report.py and domains.py never pay for the torch import."""
     errors = [ValueError, OSError, ImportError, SandboxError, InfrastructureError]
-    canary = sys.modules.get("lib.canary")
+    canary = sys.modules.get("lib.backends.canary")
     if canary is not None:
         errors.append(canary.EngineError)
     return tuple(errors)
@@ -188,9 +188,11 @@ def conflicting_flags(args):
 
 # The flags no typed config holds, so no reuse key: they change how fast a result is made, where the engine runs or
 # what it keeps in memory, where the run is written and reported, or when a failing machine stops it, never the
-# result. Every other flag of every CLI reaches a config (tests/test_layout.py checks each parser against this list).
+# result (--paper-with-bm25 only lets the paper preset take --wiki, whose retriever the data flags key). Every other
+# flag of every CLI reaches a config (tests/test_layout.py checks each parser against this list).
 NO_RESULT_FLAGS = ("out", "threads", "report_to", "gpu_memory", "vllm_sleep", "max_lora_rank", "skip_lora_probe",
-                   "openai_url", "openai_workers", "infra_budget", "unsafe_no_sandbox", "check")
+                   "openai_url", "openai_workers", "infra_budget", "unsafe_no_sandbox", "check",
+                   "paper_with_bm25")
 FLAG_FIELDS = {"deadline": "deadline_s"}  # a flag whose config field has another name
 
 

@@ -1,5 +1,5 @@
 """The methods: WHALE and the five baselines it is compared with, one row each. whale.py (the budgets and the order of
-the phases), plan.py, the report (lib/runs.py, report.py, lib/claims.py), lib/ops/time_model.py and run_all.sh read
+the phases), plan.py, the report (lib/report/runs.py, report.py, lib/report/claims.py), lib/ops/time_model.py and run_all.sh read
 this table and nothing else, so a fork's method is one row here (README "Adding a method"):
 
     METHODS["mine"] = Method("mine", ALTERNATE, BOTH, about="...")
@@ -57,7 +57,7 @@ METHODS = {m.name: m for m in (
 )}
 DEFAULT = "whale"  # whale.py --method's default
 
-# The paper's claims (lib/claims.py) name the methods they compare, in the order their tables show them
+# The paper's claims (lib/report/claims.py) name the methods they compare, in the order their tables show them
 CLAIM_I = ("weight-only", "harness-only", "fast-slow")    # (i) WHALE beats each of these
 CLAIM_II = ("harness-only", "weight-only")                # (ii) harness search alone against weights alone
 CLAIM_III = ("stagewise", "stagewise-hw")                 # (iii) WHALE against stagewise (stagewise-hw: reference)

@@ -11,7 +11,7 @@ import time
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
-from lib import web
+from lib.paper import web
 from lib.archive import log_cost
 from lib.proposers import ProposalFailed, finish
 from lib.rules import SUCCESS, rank

@@ -3,7 +3,7 @@ folders (a copy of the parent to edit), and the untrusted ones' confinement. An 
 agent CLIs `command` and `claude` here, `openai` in lib/openai_proposer.py) never works in the run folder:
 propose_in_copy gives it a copy of the harness-set material in a fresh folder and takes back only each new
 candidate's harness.py (size-capped, no symlinks), its parent / hypothesis / changed as short text, and
-notes.md. The agent CLIs run in the OS sandbox (lib/sandbox.py) with that folder as all they can write."""
+notes.md. The agent CLIs run in the OS sandbox (lib/episodes/sandbox.py) with that folder as all they can write."""
 
 import json
 import os
@@ -17,11 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from lib import sandbox
+from lib.episodes import sandbox
 from lib.archive import log_cost
 from lib.briefs import BRIEFS, INSTRUCTIONS, NULL_RULES, llm_interface
 from lib.contract import ALLOWED_IMPORTS, MAX_HARNESS_CHARS
-from lib.files import read_json, write_json
+from lib.run_folder.files import read_json, write_json
 
 PROJECT = Path(__file__).resolve().parent.parent  # the repository, denied to the claude proposer by name
 # what a proposer sees (a copy) and what the search takes back from it (capped)

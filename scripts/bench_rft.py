@@ -20,8 +20,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rft  # noqa: E402
-from lib.models import MIN_SHARED_PREFIX, load_model  # noqa: E402
-from lib.policy import add_lora  # noqa: E402
+from lib.backends.models import MIN_SHARED_PREFIX, load_model  # noqa: E402
+from lib.backends.policy import add_lora  # noqa: E402
 from rft import length_batches, sft_update  # noqa: E402
 
 

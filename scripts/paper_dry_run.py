@@ -46,7 +46,7 @@ TAUGHT_MODEL = "qwen35-tiny-taught-v2"  # its cache folder: a new name whenever 
 
 def write_rows(path, rows):
     """rows as path.parquet where `datasets` is installed (the hub files' format), else as path.jsonl."""
-    from lib.files import write_jsonl
+    from lib.run_folder.files import write_jsonl
     try:
         import datasets
         datasets.Dataset.from_list(rows).to_parquet(f"{path}.parquet")
@@ -56,7 +56,7 @@ def write_rows(path, rows):
 
 def searchqa_fixtures(folder):
     """Search-R1's train rows (its verl columns), FlashRAG's nq/test and hotpotqa/dev, and the wiki-18 corpus."""
-    from lib.files import write_jsonl
+    from lib.run_folder.files import write_jsonl
     questions = [(f"What is the capital of {c}?", a) for c, a in COUNTRIES]
     train = [{"id": f"train_{i}", "question": q, "golden_answers": [a], "data_source": ("nq", "hotpotqa")[i % 2],
               "prompt": [{"role": "user", "content": f"Answer the given question. Question: {q}"}],
@@ -75,7 +75,7 @@ def searchqa_fixtures(folder):
 
 def math_fixtures(folder):
     """DAPO-Math-17k (its prompt template, each problem twice as the release repeats them), AIME 2024 and 2025."""
-    from lib.paper_data import DAPO_PREFIX, DAPO_SUFFIX
+    from lib.paper.paper_data import DAPO_PREFIX, DAPO_SUFFIX
     problems = [(f"A box holds {a} rows of {b} tiles. How many tiles are in the box?", a * b)
                 for a, b in ((6, 7), (3, 9), (7, 6), (4, 5), (2, 21), (8, 3), (14, 3), (5, 5))]
     dapo = [{"data_source": "math_dapo", "prompt": [{"content": DAPO_PREFIX + q + DAPO_SUFFIX, "role": "user"}],
@@ -124,7 +124,7 @@ def fixtures(folder):
 def teaching_chats():
     """(messages, tools, reply) under the official searchqa and math h0s' prompts: a tool call, then the answer."""
     import importlib.util
-    from lib.paper_data import DAPO_PREFIX, DAPO_SUFFIX
+    from lib.paper.paper_data import DAPO_PREFIX, DAPO_SUFFIX
     def h0(path):
         spec = importlib.util.spec_from_file_location("h0", path)
         module = importlib.util.module_from_spec(spec)
@@ -153,7 +153,7 @@ def build_model(folder, steps=200):
     so that sampled episodes call the tools and some answer right; saved in the hub checkpoint layout."""
     import torch
     from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
-    from lib.models import chat_ids
+    from lib.backends.models import chat_ids
     from tests.fixtures.qwen35 import build_qwen35_tiny
     build_qwen35_tiny(folder)
     tok = AutoTokenizer.from_pretrained(folder)
@@ -223,7 +223,7 @@ def retriever(corpus, port_file):
 # a coding agent, as a stand-in: one prompt edit per candidate
 
 
-def read_json(path):  # not lib.files': the agent runs in the sandbox, which shows it this file only
+def read_json(path):  # not lib.run_folder.files': the agent runs in the sandbox, which shows it this file only
     with open(path) as f:
         return json.load(f)
 
@@ -257,7 +257,7 @@ def verify(run_dir, domain, queries=None):
     harness with its re-score and a proposer round, weight, each with a test evaluation) and its RSFT steps
     trained and its test episodes called their tools where the taught model can (searchqa, math); else
     'FAIL DOMAIN why'."""
-    from lib.files import read_jsonl
+    from lib.run_folder.files import read_jsonl
     evals = [r for r in read_jsonl(f"{run_dir}/metrics.jsonl") if r.get("event") == "eval"]
     steps = read_jsonl(f"{run_dir}/weights/metrics.jsonl")
     archives = sorted(d for d in os.listdir(run_dir) if d.startswith("harness_w"))
@@ -317,7 +317,7 @@ if __name__ == "__main__":
     if a.command == "fixtures":
         fixtures(a.folder)
     elif a.command == "model":
-        from lib.models import cached
+        from lib.backends.models import cached
         print(cached(TAUGHT_MODEL, build_model))
     elif a.command == "retriever":
         retriever(a.corpus, a.port_file).serve_forever()

@@ -1,6 +1,6 @@
 """
 Reproduction of issue 33's intermittent worker start failure, `[Errno 14] Bad address: '/usr/bin/env'`:
-starts sandboxed harness workers (lib/worker_pool.Worker, the runner's own start path) from many threads at once,
+starts sandboxed harness workers (lib/episodes/worker_pool.Worker, the runner's own start path) from many threads at once,
 round after round, until one fails, while the main thread edits the process environment the way a test's
 monkeypatch.setenv / delenv does (or any library that sets a variable while a run goes on).
 
@@ -13,7 +13,7 @@ With env=None the child execs with the C library's global `environ` array, read 
 AFTER the parent thread let other threads run. A thread that sets a new variable meanwhile makes glibc
 realloc that array and free the old one; the child then hands the kernel a freed array, whose first entries
 the allocator has overwritten with (mangled) pointers, and execve fails with EFAULT on the first argument
-it cannot read. The fix (lib/sandbox.start_one_process): pass an explicit environment, which subprocess
+it cannot read. The fix (lib/episodes/sandbox.start_one_process): pass an explicit environment, which subprocess
 copies into memory that only the starting call owns, before the fork. The sandbox starts every command from
 `env -i` anyway, so the child never saw the inherited environment.
 
@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lib import sandbox  # noqa: E402
-from lib.worker_pool import Worker  # noqa: E402
+from lib.episodes import sandbox  # noqa: E402
+from lib.episodes.worker_pool import Worker  # noqa: E402
 
 
 def edit_environment(stop):

@@ -13,7 +13,7 @@
 # minutes from `serve` to the first answer; on the GPU, the index in fp16 takes about 32 GiB (lib/ops/time_model.py:
 # RETRIEVER_GPU_BYTES), which fits beside the trainer and the engine only on an 80 GB card (a smaller card: put the
 # index on a second GPU with CUDA_VISIBLE_DEVICES, or drop --faiss_gpu and let the CPU answer, slower).
-# The runs' client (lib/retriever.RetrieverClient) sends one request at a time, batching the queries that wait: the
+# The runs' client (lib/paper/retriever.RetrieverClient) sends one request at a time, batching the queries that wait: the
 # server answers from a thread pool and a FAISS GPU index is not thread-safe.
 set -euo pipefail
 PORT=${RETRIEVER_PORT:-8010}
@@ -59,7 +59,7 @@ check() {
   cd "$(dirname "$0")/.."
   if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] && [ -x .venv/bin/python ]; then PATH="$PWD/.venv/bin:$PATH"; fi
   PYTHONPATH=$PWD python -c "
-from lib import retriever
+from lib.paper import retriever
 print('ok', retriever.RetrieverClient('http://127.0.0.1:$PORT/retrieve', timeout=30).search('who wrote the iliad', k=1))"
 }
 

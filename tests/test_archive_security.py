@@ -1,5 +1,5 @@
 """The search keeps its own truth (issue 11 items 3-5): hostile `--proposer command` scripts, one per attack,
-each followed by what the archive must still say. The proposer runs in the real OS sandbox (lib/sandbox.py);
+each followed by what the archive must still say. The proposer runs in the real OS sandbox (lib/episodes/sandbox.py);
 scoring uses the fake rollout module of test_meta_harness (fast, deterministic: score = 0.1 * MAX_TURNS)."""
 import json
 import os
@@ -11,7 +11,7 @@ import pytest
 
 import meta_harness as mh
 from fixtures import stand_ins
-from lib import sandbox
+from lib.episodes import sandbox
 from test_meta_harness import SEED, FakeDomain, FakeRollout, make_args, rows_of
 
 # what only the OS sandbox can give (nothing outside its folder visible, no process outliving it)

@@ -1,4 +1,4 @@
-"""The claims section (lib/claims.py) and the alternation figure (lib/plots.py) on a hand-made run folder where
+"""The claims section (lib/report/claims.py) and the alternation figure (lib/report/plots.py) on a hand-made run folder where
 every verdict is known: searchqa, where WHALE wins and harness search alone suffices, and math, where WHALE is
 level with weight-only, harness-only never catches up, and only the search after a weight phase finds a better
 harness."""
@@ -7,8 +7,8 @@ import json
 import matplotlib.axes
 
 import report
-from lib import claims, intervals, plots
-from lib.intervals import signed
+from lib.report import claims, intervals, plots
+from lib.report.intervals import signed
 
 TASKS = [f"t{i}" for i in range(8)]
 

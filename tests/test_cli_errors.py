@@ -19,9 +19,9 @@ import report
 import rollout
 import whale
 from scripts import show_data
-from lib import sandbox
-from lib import files, ledger
-from lib.canary import EngineError
+from lib.episodes import sandbox
+from lib.run_folder import files, ledger
+from lib.backends.canary import EngineError
 from lib.cli import one_line_errors
 from lib.contract import check_harness_fits
 

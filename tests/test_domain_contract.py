@@ -17,8 +17,8 @@ import domains
 import meta_harness
 from lib import mutate
 from lib.contract import check_harness_fits, static_check
-from lib.hf_backend import HFBackend
-from lib.models import load_model
+from lib.backends.hf_backend import HFBackend
+from lib.backends.models import load_model
 from lib.subsets import seeded_sample
 from tests.fixtures.configs import search_config
 
@@ -130,7 +130,7 @@ def test_a_search_space_key_that_names_no_knob_is_refused_in_one_line(tmp_path):
 
 def test_what_run_returns_beside_the_answer_is_kept_in_the_trace_and_bounded(tmp_path, smoke):
     import rollout
-    from lib.runner import EXTRA_KEEP
+    from lib.episodes.runner import EXTRA_KEEP
     from tests.fixtures.tiny_domain import Echo
     harness = tmp_path / "noted.py"
     harness.write_text('"""Answers the word itself, with what it noted."""\n\n\ndef run(task, llm, tools):\n'

@@ -14,7 +14,7 @@ import chess
 import pytest
 
 import domains
-from lib import sandbox
+from lib.episodes import sandbox
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALLOWED_IMPORTS = {"re", "json", "math", "random", "string", "collections", "itertools", "functools",
@@ -88,7 +88,7 @@ def test_cli_stats_show_and_errors(tmp_path):
     # a checkout whose data file is missing, then corrupt
     shutil.copy(os.path.join(ROOT, "domains.py"), tmp_path)
     shutil.copytree(os.path.join(ROOT, "scripts"), tmp_path / "scripts")
-    shutil.copytree(os.path.join(ROOT, "lib"), tmp_path / "lib")  # domains.py imports lib.paper_data and lib.sandbox
+    shutil.copytree(os.path.join(ROOT, "lib"), tmp_path / "lib")  # domains.py imports lib.paper.paper_data and lib.episodes.sandbox
     (tmp_path / "data").mkdir()
     out = run_cli("show", "chess", cwd=tmp_path)
     assert out.returncode != 0 and "missing data file" in out.stderr and "python data/build.py" in out.stderr
@@ -310,7 +310,7 @@ def test_math_gold_answers_match_their_own_box():
 
 def child_pids():
     """Processes whose parent is this test process (read from /proc: no helper process of our own), but the warm
-    harness workers (lib/harness_process.py) that a rollout test run earlier in this process keeps in its pool."""
+    harness workers (lib/episodes/harness_process.py) that a rollout test run earlier in this process keeps in its pool."""
     pids = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -318,7 +318,7 @@ def child_pids():
             cmdline = open(f"/proc/{entry}/cmdline", "rb").read()  # a zombie's is empty: it still counts
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"/lib/harness_process.py" not in cmdline:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"/lib/episodes/harness_process.py" not in cmdline:
             pids.append(int(entry))
     return pids
 

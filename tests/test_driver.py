@@ -1,4 +1,4 @@
-"""The NVIDIA driver against the CUDA 13 wheels (lib/driver.py), on a faked nvidia-smi: install.sh --gpu, run_all.sh's
+"""The NVIDIA driver against the CUDA 13 wheels (lib/ops/driver.py), on a faked nvidia-smi: install.sh --gpu, run_all.sh's
 preset choice and the preflight name the cause in one line instead of falling back to the cpu preset."""
 import os
 import shutil
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lib import driver
+from lib.ops import driver
 from lib.ops import preflight
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,14 +75,14 @@ def test_run_all_never_falls_back_to_cpu_on_a_gpu_torch_cannot_use(tmp_path):
         assert done.stderr.count("\n") == 1 and done.stderr.startswith("run_all.sh: no cpu preset on a GPU machine: ")
         assert cause in done.stderr
     smi = fake_smi(tmp_path, "NVIDIA-SMI has failed", code=9)  # no GPU at all: the cpu preset, as before
-    done = subprocess.run([sys.executable, "lib/driver.py", "preset"], cwd=ROOT, env=smi, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "lib/ops/driver.py", "preset"], cwd=ROOT, env=smi, capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout == "cpu\n"
 
 
 def test_install_gpu_stops_on_an_old_driver_before_installing_anything(tmp_path):
     shutil.copy(os.path.join(ROOT, "install.sh"), tmp_path / "install.sh")
-    (tmp_path / "lib").mkdir()
-    shutil.copy(os.path.join(ROOT, "lib", "driver.py"), tmp_path / "lib" / "driver.py")
+    (tmp_path / "lib" / "ops").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "lib", "ops", "driver.py"), tmp_path / "lib" / "ops" / "driver.py")
     env = {k: v for k, v in fake_smi(tmp_path, OLD).items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX")}
     done = subprocess.run(["bash", str(tmp_path / "install.sh"), "--gpu"], capture_output=True, text=True,
                           env={**env, "PYTHON": sys.executable}, timeout=60)

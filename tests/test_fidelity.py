@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import domains
-from lib import paper_data
+from lib.paper import paper_data
 from lib.contract import static_check
 
 
@@ -132,10 +132,11 @@ def written_brief(tmp_path, brief, domain="searchqa"):
 
 
 def test_the_brief_names_every_keyword_and_role_the_runner_accepts(tmp_path):
-    """The brief's llm() lines against the contract the runner enforces (lib/runner.py llm_request) and the worker's
-    llm() (lib/harness_process.py): each keyword and role the runner accepts is in INSTRUCTIONS.md, under every
+    """The brief's llm() lines against the contract the runner enforces (lib/episodes/runner.py llm_request) and the worker's
+    llm() (lib/episodes/harness_process.py): each keyword and role the runner accepts is in INSTRUCTIONS.md, under every
     brief; it once said llm(messages, max_tokens=None) with three roles."""
-    from lib import briefs, runner
+    from lib import briefs
+    from lib.episodes import runner
     keywords = [arg.arg for arg in briefs.worker_llm().args.args][1:]
     assert {"tools", "stop", "max_tokens"} <= set(keywords)
     with pytest.raises(ValueError, match="unknown keys"):  # the runner checks its keys: the list below is its own
@@ -189,7 +190,7 @@ def test_summary_json_and_the_table_header_name_the_verifier(tmp_path, monkeypat
     summary.json, and report.py's table header shows it; without --judge-url it is exact match."""
     import report
     import whale
-    from lib import judge
+    from lib.paper import judge
     monkeypatch.setattr(judge.Judge, "ask", lambda self, prompt: 0)
     assert domains.get("searchqa").verifier() == "exact match"
     out = tmp_path / "results" / "smoke" / "searchqa" / "weight-only"
@@ -204,7 +205,7 @@ def test_summary_json_and_the_table_header_name_the_verifier(tmp_path, monkeypat
 def test_another_judge_prompt_is_read_from_a_file(tmp_path, monkeypatch):
     """--judge-prompt FILE replaces the project's wording (the official text, say); a file without the three fields
     is a one-line error; the verdict cache keeps each prompt's verdicts apart."""
-    from lib import judge
+    from lib.paper import judge
     sent = []
     monkeypatch.setattr(judge.Judge, "post", lambda self, prompt: sent.append(prompt) or "CORRECT")
     path = tmp_path / "v11.txt"

@@ -17,8 +17,10 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import domains
-from lib import canary, engines, paper_data, policy, retriever, sandbox
-from lib.canary import EngineError
+from lib.backends import canary, engines, policy
+from lib.paper import paper_data, retriever
+from lib.episodes import sandbox
+from lib.backends.canary import EngineError
 
 # -----------------------------------------------------------------------------
 # a tiny model, a byte tokenizer and trained-looking adapters

@@ -205,13 +205,13 @@ def test_interval_halfwidth_is_between_the_binomial_of_tasks_and_of_samples():
 
 
 def run_all_preset(tmp_path, cuda, **env):
-    """run_all.sh's preset choice with a stub `python` (every call logged, lib/driver.py's preset answering gpu
+    """run_all.sh's preset choice with a stub `python` (every call logged, lib/ops/driver.py's preset answering gpu
     when `cuda`; what it answers on a real machine: tests/test_driver.py). A copy of run_all.sh in tmp_path runs
     there, so the logs it writes under results/ stay out of the repository."""
     log = tmp_path / "calls.log"
     stub = tmp_path / "python"
     stub.write_text('#!/usr/bin/env bash\necho "$*" >> "$STUB_LOG"\n'
-                    'case "$*" in *"lib/driver.py preset"*) [ "$STUB_CUDA_RC" = 0 ] && echo gpu || echo cpu ;;\n'
+                    'case "$*" in *"lib/ops/driver.py preset"*) [ "$STUB_CUDA_RC" = 0 ] && echo gpu || echo cpu ;;\n'
                     # the tables of presets.py are read for real
                     f'  *"import presets"*) PYTHONPATH={ROOT} exec {sys.executable} "$@" ;; esac\n'
                     'exit 0\n')

@@ -1,4 +1,4 @@
-"""Tests for lib/hf_backend.py's HFBackend: shared prefill gives the unshared samples, stop strings end a row.
+"""Tests for lib/backends/hf_backend.py's HFBackend: shared prefill gives the unshared samples, stop strings end a row.
 
     python -m pytest -q tests/test_hf_backend.py
 """
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lib import hf_backend, models  # noqa: E402
+from lib.backends import hf_backend, models  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_rollout  # noqa: E402
 

@@ -21,9 +21,9 @@ CLI_LAYER = {
     "report.py": {"write_report"},
     "lib/cli.py": {"conflicting_flags", "fields_of", "inputs_of", "sampling_of", "rsft_config", "search_config",
                    "eval_config", "run_config"},
-    "lib/policy.py": {"check_backend", "load_backend", "max_lora_rank", "load_policy"},
-    "lib/retriever.py": {"check_flags"},
-    "lib/sandbox.py": {"apply_args"},
+    "lib/backends/policy.py": {"check_backend", "load_backend", "max_lora_rank", "load_policy"},
+    "lib/paper/retriever.py": {"check_flags"},
+    "lib/episodes/sandbox.py": {"apply_args"},
 }
 
 
@@ -35,18 +35,32 @@ def functions(t):
     return [n for n in ast.walk(t) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
-def test_the_method_scripts_import_nothing_from_lib_ops():
-    """whale.py, rft.py and meta_harness.py import no lib/ops module: the operations (plan.py's plan and --check,
-    the time model, the hub) depend on the method, never the other way round."""
-    for path in METHOD_SCRIPTS:
-        t = tree(path)
-        ops = {f"{n.module}.{a.name}" for n in ast.walk(t) if isinstance(n, ast.ImportFrom)
-               and (n.module or "").startswith("lib.ops") for a in n.names}
-        ops |= {a.name for n in ast.walk(t) if isinstance(n, ast.Import) for a in n.names
-                if a.name.startswith("lib.ops")}
-        ops |= {f"lib.{a.name}" for n in ast.walk(t) if isinstance(n, ast.ImportFrom) and n.module == "lib"
-                for a in n.names if a.name == "ops"}
-        assert not ops, f"{path} imports {sorted(ops)}"
+def imported(path, tiers):
+    """The modules of lib/<tier>/ (for each of `tiers`) that the source at `path` imports."""
+    t = tree(path)
+    found = {f"{n.module}.{a.name}" for n in ast.walk(t) if isinstance(n, ast.ImportFrom) for a in n.names
+             if (n.module or "").split(".")[:2] in [["lib", tier] for tier in tiers]}
+    found |= {a.name for n in ast.walk(t) if isinstance(n, ast.Import) for a in n.names
+              if a.name.split(".")[:2] in [["lib", tier] for tier in tiers]}
+    found |= {f"lib.{a.name}" for n in ast.walk(t) if isinstance(n, ast.ImportFrom) and n.module == "lib"
+              for a in n.names if a.name in tiers}
+    return found
+
+
+def test_the_method_imports_no_operation_and_no_report():
+    """whale.py, rft.py and meta_harness.py import no lib/ops or lib/report module, and no lib/ module outside those
+    two does: the operations (plan.py's plan and --check, the time model, the hub) and the report depend on the
+    method, never the other way round."""
+    below = [str(p.relative_to(ROOT)) for p in (ROOT / "lib").rglob("*.py") if p.parent.name not in ("ops", "report")]
+    for path in [*METHOD_SCRIPTS, *below]:
+        assert not imported(path, ("ops", "report")), f"{path} imports {sorted(imported(path, ('ops', 'report')))}"
+
+
+def test_lib_is_in_tiers_of_at_most_twelve_files():
+    """lib/ shows its tiers: the method's helpers at the top, a sub-package per tier, none over 12 files."""
+    folders = {p.parent for p in (ROOT / "lib").rglob("*.py")}
+    crowded = {str(f.relative_to(ROOT)): n for f in folders if (n := len(list(f.glob("*.py")))) > 12}
+    assert not crowded, f"folders of more than 12 modules: {crowded}"
 
 
 def test_whale_drives_its_loop_and_the_ledger_runs_nothing():
@@ -59,7 +73,7 @@ def test_whale_drives_its_loop_and_the_ledger_runs_nothing():
     [run] = [f for f in t.body if isinstance(f, ast.FunctionDef) and f.name == "run"]
     called = {ast.unparse(n.func) for n in ast.walk(run) if isinstance(n, ast.Call)}
     assert {"trainer.step", "meta_harness.search", "test_evaluation"} <= called, called
-    [ledger] = [c for c in tree("lib/ledger.py").body if isinstance(c, ast.ClassDef) and c.name == "Ledger"]
+    [ledger] = [c for c in tree("lib/run_folder/ledger.py").body if isinstance(c, ast.ClassDef) and c.name == "Ledger"]
     for method in functions(ledger):
         params = {a.arg for a in method.args.posonlyargs + method.args.args + method.args.kwonlyargs}
         calls = {n.func.id for n in ast.walk(method) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
@@ -70,14 +84,14 @@ def test_no_function_below_the_cli_layer_takes_the_namespace():
     """Every function with a parameter `args` is one of the CLI layer's (lib/ops/ is the operation commands'
     layer, reading every flag by design); a phase, a trainer, a search, a domain or a policy gets its config."""
     paths = ["whale.py", "rft.py", "meta_harness.py", "rollout.py", "domains.py", "report.py", "presets.py",
-             *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "lib").glob("*.py"))]
+             *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "lib").rglob("*.py") if p.parent.name != "ops")]
     found = {}
     for path in paths:
         for f in functions(tree(path)):
             params = [a.arg for a in f.args.posonlyargs + f.args.args + f.args.kwonlyargs]
             if "args" in params and f.name not in CLI_LAYER.get(path, set()):
                 found.setdefault(path, []).append(f.name)
-    found.pop("lib/harness_process.py", None)  # audit(event, args): the audit hook's own arguments
+    found.pop("lib/episodes/harness_process.py", None)  # audit(event, args): the audit hook's own arguments
     assert not found, f"functions below the CLI layer take the Namespace: {found}; pass their config instead"
 
 
@@ -140,7 +154,7 @@ def test_method_names_only_in_the_method_table():
     names = set(run_names()) | set(METHODS)
     skip = {"lib/methods.py",
             "scripts/check_engagement.py", "scripts/calibrate_cpu_h0.py",  # about weight-only and harness-only
-            "lib/models.py", "lib/report_to.py"}  # "whale": the project's cache folder and wandb project
+            "lib/backends/models.py", "lib/run_folder/report_to.py"}  # "whale": the project's cache folder and wandb project
     sources = [p for p in ROOT.rglob("*.py") if not {"tests", ".venv", "results"} & set(p.relative_to(ROOT).parts)]
     found = []
     for path in sources:

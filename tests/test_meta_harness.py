@@ -16,7 +16,8 @@ import domains
 import meta_harness as mh
 from fixtures import stand_ins
 from fixtures.configs import search_config
-from lib import contract, mutate, openai_proposer, proposers, sandbox
+from lib import contract, mutate, openai_proposer, proposers
+from lib.episodes import sandbox
 
 SEED = textwrap.dedent('''\
     """Fake harness for tests: one model call."""

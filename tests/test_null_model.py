@@ -10,9 +10,9 @@ import pytest
 import domains
 import meta_harness
 import rollout
-from lib.files import write_json
-from lib.hf_backend import HFBackend, NullModelBackend
-from lib.models import load_model
+from lib.run_folder.files import write_json
+from lib.backends.hf_backend import HFBackend, NullModelBackend
+from lib.backends.models import load_model
 from lib.subsets import seeded_sample
 from tests.fixtures.configs import search_config
 

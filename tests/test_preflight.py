@@ -20,7 +20,8 @@ import domains
 import plan
 import presets
 import whale
-from lib import retriever, sandbox
+from lib.paper import retriever
+from lib.episodes import sandbox
 from lib.ops import hub, preflight
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -429,7 +430,7 @@ def test_the_engine_kernels_with_and_without_nvcc_on_path(monkeypatch, tmp_path)
     """Without nvcc on a CUDA card, vLLM would JIT-compile FlashInfer's Gated DeltaNet prefill (Hopper) and sampler
     at warm-up and die: the engine takes the Triton prefill and PyTorch's sampler, and the preflight says so; with
     nvcc, vLLM's defaults."""
-    from lib import engines
+    from lib.backends import engines
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.33.0"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv("CUDA_HOME", raising=False)

@@ -11,7 +11,7 @@ import meta_harness
 import rft
 import rollout
 import whale
-from lib.policy import load_policy
+from lib.backends.policy import load_policy
 
 
 def episodes(traces):

@@ -8,7 +8,7 @@ import matplotlib.axes
 import pytest
 
 import report
-from lib import intervals
+from lib.report import intervals
 
 
 def test_a_constant_vector_has_a_zero_width_interval():

@@ -12,7 +12,7 @@ import pytest
 import whale
 import domains
 from lib import cli
-from lib import report_to
+from lib.run_folder import report_to
 
 
 class StandInWandb(types.ModuleType):

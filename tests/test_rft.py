@@ -10,9 +10,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import rft
 from fixtures.configs import rsft_config
-from lib.hf_backend import HFBackend
-from lib.models import chat_ids, load_model
-from lib.policy import Policy, add_lora
+from lib.backends.hf_backend import HFBackend
+from lib.backends.models import chat_ids, load_model
+from lib.backends.policy import Policy, add_lora
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -19,11 +19,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import domains  # noqa: E402
 import rollout  # noqa: E402
-from lib import retriever, runner, sandbox, worker_pool  # noqa: E402
+from lib.paper import retriever  # noqa: E402
+from lib.episodes import runner, sandbox, worker_pool
 from lib.cli import one_line_errors  # noqa: E402
 from lib.contract import ALLOWED_IMPORTS, check_harness  # noqa: E402
-from lib.hf_backend import HFBackend  # noqa: E402
-from lib.models import chat_ids, load_model  # noqa: E402
+from lib.backends.hf_backend import HFBackend  # noqa: E402
+from lib.backends.models import chat_ids, load_model  # noqa: E402
 
 SECRET = "zebra-secret-4821"
 
@@ -350,7 +351,7 @@ def test_the_pool_raises_the_open_file_limit_and_serves_descriptors_past_1023():
         import os, resource
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-        from lib import worker_pool
+        from lib.episodes import worker_pool
         pool = worker_pool.Pool()
         pool.order(1)
         pool.wait_ready()  # its start closes the child's pipe ends: once held is open, they would free fds below 1,024

@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 import whale
-from lib import files
+from lib.run_folder import files
 from test_whale import HARNESS, Interrupt, fake_episodes, interrupt, record
 
 

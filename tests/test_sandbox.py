@@ -1,4 +1,4 @@
-"""Tests for the OS boundary around untrusted code (lib/sandbox.py, lib/harness_process.py, lib/worker_pool.py, run_python):
+"""Tests for the OS boundary around untrusted code (lib/episodes/sandbox.py, lib/episodes/harness_process.py, lib/episodes/worker_pool.py, run_python):
 one hostile harness or code snippet per attack class of issue 11, each asserting the real outcome.
 
     python -m pytest -q tests/test_sandbox.py
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import rollout
-from lib import sandbox, worker_pool
-from lib.hf_backend import HFBackend
-from lib.models import load_model
+from lib.episodes import sandbox, worker_pool
+from lib.backends.hf_backend import HFBackend
+from lib.backends.models import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "zebra-secret-4821"
@@ -115,6 +115,7 @@ def run(task, llm, tools):
         attempt(log, "proc", lambda: sorted(p for p in os.listdir("/proc") if p.isdigit()))
         attempt(log, "project", lambda: sorted(os.listdir("REPO")))
         attempt(log, "project_lib", lambda: sorted(os.listdir("REPO/lib")))
+        attempt(log, "project_tier", lambda: sorted(os.listdir("REPO/lib/episodes")))
     if q == "hidden":
         attempt(log, "tools_secret", lambda: tools._secret)
         def scan():  # every frame up to the worker's main, and every module
@@ -201,7 +202,8 @@ def test_harness_sees_no_project_data_process_or_network_with_its_audit_hook_off
     assert eval(files["proc"]) == ["1", "2"]  # bwrap's init and the worker: no other process
     # of the project folder, only the worker's own file is there: not even the venv in .venv/
     assert eval(files["project"]) == ["lib"]
-    assert eval(files["project_lib"]) == ["harness_process.py"]
+    assert eval(files["project_lib"]) == ["episodes"]  # the worker's own file, and nothing else of the project
+    assert eval(files["project_tier"]) == ["harness_process.py"]
     for name in ("chess", "numpy", "torch"):  # no installed package at all, the import guard undone or not
         assert logs["packages"][name].startswith("error ModuleNotFoundError"), logs["packages"]
     assert not (REPO / "harnesses" / "evil.py").exists()
@@ -395,7 +397,7 @@ def run(task, llm, tools):
 # rollout.py with the test's copy of the worker: the copy's path, in every sandbox's command line (bwrap outside
 # the namespace, bwrap as its init, the worker), tells this test's sandboxes from anyone else's
 RUNNER = """import os, sys
-from lib import worker_pool
+from lib.episodes import worker_pool
 worker_pool.WORKER_PY = os.environ["TEST_WORKER_PY"]
 import rollout
 sys.argv[0] = "rollout.py"

@@ -18,16 +18,16 @@ import pytest
 import meta_harness as mh
 import rollout
 from fixtures import stand_ins
-from lib import sandbox
+from lib.episodes import sandbox
 from lib.contract import check_harness
-from lib.files import read_json
-from lib.runner import MAX_CHARS, TRACE_RECORD_BYTES
+from lib.run_folder.files import read_json
+from lib.episodes.runner import MAX_CHARS, TRACE_RECORD_BYTES
 from test_archive_security import processes_with
 from test_meta_harness import SEED, FakeDomain, FakeRollout, make_args
 
 needs_sandbox = pytest.mark.skipif(sandbox.disabled(), reason=f"{sandbox.OPT_OUT}=1: no OS boundary to test")
 needs_cgroup = pytest.mark.skipif(not sandbox.cgroup_parents(), reason="no writable cgroup on this host: "
-                                  "the fallback bounds apply (lib/sandbox.memory_bound)")
+                                  "the fallback bounds apply (lib/episodes/sandbox.memory_bound)")
 
 # each call, with zero arguments: the filter answers before the kernel reads them
 CALLS = r"""
@@ -148,7 +148,7 @@ def test_the_python_tool_gets_no_shared_memory():
 @needs_sandbox
 @needs_cgroup
 def test_a_workers_sandbox_is_bounded_as_a_whole_and_its_group_goes_with_it():
-    from lib import worker_pool
+    from lib.episodes import worker_pool
 
     def limits():
         found = []
@@ -234,7 +234,7 @@ def test_a_3mb_tool_argument_is_cut_and_the_episode_trace_stays_under_its_cap(tm
 
 
 def test_an_episode_over_the_record_cap_keeps_its_last_messages():
-    from lib.runner import trace_line
+    from lib.episodes.runner import trace_line
     message = {"role": "user", "content": "m" * 30_000}
     calls = [{"messages": [message] * 10, "completion": "c", "prompt_ids": [1] * 5, "completion_ids": [2]}] * 8
     record = {"task_id": "t", "reward": 0.0, "calls": calls, "tool_calls": [{"name": "search", "args": "a" * 30_000}]}

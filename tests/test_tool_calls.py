@@ -13,9 +13,9 @@ from transformers import AutoTokenizer
 
 import rollout
 import whale
-from lib import runner
+from lib.episodes import runner
 from lib.cli import sampling_of
-from lib.models import CHATML, build_smoke, cached, chat_ids, load_model, thinking_switch
+from lib.backends.models import CHATML, build_smoke, cached, chat_ids, load_model, thinking_switch
 from tests.fixtures.qwen35 import QWEN35_TINY, build_qwen35_tiny, qwen35_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,7 +253,7 @@ def test_bad_tools_are_refused_by_the_worker_and_the_parent(qwen_tok, tmp_path):
 def test_paper_h0_runs_on_the_smoke_model(name):
     """The smoke model's ChatML template has no tool format: the paper h0s still run (garbage in, no crash)."""
     domains = pytest.importorskip("domains")
-    from lib.hf_backend import HFBackend
+    from lib.backends.hf_backend import HFBackend
     model, tok = load_model("smoke")
     domain = domains.get(name)
     eps = rollout.run_episodes(domain, ROOT / "harnesses" / "paper" / f"{name}.py", domain.load("test")[:2],
@@ -285,7 +285,7 @@ def test_the_tiny_qwen35_loads_as_the_hub_checkpoints_do_and_its_lora_trains():
     from types import SimpleNamespace
     import rft
 
-    from lib.policy import add_lora
+    from lib.backends.policy import add_lora
     from safetensors.torch import load_file
     folder = cached(QWEN35_TINY, build_qwen35_tiny)
     model, tok = load_model(folder)

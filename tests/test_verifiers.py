@@ -11,7 +11,7 @@ import pytest
 
 import domains
 import meta_harness
-from lib import judge
+from lib.paper import judge
 from lib.subsets import seeded_sample
 from scripts import show_data
 

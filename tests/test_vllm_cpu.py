@@ -18,7 +18,7 @@ PROBE = '''
 import copy, json, os, sys
 import torch
 from peft import LoraConfig, get_peft_model
-from lib import canary, engines, hf_backend, models
+from lib.backends import canary, engines, hf_backend, models
 
 
 def main():
@@ -94,7 +94,7 @@ def test_engine_canary_passes_with_the_adapter_and_stops_without_it(probe):
 
 
 def test_the_probe_adapter_moves_the_real_engine_as_it_moves_the_trainer(probe):
-    from lib.canary import PROBE_RESIDUAL
+    from lib.backends.canary import PROBE_RESIDUAL
     s = probe["probe"]
     assert s["verdict"] == "applied" and s["residual"] <= PROBE_RESIDUAL and s["effect"] > 2 * s["tol"]
     assert probe["probe_base"]  # then the engine serves the base model again, token for token as hf

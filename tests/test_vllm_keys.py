@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lib import engines, models, policy
+from lib.backends import engines, models, policy
 
 ROOT = Path(__file__).resolve().parents[1]
 PIN = re.search(r"^vllm==(\S+)", (ROOT / "requirements-gpu.txt").read_text(), re.M).group(1)
@@ -252,7 +252,7 @@ def test_every_engine_keyword_exists_in_the_pinned_engine_args(vllm, vision, cud
 
 
 def test_the_engine_copy_is_written_fresh(tmp_path):
-    """An adapter folder's files may be hard links of a stored snapshot's (lib/files.link_tree): the copy the engine
+    """An adapter folder's files may be hard links of a stored snapshot's (lib/run_folder/files.link_tree): the copy the engine
     loads is written as new files, so a later sync never changes a snapshot's."""
     from safetensors.torch import load_file, save_file
     adapter = tmp_path / "adapter"

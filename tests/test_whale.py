@@ -17,10 +17,10 @@ import rft
 import plan
 import whale
 from fixtures import stand_ins
-from lib import files, ledger
+from lib.run_folder import files, ledger
 from lib.cli import run_config
-from lib.hf_backend import NullModelBackend
-from lib.ledger import Ledger
+from lib.backends.hf_backend import NullModelBackend
+from lib.run_folder.ledger import Ledger
 from lib.methods import METHODS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,7 +8,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from lib.models import BUILTIN
+from lib.backends.models import BUILTIN
 
 TIMEOUT_S = 10.0  # one look-up (the hub is asked again only while it answers)
 LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")

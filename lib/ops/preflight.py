@@ -21,7 +21,15 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from lib import driver, models, paper_data, report_to, retriever, sandbox, web, worker_pool
+from lib.ops import driver
+
+from lib.backends import models
+
+from lib.paper import paper_data, retriever, web
+
+from lib.run_folder import report_to
+
+from lib.episodes import sandbox, worker_pool
 from lib.methods import HARNESS, METHODS, WEIGHTS
 from lib.ops import time_model
 from lib.ops.hub import GPU_EXTRA, cached_model_bytes, dataset_status, hub_status, is_local, model_bytes
@@ -31,7 +39,7 @@ PROJECT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10.0  # one network look-up or CLI call (the hub is asked again only while it answers)
 PROBE_QUERY = "who wrote the iliad"  # the one search the retriever check sends
 CUDA_CONTEXT = 1 * GiB  # what the CUDA context and allocator take before any weights (stated, not measured)
-SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"  # lib/sandbox.wrap's PATH: where a proposer's program is found
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"  # lib/episodes/sandbox.wrap's PATH: where a proposer's program is found
 
 
 class Failed(Exception):
@@ -195,7 +203,7 @@ def check_data(args, domain_of=None):
 
 
 def check_model(name):
-    """The runs' own check (lib/models.check_model) for what is on this machine; a hub id asked of the cache, then
+    """The runs' own check (lib/backends/models.check_model) for what is on this machine; a hub id asked of the cache, then
     the hub (nothing downloaded)."""
     if name in models.BUILTIN:
         return check_builtin_model(name)
@@ -236,7 +244,7 @@ def check_builtin_model(name):
 def check_engine(args):
     if args.backend == "hf":
         return "transformers in process"
-    if args.backend == "vllm":  # more than the runs' own check (lib/policy.check_backend: installed): it imports
+    if args.backend == "vllm":  # more than the runs' own check (lib/backends/policy.check_backend: installed): it imports
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its import logs the platform it found
         try:
             vllm = importlib.import_module("vllm")
@@ -253,9 +261,9 @@ def check_engine(args):
 
 
 def engine_kernels(model):
-    """Which kernels the engine will take and why (lib/engines.engine_backends: without nvcc, none that compile)."""
+    """Which kernels the engine will take and why (lib/backends/engines.engine_backends: without nvcc, none that compile)."""
     import torch
-    from lib import engines
+    from lib.backends import engines
     gated_deltanet = time_model.model_name(model) is not None or engines.has_gated_deltanet(engines.local_config(model))
     return engines.engine_backends(torch.cuda.is_available(), engines.nvcc_path(), gated_deltanet)[2]
 
@@ -436,7 +444,7 @@ def check_gpu(runs):
         if why and any(args.backend == "vllm" or getattr(args, "preset", None) in ("gpu", "paper") for args in runs):
             raise Failed(why)
         return f"no GPU ({why})" if why else "no GPU"
-    from lib.policy import engine_seqs
+    from lib.backends.policy import engine_seqs
     free, total = torch.cuda.mem_get_info()
     for args in runs:  # a Qwen3.5 engine share vLLM would refuse: refused now, not after the model loads
         name = time_model.model_name(args.model)

@@ -22,7 +22,7 @@ wake holds the trainer's live tensors + RESERVED_SLACK, not its SFT peak (which 
 Time of a run = its rollouts (decode: bandwidth-bound; prefill: FLOP-bound; the harness's tool waits) + its
 SFT passes (FLOP-bound) + per RSFT step the engine's sleep, wake, adapter load and canary + per process
 the model load and engine start + per proposer round the coding agent's own time. run_all.sh runs a domain's
-methods in one whale.py process with one engine, and whale.py's reuse (lib/ledger.py) takes a phase that
+methods in one whale.py process with one engine, and whale.py's reuse (lib/run_folder/ledger.py) takes a phase that
 an earlier run of the process already made (the same steps under the same harnesses, the same search from
 the same harness under the same weights) and its test evaluation: shared_phases() counts those, and a run's
 estimate is its own work only.
@@ -102,9 +102,9 @@ OVERHEAD_ENGINE, SLEEP_RESIDUAL, CUDA_CONTEXT, FREE_SHARE = 2 * GiB, 1 * GiB, 1 
 # measures it after an update
 RESERVED_SLACK = GiB // 2
 # time: the share of peak bandwidth / FLOPs reached (decode and prefill, SFT); vLLM's fixed cost per decode
-# step (scheduler, sampler, Python); the least wait of a generate call for its batch (lib/runner.BATCH_WAIT_S)
+# step (scheduler, sampler, Python); the least wait of a generate call for its batch (lib/episodes/runner.BATCH_WAIT_S)
 EFF_INFER, EFF_TRAIN, STEP_OVERHEAD_S, BATCH_WAIT_S = 0.5, 0.4, 0.004, 0.1
-# every call carries its own seed (lib/runner.call_seed: an episode samples the same on a resume), and vLLM 0.33
+# every call carries its own seed (lib/episodes/runner.call_seed: an episode samples the same on a resume), and vLLM 0.33
 # samples seeded requests one at a time (a torch.Generator each, in a Python loop, and the PyTorch top-k path
 # instead of FlashInfer's): a stated cost per seeded sequence per decode step, i.e. per generated token
 SEEDED_TOKEN_S = 30e-6
@@ -276,7 +276,7 @@ def cache_blocks(name, kv_bytes):
 
 def block_shortfall(name, card_bytes, gpu_memory, seqs):
     """The one line that refuses an engine share whose cache holds fewer blocks than `seqs` (the max_num_seqs the
-    engine is given: lib/policy.engine_seqs, from --workers), or None. vLLM checks this only at its start, after
+    engine is given: lib/backends/policy.engine_seqs, from --workers), or None. vLLM checks this only at its start, after
     the trainer has loaded."""
     mem = memory(name, None, gpu_memory=gpu_memory, card_bytes=card_bytes)
     blocks, tokens, per_block = cache_blocks(name, mem["kv"])
@@ -371,7 +371,7 @@ def episode_tokens(t):
 
 
 def rollout_s(name, t, card_gb, episodes, batches, workers=DEFAULT_WORKERS, gpu_memory=None, retriever=None):
-    """Seconds to run `episodes` of token lengths `t` in `batches` runner calls (lib/runner.Runner). The runner
+    """Seconds to run `episodes` of token lengths `t` in `batches` runner calls (lib/episodes/runner.Runner). The runner
     keeps `workers` episodes live (at most what the KV cache holds) and samples their pending calls in one
     blocking generate call, which lasts as long as its longest completion (t["longest"]). So a generate call
     costs that many steps of the fixed step cost + its tokens, and waits for the slowest tool of its batch

@@ -1,10 +1,10 @@
-"""The result folders whale.py writes, read back for report.py and its figures and claims (lib/plots.py,
-lib/claims.py): every seed's <domain>/<method>/ runs, each with its test evaluations, RSFT steps, phases and
+"""The result folders whale.py writes, read back for report.py and its figures and claims (lib/report/plots.py,
+lib/report/claims.py): every seed's <domain>/<method>/ runs, each with its test evaluations, RSFT steps, phases and
 harness archives. It only reads."""
 import os
 import re
 
-from lib.files import read_json, read_jsonl
+from lib.run_folder.files import read_json, read_jsonl
 from lib.methods import run_names
 
 

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import torch
 
-from lib.models import shared_prefix
+from lib.backends.models import shared_prefix
 
 
 class HFBackend:

@@ -10,8 +10,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from lib import web
-from lib.canary import EngineError, check_canary, engine_scores, forced_logprob, sampled_logprobs
+from lib.paper import web
+from lib.backends.canary import EngineError, check_canary, engine_scores, forced_logprob, sampled_logprobs
 
 TOP_P = 1.0  # the official runs' top-p; sent, because a `vllm serve` fills a missing one from generation_config.json
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.33's MaxLoRARanks: --max-lora-rank takes one of these

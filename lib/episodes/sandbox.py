@@ -3,7 +3,7 @@ The operating system's boundary around untrusted code: harness workers, the code
 `tools.python`, and proposer commands. In-process Python checks can be undone from inside the same
 interpreter, so they are a courtesy; this is the boundary.
 
-    from lib import sandbox
+    from lib.episodes import sandbox
     sandbox.check()                                          # once per process: fails closed, naming the opt-out
     argv = sandbox.wrap([sandbox.python(), "-I", worker], files=[worker])
     subprocess.Popen(argv, ...)
@@ -32,7 +32,7 @@ Where the kernel refuses namespaces (some GPU hosts do), check() stops the run w
 opt-out: WHALE_UNSAFE_NO_SANDBOX=1 (the CLIs' --unsafe-no-sandbox sets it) runs the same commands without the
 sandbox, with the in-process checks only, and says so on every start. Never a silent downgrade.
 
-The harness workers built on it: lib/worker_pool.py.
+The harness workers built on it: lib/episodes/worker_pool.py.
 """
 import errno
 import itertools

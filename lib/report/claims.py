@@ -1,11 +1,11 @@
-"""The paper's three claims, each answered on the runs report.py read (lib/runs.load_runs): tables.md's
+"""The paper's three claims, each answered on the runs report.py read (lib/report/runs.load_runs): tables.md's
 claims section (HOW says how a verdict is reached)."""
 import os
 
-from lib.files import read_jsonl
-from lib.intervals import paired_difference, pooled_difference, signed
+from lib.run_folder.files import read_jsonl
+from lib.report.intervals import paired_difference, pooled_difference, signed
 from lib.methods import CLAIM_I, CLAIM_II, CLAIM_III, METHODS, method_of, run_names
-from lib.runs import FINAL, domains_of, finished, paired_scores, points
+from lib.report.runs import FINAL, domains_of, finished, paired_scores, points
 
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "cannot tell at this size"
 CLAIMS = {

@@ -1,8 +1,8 @@
 """The NVIDIA driver against the CUDA 13 wheels: torch 2.14.0 and vllm 0.33.0 from PyPI are CUDA 13 builds, which
 need driver 580 or newer. On an older driver torch sees no GPU at all, so this reads the driver from nvidia-smi.
 
-    python lib/driver.py install   # install.sh --gpu: one line and exit 1 when the driver is too old
-    python lib/driver.py preset    # run_all.sh: prints gpu or cpu; a GPU that torch cannot use is one line, exit 1
+    python lib/ops/driver.py install   # install.sh --gpu: one line and exit 1 when the driver is too old
+    python lib/ops/driver.py preset    # run_all.sh: prints gpu or cpu; a GPU that torch cannot use is one line, exit 1
 
 Standard library only (install.sh runs it before torch is installed); torch is imported for `preset` alone.
 """
@@ -94,7 +94,7 @@ def main(argv):
             sys.exit(f"run_all.sh: no cpu preset on a GPU machine: {why}")
         print("cpu")
         return
-    sys.exit("usage: python lib/driver.py install|preset")
+    sys.exit("usage: python lib/ops/driver.py install|preset")
 
 
 if __name__ == "__main__":

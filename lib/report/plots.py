@@ -1,4 +1,4 @@
-"""report.py's figures, from the runs it read (lib/runs.load_runs): the test curves of every run, each WHALE
+"""report.py's figures, from the runs it read (lib/report/runs.load_runs): the test curves of every run, each WHALE
 run's timeline of weight and harness phases, and per domain and seed the alternation figure (a panel per
 method: the training reward of every RSFT step, the harness-set score of every search round and the test
 points, on the phases along the rollout axis). What each shows: docs/cpu-run/README.md."""
@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from lib.intervals import interval  # noqa: E402
+from lib.report.intervals import interval  # noqa: E402
 from lib.methods import method_of  # noqa: E402
 
 KIND_COLOURS = {"weight": "tab:blue", "harness": "tab:orange"}

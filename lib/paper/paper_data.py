@@ -1,6 +1,6 @@
 """The paper's data, for `--data paper` only (domains.py's flags and Domain.load call in here): the hub
 datasets through `datasets` (a GPU/paper extra, imported only when a hub name is read), parsed into tasks of
-the bundled shape (searchqa's retrievers over Wikipedia 2018: lib/retriever.py). Every dataset name is a flag
+the bundled shape (searchqa's retrievers over Wikipedia 2018: lib/paper/retriever.py). Every dataset name is a flag
 (add_args) and may be a local .jsonl / .csv / .parquet file, so runs work offline from copied files.
 - searchqa: train = a seeded sample of Search-R1's merged NQ + HotpotQA set, the docs' 18,946 questions, each
   source keeping its share (the official builder is not public); test = its seven test sets from the FlashRAG
@@ -27,7 +27,7 @@ from functools import lru_cache
 import chess
 
 from lib.cli import positive_int
-from lib.files import read_jsonl
+from lib.run_folder.files import read_jsonl
 from lib.subsets import seeded_sample
 
 SEARCHQA_TRAIN = "PeterJinGo/nq_hotpotqa_train"
@@ -288,7 +288,7 @@ FLAGS = [
                                         "HotpotQA shares (0: all of it)")),
     ("--retriever-url", dict(default=None, help="Search-R1's retrieval server, e.g. "
                              "http://127.0.0.1:8010/retrieve (scripts/search_r1_retriever.sh; "
-                             "lib/retriever.py)")),
+                             "lib/paper/retriever.py)")),
     ("--wiki", dict(default=None, help="without a server: bm25s over this wiki-18 .jsonl file")),
     ("--wiki-limit", dict(type=positive_int, default=None, help="index only the first N passages of --wiki")),
     ("--math-train", dict(default=MATH_TRAIN)),

@@ -1,4 +1,4 @@
-"""The harness workers: lib/harness_process.py in a fresh OS sandbox (lib/sandbox.py) under the no-fork filter, each
+"""The harness workers: lib/episodes/harness_process.py in a fresh OS sandbox (lib/episodes/sandbox.py) under the no-fork filter, each
 serving exactly one episode, so no state carries over from one episode to the next. POOL starts them in a
 background thread and keeps started ones across run_episodes calls, so an episode rarely waits for one. The
 workers of a run share one memory budget (WORKER_MEMORY_SHARE of the machine's RAM, split as each worker's
@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from lib.sandbox import CGROUP_SLACK_BYTES, Cgroup, kill as kill_sandbox, python, start_one_process
+from lib.episodes.sandbox import CGROUP_SLACK_BYTES, Cgroup, kill as kill_sandbox, python, start_one_process
 
 WORKER_PY = str(Path(__file__).resolve().with_name("harness_process.py"))
 WORKER_MEMORY_SHARE = 0.25  # of the machine's RAM: one budget for all concurrent harness workers together
@@ -65,7 +65,7 @@ def readable(fd, timeout_s):
 
 
 class Worker:
-    """lib/harness_process.py in a fresh sandbox (bwrap: no project, no data, no other process, no network; no fork). It
+    """lib/episodes/harness_process.py in a fresh sandbox (bwrap: no project, no data, no other process, no network; no fork). It
     serves exactly one episode, so no state carries over; killing bwrap ends every process and thread of it."""
 
     def __init__(self):

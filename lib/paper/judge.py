@@ -1,4 +1,4 @@
-"""SearchQA's LLM judge, the official rule through any OpenAI-compatible chat endpoint (lib/web.py).
+"""SearchQA's LLM judge, the official rule through any OpenAI-compatible chat endpoint (lib/paper/web.py).
 
     judge = Judge("https://api.openai.com/v1", "gpt-5.4-mini", key, cache_path="run/judge_cache.jsonl")
     judge.verdict(question, gold_answers, prediction, fallback=exact_match)   # 1 or 0
@@ -34,7 +34,7 @@ import re
 import threading
 import time
 
-from lib import web
+from lib.paper import web
 
 ATTEMPTS = 3
 BACKOFF_S = (1.0, 2.0)  # before the second and the third attempt
@@ -175,11 +175,11 @@ JUDGE_GROUP = ("searchqa's LLM judge (the official docs' verifier; off by defaul
 FLAGS = [
     ("--judge-url", dict(default=None, help="searchqa: an OpenAI-compatible endpoint, e.g. "
                          "https://api.openai.com/v1, for the LLM judge the official docs name (its rules in "
-                         "the project's wording: lib/judge.py; default: exact match)")),
+                         "the project's wording: lib/paper/judge.py; default: exact match)")),
     ("--judge-model", dict(default="gpt-5.4-mini", help="the judge's model (the official default)")),
     ("--judge-key-env", dict(default="OPENAI_API_KEY", help="environment variable holding the judge's key")),
     ("--judge-prompt", dict(default=None, help="the judge's prompt from this text file, with the fields {question}, "
-                            "{gold} and {prediction} (default: lib/judge.py PROMPT, the project's wording of the "
+                            "{gold} and {prediction} (default: lib/paper/judge.py PROMPT, the project's wording of the "
                             "official rules)")),
 ]
 

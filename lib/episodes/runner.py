@@ -17,15 +17,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lib import sandbox
+from lib.episodes import sandbox
 from lib.contract import ALLOWED_IMPORTS, check_harness
-from lib.models import chat_ids, thinking_switch
-from lib.sandbox import InfrastructureError
-from lib.worker_pool import POOL, worker_memory_bytes
+from lib.backends.models import chat_ids, thinking_switch
+from lib.episodes.sandbox import InfrastructureError
+from lib.episodes.worker_pool import POOL, worker_memory_bytes
 
 
 # -----------------------------------------------------------------------------
-# the messages between the runner and a harness worker (lib/harness_process.py): the limits on them and the
+# the messages between the runner and a harness worker (lib/episodes/harness_process.py): the limits on them and the
 # parent's checks of every request a worker sends. The worker runs untrusted harness code, which can write to its
 # pipe directly, so the parent checks each request in full; the worker's own checks are a courtesy.
 #     messages, cap, stop, tools = llm_request(msg, max_new_tokens)   # ValueError on a forged request

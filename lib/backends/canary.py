@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from lib.models import chat_ids
+from lib.backends.models import chat_ids
 
 
 class EngineError(RuntimeError):

@@ -6,7 +6,7 @@
     policy.save_adapter(folder); policy.serve_adapter(folder)   # after an update: the backend serves it
 
 hf samples from the trainer's own module, so an update is served at once. vllm and an OpenAI-compatible server
-load the saved adapter and run the canary (lib/canary.py) against the trainer's module before the next rollout.
+load the saved adapter and run the canary (lib/backends/canary.py) against the trainer's module before the next rollout.
 """
 import argparse
 import importlib.util
@@ -17,10 +17,10 @@ import torch
 
 from lib.cli import positive_int, unit_interval
 
-from lib.canary import PROBE_RANK, probe_engine
-from lib.engines import OpenAIBackend, VLLMBackend, engine_lora_rank
-from lib.hf_backend import HFBackend, NullModelBackend
-from lib.models import load_model
+from lib.backends.canary import PROBE_RANK, probe_engine
+from lib.backends.engines import OpenAIBackend, VLLMBackend, engine_lora_rank
+from lib.backends.hf_backend import HFBackend, NullModelBackend
+from lib.backends.models import load_model
 
 RUNNER_WIDTH = 64  # rollout.run_episodes' concurrent episodes without --workers (the test evaluation's)
 

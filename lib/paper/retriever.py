@@ -12,8 +12,8 @@ import os
 import threading
 import time
 
-from lib import web
-from lib.sandbox import InfrastructureError
+from lib.paper import web
+from lib.episodes.sandbox import InfrastructureError
 
 
 def passage_text(contents):
