@@ -24,8 +24,8 @@ def test_the_report_names_every_run_folder_it_left_out_of_the_tables(tmp_path, c
     out = capsys.readouterr().out
     assert "| stagewise-adaptive |" in (preset / "tables.md").read_text()
     assert [line for line in out.splitlines() if line.startswith("not in the tables")] == [
-        f"not in the tables: {preset}/math/my-method (my-method is not a method the report lists (lib/report/runs.py "
-        "METHODS))",
+        f"not in the tables: {preset}/math/my-method (my-method is not a run of a method in the method table "
+        "(lib/methods.py))",
         f"not in the tables: {preset}/math/weight-only (no metrics.jsonl: the run wrote no phase yet)",
         f"not in the tables: {preset}/units/whale (units is not a registered domain (domains.DOMAINS))",
         f"not in the tables: {preset}/seed-0/math/whale (seed 0's math/whale was read from another folder)"]
