@@ -154,7 +154,7 @@ PHASE_0_ROW = {"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollout
 def test_whale_missing_state_json_after_finished_steps(tmp_path, capsys):
     out = tmp_path / "run"
     fake_checkpoint(out / "weights")
-    (out / "state.json").write_text(json.dumps({"phase": 0}))
+    (out / "state.json").write_text(json.dumps(ledger.fresh_state()))
     (out / "metrics.jsonl").write_text(json.dumps(PHASE_0_ROW) + "\n")
     ledger.check_run_folder(str(out))  # intact
     (out / "state.json").unlink()
@@ -347,7 +347,7 @@ def test_a_resume_with_another_model_or_harness_set_is_refused_and_changes_nothi
             folder=weights)
     run = tmp_path / "whale"
     fake_checkpoint(run / "weights")
-    (run / "state.json").write_text(json.dumps({"phase": 0}))
+    (run / "state.json").write_text(json.dumps(ledger.fresh_state()))
     (run / "metrics.jsonl").write_text(json.dumps(PHASE_0_ROW) + "\n")
     refused("whale.py", ["--model", "cpu", "--preset", "smoke", "--out", str(run)], "not 'cpu': use the same --model",
             capsys, folder=run)

@@ -374,13 +374,13 @@ def test_adaptive_schedule_spends_the_same_budgets_and_each_harness_phase_adds_i
         assert summary["rsft_steps"] == (0 if method == "harness-only" else 4), name
         rounds = {"weight-only": 0, "harness-only": 4, "stagewise": 2, "whale": 2}[method]  # (I - 1) x phases
         if name.endswith("-adaptive") and method == "whale":  # it ends after a weight phase: rounds may be left
-            assert 1 <= summary["harness_iterations"] <= rounds, name
+            assert 1 <= summary["harness_rounds"] <= rounds, name
         else:
-            assert summary["harness_iterations"] == rounds, name
+            assert summary["harness_rounds"] == rounds, name
         evals = [r for r in rows(out / "metrics.jsonl") if r["event"] == "eval"]
         assert summary["phases"] == len(evals) - 1
         harness_phases = [r for r in evals if r["kind"] == "harness"]
-        assert sum(r["iterations"] for r in harness_phases) == summary["harness_iterations"]
+        assert sum(r["iterations"] for r in harness_phases) == summary["harness_rounds"]
         assert all(r["iterations"] >= 1 for r in harness_phases)  # every harness phase adds its own
         for archive in {r["archive"] for r in harness_phases}:
             frontier = json.loads((out / archive / "frontier.json").read_text())
@@ -496,18 +496,26 @@ def test_a_rerun_with_other_settings_is_refused_with_one_line(tmp_path, fake, ca
     whale.main(argv + ["--method", "weight-only", "--out", str(out), "--threads", "2"])  # speed flags may change
 
 
-def test_an_older_folder_is_compared_under_a_flags_new_name(tmp_path, fake):
-    """config.json written before --minibatch became --micro-batch: its value is still checked, under the new name."""
+def test_a_folder_of_an_older_whale_is_refused_and_changes_nothing(tmp_path, fake):
+    """A config.json or state.json written before a flag or a state key existed (here: --minibatch before it
+    became --micro-batch, a state without phase_key) is refused in one line, never resumed under a guess."""
     argv, _ = fake
     out = tmp_path / "run"
     whale.main(argv + ["--method", "weight-only", "--out", str(out)])
-    config = json.loads((out / "config.json").read_text())
-    config["minibatch"] = config.pop("micro_batch")
-    (out / "config.json").write_text(json.dumps(config))
-    with pytest.raises(SystemExit) as e:
-        whale.main(argv + ["--method", "weight-only", "--out", str(out), "--micro-batch", "3"])
-    assert f"--micro-batch {config['minibatch']} (now 3)" in str(e.value.code)
-    whale.main(argv + ["--method", "weight-only", "--out", str(out)])  # the same settings resume
+    config, state = (out / "config.json").read_text(), (out / "state.json").read_text()
+    older_config = json.loads(config)
+    older_config["minibatch"] = older_config.pop("micro_batch")
+    older_state = {k: v for k, v in json.loads(state).items() if k != "phase_key"}
+    for name, older, lacks in (("config.json", older_config, "--micro-batch"), ("state.json", older_state, "phase_key")):
+        (out / name).write_text(json.dumps(older))
+        before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        with pytest.raises(SystemExit) as e:
+            whale.main(argv + ["--method", "weight-only", "--out", str(out)])
+        assert str(e.value.code) == (f"whale.py: error: {out}/{name} was written by an older whale.py (it lacks "
+                                     f"{lacks}): rerun in a fresh --out or delete {out}")
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing rewritten
+        (out / name).write_text(config if name == "config.json" else state)
+    whale.main(argv + ["--method", "weight-only", "--out", str(out)])  # the folder's own files resume
 
 
 def test_acceptance_is_strict_against_the_incoming_harness_re_scored_under_the_new_weights(tmp_path, fake):

@@ -34,22 +34,29 @@ from lib.run_folder.files import (adapter_id, append_jsonl, check_checkpoint, ch
                        write_jsonl)
 
 
+def fresh_state():
+    """state.json as this whale.py writes it, before the first phase (load_state says what each key holds)."""
+    return {"phase": 0, "kinds": [], "running": None, "harness": None, "phase_start_step": None,
+            "archive_iterations": {}, "harness_rollouts": {}, "archive_weights": {}, "phase_key": None}
+
+
 def load_state(out):
     """phase: phases finished; kinds: their kinds; running: the kind of the phase under way (None between
-    phases); phase_start_step: the RSFT step a running weight phase started at; archive_iterations and
-    harness_rollouts: per harness archive, as of the last finished phase."""
-    fresh = {"phase": 0, "kinds": [], "running": None, "harness": None, "phase_start_step": None,
-             "archive_iterations": {}, "harness_rollouts": {}, "archive_weights": {}, "phase_key": None}
+    phases); harness: the run's harness (None: h0); phase_start_step and phase_key: where a running weight phase
+    started and the key of its snapshot; archive_iterations, harness_rollouts and archive_weights: per harness
+    archive, its rounds, rollouts and the weights it searched under, as of the last finished phase. A state.json
+    of an older whale.py, which lacks some of these, is refused: the run is started over in a fresh folder."""
     path = os.path.join(out, "state.json")
-    saved = read_json(path, {})
-    if not isinstance(saved, dict):
-        raise damaged(path, f"a JSON {type(saved).__name__}, not an object", start_over(out))
-    state = {**fresh, **saved}
-    if not isinstance(state["kinds"], list) or len(state["kinds"]) != state["phase"]:
-        raise ValueError(f"{path} was written by an older whale.py (no phase kinds): rerun in a fresh --out "
-                         f"or delete {out}")
+    state = read_json(path, fresh_state())
+    if not isinstance(state, dict):
+        raise damaged(path, f"a JSON {type(state).__name__}, not an object", start_over(out))
+    lacking = [key for key in fresh_state() if key not in state]
+    if lacking:
+        raise ValueError(f"{path} was written by an older whale.py (it lacks {', '.join(lacking)}): rerun in a "
+                         f"fresh --out or delete {out}")
     counters = [state[k] for k in ("archive_iterations", "harness_rollouts")]
-    if not (isinstance(state["phase"], int) and set(state["kinds"]) <= {"weight", "harness"}
+    if not (isinstance(state["phase"], int) and isinstance(state["kinds"], list)
+            and len(state["kinds"]) == state["phase"] and set(state["kinds"]) <= {"weight", "harness"}
             and state["running"] in (None, "weight", "harness") and isinstance(state["harness"], (str, type(None)))
             and isinstance(state["phase_start_step"], (int, type(None)))
             and all(isinstance(c, dict) and all(isinstance(v, int) for v in c.values()) for c in counters)):
@@ -188,19 +195,22 @@ def save_state(out, state):
 # flags that may change between a run and its resumption: they change how fast (or when a failing machine stops
 # the run), not what is computed
 RESUMABLE_FLAGS = ("threads", "workers", "out", "report_to", "infra_budget")
-RENAMED_FLAGS = {"minibatch": "micro_batch"}  # an older config.json's name: its new one
 
 
 def check_same_settings(out, flags):
     """A rerun resumes the folder's run only with the settings it was started with: another value of any
-    flag would put new results beside old ones under the old config. A flag the folder's config.json does not
-    know (written by an older whale.py) is not compared. flags: the command's, as config.json stores them."""
+    flag would put new results beside old ones under the old config. A config.json that lacks one of the
+    command's flags was written by an older whale.py: refused, the run is started over in a fresh folder.
+    flags: the command's, as config.json stores them."""
     old = read_json(os.path.join(out, "config.json"))
     if old is None:
         return
-    old = {RENAMED_FLAGS.get(k, k): v for k, v in old.items()}
     new = json.loads(json.dumps(flags))  # as stored
-    changed = [k for k in new if k in old and k not in RESUMABLE_FLAGS and new[k] != old[k]]
+    lacking = [f"--{k.replace('_', '-')}" for k in new if k not in old]
+    if lacking:
+        raise ValueError(f"{out}/config.json was written by an older whale.py (it lacks {', '.join(lacking)}): "
+                         f"rerun in a fresh --out or delete {out}")
+    changed = [k for k in new if k not in RESUMABLE_FLAGS and new[k] != old[k]]
     if changed:
         flags = ", ".join(f"--{k.replace('_', '-')} {old[k]} (now {new[k]})" for k in changed)
         raise ValueError(f"{out} was run with other settings: {flags}: rerun with the folder's settings, "
@@ -259,7 +269,7 @@ class Ledger:
         """The run's first row: its budgets."""
         if not any(r.get("event") == "start" for r in read_rows(self.out)):
             append_jsonl(os.path.join(self.out, "metrics.jsonl"), {"event": "start", "weight_steps": steps,
-                                                                   "harness_iterations": rounds,
+                                                                   "harness_rounds": rounds,
                                                                    "time": time.time()})
 
     def enter(self, kind, step, key=None):
@@ -269,7 +279,7 @@ class Ledger:
         if self.state["running"] is None:
             self.state.update(running=kind, phase_start_step=step, phase_key=key)
             self.save()
-        return self.state["phase_start_step"], self.state.get("phase_key")
+        return self.state["phase_start_step"], self.state["phase_key"]
 
     def close_phase(self, kind, harness):
         """The phase is over, the run going on with `harness`: recorded here, saved (save) once its row is
@@ -298,7 +308,7 @@ class Ledger:
                    # the final harness without the model, on the same test tasks
                    "final_null_mean_at_k": evals[-1].get("null_mean_at_k"),
                    "total_rollouts": evals[-1]["rollouts"], "phases": len(phases) - 1,
-                   "rsft_steps": rsft_steps, "harness_iterations": self.rounds_done(),
+                   "rsft_steps": rsft_steps, "harness_rounds": self.rounds_done(),
                    "final_harness": stored_path(self.harness(), self.out), "test_tasks": evals[-1]["test_tasks"]}
         write_json(os.path.join(self.out, "summary.json"), summary)
         return summary
@@ -417,8 +427,6 @@ def snapshot_weights(weights, step, key):
 
 def find_snapshot(donors, key):
     """The snapshot a donor run made at the end of a weight phase with this key, else None."""
-    if key is None:  # a phase entered by an older whale.py
-        return None
     for donor in donors:
         for key_path in sorted(Path(donor, "weights").glob("snapshot-*/key.json")):
             if read_json(key_path).get("key") == key:
