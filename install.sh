@@ -21,7 +21,8 @@ case "${1:-}" in
   *) die "unknown argument '$1': run 'bash install.sh' (CPU) or 'bash install.sh --gpu' (CUDA machine)" ;;
 esac
 # the CUDA 13 wheels need NVIDIA driver 580 or newer; on an older one torch sees no GPU (stdlib only: no venv yet)
-if [ "${1:-}" = --gpu ] && command -v "${PYTHON:-python3}" > /dev/null; then "${PYTHON:-python3}" lib/ops/driver.py install; fi
+if [ "${1:-}" = --gpu ] && command -v "${PYTHON:-python3}" > /dev/null; then \
+  "${PYTHON:-python3}" lib/ops/driver.py install; fi
 
 # the environment: an active venv or conda env, else .venv/ (made once, remade if its Python is gone)
 if [ -n "${VIRTUAL_ENV:-}" ] || [ -n "${CONDA_PREFIX:-}" ]; then

@@ -52,8 +52,8 @@ def plan_sizes(args):
 def print_plan(runs, card_gb=80):
     """Each run's phases, steps, rounds and rollouts (describe) and its estimated hours on one card of card_gb
     (time_model) for its own work: the phases an earlier run of the process made are reused, not redone
-    (lib/run_folder/ledger.py; adaptive phases end by their rules, so only the start is). -> [estimate, or None for a model
-    the time model lacks]"""
+    (lib/run_folder/ledger.py; adaptive phases end by their rules, so only the start is). -> [estimate, or None for a
+    model the time model lacks]"""
     sizes = plan_sizes(runs[0])  # every run of a command has the same data
     n_train, n_harness, n_test = sizes
     data_flags = domains.data_flags()

@@ -14,8 +14,8 @@ preset's run draws it (harness: --harness-tasks tasks x --harness-samples; test:
 --test-holdout, mean@--k; train: --train-limit); any flag given still wins.
 
 A harness is untrusted Python, `run(task, llm, tools)`: each episode runs it in a fresh sandboxed worker, and the
-runner (lib/episodes/runner.py) batches the llm() requests of every live episode into one `generate` call, answers the tool
-calls, records the exact token ids and computes the reward. mean@k = per-task success rate over k samples,
+runner (lib/episodes/runner.py) batches the llm() requests of every live episode into one `generate` call, answers the
+tool calls, records the exact token ids and computes the reward. mean@k = per-task success rate over k samples,
 averaged over tasks. How the runner works (caps, seeds, the error budget): docs/design.md section 4.
 """
 import argparse

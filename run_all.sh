@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every domain x method, then the report:   bash run_all.sh
-# Preset: `gpu` when torch sees a CUDA GPU, `cpu` when nvidia-smi sees none either (lib/ops/driver.py); PRESET=... overrides (PRESET=paper: the official budgets,
-# GPU-days); SMOKE=1 means `smoke`.
+# Preset: `gpu` when torch sees a CUDA GPU, `cpu` when nvidia-smi sees none either (lib/ops/driver.py); PRESET=...
+# overrides (PRESET=paper: the official budgets, GPU-days); SMOKE=1 means `smoke`.
 # DOMAINS="searchqa math" narrows the domains; ADAPTIVE=0|1 leaves out or adds the adaptive WHALE runs (default:
 # 1 under smoke and paper, 0 under cpu and gpu, to keep them within their time; never on chess, as in the paper). SEEDS="0 1 2" runs every seed (whale.py --seed; default 0):
 # seed 0 into results/<preset>/, seed n into results/<preset>/seed-<n>/, so a finished one-seed run is seed 0 of

@@ -121,6 +121,7 @@ def llm_interface():
 
 
 def worker_llm():
-    """The syntax tree of the llm() the worker hands a harness (lib/episodes/harness_process.py, make_llm's inner llm)."""
+    """The syntax tree of the llm() the worker hands a harness (lib/episodes/harness_process.py, make_llm's inner
+    llm)."""
     tree = ast.parse((Path(__file__).parent / "episodes" / "harness_process.py").read_text())
     return next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "llm")

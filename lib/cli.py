@@ -40,8 +40,9 @@ class Parser(argparse.ArgumentParser):
 def project_errors():
     """What the project raises for bad input: ValueError (also JSON and decoding errors), the OSError family
     (FileNotFoundError, PermissionError, IsADirectoryError ...), ImportError of an optional package, the
-    sandbox's and the engines' errors, and a run over its error budget (InfrastructureError). EngineError lives beside torch (lib/backends/canary.py): it can only have been
-    raised once that module is loaded, so report.py and domains.py never pay for the torch import."""
+    sandbox's and the engines' errors, and a run over its error budget (InfrastructureError). EngineError lives beside
+    torch (lib/backends/canary.py): it can only have been raised once that module is loaded, so report.py and domains.py
+    never pay for the torch import."""
     errors = [ValueError, OSError, ImportError, SandboxError, InfrastructureError]
     canary = sys.modules.get("lib.backends.canary")
     if canary is not None:

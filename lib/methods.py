@@ -1,6 +1,6 @@
 """The methods: WHALE and the five baselines it is compared with, one row each. whale.py (the budgets and the order of
-the phases), plan.py, the report (lib/report/runs.py, report.py, lib/report/claims.py), lib/ops/time_model.py and run_all.sh read
-this table and nothing else, so a fork's method is one row here (README "Adding a method"):
+the phases), plan.py, the report (lib/report/runs.py, report.py, lib/report/claims.py), lib/ops/time_model.py and
+run_all.sh read this table and nothing else, so a fork's method is one row here (README "Adding a method"):
 
     METHODS["mine"] = Method("mine", ALTERNATE, BOTH, about="...")
 

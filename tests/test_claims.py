@@ -1,5 +1,5 @@
-"""The claims section (lib/report/claims.py) and the alternation figure (lib/report/plots.py) on a hand-made run folder where
-every verdict is known: searchqa, where WHALE wins and harness search alone suffices, and math, where WHALE is
+"""The claims section (lib/report/claims.py) and the alternation figure (lib/report/plots.py) on a hand-made run folder
+where every verdict is known: searchqa, where WHALE wins and harness search alone suffices, and math, where WHALE is
 level with weight-only, harness-only never catches up, and only the search after a weight phase finds a better
 harness."""
 import json

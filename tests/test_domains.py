@@ -88,7 +88,8 @@ def test_cli_stats_show_and_errors(tmp_path):
     # a checkout whose data file is missing, then corrupt
     shutil.copy(os.path.join(ROOT, "domains.py"), tmp_path)
     shutil.copytree(os.path.join(ROOT, "scripts"), tmp_path / "scripts")
-    shutil.copytree(os.path.join(ROOT, "lib"), tmp_path / "lib")  # domains.py imports lib.paper.paper_data and lib.episodes.sandbox
+    shutil.copytree(os.path.join(ROOT, "lib"),
+                    tmp_path / "lib")  # domains.py imports lib.paper.paper_data and lib.episodes.sandbox
     (tmp_path / "data").mkdir()
     out = run_cli("show", "chess", cwd=tmp_path)
     assert out.returncode != 0 and "missing data file" in out.stderr and "python data/build.py" in out.stderr
@@ -310,7 +311,8 @@ def test_math_gold_answers_match_their_own_box():
 
 def child_pids():
     """Processes whose parent is this test process (read from /proc: no helper process of our own), but the warm
-    harness workers (lib/episodes/harness_process.py) that a rollout test run earlier in this process keeps in its pool."""
+    harness workers (lib/episodes/harness_process.py) that a rollout test run earlier in this process keeps in its
+    pool."""
     pids = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:

@@ -1,5 +1,5 @@
-"""The NVIDIA driver against the CUDA 13 wheels (lib/ops/driver.py), on a faked nvidia-smi: install.sh --gpu, run_all.sh's
-preset choice and the preflight name the cause in one line instead of falling back to the cpu preset."""
+"""The NVIDIA driver against the CUDA 13 wheels (lib/ops/driver.py), on a faked nvidia-smi: install.sh --gpu,
+run_all.sh's preset choice and the preflight name the cause in one line instead of falling back to the cpu preset."""
 import os
 import shutil
 import subprocess
@@ -75,7 +75,8 @@ def test_run_all_never_falls_back_to_cpu_on_a_gpu_torch_cannot_use(tmp_path):
         assert done.stderr.count("\n") == 1 and done.stderr.startswith("run_all.sh: no cpu preset on a GPU machine: ")
         assert cause in done.stderr
     smi = fake_smi(tmp_path, "NVIDIA-SMI has failed", code=9)  # no GPU at all: the cpu preset, as before
-    done = subprocess.run([sys.executable, "lib/ops/driver.py", "preset"], cwd=ROOT, env=smi, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "lib/ops/driver.py", "preset"], cwd=ROOT, env=smi, capture_output=True,
+                          text=True)
     assert done.returncode == 0 and done.stdout == "cpu\n"
 
 

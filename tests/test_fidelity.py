@@ -132,9 +132,9 @@ def written_brief(tmp_path, brief, domain="searchqa"):
 
 
 def test_the_brief_names_every_keyword_and_role_the_runner_accepts(tmp_path):
-    """The brief's llm() lines against the contract the runner enforces (lib/episodes/runner.py llm_request) and the worker's
-    llm() (lib/episodes/harness_process.py): each keyword and role the runner accepts is in INSTRUCTIONS.md, under every
-    brief; it once said llm(messages, max_tokens=None) with three roles."""
+    """The brief's llm() lines against the contract the runner enforces (lib/episodes/runner.py llm_request) and the
+    worker's llm() (lib/episodes/harness_process.py): each keyword and role the runner accepts is in INSTRUCTIONS.md,
+    under every brief; it once said llm(messages, max_tokens=None) with three roles."""
     from lib import briefs
     from lib.episodes import runner
     keywords = [arg.arg for arg in briefs.worker_llm().args.args][1:]

@@ -154,7 +154,8 @@ def test_method_names_only_in_the_method_table():
     names = set(run_names()) | set(METHODS)
     skip = {"lib/methods.py",
             "scripts/check_engagement.py", "scripts/calibrate_cpu_h0.py",  # about weight-only and harness-only
-            "lib/backends/models.py", "lib/run_folder/report_to.py"}  # "whale": the project's cache folder and wandb project
+            "lib/backends/models.py",
+            "lib/run_folder/report_to.py"}  # "whale": the project's cache folder and wandb project
     sources = [p for p in ROOT.rglob("*.py") if not {"tests", ".venv", "results"} & set(p.relative_to(ROOT).parts)]
     found = []
     for path in sources:

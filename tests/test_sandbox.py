@@ -1,5 +1,6 @@
-"""Tests for the OS boundary around untrusted code (lib/episodes/sandbox.py, lib/episodes/harness_process.py, lib/episodes/worker_pool.py, run_python):
-one hostile harness or code snippet per attack class of issue 11, each asserting the real outcome.
+"""Tests for the OS boundary around untrusted code (lib/episodes/sandbox.py, lib/episodes/harness_process.py,
+lib/episodes/worker_pool.py, run_python): one hostile harness or code snippet per attack class of issue 11, each
+asserting the real outcome.
 
     python -m pytest -q tests/test_sandbox.py
 """

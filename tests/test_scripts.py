@@ -44,7 +44,8 @@ def unresolved(source):
     bound, missing = {}, []  # local name -> the project module it is bound to
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            for alias in node.names:  # `import lib.backends.models` binds lib, `import lib.backends.models as m` binds m
+            for alias in node.names:  # `import lib.backends.models` binds lib,
+                # `import lib.backends.models as m` binds m
                 module = project_module(alias.name if alias.asname else alias.name.split(".")[0])
                 if module is not None:
                     bound[alias.asname or alias.name.split(".")[0]] = module
@@ -84,7 +85,8 @@ def test_every_script_resolves_the_names_it_takes_from_the_project():
 
 def test_the_check_catches_a_moved_name():
     assert unresolved("from lib.backends import models\nmodels.QWEN35_TINY\n") == ["lib.backends.models.QWEN35_TINY"]
-    assert unresolved("def f():\n    from lib.backends.models import build_qwen35_tiny\n") == ["lib.backends.models.build_qwen35_tiny"]
+    assert unresolved("def f():\n    from lib.backends.models import build_qwen35_tiny\n") == [
+        "lib.backends.models.build_qwen35_tiny"]
     assert unresolved("import rollout\nrollout.no_such_thing()\n") == ["rollout.no_such_thing"]
     assert unresolved("from tests.fixtures.qwen35 import QWEN35_TINY\nimport vllm\nvllm.anything\n") == []
 

@@ -1,7 +1,7 @@
 """The base models: the tiny random smoke model and SmolLM2-135M, both built offline and cached, any hub id or
 local folder, and the chat prompt every backend samples from. `null` is the model that cannot answer: the smoke
-model's files for the trainer, and a backend that replies '' to every call (lib/backends/hf_backend.NullModelBackend), so
-what a harness earns without a model is measured.
+model's files for the trainer, and a backend that replies '' to every call (lib/backends/hf_backend.NullModelBackend),
+so what a harness earns without a model is measured.
 
     model, tok = load_model("cpu")        # smoke | cpu | null | hub id | local path
 """

@@ -1,11 +1,12 @@
 """
 The harness worker: ONE episode of untrusted harness code, inside the OS sandbox, then the process ends.
 
-    python -I -S lib/episodes/harness_process.py RFD WFD      (lib/episodes/worker_pool.py's Worker starts it in the sandbox; never by hand)
+    python -I -S lib/episodes/harness_process.py RFD WFD
+        (lib/episodes/worker_pool.py's Worker starts it in the sandbox; never by hand)
 
-lib/episodes/worker_pool.py starts each worker inside bubblewrap under the no-fork seccomp filter (lib/episodes/sandbox.py),
-before any episode needs it, so a warm one is waiting when an episode starts. Only this file is bound into
-the sandbox, so it imports the standard library only, nothing from the project (and -I keeps the project's
+lib/episodes/worker_pool.py starts each worker inside bubblewrap under the no-fork seccomp filter
+(lib/episodes/sandbox.py), before any episode needs it, so a warm one is waiting when an episode starts. Only this file
+is bound into the sandbox, so it imports the standard library only, nothing from the project (and -I keeps the project's
 folders off sys.path). The worker says {"ready": true}, then reads one job: the
 harness source, its path, the tool names, the task (only what the agent may see), the seed of the harness's
 `random`, its memory limit and the size limits. It sets the limits, then runs `run(task, llm, tools)`:

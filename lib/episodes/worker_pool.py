@@ -1,6 +1,6 @@
-"""The harness workers: lib/episodes/harness_process.py in a fresh OS sandbox (lib/episodes/sandbox.py) under the no-fork filter, each
-serving exactly one episode, so no state carries over from one episode to the next. POOL starts them in a
-background thread and keeps started ones across run_episodes calls, so an episode rarely waits for one. The
+"""The harness workers: lib/episodes/harness_process.py in a fresh OS sandbox (lib/episodes/sandbox.py) under the
+no-fork filter, each serving exactly one episode, so no state carries over from one episode to the next. POOL starts
+them in a background thread and keeps started ones across run_episodes calls, so an episode rarely waits for one. The
 workers of a run share one memory budget (WORKER_MEMORY_SHARE of the machine's RAM, split as each worker's
 RLIMIT_AS, and as its sandbox's cgroup bound, 64 MiB above it, where the host has cgroups).
 
@@ -65,8 +65,9 @@ def readable(fd, timeout_s):
 
 
 class Worker:
-    """lib/episodes/harness_process.py in a fresh sandbox (bwrap: no project, no data, no other process, no network; no fork). It
-    serves exactly one episode, so no state carries over; killing bwrap ends every process and thread of it."""
+    """lib/episodes/harness_process.py in a fresh sandbox (bwrap: no project, no data, no other process, no network; no
+    fork). It serves exactly one episode, so no state carries over; killing bwrap ends every process and thread of
+    it."""
 
     def __init__(self):
         p2w_r, self.wfd = os.pipe()

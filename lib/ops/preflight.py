@@ -203,8 +203,8 @@ def check_data(args, domain_of=None):
 
 
 def check_model(name):
-    """The runs' own check (lib/backends/models.check_model) for what is on this machine; a hub id asked of the cache, then
-    the hub (nothing downloaded)."""
+    """The runs' own check (lib/backends/models.check_model) for what is on this machine; a hub id asked of the cache,
+    then the hub (nothing downloaded)."""
     if name in models.BUILTIN:
         return check_builtin_model(name)
     if is_local(name):
@@ -244,7 +244,8 @@ def check_builtin_model(name):
 def check_engine(args):
     if args.backend == "hf":
         return "transformers in process"
-    if args.backend == "vllm":  # more than the runs' own check (lib/backends/policy.check_backend: installed): it imports
+    if args.backend == "vllm":  # more than the runs' own check (lib/backends/policy.check_backend: installed):
+        # it imports
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its import logs the platform it found
         try:
             vllm = importlib.import_module("vllm")
@@ -261,7 +262,8 @@ def check_engine(args):
 
 
 def engine_kernels(model):
-    """Which kernels the engine will take and why (lib/backends/engines.engine_backends: without nvcc, none that compile)."""
+    """Which kernels the engine will take and why (lib/backends/engines.engine_backends: without nvcc, none that
+    compile)."""
     import torch
     from lib.backends import engines
     gated_deltanet = time_model.model_name(model) is not None or engines.has_gated_deltanet(engines.local_config(model))

@@ -104,8 +104,8 @@ RESERVED_SLACK = GiB // 2
 # time: the share of peak bandwidth / FLOPs reached (decode and prefill, SFT); vLLM's fixed cost per decode
 # step (scheduler, sampler, Python); the least wait of a generate call for its batch (lib/episodes/runner.BATCH_WAIT_S)
 EFF_INFER, EFF_TRAIN, STEP_OVERHEAD_S, BATCH_WAIT_S = 0.5, 0.4, 0.004, 0.1
-# every call carries its own seed (lib/episodes/runner.call_seed: an episode samples the same on a resume), and vLLM 0.33
-# samples seeded requests one at a time (a torch.Generator each, in a Python loop, and the PyTorch top-k path
+# every call carries its own seed (lib/episodes/runner.call_seed: an episode samples the same on a resume), and vLLM
+# 0.33 samples seeded requests one at a time (a torch.Generator each, in a Python loop, and the PyTorch top-k path
 # instead of FlashInfer's): a stated cost per seeded sequence per decode step, i.e. per generated token
 SEEDED_TOKEN_S = 30e-6
 DEFAULT_WORKERS = 64  # rollout.py: concurrent episodes, min(64, episodes) unless --workers
@@ -276,8 +276,8 @@ def cache_blocks(name, kv_bytes):
 
 def block_shortfall(name, card_bytes, gpu_memory, seqs):
     """The one line that refuses an engine share whose cache holds fewer blocks than `seqs` (the max_num_seqs the
-    engine is given: lib/backends/policy.engine_seqs, from --workers), or None. vLLM checks this only at its start, after
-    the trainer has loaded."""
+    engine is given: lib/backends/policy.engine_seqs, from --workers), or None. vLLM checks this only at its start,
+    after the trainer has loaded."""
     mem = memory(name, None, gpu_memory=gpu_memory, card_bytes=card_bytes)
     blocks, tokens, per_block = cache_blocks(name, mem["kv"])
     if blocks >= seqs:

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from lib.archive import check_archive, rebuild_index, restore_seed
 from lib.cli import config_hash
-from lib.run_folder.files import (adapter_id, append_jsonl, check_checkpoint, check_checkpoint_files, check_checkpoint_model,
-                       check_run_files, check_same_model, damaged, file_sha, json_object, link_file, link_tree,
-                       read_json, read_jsonl, resolved_path, start_over, stored_path, whole_jsonl, write_json,
-                       write_jsonl)
+from lib.run_folder.files import (adapter_id, append_jsonl, check_checkpoint, check_checkpoint_files,
+                                  check_checkpoint_model, check_run_files, check_same_model, damaged, file_sha,
+                                  json_object, link_file, link_tree, read_json, read_jsonl, resolved_path, start_over,
+                                  stored_path, whole_jsonl, write_json, write_jsonl)
 
 
 def fresh_state():
