@@ -7,13 +7,11 @@
     tools = d.tools(task)                # fresh per episode: search, python, or the chess move
     d.reward(task, answer, tools)        # 0.0 or 1.0
 
-Splits: train and test are bundled files (data/, rebuilt by data/build.py); harness is a fixed
-seeded sample of 256 training tasks, the set every harness candidate is scored on (as in the
-official code, it overlaps the training set; only the paper's chess has a harness split of its own,
-disjoint from train and test). Every limit (--train-limit, --test-limit, --harness-tasks, rollout.py
---limit, `show_data.py show -n`) is lib/subsets.seeded_sample: a seeded sample keeping each
-`source`'s share, never the first N. The rewards are the official verifiers (docs/protocol.md
-section 4):
+Splits: train and test are bundled files (data/, rebuilt by data/build.py); harness is a fixed seeded sample of 256
+training tasks, the set every harness candidate is scored on (as in the official code, it overlaps the training set;
+only the paper's chess has a harness split of its own, disjoint from train and test). Every limit (--train-limit,
+--test-limit, --harness-tasks, rollout.py --limit, `show_data.py show -n`) is lib/subsets.seeded_sample: a seeded sample
+keeping each `source`'s share, never the first N. The rewards are the official verifiers (docs/protocol.md section 4):
 - searchqa: BM25 (bm25s) over a synthetic encyclopedia, split by entity (`source` "synthetic");
   reward = exact match after normalisation (lower case, punctuation and the articles a/an/the
   removed, white space folded) with any gold answer, or with --judge-url the verdict of the LLM judge
@@ -148,8 +146,7 @@ class Domain:
         raise NotImplementedError
 
     def extract(self, answer):
-        """What the reward reads from an answer, None when nothing: kept in traces, never the gold
-        answer."""
+        """What the reward reads from an answer, None when nothing: kept in traces, never the gold answer."""
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
             answer = str(answer)
         return answer.strip()[:200] if isinstance(answer, str) and answer.strip() else None
@@ -189,8 +186,7 @@ class SearchTools:
         self.passages, self.retriever = searchqa_index()
 
     def search(self, query, k=1):
-        """Top-k passages "Title: text" for a query, each cut to MAX_PASSAGE_CHARS; k capped at
-        MAX_SEARCH_K."""
+        """Top-k passages "Title: text" for a query, each cut to MAX_PASSAGE_CHARS; k capped at MAX_SEARCH_K."""
         import bm25s  # already loaded by searchqa_index
         k = max(1, min(k, MAX_SEARCH_K)) if isinstance(k, int) else 1
         tokens = bm25s.tokenize([str(query)[:2000]], stopwords="en", return_ids=False,
@@ -202,8 +198,7 @@ class SearchTools:
 
 
 class WikiSearchTools:
-    """The paper's search tool: Wikipedia 2018 through the retrieval server or bm25s, passages cut
-    as bundled ones."""
+    """The paper's search tool: Wikipedia 2018 through the retrieval server or bm25s, passages cut as bundled ones."""
 
     def __init__(self, retriever):
         self.retriever = retriever
@@ -258,8 +253,7 @@ tool schema (`TOOLS`), keep its name and its first parameter: the weights are tr
         return SearchTools() if self.data is None else WikiSearchTools(self.wiki())
 
     def wiki(self):
-        """The paper's retriever, made once: the retrieval server if given, else bm25s over
-        --wiki."""
+        """The paper's retriever, made once: the retrieval server if given, else bm25s over --wiki."""
         if not hasattr(self, "retriever"):
             # one client or one loaded corpus per process
             if self.data.retriever_url or self.data.wiki:
@@ -299,14 +293,12 @@ class PythonTools:
         self.timeout_s = timeout_s
 
     def python(self, code):
-        """Run code; return its stdout and stderr (or an error text), cut to
-        lib.episodes.sandbox.MAX_OUTPUT_CHARS."""
+        """Run code; return its stdout and stderr (or an error text), cut to lib.episodes.sandbox.MAX_OUTPUT_CHARS."""
         return run_python(code, timeout_s=self.timeout_s)
 
 
 def last_boxed(text):
-    """Content of the last \\boxed{...} in text, nested braces handled; None if there is none or it
-    is unclosed."""
+    """Content of the last \\boxed{...} in text, nested braces handled; None if there is none or it is unclosed."""
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
@@ -391,9 +383,8 @@ the model a tool schema (`TOOLS`), keep its name and its first parameter (`code`
 
 
 def move_san(board, move, marks=False):
-    """SAN as python-chess writes it with marks, else without the check and mate marks (+, #), so
-    the view does not say which moves give mate (the bundled data's choice; the official observation
-    keeps them)."""
+    """SAN as python-chess writes it with marks, else without the check and mate marks (+, #), so the view does not say
+    which moves give mate (the bundled data's choice; the official observation keeps them)."""
     return board.san(move) if marks else board.san(move).rstrip("+#")
 
 
@@ -720,7 +711,6 @@ def check_inputs(args, split="train"):
 
 
 def check_tools(name, args):
-    """The episode tools can be served, before any model loads: the paper's searchqa needs a
-    retriever."""
+    """The episode tools can be served, before any model loads: the paper's searchqa needs a retriever."""
     if name == "searchqa" and getattr(args, "data", "bundled") == "paper":
         check_retriever_flags(args)

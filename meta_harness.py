@@ -146,8 +146,7 @@ def add_args(parser):
 
 def should_stop_harness_phase(best_series, patience, min_iters):
     """best_series[0] is the seed's score, best_series[i] the archive best after iteration i.
-    Stop once at least min_iters iterations ran and the best has not improved for `patience`
-    iterations."""
+    Stop once at least min_iters iterations ran and the best has not improved for `patience` iterations."""
     iters = len(best_series) - 1
     if iters < max(min_iters, patience, 1):
         return False
@@ -259,8 +258,7 @@ def null_score(cand_dir, null, domain, tasks, cfg, policy_kw, evaluate):
 # given
 
 def propose(run_dir, names, rows, iteration, domain, cfg):
-    """Ask the proposer of --proposer for `names`. -> None, or the proposer's error (the call is
-    asked again)."""
+    """Ask the proposer of --proposer for `names`. -> None, or the proposer's error (the call is asked again)."""
     if cfg.proposer == "mutate":  # trusted, offline: writes its candidates into the archive itself
         propose_mutate(run_dir, names, rows, iteration, cfg)
         return None
@@ -324,16 +322,14 @@ def add_seed(run_dir, seed_harness, seed_name):
 
 
 def check_setup(run_dir, domain, tasks, cfg):
-    """Scores are only comparable under one harness set and one sampling setup: a resumed run must
-    match."""
+    """Scores are only comparable under one harness set and one sampling setup: a resumed run must match."""
     setup = search_setup(domain, tasks, cfg)
     check_same_setup(run_dir, setup)
     write_json(run_dir / "setup.json", setup)
 
 
 def search_setup(domain, tasks, cfg):
-    """What every score of an archive was made under: the harness set and the sampling (not the
-    runner's width)."""
+    """What every score of an archive was made under: the harness set and the sampling (not the runner's width)."""
     sampling = {k: v for k, v in policy_kwargs(cfg).items() if k != "workers"}
     return {"domain": domain.name, "tasks": [t["id"] for t in tasks],
             "samples": cfg.harness_samples, "prompt_only": cfg.prompt_only, **sampling}
@@ -349,8 +345,7 @@ def check_same_setup(run_dir, setup):
 
 
 def check_proposer(cfg):
-    """The proposer can run at all (its command, its CLI, the sandbox it runs in), before any
-    work."""
+    """The proposer can run at all (its command, its CLI, the sandbox it runs in), before any work."""
     if cfg.proposer == "command" and not cfg.proposer_cmd:
         raise ValueError("--proposer command needs --proposer-cmd 'CLI ... {workdir}'")
     if cfg.proposer == "claude" and shutil.which("claude") is None:
@@ -455,8 +450,7 @@ def main(argv=None):
 
 
 def search_cli(args):
-    """meta_harness.py's run: every check before the model loads (bad input, a damaged archive),
-    then the search."""
+    """meta_harness.py's run: every check before the model loads (bad input, a damaged archive), then the search."""
     sandbox.apply_args(args)
     rollout.apply_args(args)
     check_out(args.out)

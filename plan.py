@@ -35,8 +35,7 @@ def parse_args(argv=None):
 # the plan
 
 def plan_sizes(args):
-    """(train prompts, harness tasks, test tasks) of a run, from the data sizes alone (no model is
-    loaded)."""
+    """(train prompts, harness tasks, test tasks) of a run, from the data sizes alone (no model is loaded)."""
     if args.data == "paper":
         n_train = min(PAPER_TRAIN_SIZES[args.domain],
                       args.train_limit or PAPER_TRAIN_SIZES[args.domain])

@@ -35,8 +35,8 @@ import domains
 from lib.report import runs as run_folders
 from lib.report.claims import claims_section
 from lib.cli import Parser, one_line_errors
-from lib.report.intervals import (benchmarks_ci, hierarchical_ci, paired_difference, percent,
-                           pooled_difference, seeds_interval, signed)
+from lib.report.intervals import (benchmarks_ci, hierarchical_ci, paired_difference, percent, pooled_difference,
+                                  seeds_interval, signed)
 from lib.report.plots import plot_alternation, plot_curves, plot_timeline
 from lib.methods import ADAPTIVE, METHODS, method_of, run_names
 from lib.report.runs import BEST, FINAL, domains_of, finished, paired_scores, points  # noqa: F401
@@ -218,9 +218,8 @@ def per_seed_table(runs, seeds, k):
 
 
 def comparison_table(runs):
-    """WHALE (and adaptive WHALE) minus each fixed baseline, per task under the same seed: per seed,
-    then pooled over the seeds both finished; the final points first (the headline), the best points
-    beside them."""
+    """WHALE (and adaptive WHALE) minus each fixed baseline, per task under the same seed: per seed, then pooled over
+    the seeds both finished; the final points first (the headline), the best points beside them."""
     lines = ["## WHALE against fixed baselines", "",
              "Mean per-task difference in test mean@k (percentage points) on the same tasks under "
              "the same seed, with its 95 % interval: per seed a bootstrap over test tasks, pooled "
@@ -248,8 +247,7 @@ def comparison_table(runs):
 
 
 def comparison_rows(domain, label, ours, theirs):
-    """A row per seed both {seed: run} finished, then the pooled row (with more than one such
-    seed)."""
+    """A row per seed both {seed: run} finished, then the pooled row (with more than one such seed)."""
     seeds = sorted(set(ours) & set(theirs))
     scores = {point: [paired_scores(ours[s], theirs[s],
                                     point) for s in seeds] for point in (FINAL, BEST)}
@@ -338,8 +336,7 @@ def mechanism_table(runs):
 
 
 def weight_phases(steps, ends):
-    """The RSFT step rows of each weight phase, split at the steps where the run's weight phases
-    ended."""
+    """The RSFT step rows of each weight phase, split at the steps where the run's weight phases ended."""
     phases, start = [], 0
     for end in ends:
         phases.append([r for r in steps if start < r["step"] <= end])
@@ -348,8 +345,7 @@ def weight_phases(steps, ends):
 
 
 def quarters(steps):
-    """(training reward over the first quarter of the steps, over the last quarter), a quarter at
-    least a step."""
+    """(training reward over the first quarter of the steps, over the last quarter), a quarter at least a step."""
     if not steps:
         return None, None
     n = max(1, len(steps) // 4)
@@ -378,9 +374,8 @@ def infrastructure_table(runs):
 
 
 def trajectory(frontier, rows, width=40):
-    """The best candidate's lineage with each step's knob change, e.g. h0 -> h1_2 [SEARCH_FIRST:
-    False -> True]; a new value longer than `width` characters is cut (the archive's summary.jsonl
-    has it whole)."""
+    """The best candidate's lineage with each step's knob change, e.g. h0 -> h1_2 [SEARCH_FIRST: False -> True]; a new
+    value longer than `width` characters is cut (the archive's summary.jsonl has it whole)."""
     def cut(text):
         return text if len(text) <= width else text[:width - 3] + "..."
 

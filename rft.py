@@ -1,6 +1,5 @@
 r"""
-Online rejection-sampling fine-tuning (RSFT) with LoRA: the weight phase of WHALE, also the
-weight-only baseline.
+Online rejection-sampling fine-tuning (RSFT) with LoRA: the weight phase of WHALE, also the weight-only baseline.
 
     python rft.py --domain math --harness harnesses/math.py --model smoke --steps 4 --batch 8 \
         --group 8 --out out/rft
@@ -46,9 +45,8 @@ from lib.episodes import sandbox
 from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegative_float,
                      nonnegative_int, one_line_errors, positive_float, positive_int, probability,
                      rsft_config, seed_int)
-from lib.run_folder.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_checkpoint_model,
-                       link_tree, read_json, resolved_path, sha256, stored_path, swap_link, write_json,
-                       write_jsonl)
+from lib.run_folder.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_checkpoint_model, link_tree,
+                                  read_json, resolved_path, sha256, stored_path, swap_link, write_json, write_jsonl)
 from lib.backends.models import shared_prefix
 from lib.backends.policy import add_backend_args, load_policy
 from lib.rules import SUCCESS
@@ -57,8 +55,7 @@ from presets import add_preset_arg, script_defaults
 
 
 def add_args(parser):
-    """The RSFT, LoRA and sampling flags (whale.py reuses them). The caller adds --model and
-    --seed."""
+    """The RSFT, LoRA and sampling flags (whale.py reuses them). The caller adds --model and --seed."""
     group = parser.add_argument_group("RSFT rollout step (paper: 256 prompts x G = 8)")
     group.add_argument("--batch", type=positive_int, default=256,
                        help="training prompts per rollout step")
@@ -97,8 +94,7 @@ def add_args(parser):
 # pieces: sampler, loss, update, stop rule
 
 class EpochSampler:
-    """Prompt indices in a seeded shuffle, reshuffled every epoch; its state is two integers, so it
-    resumes exactly."""
+    """Prompt indices in a seeded shuffle, reshuffled every epoch; its state is two integers, so it resumes exactly."""
 
     def __init__(self, n, seed, epoch=0, pos=0):
         self.n, self.seed, self.epoch, self.pos = n, seed, epoch, pos
@@ -121,15 +117,13 @@ class EpochSampler:
 
 
 def completion_nll(model, examples):
-    """Summed NLL of the completion tokens of `examples` [(prompt_ids, completion_ids)], in one
-    right-padded batch.
+    """Summed NLL of the completion tokens of `examples` [(prompt_ids, completion_ids)], in one right-padded batch.
 
-    The head runs only on the positions that predict a completion token, so prompt positions
-    (system and user turns, tool outputs) neither add to the loss nor cost a vocabulary-sized
-    projection. The leading tokens every example shares (models.shared_prefix: the harness's system
-    turn and examples) run once, their keys and values copied to every row: the same loss and
-    gradients, the shared part paid once (scripts/bench_rft.py). Not under gradient checkpointing,
-    which runs the decoder without a cache, nor with dropout, which would draw one mask for all rows
+    The head runs only on the positions that predict a completion token, so prompt positions (system and user turns,
+    tool outputs) neither add to the loss nor cost a vocabulary-sized projection. The leading tokens every example
+    shares (models.shared_prefix: the harness's system turn and examples) run once, their keys and values copied to
+    every row: the same loss and gradients, the shared part paid once (scripts/bench_rft.py). Not under gradient
+    checkpointing, which runs the decoder without a cache, nor with dropout, which would draw one mask for all rows
     there."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     device, decoder = next(model.parameters()).device, base.get_decoder()
@@ -192,10 +186,9 @@ def sft_update(model, optimizer, trajectories, sft_batch, micro_batch, grad_clip
 
 
 def hand_back_memory():
-    """Give the trainer's cached GPU memory back to the driver after an update. PyTorch's caching
-    allocator keeps the SFT peak (activations, logits) reserved, and the vLLM engine, another
-    process, must map its whole share again at its wake: with both, the card holds the two peaks at
-    once."""
+    """Give the trainer's cached GPU memory back to the driver after an update. PyTorch's caching allocator keeps the
+    SFT peak (activations, logits) reserved, and the vLLM engine, another process, must map its whole share again at its
+    wake: with both, the card holds the two peaks at once."""
     gc.collect()  # autograd graphs and tensors held by reference cycles first
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -296,8 +289,7 @@ class RSFT:
         return adapter_id(self.out_dir / "ckpt" / "adapter")
 
     def step(self, harness_path):
-        """One rollout step: sample, filter, update; then checkpoint and serve the new weights. ->
-        the metrics row."""
+        """One rollout step: sample, filter, update; then checkpoint and serve the new weights. -> the metrics row."""
         tasks = [self.train[i] for i in self.sampler.take(self.cfg.batch)]
         t0 = time.time()
         episodes = self.sample(tasks, harness_path)
@@ -335,16 +327,14 @@ class RSFT:
         return row
 
     def sample(self, tasks, harness_path):
-        """G episodes per task under the harness, each seeded by (seed, step), so a resumed step
-        samples the same."""
+        """G episodes per task under the harness, each seeded by (seed, step), so a resumed step samples the same."""
         return self.run_episodes(
             self.domain, str(harness_path), tasks, self.policy, samples=self.cfg.group,
             **self.cfg.sampling.kwargs(), seed=self.cfg.seed * 1_000_003 + self.step_count,
             desc=f"rft step {self.step_count + 1} rollouts")
 
     def update(self, trajectories):
-        """ceil(accepted / --sft-batch) optimizer steps; the lr schedule steps once per rollout
-        step."""
+        """ceil(accepted / --sft-batch) optimizer steps; the lr schedule steps once per rollout step."""
         self.policy.free_memory()  # vllm --vllm-sleep: the engine's memory goes to the trainer
         losses = sft_update(self.policy.model, self.optimizer, trajectories, self.cfg.sft_batch,
                             self.cfg.micro_batch, self.cfg.grad_clip)
@@ -391,8 +381,7 @@ class RSFT:
 
 
 def examples_of(episode):
-    """The SFT examples of one episode: (prompt ids, sampled completion ids) of each llm() call that
-    sampled any."""
+    """The SFT examples of one episode: (prompt ids, sampled completion ids) of each llm() call that sampled any."""
     return [(c["prompt_ids"], c["completion_ids"]) for c in episode["calls"] if c["completion_ids"]]
 
 

@@ -101,8 +101,7 @@ class InfraErrorBudget:
                 "start_retries": sandbox.start_retries - self.retries_before}
 
     def add(self, episodes, errors):
-        """A run_episodes call's episodes and the errors of those that failed outside the
-        harness."""
+        """A run_episodes call's episodes and the errors of those that failed outside the harness."""
         self.episodes += episodes
         self.failures += len(errors)
         if errors and self.failures > self.share * self.episodes:
@@ -115,8 +114,7 @@ INFRA_ERRORS = InfraErrorBudget()
 
 
 def run_episodes(domain, harness_path, tasks, backend, **kw):
-    """Run the harness on every (task, sample); -> episode dicts, task-major (docs/design.md
-    section 4)."""
+    """Run the harness on every (task, sample); -> episode dicts, task-major (docs/design.md section 4)."""
     return run_and_count(domain, harness_path, tasks, backend, **kw)[0]
 
 
@@ -221,8 +219,7 @@ def main(argv=None):
 
 
 def evaluate_cli(args, domains):
-    """rollout.py's run: every check before the model loads, then mean@k with traces and results in
-    --out."""
+    """rollout.py's run: every check before the model loads, then mean@k with traces and results in --out."""
     sandbox.apply_args(args)
     apply_args(args)
     check_out(args.out)

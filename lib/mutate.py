@@ -117,10 +117,9 @@ def read_why(focus_counts, change):
 
 
 def mutate_options(ranked, sources, gains, knob_tries, value_tries, order, read_focus):
-    """(parent, source) in mutate's order of preference: the best with all of `gains`, then one-knob steps from
-    the best (the knob least tried from it, then the knobs for its most frequent failure kind (read_focus;
-    none unless --mutate-order traces), then its least-tried value, ties in `order`), then from the next
-    best..."""
+    """(parent, source) in mutate's order of preference: the best with all of `gains`, then one-knob steps from the best
+    (the knob least tried from it, then the knobs for its most frequent failure kind (read_focus; none unless
+    --mutate-order traces), then its least-tried value, ties in `order`), then from the next best..."""
     best = ranked[0]["name"]
     composed, knobs = sources[best], knob_values(sources[best])
     for knob, value in gains.items():

@@ -10,8 +10,7 @@ OUT/seed-<n>/<domain>/<method>/ (rerun to resume, as whale.py), and OUT/seed-<n>
     weight-only   accepted episodes and examples in its first weight phase; the mean training reward of its
                   first and last quarter of RSFT steps: it engages when the first phase accepted some and the
                   last quarter is above the first
-    harness-only  h0's harness-set score and the archive best after its rounds: it engages when the best is
-                  above h0
+    harness-only  h0's harness-set score and the archive best after its rounds: it engages when the best is above h0
 harness-only runs first, under the base weights; weight-only then adds its adapter to the same model.
 """
 import argparse

@@ -4,9 +4,8 @@ Which lib/ modules a command's main process runs functions of: how many rooms a 
     python scripts/lib_modules.py rft.py --domain math --harness harnesses/math.py --model smoke \
         --steps 1 --batch 2 --group 2 --out /tmp/rft1
 
-A profile hook notes every function call (not module or class bodies, not lambdas or comprehensions) whose code
-lies under lib/, while the script runs as __main__; then one line per module with the functions it ran, and the
-count.
+A profile hook notes every function call (not module or class bodies, not lambdas or comprehensions) whose code lies
+under lib/, while the script runs as __main__; then one line per module with the functions it ran, and the count.
 """
 import os
 import runpy

@@ -78,8 +78,7 @@ def weight_phases(final, rollouts=200):
 
 
 def alternation(final, rollouts, archive_scores, mid=None):
-    """WHALE: weight (2 steps), harness (1 round, 10 rollouts), weight (2 steps); an archive of h0 and one
-    round."""
+    """WHALE: weight (2 steps), harness (1 round, 10 rollouts), weight (2 steps); an archive of h0 and one round."""
     phases = [("weight", 100, mid, {"step": 2}),
               ("harness", 110, None, {"step": 2, "iterations": 1, "archive": "harness_w1"}),
               ("weight", rollouts, final, {"step": 4})]

@@ -1,7 +1,6 @@
-"""The sandbox bounds what it holds (issue 52), each shown from inside the sandbox it concerns: the syscalls no
-harness needs (EPERM), shared memory and /tmp past their bounds, a trace's fields and size, a proposer's network,
-output, processes; and the three small errors (a traceback's exception line, a non-UTF-8 run file, a FIFO as
---harness).
+"""The sandbox bounds what it holds (issue 52), each shown from inside the sandbox it concerns: the syscalls no harness
+needs (EPERM), shared memory and /tmp past their bounds, a trace's fields and size, a proposer's network, output,
+processes; and the three small errors (a traceback's exception line, a non-UTF-8 run file, a FIFO as --harness).
 
     python -m pytest -q tests/test_sandbox_bounds.py
 """

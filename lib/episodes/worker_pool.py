@@ -208,8 +208,7 @@ class Pool:
             self.idle = workers + self.idle
 
     def warm(self, n):
-        """At least n started workers, ready (scripts/bench_rollout.py's steady state: as after a run's
-        first call)."""
+        """At least n started workers, ready (scripts/bench_rollout.py's steady state: as after a run's first call)."""
         self.order(n - self.supply())
         self.wait_ready()
 

@@ -66,9 +66,8 @@ def seeds_interval(rows):
 
 
 def benchmarks_ci(rows, names, resamples=2000, seed=0, level=0.95):
-    """(mean, low, high) of the average over benchmarks of each benchmark's mean, over seeds: each
-    resample draws the seeds with replacement, then each benchmark's tasks within each drawn
-    seed."""
+    """(mean, low, high) of the average over benchmarks of each benchmark's mean, over seeds: each resample draws the
+    seeds with replacement, then each benchmark's tasks within each drawn seed."""
     by = [[np.asarray([v for t, v in row["per_task"].items() if row["sources"].get(t) == name],
                       dtype=float)
            for name in names] for row in rows]

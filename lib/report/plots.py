@@ -15,15 +15,13 @@ KIND_COLOURS = {"weight": "tab:blue", "harness": "tab:orange"}
 
 
 def percent_axis(ax):
-    """mean@k in %: from 0 (never negative), at least 0-10 so an all-zero line lies visibly on the
-    floor."""
+    """mean@k in %: from 0 (never negative), at least 0-10 so an all-zero line lies visibly on the floor."""
     ax.set_ylim(0, max(10.0, 1.1 * ax.get_ylim()[1]))
     ax.set_ylabel("test mean@k (%)")
 
 
 def plot_curves(runs, path, domains, methods):
-    """A panel per domain, a line per method and seed (a method's seeds share its colour), each with
-    its band."""
+    """A panel per domain, a line per method and seed (a method's seeds share its colour), each with its band."""
     fig, axes = plt.subplots(1, len(domains), figsize=(5 * len(domains), 4), squeeze=False)
     for ax, domain in zip(axes[0], domains):
         for method in methods:
@@ -54,8 +52,7 @@ def plot_curves(runs, path, domains, methods):
 
 
 def plot_timeline(runs, path):
-    """A row per WHALE run and seed: its phases shaded by kind along the rollout axis, the test points
-    on them."""
+    """A row per WHALE run and seed: its phases shaded by kind along the rollout axis, the test points on them."""
     whale_runs = [(d, m, seed) for (d, m), seed_runs in runs.items() if method_of(m).ours
                   for seed, run in seed_runs.items() if run["evals"]]
     fig, axes = plt.subplots(max(1, len(whale_runs)), 1,

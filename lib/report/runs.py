@@ -89,8 +89,7 @@ def load_run(folder):
 
 
 def read_summary(folder, evals):
-    """A run's summary.json (None while it runs); a damaged one is an error naming it and the
-    fix."""
+    """A run's summary.json (None while it runs); a damaged one is an error naming it and the fix."""
     path = os.path.join(folder, "summary.json")
     fix = ("rerun the run's whale.py command (a finished run only writes its summary again), then "
            "report.py")
@@ -125,16 +124,14 @@ BEST, FINAL = 0, 1  # the two points of a run, in the order points() gives them
 
 
 def points(run):
-    """(best, final) eval rows of a finished run: the summary's best phase and the last
-    evaluation."""
+    """(best, final) eval rows of a finished run: the summary's best phase and the last evaluation."""
     by_phase = {r["phase"]: r for r in run["evals"]}
     return by_phase[run["summary"]["best_phase"]], run["evals"][-1]
 
 
 
 def paired_scores(ours, theirs, point):
-    """(ours, theirs) per-task scores at `point` (FINAL or BEST) of two finished runs; None if
-    either lacks them."""
+    """(ours, theirs) per-task scores at `point` (FINAL or BEST) of two finished runs; None if either lacks them."""
     a, b = points(ours)[point], points(theirs)[point]
     return (a["per_task"], b["per_task"]) if a.get("per_task") and b.get("per_task") else None
 
