@@ -52,7 +52,8 @@ check_domains=($DOMAINS)
 python plan.py --check "${check_domains[@]}" --preset "$PRESET" --domain "${check_domains[0]}" "$@" || exit 1
 n_adaptive=0
 for domain in $DOMAINS; do if adaptive_here "$domain"; then n_adaptive=$((n_adaptive + 1)); fi; done
-n=$(( $(wc -w <<< "$SEEDS") * ($(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") + ADAPTIVE * n_adaptive * $(wc -w <<< "$ADAPTIVE_METHODS")) ))
+n_runs=$(( $(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") + ADAPTIVE * n_adaptive * $(wc -w <<< "$ADAPTIVE_METHODS") ))
+n=$(( $(wc -w <<< "$SEEDS") * n_runs ))
 echo "run_all.sh: preset $PRESET, domains [$DOMAINS], methods [$METHODS]$([ "$ADAPTIVE" = 1 ] && echo " + adaptive WHALE"), seeds [$SEEDS]"
 echo "run_all.sh: $n runs; with the default domains and none done yet, $eta a seed; results in results/$PRESET/"
 

@@ -7,7 +7,8 @@
 """
 
 SUCCESS = 0.5  # the success threshold every reader imports (rft.py, lib/failures.py, the openai proposer, scripts)
-WINNER_RULE = "the best score wins, ties go to fewer mean turns, then to the earlier candidate"  # the proposer's brief says it in these words
+# the proposer's brief says it in these words
+WINNER_RULE = "the best score wins, ties go to fewer mean turns, then to the earlier candidate"
 
 
 def rank(rows):

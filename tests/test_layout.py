@@ -226,5 +226,6 @@ def test_every_flag_reaches_the_reuse_key_or_cannot_change_a_result(monkeypatch)
                        ("meta_harness.py", meta_harness.main), ("rollout.py", rollout.main)):
         flags = parser_flags(main, monkeypatch)
         missing = {f for f in flags if cli.FLAG_FIELDS.get(f, f) not in keyed} - set(cli.NO_RESULT_FLAGS)
-        assert missing == own.get(name, set()), f"{name}: {sorted(missing)} reach no config: add each to its " \
-                                                "config (lib/cli.py) or, if it cannot change a result, to NO_RESULT_FLAGS"
+        assert missing == own.get(name, set()), (f"{name}: {sorted(missing)} reach no config: add each to its "
+                                                 "config (lib/cli.py) or, if it cannot change a result, to "
+                                                 "NO_RESULT_FLAGS")

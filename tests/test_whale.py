@@ -506,7 +506,8 @@ def test_a_folder_of_an_older_whale_is_refused_and_changes_nothing(tmp_path, fak
     older_config = json.loads(config)
     older_config["minibatch"] = older_config.pop("micro_batch")
     older_state = {k: v for k, v in json.loads(state).items() if k != "phase_key"}
-    for name, older, lacks in (("config.json", older_config, "--micro-batch"), ("state.json", older_state, "phase_key")):
+    for name, older, lacks in (("config.json", older_config, "--micro-batch"),
+                               ("state.json", older_state, "phase_key")):
         (out / name).write_text(json.dumps(older))
         before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
         with pytest.raises(SystemExit) as e:
