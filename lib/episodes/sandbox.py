@@ -316,7 +316,8 @@ def parent(pid):
 
 # Runs inside the sandbox as the command's parent: it serves HTTPS_PROXY on the sandbox's own loopback (and each
 # fixed tunnel on its port there), forwarding every connection to the Unix socket of the Egress proxy outside;
-# then runs the command and exits with its status.
+# then runs the command and exits with its status. Its pump is the module's own pump, written out again: the script
+# runs in the sandbox's bare Python, where this module cannot be imported.
 BRIDGE = r"""
 import os, socket, subprocess, sys, threading
 sock_path, proxy_port, tunnels, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[5:]
@@ -477,6 +478,8 @@ def literal(host):
         return host == "localhost"
 
 
+# bytes from a to b until either side closes, then both shut: the Egress proxy's side of a connection (BRIDGE holds
+# the same function for the sandbox's side; keep the two the same)
 def pump(a, b):
     try:
         while data := a.recv(65536):
