@@ -146,6 +146,8 @@ def test_paper_run_all_without_a_retriever_exits_in_seconds_with_one_line(tmp_pa
     assert done.returncode == 1, done.returncode
     assert len(lines) == 1 and lines[0].startswith("FAIL retriever: searchqa on the paper's data needs a retriever"), lines
     assert "scripts/search_r1_retriever.sh setup DIR" in lines[0] and 'DOMAINS="math chess"' in lines[0]
+    # the bm25s way out it offers is one the paper preset takes: it names the flag that lets it
+    assert "--wiki wiki-18.jsonl.gz" in lines[0] and "only with --paper-with-bm25" in lines[0]
     assert "Traceback" not in done.stderr
 
 

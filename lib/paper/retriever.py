@@ -29,6 +29,7 @@ RETRIEVER_URL = "http://127.0.0.1:8010/retrieve"  # scripts/search_r1_retriever.
 SEARCH_R1_SERVER = "bash scripts/search_r1_retriever.sh setup DIR, then serve DIR"
 WIKI_DOWNLOAD = "hf download PeterJinGo/wiki-18-corpus wiki-18.jsonl.gz --repo-type dataset --local-dir DIR"
 SKIP_SEARCHQA = 'leave searchqa out (run_all.sh: DOMAINS="math chess")'
+BM25_UNDER_PAPER = "the paper preset takes it only with --paper-with-bm25"  # lib/cli.py refuses it otherwise
 
 
 def check_flags(args):
@@ -38,7 +39,8 @@ def check_flags(args):
     if not (args.retriever_url or args.wiki):
         raise ValueError(f"searchqa on the paper's data needs a retriever: start Search-R1's server "
                          f"(`{SEARCH_R1_SERVER}`, sizes and time in the script) and pass --retriever-url "
-                         f"{RETRIEVER_URL}, or pass --wiki wiki-18.jsonl.gz (bm25s; `{WIKI_DOWNLOAD}`), or {SKIP_SEARCHQA}")
+                         f"{RETRIEVER_URL}, or pass --wiki wiki-18.jsonl.gz (bm25s, not the paper's retriever: "
+                         f"{BM25_UNDER_PAPER}; `{WIKI_DOWNLOAD}`), or {SKIP_SEARCHQA}")
     if not args.wiki:
         return
     if not os.path.isfile(args.wiki):
@@ -117,8 +119,9 @@ class RetrieverClient:
             reply = web.request(self.url, {"queries": list(queries), "topk": k, "return_scores": True},
                                 timeout=self.timeout)
         except (web.URLError, OSError) as e:
-            raise InfrastructureError(f"retrieval server {self.url} failed ({e}): start Search-R1's retrieval_server.py "
-                                      "or pass --wiki PATH to search a corpus file with bm25s") from None
+            raise InfrastructureError(
+                f"retrieval server {self.url} failed ({e}): start Search-R1's retrieval_server.py or pass --wiki PATH "
+                f"to search a corpus file with bm25s ({BM25_UNDER_PAPER})") from None
         try:
             return hits_of(json.loads(reply), len(queries))
         except (KeyError, TypeError, AttributeError, ValueError) as e:  # ValueError: not JSON, too few lists
