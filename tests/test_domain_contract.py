@@ -128,6 +128,23 @@ def test_a_search_space_key_that_names_no_knob_is_refused_in_one_line(tmp_path):
     assert static_check(H0) is None and mutate.knob_options(H0)  # spelled right, it passes and mutate tries it
 
 
+def test_a_search_space_that_is_no_literal_dict_of_lists_is_refused_in_one_line(tmp_path):
+    """mutate reads SEARCH_SPACE with ast.literal_eval: one built by a call, or whose values are no lists, would
+    read as empty and leave the offline search nothing to try, so the checker refuses it."""
+    from tests.fixtures.tiny_domain import H0
+    why = ("SEARCH_SPACE must be a literal dict of lists, {KNOB: [values]}: mutate reads it with ast.literal_eval, "
+           "so built any other way it reads as empty (line 4)")
+    built = H0.replace('SEARCH_SPACE = {', 'SEARCH_SPACE = dict({', 1).replace('"Say {word}."]}', '"Say {word}."]})')
+    assert built != H0 and mutate.knob_options(built) == []  # what mutate would have made of it: nothing
+    assert static_check(built) == why
+    assert static_check(H0.replace('"MAX_TOKENS": [4, 8]', '"MAX_TOKENS": 4')) == why  # a value, not a list of them
+    harness = tmp_path / "built.py"
+    harness.write_text(built)
+    with pytest.raises(ValueError) as e:
+        check_harness_fits(harness, "echo", ())
+    assert str(e.value) == f"{harness}:4: {why[:-len(' (line 4)')]}"
+
+
 def test_what_run_returns_beside_the_answer_is_kept_in_the_trace_and_bounded(tmp_path, smoke):
     import rollout
     from lib.episodes.runner import EXTRA_KEEP
