@@ -29,8 +29,8 @@ split (1 rollout per task); """ + WINNER_RULE + """.
 - `notes.md`: what earlier iterations learned.
 
 ## The harness contract (a candidate that breaks it is rejected and never scored)
-- One self-contained file: a docstring, knobs as top-level UPPER_CASE constants, a `SEARCH_SPACE` dict,
-  and `def run(task, llm, tools)` returning a dict with at least `"answer"`.
+- One self-contained file: a docstring, knobs as top-level UPPER_CASE constants, a `SEARCH_SPACE` literal dict
+  (knob -> [values]), and `def run(task, llm, tools)` returning a dict with at least `"answer"`.
 - `task` holds only what the agent may see: {public_keys}.
 {llm_interface}
 - `tools` methods: {tool_methods}. They take and return JSON values.

@@ -75,7 +75,7 @@ def top_level_assigns(tree):
 
 
 def space_misfit(tree):
-    """(line, why) when SEARCH_SPACE is not a literal dict of lists, or names a key that is no knob of the file (a
+    """(line, why) when SEARCH_SPACE is not a literal dict of lists (or tuples), or names a key that is no knob of the file (a
     typo: mutate could never set it), else None: either way mutate would try nothing there without a word."""
     assigns = top_level_assigns(tree)
     if "SEARCH_SPACE" not in assigns:
@@ -84,9 +84,9 @@ def space_misfit(tree):
         space = ast.literal_eval(assigns["SEARCH_SPACE"].value)
     except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
         space = None
-    if not (isinstance(space, dict) and all(isinstance(values, list) for values in space.values())):
-        return (assigns["SEARCH_SPACE"].lineno, "SEARCH_SPACE must be a literal dict of lists, {KNOB: [values]}: "
-                "mutate reads it with ast.literal_eval, so built any other way it reads as empty")
+    if not (isinstance(space, dict) and all(isinstance(values, (list, tuple)) for values in space.values())):
+        return (assigns["SEARCH_SPACE"].lineno, "SEARCH_SPACE must be a literal dict, {KNOB: [values]}: mutate "
+                "reads it with ast.literal_eval, so built any other way it reads as empty")
     knobs = [name for name in assigns if name.isupper() and name not in ("SEARCH_SPACE", "SKILL", RUNNER_OWNS)]
     for key in space:
         if key not in assigns:

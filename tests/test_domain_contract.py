@@ -128,16 +128,18 @@ def test_a_search_space_key_that_names_no_knob_is_refused_in_one_line(tmp_path):
     assert static_check(H0) is None and mutate.knob_options(H0)  # spelled right, it passes and mutate tries it
 
 
-def test_a_search_space_that_is_no_literal_dict_of_lists_is_refused_in_one_line(tmp_path):
+def test_a_search_space_that_is_no_literal_dict_of_value_lists_is_refused_in_one_line(tmp_path):
     """mutate reads SEARCH_SPACE with ast.literal_eval: one built by a call, or whose values are no lists, would
     read as empty and leave the offline search nothing to try, so the checker refuses it."""
     from tests.fixtures.tiny_domain import H0
-    why = ("SEARCH_SPACE must be a literal dict of lists, {KNOB: [values]}: mutate reads it with ast.literal_eval, "
-           "so built any other way it reads as empty (line 4)")
+    why = ("SEARCH_SPACE must be a literal dict, {KNOB: [values]}: mutate reads it with ast.literal_eval, so built "
+           "any other way it reads as empty (line 4)")
     built = H0.replace('SEARCH_SPACE = {', 'SEARCH_SPACE = dict({', 1).replace('"Say {word}."]}', '"Say {word}."]})')
     assert built != H0 and mutate.knob_options(built) == []  # what mutate would have made of it: nothing
     assert static_check(built) == why
     assert static_check(H0.replace('"MAX_TOKENS": [4, 8]', '"MAX_TOKENS": 4')) == why  # a value, not a list of them
+    as_tuple = H0.replace('"MAX_TOKENS": [4, 8]', '"MAX_TOKENS": (4, 8)')  # literal_eval reads it, mutate tries it
+    assert static_check(as_tuple) is None and ("MAX_TOKENS", 8, 4) in mutate.knob_options(as_tuple)
     harness = tmp_path / "built.py"
     harness.write_text(built)
     with pytest.raises(ValueError) as e:
