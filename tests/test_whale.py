@@ -493,7 +493,8 @@ def test_a_rerun_with_other_settings_is_refused_with_one_line(tmp_path, fake, ca
     assert str(e.value.code) == (f"whale.py: error: {out} was run with other settings: --k 2 (now 3), "
                                  "--temperature 1.0 (now 0.2): rerun with the folder's settings, or use a new --out")
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing rewritten
-    whale.main(argv + ["--method", "weight-only", "--out", str(out), "--threads", "2"])  # speed flags may change
+    # what cannot change a result may change (lib/cli.NO_RESULT_FLAGS): the speed, the engine's memory share
+    whale.main(argv + ["--method", "weight-only", "--out", str(out), "--threads", "2", "--gpu-memory", "0.3"])
 
 
 def test_a_folder_of_an_older_whale_is_refused_and_changes_nothing(tmp_path, fake):

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from lib.archive import check_archive, rebuild_index, restore_seed
-from lib.cli import config_hash
+from lib.cli import NO_RESULT_FLAGS, config_hash
 from lib.run_folder.files import (adapter_id, append_jsonl, check_checkpoint, check_checkpoint_files,
                                   check_checkpoint_model, check_run_files, check_same_model, damaged, file_sha,
                                   json_object, link_file, link_tree, read_json, read_jsonl, resolved_path, start_over,
@@ -192,9 +192,10 @@ def save_state(out, state):
     write_json(os.path.join(out, "state.json"), state)
 
 
-# flags that may change between a run and its resumption: they change how fast (or when a failing machine stops
-# the run), not what is computed
-RESUMABLE_FLAGS = ("threads", "workers", "out", "report_to", "infra_budget")
+# flags that may change between a run and its resumption: those that cannot change a result (lib/cli.py: speed, the
+# engine's memory, where the run is written and reported, when a failing machine stops it; a lower --gpu-memory is
+# what a refused engine asks for), and --workers, the episodes run at once
+RESUMABLE_FLAGS = (*NO_RESULT_FLAGS, "workers")
 
 
 def check_same_settings(out, flags):
