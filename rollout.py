@@ -11,7 +11,7 @@ lib/backends/policy.py).
 
 --preset takes whale.py's preset (presets.py): its model, sampling and data flags, and the split's size as the
 preset's run draws it (harness: --harness-tasks tasks x --harness-samples; test: --test-limit tasks past
---test-holdout, mean@--k; train: --train-limit); any flag given still wins.
+--test-holdout, mean@--k; train: --train-limit tasks x --group, as RSFT samples them); any flag given still wins.
 
 A harness is untrusted Python, `run(task, llm, tools)`: each episode runs it in a fresh sandboxed worker, and the
 runner (lib/episodes/runner.py) batches the llm() requests of every live episode into one `generate` call, answers the
@@ -161,12 +161,14 @@ def evaluate(domain, harness_path, tasks, backend, k=8, **kw):
 def split_defaults(preset, split):
     """--limit, --k and --test-holdout as the preset's run sizes `split`: the harness set as the search scores a
     harness (its --harness-tasks, --harness-samples samples: meta_harness.py's default 1 unless the preset
-    says), the test evaluation (its --test-limit past --test-holdout, mean@--k), the train sample (--train-limit)."""
+    says), the test evaluation (its --test-limit past --test-holdout, mean@--k), the train sample (--train-limit,
+    --group samples a task)."""
     if split == "harness":
         return {"limit": preset.get("harness_tasks"), "k": preset.get("harness_samples", 1), "test_holdout": 0}
     if split == "test":
         return {"limit": preset.get("test_limit"), "k": preset["k"], "test_holdout": preset.get("test_holdout", 0)}
-    return {"limit": preset.get("train_limit"), "test_holdout": 0}  # the test holdout is the test split's
+    # train: as an RSFT step samples a prompt, --group episodes each (the test holdout is the test split's)
+    return {"limit": preset.get("train_limit"), "k": preset.get("group"), "test_holdout": 0}
 
 
 def adapted_policy(args):

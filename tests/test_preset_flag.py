@@ -49,6 +49,16 @@ def test_the_test_split_is_the_preset_evaluations_and_a_flag_given_wins(tmp_path
     assert (config["harness"], results["k"], config["max_new_tokens"]) == ("harnesses/math.py", 1, 4)  # the flags'
 
 
+def test_the_train_split_samples_as_an_rsft_step_does(tmp_path):
+    """--split train with a preset: the preset's --group episodes a task (cpu: 4), as RSFT samples a prompt, not the
+    script's own --k 8."""
+    rollout.main(["--domain", "math", "--harness", "harnesses/math.py", "--preset", "cpu", "--model", "smoke",
+                  "--split", "train", "--limit", "2", "--max-new-tokens", "4", "--out", str(tmp_path / "train")])
+    results = json.loads((tmp_path / "train" / "results.json").read_text())
+    assert results["k"] == whale.parse_args(["--domain", "math", "--preset", "cpu"])[0].group == 4
+    assert len(results["per_task"]) == 2
+
+
 def test_rft_and_meta_harness_take_the_preset_for_the_flags_they_have(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(rft, "train_cli", lambda args: seen.update(rft=vars(args)))
