@@ -75,8 +75,8 @@ def top_level_assigns(tree):
 
 
 def space_misfit(tree):
-    """(line, why) when SEARCH_SPACE is not a literal dict of lists (or tuples), or names a key that is no knob of the file (a
-    typo: mutate could never set it), else None: either way mutate would try nothing there without a word."""
+    """(line, why) when SEARCH_SPACE is not a literal dict of lists (or tuples), or names a key that is no knob of
+    the file (a typo: mutate could never set it), else None: either way mutate would silently try nothing there."""
     assigns = top_level_assigns(tree)
     if "SEARCH_SPACE" not in assigns:
         return None
