@@ -35,6 +35,7 @@ sandbox, with the in-process checks only, and says so on every start. Never a si
 The harness workers built on it: lib/episodes/worker_pool.py.
 """
 import errno
+import inspect
 import itertools
 import os
 import select
@@ -316,23 +317,13 @@ def parent(pid):
 
 # Runs inside the sandbox as the command's parent: it serves HTTPS_PROXY on the sandbox's own loopback (and each
 # fixed tunnel on its port there), forwarding every connection to the Unix socket of the Egress proxy outside;
-# then runs the command and exits with its status. Its pump is the module's own pump, written out again: the script
-# runs in the sandbox's bare Python, where this module cannot be imported.
+# then runs the command and exits with its status. PUMP stands for this module's own pump, whose source
+# through_egress writes in its place: the script runs in the sandbox's bare Python, where the module cannot be imported.
 BRIDGE = r"""
 import os, socket, subprocess, sys, threading
 sock_path, proxy_port, tunnels, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[5:]
 
-def pump(a, b):
-    try:
-        while data := a.recv(65536):
-            b.sendall(data)
-    except OSError:
-        pass
-    for s in (a, b):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+PUMP
 
 def serve(listener, target):
     while True:
@@ -478,9 +469,9 @@ def literal(host):
         return host == "localhost"
 
 
-# bytes from a to b until either side closes, then both shut: the Egress proxy's side of a connection (BRIDGE holds
-# the same function for the sandbox's side; keep the two the same)
 def pump(a, b):
+    """Bytes from a to b until either side closes, then both shut: one direction of a connection, on the Egress
+    proxy's side and (in BRIDGE) on the sandbox's."""
     try:
         while data := a.recv(65536):
             b.sendall(data)
@@ -499,7 +490,8 @@ def through_egress(argv, egress):
     proxy = f"http://127.0.0.1:{PROXY_PORT}"
     env = {name: proxy for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")}
     env.update(NO_PROXY="", no_proxy="")
-    return ([python(), "-I", "-c", BRIDGE, egress.path, str(PROXY_PORT), egress.tunnels(), "--", *argv], env,
+    bridge = BRIDGE.replace("\nPUMP\n", "\n" + inspect.getsource(pump))
+    return ([python(), "-I", "-c", bridge, egress.path, str(PROXY_PORT), egress.tunnels(), "--", *argv], env,
             egress.path)
 
 
