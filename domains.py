@@ -105,9 +105,18 @@ class Domain:
     # what a proposer reads of the domain (lib/proposers.write_instructions): the caps in words, and its brief
     CAPS = "at most 16 model calls an episode"
     BRIEF = ""
+    # the brief's rules on a round's candidates beyond "one mechanism, not a sweep of constants" (lib/briefs.py
+    # INSTRUCTIONS, step 3): the paper's domains say what their official skill says (meta_harness/skills/*/SKILL.md,
+    # docs/fidelity.md setting 4); these, the project's own, hold for any other domain
+    SKILL_RULES = ("; the round's candidates test different mechanisms, each a falsifiable hypothesis tied to failures "
+                   "seen in the traces. Do not stop early or call the current best optimal.")
     # what judges an answer, in words: summary.json records it and the report's table header shows it (None: a
     # domain with one verifier and nothing to tell apart says none)
     VERIFIER = None
+    # what the verifier reads (--scoring; get() sets it): "last-message", the model's last assistant message with
+    # the domain's own extraction (last_message_answer), as the official verifiers read it; or "answer", what the
+    # harness's run() returned (docs/fidelity.md, "What the verifier reads")
+    scoring = "answer"
 
     def __init__(self, data=None):
         self.data = data  # the paper data's flags (add_args'), as attributes; None: bundled data
@@ -115,6 +124,29 @@ class Domain:
 
     def verifier(self):
         return self.VERIFIER
+
+    def scoring_rule(self):
+        """What the verifier reads, in words: summary.json, the evaluations and the null-model scores record it,
+        and the report names it beside the verifier."""
+        return SCORING_RULES[self.scoring]
+
+    def scored_answer(self, answer, last_message):
+        """What the reward reads: the harness's returned `answer`, or under --scoring last-message the answer in
+        the model's last assistant message (`last_message`: its text, '' when the model was never called)."""
+        return answer if self.scoring == "answer" else self.last_message_answer(last_message)
+
+    def last_message_answer(self, text):
+        """The answer the official verifier reads in the model's last message: the message itself (math reads
+        its last 100 characters, as the reward does for any answer); searchqa reads its innermost <answer>."""
+        return text
+
+    def scoring_brief(self):
+        """The proposer brief's line on what the verifier reads (lib/briefs.py INSTRUCTIONS), as the official skills
+        state their reward's input (the math skill: it "uses the last assistant message only")."""
+        if self.scoring == "answer":
+            return "The verifier reads the `answer` run() returns."
+        return ("The verifier reads the model's last message: the text of the episode's last `llm()` reply, as the "
+                "official verifier does; the `answer` run() returns is kept in the traces but not scored.")
 
     def load(self, split):
         if split not in SPLITS:
@@ -150,6 +182,10 @@ class Domain:
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
             answer = str(answer)
         return answer.strip()[:200] if isinstance(answer, str) and answer.strip() else None
+
+
+# what the verifier reads (--scoring), in the words summary.json and the report use
+SCORING_RULES = {"last-message": "the model's last message", "answer": "the harness's answer"}
 
 
 # -----------------------------------------------------------------------------
@@ -208,6 +244,14 @@ class WikiSearchTools:
         return [p[:MAX_PASSAGE_CHARS] for p in self.retriever.search(str(query)[:2000], k)]
 
 
+def innermost_answer(text):
+    """The official extraction (S/environments/search_r1/env.py `_inner_most_extract`): the text between the last
+    </answer> and the nearest <answer> before it, stripped; None when either tag is missing."""
+    end = text.rfind("</answer>")
+    start = text.rfind("<answer>", 0, end) if end >= 0 else -1
+    return text[start + len("<answer>"):end].strip() if start >= 0 else None
+
+
 def exact_match(answer, golds):
     """The official EM path: 1.0 when the normalised answer equals a normalised gold answer."""
     pred = normalize_answer(answer)
@@ -221,7 +265,8 @@ class SearchQA(Domain):
     # after the official runs' proposer skill (meta_harness/skills/meta-harness-search-r1/SKILL.md)
     BRIEF = """Multi-turn factual question answering over an encyclopedia through `tools.search` (a retriever over
 a fixed corpus, not a web search engine); the reward is exact match of the final answer, after normalisation,
-with any gold answer (or an LLM judge's verdict, where the run uses one). Good candidates change a mechanism; pick an axis other than the last iterations' ones:
+with any gold answer (or an LLM judge's verdict, where the run uses one). Good candidates change a mechanism, on
+one of these axes (if the last 3 iterations explored the same axis, pick different ones):
 - A. the system prompt's structure (e.g. plan, search, verify, then answer);
 - B. the user template;
 - C. query rewriting before a search (decomposition, entity extraction, dropping filler words);
@@ -232,6 +277,11 @@ with any gold answer (or an LLM judge's verdict, where the run uses one). Good c
 Combining mechanisms of earlier candidates is fine, as are published patterns (ReAct, self-ask, IRCoT). Never
 branch on question text, entities or the benchmark a question comes from. Where the harness gives the model a
 tool schema (`TOOLS`), keep its name and its first parameter: the weights are trained under it."""
+    # the skill's "For each candidate slot, form ONE falsifiable hypothesis tied to a specific failure mechanism you
+    # observed. K slots -> K distinct hypotheses on different axes", and "Do not stop early"
+    SKILL_RULES = ("; each tests one falsifiable hypothesis tied to a failure seen in the traces, and the round's "
+                   "candidates test distinct hypotheses on different axes (A-F below). Do not stop early or call the "
+                   "current best optimal.")
     judge = None  # lib.paper.judge.Judge with --judge-url, else exact match
 
     def verifier(self):
@@ -276,6 +326,10 @@ tool schema (`TOOLS`), keep its name and its first parameter: the weights are tr
             return em
         return float(self.judge.verdict(task.get("question", ""), task["answers"], answer,
                                         fallback=em))
+
+    def last_message_answer(self, text):
+        """The official `correct_answer`: the innermost <answer> of the model's last assistant message."""
+        return innermost_answer(text)
 
     def gold_answer(self, task, tools):
         return task["answers"][0]
@@ -327,8 +381,7 @@ class Math(Domain):
     VERIFIER = "the last \\boxed{} by string equality"
     # after the official runs' proposer skill (meta_harness/skills/meta-harness-retool/SKILL.md)
     BRIEF = """Math problems, with `tools.python` to run code; the reward reads the last `\\boxed{...}` of the final
-answer and compares it with the gold answer as a string. Good candidates change a mechanism; pick an axis other
-than the last iterations' ones:
+answer and compares it with the gold answer as a string. Good candidates change a mechanism; useful axes:
 - A. the system prompt's structure (e.g. plan, compute, check, answer);
 - B. the user template: keep the problem as it is and keep the boxed-answer requirement;
 - C. how the model's code is taken (which block, printing the last value);
@@ -337,6 +390,10 @@ than the last iterations' ones:
 - F. the turn budget and when to stop.
 Never branch on problem text, numbers of a given problem or the dataset it comes from. Where the harness gives
 the model a tool schema (`TOOLS`), keep its name and its first parameter (`code`)."""
+    # the skill's "For each requested slot, form one falsifiable hypothesis tied to a failure mechanism you observed"
+    # and "Do not stop early"; it has no rule on axes or on how a round's candidates differ
+    SKILL_RULES = ("; each tests one falsifiable hypothesis tied to a failure seen in the traces. Do not stop early "
+                   "or call the current best optimal.")
     python_timeout_s = PYTHON_TIMEOUT_S  # tests and quick runs may lower it on the instance
     # bundled test split: GSM8K originals, or "generated" (1-2 steps, held out from train)
     test_set = "gsm8k"
@@ -475,6 +532,10 @@ Where the harness lists `RUNNER_OWNS` (the paper and gpu presets' chess h0, as t
 are the runner's: its loop, the conversation and the verifier's messages stay exactly as they are, and a
 candidate that changes one is refused; the prompts, the observation, the parser, the retry budgets and
 MAX_TURNS are yours."""
+    # the skill's workflow: separate the failures (malformed output, illegal output, legal wrong moves, token budget,
+    # parser ambiguity), then "Choose one concrete mechanism"; it has no rule on axes, hypotheses or stopping early
+    SKILL_RULES = ("; each is one concrete mechanism chosen from the failures the traces show (malformed or illegal "
+                   "output, legal wrong moves, the token budget, an ambiguous parse).")
     san_marks = False  # --chess-san-marks: SAN with + and # (the paper and gpu presets)
 
     def public(self, task):
@@ -488,6 +549,13 @@ MAX_TURNS are yours."""
 
     def tools(self, task):
         return ChessTools(task, self.san_marks)
+
+    def scoring_rule(self):
+        """Chess is scored by the moves the tools played, under every --scoring (the official runner's too)."""
+        return "the moves played"
+
+    def scoring_brief(self):
+        return "The verifier reads the moves played through `tools.move`, never the answer run() returns."
 
     def reward(self, task, answer, tools):
         return 1.0 if getattr(tools, "solved", False) is True else 0.0
@@ -636,6 +704,9 @@ def get(name, data=None, out=None):
                              "problems: with --data paper the train set is --math-train; drop one "
                              "of the two flags")
         domain.max_steps = max_steps
+    # the official verifiers read the model's last message: the default with the paper's data; the bundled h0s (cpu,
+    # smoke) were built and calibrated to be scored on what they return (docs/fidelity.md)
+    domain.scoring = getattr(flags, "scoring", None) or ("last-message" if paper else "answer")
     if name == "searchqa":
         domain.judge = judge_from_flags(flags, out)
     if name == "chess":
@@ -663,6 +734,11 @@ def add_args(parser):
                    metavar="{1..4}",
                    help="bundled math: train (and draw the harness set) on problems of at most N "
                         "steps only")
+    p.add_argument("--scoring", default=None, choices=sorted(SCORING_RULES),
+                   help="what the verifier reads: last-message (the model's last assistant message, with the "
+                        "official extraction: searchqa its innermost <answer>, math its last \\boxed{} in the last "
+                        "100 characters) or answer (what the harness's run() returns); default: last-message with "
+                        "--data paper, as officially, else answer; chess is scored by the moves played either way")
     p.add_argument("--chess-san-marks", action="store_true",
                    help="chess: SAN with the check and mate marks + and #, as python-chess writes "
                         "it and the official observation shows it (the paper and gpu presets; "

@@ -212,7 +212,7 @@ def score(cand_dir, backend, domain, tasks, cfg, policy_kw, evaluate):
     scores = {"score": stats["mean_at_k"], "mean_turns": stats["mean_turns"],
               "tokens": stats["tokens"], "rollouts": stats["rollouts"], "errors": stats["errors"],
               "seconds": round(stats["seconds"], 2), "tasks": len(tasks),
-              "samples": cfg.harness_samples}
+              "samples": cfg.harness_samples, "scoring": domain.scoring_rule()}
     write_json(cand_dir / "scores.json", scores)
     return scores
 
@@ -237,7 +237,8 @@ def check_without_model(run_dir, iteration, backend, domain, tasks, cfg, policy_
             return
         meta_path = run_dir / "candidates" / best["name"] / "meta.json"
         reason = (f"{best['name']} scores {own:.2f} without the model (its parent {parent} {base:.2f}, "
-                  f"--null-margin {cfg.null_margin:g}): the harness answers by itself")
+                  f"--null-margin {cfg.null_margin:g}; scored on {domain.scoring_rule()}): the harness answers by "
+                  "itself")
         write_json(meta_path, {**read_json(meta_path), "valid": False, "reason": reason})
         print(f"  {best['name']}: refused, {reason}")
 
@@ -249,7 +250,8 @@ def null_score(cand_dir, null, domain, tasks, cfg, policy_kw, evaluate):
     if not path.exists():
         stats = evaluate(domain, str(cand_dir / "harness.py"), tasks, null, k=cfg.harness_samples,
                          desc=f"{cand_dir.name} without the model", **policy_kw)
-        write_json(path, {"score": stats["mean_at_k"], "tasks": len(tasks), "samples": cfg.harness_samples})
+        write_json(path, {"score": stats["mean_at_k"], "tasks": len(tasks), "samples": cfg.harness_samples,
+                          "scoring": domain.scoring_rule()})
     return read_json(path)["score"]
 
 

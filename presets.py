@@ -154,10 +154,21 @@ def add_preset_arg(parser):
                              "any flag given still wins (default: none, the script's own defaults)")
 
 
+# A preset's setting (whale.py's flag) -> the flag of the same meaning on a script that names it otherwise: the one
+# mapping script_defaults reads. meta_harness.py's search is one harness phase, so the preset's adaptive harness
+# phase reaches its stop flags (the paper preset: at most 15 rounds, at least 5, patience 2, as the official
+# alternate.sh calls the drivers: --iterations 15 --early-stop-min-iters 5 --early-stop-patience 2). Not mapped,
+# as their units differ: rft.py's --steps and --stop-patience count RSFT steps, the preset's epochs and
+# adaptive_epochs count epochs of the train split (whale.py turns them into steps); rollout.py's --limit and --k
+# depend on its --split (rollout.split_defaults).
+SCRIPT_FLAGS = {"harness_max_rounds": "rounds", "harness_patience": "patience", "harness_min_rounds": "min_rounds"}
+
+
 def script_defaults(parser, name, domain, data=None):
-    """The defaults preset `name` gives the flags `parser` has, for `domain` (a preset value for a flag the
-    script lacks, such as whale.py's budgets, is left out); {} without a preset or a domain. The script passes
-    them to parser.set_defaults and parses again, so any flag given wins."""
+    """The defaults preset `name` gives the flags `parser` has, for `domain`: each setting to the flag of its name,
+    or of its SCRIPT_FLAGS name (a preset value for a flag the script lacks, such as whale.py's budgets, is left
+    out); {} without a preset or a domain. The script passes them to parser.set_defaults and parses again, so any
+    flag given wins."""
     if name is None or domain is None:
         return {}
     try:
@@ -165,7 +176,8 @@ def script_defaults(parser, name, domain, data=None):
     except ValueError as e:
         parser.error(str(e))
     flags = {action.dest for action in parser._actions}
-    return {key: value for key, value in preset.items() if key in flags}
+    named = {SCRIPT_FLAGS.get(key, key) if key not in flags else key: value for key, value in preset.items()}
+    return {dest: value for dest, value in named.items() if dest in flags}
 
 def table_methods(schedule="fixed"):
     """run_all.sh's methods, in the method table's order (lib/methods.py): every method under the fixed schedule,

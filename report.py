@@ -70,14 +70,16 @@ def method_header(names):
 
 def verified_columns(runs):
     """columns(runs), each with the verifier its runs' summary.json names (searchqa: exact match or the LLM
-    judge), so a table scored by exact match is never read as the paper's judged one; a summary of an older
-    run names none."""
+    judge) and what it read (the scoring rule: the model's last message, the harness's answer, chess's moves
+    played), so a table scored by exact match is never read as the paper's judged one, nor one scored on the
+    harness's answer as the official verifier's; a summary of an older run names neither."""
     return [verified(runs, domain) for domain in columns(runs)]
 
 
 def verified(runs, domain):
-    found = sorted({run["summary"]["verifier"] for (d, _), seed_runs in runs.items() if d == domain
-                    for run in seed_runs.values() if (run["summary"] or {}).get("verifier")})
+    named = lambda key: sorted({run["summary"][key] for (d, _), seed_runs in runs.items() if d == domain
+                                for run in seed_runs.values() if (run["summary"] or {}).get(key)})
+    found = named("verifier") + [f"on {rule}" for rule in named("scoring")]
     return f"{domain} ({'; '.join(found)})" if found else domain
 
 
@@ -157,9 +159,9 @@ def without_model_table(runs, k):
     the same tasks and seeds: what its own code earns, which no score should contain."""
     lines = [f"## Final test mean@{k} and the final harness without the model", "",
              "In %, mean over the finished seeds: the score / the same harness on the same tasks under the null "
-             "model (every reply ''). A harness that answers by itself shows here; - where an older run did not "
-             "measure it.", "",
-             *method_header(columns(runs))]
+             "model (every reply ''), both scored by the rule its column names. A harness that answers by itself "
+             "shows here; - where an older run did not measure it.", "",
+             *method_header(verified_columns(runs))]
     for method in shown_methods(runs):
         cells = []
         for domain in columns(runs):

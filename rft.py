@@ -476,7 +476,8 @@ def train_cli(args):
                "last_reward": rewards[-1] if rewards else None,
                "stopped_early": trainer.step_count < args.steps,
                "seconds": sum(r["sample_s"] + r["train_s"] for r in trainer.history),
-               "adapter": os.path.join(args.out, "ckpt", "adapter"), "verifier": domain.verifier()}
+               "adapter": os.path.join(args.out, "ckpt", "adapter"), "verifier": domain.verifier(),
+               "scoring": domain.scoring_rule()}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps({k: v for k, v in summary.items() if k != "rewards"}))

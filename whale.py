@@ -272,12 +272,14 @@ def run(cfg, domain, policy, donors=()):
         kind = after
 
     summary = ledger.write_summary({"domain": cfg.domain, "method": method_name(cfg), "preset": cfg.preset,
-                                    "model": cfg.model, "k": cfg.k, "verifier": domain.verifier()},
+                                    "model": cfg.model, "k": cfg.k, "verifier": domain.verifier(),
+                                    "scoring": domain.scoring_rule()},
                                     steps_done(trainer))
     null = summary["final_null_mean_at_k"]
     print(f"best mean@{cfg.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} "
           f"rollouts; final {summary['final_mean_at_k']:.4f}"
-          + ("" if null is None else f"; the final harness without the model {null:.4f}"))
+          + ("" if null is None else f"; the final harness without the model {null:.4f}")
+          + f" (scored on {domain.scoring_rule()})")
 
 
 def steps_done(trainer):
@@ -344,7 +346,7 @@ def evaluate_test(policy, domain, harness, test, traces):
     # cost)
     per_task = stats["per_task"]
     stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(per_task),
-             "null_mean_at_k": null["mean_at_k"],
+             "null_mean_at_k": null["mean_at_k"], "scoring": domain.scoring_rule(),
              **{f"test_{name}": stats[name]
                 for name in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
     # the report's per-benchmark columns

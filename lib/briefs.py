@@ -37,6 +37,7 @@ split (1 rollout per task); """ + WINNER_RULE + """.
 - Imports only from: {allowed}. No `open`, `exec`, `eval`, `getattr`, `globals`, dunder attributes.
 - Caps the runner enforces whatever the harness asks: {caps}. Past a cap `llm()` returns '' (as it
   does once the episode's token budget is spent): end the episode there with the answer you have.
+- {scoring}
 - Leave the answering to the model: a score is the model's and the harness's together. Code that computes,
   looks up or reads off the answer by itself is not an improvement: {null_rule}{prompt_rule}{prompt_only}
 
@@ -51,9 +52,7 @@ split (1 rollout per task); """ + WINNER_RULE + """.
 3. Write the candidates below. Each starts as a copy of `{parent}` (the current best); edit it in
    place, or replace it with another candidate's code and set `parent` accordingly. Each candidate
    changes ONE mechanism (a prompt strategy, a parser fix, a retry policy, a context or tool-result
-   format, a turn budget), not a sweep of constants; the round's candidates test different mechanisms, each
-   a falsifiable hypothesis tied to failures seen in the traces{round_rule}. Do not stop early or call the
-   current best optimal.
+   format, a turn budget), not a sweep of constants{round_rule}{skill_rules}
    In its `meta.json`, fill `hypothesis` (falsifiable: what will change in the score and why) and
    `changed` (what you changed); keep the other fields.
 4. General changes only: never mention, special-case or guess dataset items or gold answers; never
@@ -79,8 +78,8 @@ NULL_RULES = {
 
 
 # A brief's rules, per preset (--proposer-brief). official: what the official skills say (paper and gpu presets;
-# meta_harness/skills/*/SKILL.md: one mechanism a candidate, no parameter-only variants, one falsifiable
-# hypothesis a slot tied to an observed failure, different axes, no early stop). small-model: the project's two
+# meta_harness/skills/*/SKILL.md): every skill's one mechanism a candidate and no parameter-only variants here, the
+# rest per domain (each domain's SKILL_RULES in domains.py). small-model: the project's two
 # additions for the cpu and smoke presets' small models (SmolLM2-135M; the cpu preset lets it write
 # 32 tokens a call); their offline proposer (mutate) never reads a brief, so neither was calibrated by a proposer run
 # (docs/fidelity.md setting 4).
@@ -89,6 +88,7 @@ BRIEFS = {
     "small-model": {"prompt_rule": "\n- Keep prompts short: the policy is a small model with a small context.",
                     "round_rule": "; mix exploiting the best with exploring new ideas"},
 }
+
 
 # what each keyword of llm() does, in the brief's words; llm_interface raises KeyError for a keyword the harness's
 # llm() takes that is not described here, so a new one cannot be left out of the brief

@@ -53,6 +53,7 @@ def write_instructions(run_dir, domain, names, parent, iteration, cfg):
     text = INSTRUCTIONS.format(domain=domain.name, public_keys=", ".join(f"`{k}`" for k in example),
                                tool_methods=", ".join(f"`{m}`" for m in domain.TOOL_METHODS),
                                allowed=", ".join(ALLOWED_IMPORTS), caps=domain.CAPS, domain_brief=domain.BRIEF,
+                               scoring=domain.scoring_brief(), skill_rules=domain.SKILL_RULES,
                                prompt_only=prompt_only, llm_interface=llm_interface(), **BRIEFS[cfg.proposer_brief],
                                null_rule=NULL_RULES[cfg.null_check].format(margin=cfg.null_margin),
                                iteration=iteration,

@@ -98,7 +98,7 @@ def test_the_search_refuses_a_winner_that_answers_by_itself(tmp_path, smoke, cap
         if check == "refuse":
             assert Path(result["winner"]).parent.name == "h0" and meta["valid"] is False
             assert meta["reason"] == (f"h1_1 scores {null:.2f} without the model (its parent h0 0.00, --null-margin "
-                                      "0.05): the harness answers by itself")
+                                      "0.05; scored on the harness's answer): the harness answers by itself")
             assert f"  h1_1: refused, {meta['reason']}" in capsys.readouterr().out
         else:
             assert Path(result["winner"]).parent.name == "h1_1" and meta["valid"] is True

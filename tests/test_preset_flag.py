@@ -87,3 +87,44 @@ def test_a_holdout_on_another_split_is_refused(capsys):
         rollout.main(["--domain", "math", "--harness", "harnesses/math.py", "--split", "harness", "--test-holdout", "3"])
     assert e.value.code == 2 and capsys.readouterr().err.endswith(
         ": error: --test-holdout holds out test tasks, and --split harness draws none: drop it, or use --split test\n")
+
+
+def parsed(module, entry, argv, monkeypatch):
+    """The Namespace a CLI's main parses from argv (its run stood in)."""
+    seen = {}
+    monkeypatch.setattr(module, entry, lambda args, *rest: seen.update(vars(args)))
+    module.main(argv)
+    return seen
+
+
+def test_every_preset_setting_reaches_every_cli_flag_of_its_meaning(tmp_path, monkeypatch):
+    """Each preset's value reaches each CLI's flag of the same meaning, for every preset and domain: by the flag's
+    name, or by presets.SCRIPT_FLAGS (meta_harness.py's --rounds, --patience and --min-rounds: the preset's adaptive
+    harness phase; `--preset paper` once ran 6 rounds with a minimum of 6, the official 5 and patience 2 lost); no
+    preset value reaches no CLI at all."""
+    import presets
+    clis = {"rft.py": (rft, "train_cli"), "meta_harness.py": (meta_harness, "search_cli"),
+            "rollout.py": (rollout, "evaluate_cli")}
+    for preset in presets.PRESETS:
+        for domain in presets.table_domains(preset):
+            reached = set()
+            defaults = presets.preset_defaults(preset, domain, presets.PRESETS[preset].get("data"))
+            whale_args = vars(whale.parse_args(["--domain", domain, "--preset", preset])[0])
+            for cli, (module, entry) in clis.items():
+                argv = ["--domain", domain, "--harness", defaults.get("harness", f"harnesses/{domain}.py"), "--preset", preset,
+                        "--out", str(tmp_path / cli)]
+                args = parsed(module, entry, argv, monkeypatch)
+                for key, value in defaults.items():
+                    dest = key if key in args else presets.SCRIPT_FLAGS.get(key)
+                    if dest in args and not (cli == "rollout.py" and dest in ("k", "limit", "test_holdout")):
+                        assert args[dest] == value, (cli, preset, domain, key, dest, args[dest], value)
+                        reached.add(key)
+            reached |= {key for key in defaults if whale_args.get(key) == defaults[key]}
+            assert reached == set(defaults), (preset, domain, set(defaults) - reached)
+    mh = parsed(meta_harness, "search_cli", ["--domain", "searchqa", "--harness", "harnesses/searchqa.py",
+                                             "--preset", "paper", "--out", str(tmp_path / "mh")], monkeypatch)
+    assert (mh["rounds"], mh["min_rounds"], mh["patience"]) == (15, 5, 2)  # alternate.sh's adaptive harness phase
+    given = parsed(meta_harness, "search_cli", ["--domain", "math", "--harness", "harnesses/math.py", "--preset",
+                                                "paper", "--patience", "0", "--out", str(tmp_path / "mh2")],
+                   monkeypatch)
+    assert (given["patience"], given["min_rounds"]) == (0, 5)  # a flag given still wins

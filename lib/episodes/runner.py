@@ -205,19 +205,23 @@ class Runner:
         if ep.state == "done":
             return
         now = time.time()
-        reward, answer = 0.0, None
+        reward, answer, scored = 0.0, None, None
         if error is None and not (isinstance(result, dict) and "answer" in result):
             error = f"run() returned {json.dumps(result)[:200]}, expected a dict with an 'answer' key"
         if error is None:
             answer = result["answer"]
             try:
-                reward = float(self.domain.reward(ep.task, answer, ep.tools))
+                # what the verifier reads: the answer run() returned, or (--scoring last-message, the paper's data)
+                # the model's last message, so a harness cannot rewrite what is scored; the returned answer is kept
+                scored = scored_answer(self.domain, answer, ep.calls)
+                reward = float(self.domain.reward(ep.task, scored, ep.tools))
             except Exception as e:  # the domain promises not to raise; keep the run alive if it does
                 error = f"reward failed: {type(e).__name__}: {e}"
         if ep.out_of_tokens and getattr(self.domain, "OUT_OF_TOKENS_SCORES_ZERO", False):
             reward = 0.0
         ep.record = {"task_id": ep.task["id"], "sample": ep.sample, "reward": reward, "answer": capped(answer),
-                     "extracted": extracted_answer(self.domain, answer), "error": error, "turns": len(ep.calls), "tokens": sum(len(c["completion_ids"]) for c in ep.calls),
+                     "extracted": extracted_answer(self.domain, scored), "scoring": scoring_rule(self.domain),
+                     "error": error, "turns": len(ep.calls), "tokens": sum(len(c["completion_ids"]) for c in ep.calls),
                      "seconds": round(now - ep.start, 3), "calls": ep.calls, "tool_calls": ep.tool_calls,
                      "stdout": stdout, "out_of_tokens": ep.out_of_tokens, "capped": ep.capped}
         if isinstance(result, dict) and "answer" in result and len(result) > 1:  # the cpu h0s return a note
@@ -529,9 +533,24 @@ def trace_line(record):
         (calls if len(calls) >= len(tools) else tools).pop()
 
 
+def scored_answer(domain, answer, calls):
+    """What the domain's reward reads of an episode (domains.Domain.scored_answer): the harness's returned answer, or
+    the model's last sampled message (a capped or out-of-tokens request sampled nothing, so it is not one). A
+    stand-in domain without the rule: the answer."""
+    if not hasattr(domain, "scored_answer"):
+        return answer
+    return domain.scored_answer(answer, calls[-1]["completion"] if calls else "")
+
+
+def scoring_rule(domain):
+    """What the verifier read, in words (domains.Domain.scoring_rule), for the trace and every score made of it."""
+    return domain.scoring_rule() if hasattr(domain, "scoring_rule") else "the harness's answer"
+
+
 def extracted_answer(domain, answer):
     """The answer as the domain's reward reads it (None: nothing to read), kept in the trace so a proposer can
-    tell a missing answer from a wrong one without seeing the gold answer."""
+    tell a missing answer from a wrong one without seeing the gold answer; `answer`: what the reward was given
+    (scored_answer)."""
     if not hasattr(domain, "extract"):  # a domain that reads no answer of its own: the answer as given
         return answer if isinstance(answer, str) else None
     try:
