@@ -126,7 +126,7 @@ def written_brief(tmp_path, brief, domain="searchqa"):
     from types import SimpleNamespace
     from lib import proposers
     folder = tmp_path / brief
-    folder.mkdir()
+    folder.mkdir(parents=True)
     cfg = SimpleNamespace(prompt_only=False, null_check="refuse", null_margin=0.05, proposer_brief=brief)
     return proposers.write_instructions(folder, domains.get(domain), ["h1_1"], "h0", 1, cfg).read_text()
 
@@ -155,16 +155,27 @@ def test_the_brief_names_every_keyword_and_role_the_runner_accepts(tmp_path):
 
 def test_the_paper_and_gpu_briefs_hold_the_official_rules_only(tmp_path):
     """The project's two rules for a small policy are in the cpu and smoke presets' brief only (docs/fidelity.md
-    setting 4); the official skills' rules are in every brief."""
+    setting 4); each domain's brief holds its official skill's rules, and no other: searchqa's "if the last 3
+    iterations explored the same axis, pick different ones" and distinct hypotheses on different axes; math's
+    skill has no rule on axes or on how a round's candidates differ; chess's none on hypotheses or stopping."""
     from presets import PRESETS
     assert {name: PRESETS[name]["proposer_brief"] for name in PRESETS} == {
         "smoke": "small-model", "cpu": "small-model", "gpu": "official", "paper": "official"}
-    official, small = written_brief(tmp_path, "official"), written_brief(tmp_path, "small-model")
-    for own in ("Keep prompts short", "exploring new ideas"):
-        assert own not in official and own in small
-    for rule in ("changes ONE mechanism", "not a sweep of constants", "a falsifiable hypothesis tied to failures",
-                 "test different mechanisms", "Do not stop early"):
-        assert rule in official.replace("\n   ", " ") and rule in small.replace("\n   ", " ")
+    rules = {"searchqa": ("if the last 3 iterations explored the same axis, pick different ones",
+                          "distinct hypotheses on different axes", "one falsifiable hypothesis tied to a failure",
+                          "Do not stop early"),
+             "math": ("one falsifiable hypothesis tied to a failure", "Do not stop early"),
+             "chess": ("one concrete mechanism chosen from the failures the traces show",)}
+    for domain, own_rules in rules.items():
+        official = written_brief(tmp_path / domain, "official", domain).replace("\n   ", " ").replace("\n", " ")
+        small = written_brief(tmp_path / domain, "small-model", domain).replace("\n   ", " ").replace("\n", " ")
+        for own in ("Keep prompts short", "exploring new ideas"):
+            assert own not in official and own in small
+        for rule in ("changes ONE mechanism", "not a sweep of constants", *own_rules):
+            assert rule in official and rule in small, (domain, rule)
+        others = {rule for d, rs in rules.items() if d != domain for rule in rs} - set(own_rules)
+        for rule in (*others, "other than the last iterations", "different mechanisms"):
+            assert rule not in official, (domain, rule)
 
 
 @pytest.mark.parametrize("flags", [["--wiki", "wiki-18.jsonl"], ["--wiki-limit", "1000"]])
@@ -186,8 +197,9 @@ def test_the_paper_preset_refuses_bm25_without_its_flag(flags, capsys):
 
 
 def test_summary_json_and_the_table_header_name_the_verifier(tmp_path, monkeypatch):
-    """A searchqa run records the verifier it was scored by (here the LLM judge, stood in: no request is sent) in
-    summary.json, and report.py's table header shows it; without --judge-url it is exact match."""
+    """A searchqa run records the verifier it was scored by (here the LLM judge, stood in: no request is sent) and
+    what it read (the scoring rule) in summary.json, and report.py's table headers show both, the null model's
+    table's too; without --judge-url it is exact match."""
     import report
     import whale
     from lib.paper import judge
@@ -196,10 +208,15 @@ def test_summary_json_and_the_table_header_name_the_verifier(tmp_path, monkeypat
     out = tmp_path / "results" / "smoke" / "searchqa" / "weight-only"
     whale.main(["--domain", "searchqa", "--method", "weight-only", "--preset", "smoke", "--epochs", "0.5",
                 "--out", str(out), "--judge-url", "http://127.0.0.1:9/v1", "--judge-model", "judge-m"])
-    assert json.loads((out / "summary.json").read_text())["verifier"] == "LLM judge judge-m"
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["verifier"], summary["scoring"]) == ("LLM judge judge-m", "the harness's answer")
     report.main(["--preset", "smoke", "--results", str(tmp_path / "results")])
-    assert "| method | searchqa (LLM judge judge-m) | math | chess |" in (
-        tmp_path / "results" / "smoke" / "tables.md").read_text()
+    tables = (tmp_path / "results" / "smoke" / "tables.md").read_text()
+    # the score's table and the null model's both name the verifier and what it read (the smoke preset's data is
+    # the bundled one: the harness's answer)
+    header = "| method | searchqa (LLM judge judge-m; on the harness's answer) | math | chess |"
+    assert tables.count(header) == 2
+    assert tables.index(header, tables.index("the final harness without the model")) > 0
 
 
 def test_another_judge_prompt_is_read_from_a_file(tmp_path, monkeypatch):
@@ -221,3 +238,89 @@ def test_another_judge_prompt_is_read_from_a_file(tmp_path, monkeypatch):
     path.write_text("Question: {question}\nPredicted answer: {prediction}\n")
     with pytest.raises(ValueError, match=r"--judge-prompt .*v11.txt: no \{gold\} in it"):
         judge.read_prompt(str(path))
+
+
+# -----------------------------------------------------------------------------
+# what the verifier reads: the model's last message under the paper's data (the official verifiers)
+
+REWRITER = '''"""A candidate that rewrites what it returns: the answer of the model's first reply, or with FIXED its own."""
+FIXED = None
+
+
+def run(task, llm, tools):
+    first = llm([{"role": "user", "content": task["question"]}])
+    llm([{"role": "user", "content": "Check it and answer again."}])
+    return {"answer": FIXED if FIXED is not None else first.split("<answer>")[-1].split("</answer>")[0]}
+'''
+
+
+class Replies:
+    """A backend replying with the given texts in turn (each episode asks twice: the first reply, the last)."""
+
+    def __init__(self, tokenizer, texts):
+        self.tokenizer, self.texts = tokenizer, texts
+
+    def generate(self, prompts, *, max_new_tokens, seeds, **_):
+        return [self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False) for _ in prompts]
+
+
+def picked(reply):
+    """What REWRITER returns of a reply (without FIXED)."""
+    return reply.split("<answer>")[-1].split("</answer>")[0]
+
+
+def scored(domain, harness, texts, tokenizer, task):
+    """The episode's record of `harness` on `task` under a model replying `texts`."""
+    import rollout
+    from lib.backends.hf_backend import NullModelBackend
+    backend = Replies(tokenizer, list(texts)) if texts is not None else NullModelBackend(tokenizer)
+    [record] = rollout.run_episodes(domain, str(harness), [task], backend, max_new_tokens=64)
+    return record
+
+
+@pytest.mark.parametrize("name, task, first, last, rewritten", [
+    # searchqa: an <answer> of an earlier turn, and the innermost <answer> of the last one (official: the last
+    # </answer> and the nearest <answer> before it)
+    ("searchqa", {"id": "q1", "question": "Capital of Zorbia?", "answers": ["Quelm"]},
+     "<answer>Quelm</answer>", "It could be <answer>Ost <answer>Varn</answer>", "Quelm"),
+    # math: the last \boxed{} in the last 100 characters of the last message; the harness boxes a value itself
+    ("math", {"id": "m1", "question": "6 x 7?", "answer": "42"},
+     "It is \\boxed{42}.", "Recounting: \\boxed{41}.", "\\boxed{42}"),
+])
+def test_under_the_paper_data_a_rewritten_answer_scores_as_the_models_last_message(tmp_path, name, task, first,
+                                                                                    last, rewritten):
+    """A candidate that returns the model's first reply, or an answer of its own, earns with --data paper exactly
+    what the model's last message earns (here 0: its last reply is wrong), and the record keeps the answer it
+    returned and names the rule; with the bundled data (the cpu and smoke presets) the returned answer is scored,
+    as before (here 1). Under the null model the harness's own answer earns nothing under the paper's rule."""
+    from transformers import AutoTokenizer
+    from lib.backends.models import build_smoke, cached
+    tokenizer = AutoTokenizer.from_pretrained(cached("smoke-v2", build_smoke))
+    paper, bundled = domains.get(name, paper_args()), domains.get(name)
+    if name == "searchqa":
+        paper.retriever = None  # no search is made: the tools need no retriever
+    assert (paper.scoring, bundled.scoring) == ("last-message", "answer")
+    for fixed in (None, rewritten):
+        harness = tmp_path / f"rewriter_{fixed is None}.py"
+        harness.write_text(REWRITER.replace("FIXED = None", f"FIXED = {fixed!r}"))
+        mine = scored(paper, harness, [first, last], tokenizer, task)
+        assert mine["reward"] == 0.0 and mine["scoring"] == "the model's last message"
+        assert mine["answer"] == (fixed or picked(first))  # recorded beside, not scored
+        assert mine["extracted"] == {"searchqa": "Varn", "math": "41"}[name]
+        theirs = scored(bundled, harness, [first, last], tokenizer, task)
+        assert theirs["reward"] == 1.0 and theirs["scoring"] == "the harness's answer"
+        # the same last message right: the paper's rule scores it, whatever the harness returns
+        right = scored(paper, harness, [last, first], tokenizer, task)
+        assert right["reward"] == 1.0 and right["answer"] == (fixed or picked(last))
+    own = scored(paper, harness, None, tokenizer, task)  # FIXED: the harness answers by itself
+    assert own["reward"] == 0.0 and scored(bundled, harness, None, tokenizer, task)["reward"] == 1.0
+
+
+def test_the_scoring_rule_is_the_flag_or_the_datas_and_chess_plays_its_moves():
+    assert domains.get("math", paper_args("--scoring", "answer")).scoring_rule() == "the harness's answer"
+    assert domains.get("math", {"scoring": "last-message"}).scoring_rule() == "the model's last message"
+    assert domains.get("chess", paper_args()).scoring_rule() == domains.get("chess").scoring_rule() == \
+        "the moves played"
+    assert domains.innermost_answer("<answer>foo<answer></answer>") == ""  # as the official _inner_most_extract
+    assert domains.innermost_answer("<answer>a</answer> then </answer>") == "a</answer> then"
+    assert domains.innermost_answer("no tags</answer>") is None
