@@ -194,7 +194,10 @@ SCORING_RULES = {"last-message": "the model's last message", "answer": "the harn
 
 # a flood guard only: whole passages come back, the harness cuts them (PASSAGE_WORDS)
 MAX_PASSAGE_CHARS = 4000
+# bounds on what an untrusted harness may ask of the shared retriever (officially the search payload passes the
+# model's topk and query through whole: a stated deviation, docs/fidelity.md "search tool bounds")
 MAX_SEARCH_K = 10
+MAX_QUERY_CHARS = 2000
 
 
 def normalize_answer(text):
@@ -222,10 +225,11 @@ class SearchTools:
         self.passages, self.retriever = searchqa_index()
 
     def search(self, query, k=1):
-        """Top-k passages "Title: text" for a query, each cut to MAX_PASSAGE_CHARS; k capped at MAX_SEARCH_K."""
+        """Top-k passages "Title: text" for a query, each cut to MAX_PASSAGE_CHARS; k capped at MAX_SEARCH_K, the query
+        cut to MAX_QUERY_CHARS."""
         import bm25s  # already loaded by searchqa_index
         k = max(1, min(k, MAX_SEARCH_K)) if isinstance(k, int) else 1
-        tokens = bm25s.tokenize([str(query)[:2000]], stopwords="en", return_ids=False,
+        tokens = bm25s.tokenize([str(query)[:MAX_QUERY_CHARS]], stopwords="en", return_ids=False,
                                 show_progress=False)
         if not tokens[0]:
             return []
@@ -241,7 +245,7 @@ class WikiSearchTools:
 
     def search(self, query, k=1):
         k = max(1, min(k, MAX_SEARCH_K)) if isinstance(k, int) else 1
-        return [p[:MAX_PASSAGE_CHARS] for p in self.retriever.search(str(query)[:2000], k)]
+        return [p[:MAX_PASSAGE_CHARS] for p in self.retriever.search(str(query)[:MAX_QUERY_CHARS], k)]
 
 
 def innermost_answer(text):

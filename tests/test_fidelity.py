@@ -324,3 +324,101 @@ def test_the_scoring_rule_is_the_flag_or_the_datas_and_chess_plays_its_moves():
     assert domains.innermost_answer("<answer>foo<answer></answer>") == ""  # as the official _inner_most_extract
     assert domains.innermost_answer("<answer>a</answer> then </answer>") == "a</answer> then"
     assert domains.innermost_answer("no tags</answer>") is None
+
+
+# -----------------------------------------------------------------------------
+# the fidelity table (docs/fidelity.json) against presets.py, the code and docs/fidelity.md
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER_DOMAINS = ("searchqa", "math", "chess")
+# the settings that live in the code, not the preset: each row's value per domain, read off the code now
+CODE_SETTINGS = {
+    "scoring": lambda d: domains.get(d, paper_args()).scoring_rule(),
+    "math_box_tail": lambda d: domains.MATH_TAIL_CHARS,
+    "searchqa_verifier": lambda d: domains.get(d, paper_args()).verifier(),
+    "model_calls_cap": lambda d: domains.DOMAINS[d].MODEL_CALLS,
+    "retry_cap": lambda d: domains.DOMAINS[d].MAX_RETRIES,
+    "success_threshold": lambda d: __import__("lib.rules", fromlist=["SUCCESS"]).SUCCESS,
+    "search_top_k_cap": lambda d: domains.MAX_SEARCH_K,
+    "search_query_cut": lambda d: domains.MAX_QUERY_CHARS,
+    "brief_axis_rule": lambda d: "last 3 iterations explored the same axis" in " ".join(domains.DOMAINS[d].BRIEF.split()),
+    "brief_different_axes": lambda d: "different axes" in domains.DOMAINS[d].SKILL_RULES,
+}
+
+
+def per_domain(value):
+    return value if isinstance(value, dict) else {d: value for d in PAPER_DOMAINS}
+
+
+def fidelity_problems(doc=None):
+    """Every disagreement between presets.py (and the code), docs/fidelity.json and docs/fidelity.md (or `doc`, its
+    text), one line each."""
+    import presets
+    import whale
+    table = json.loads((ROOT / "docs" / "fidelity.json").read_text())["settings"]
+    doc = doc if doc is not None else (ROOT / "docs" / "fidelity.md").read_text()
+    runs = {d: vars(whale.parse_args(["--domain", d, "--preset", "paper"])[0]) for d in PAPER_DOMAINS}
+    problems = []
+    keys = set(presets.PRESETS["paper"]).union(*(presets.PAPER[d] for d in PAPER_DOMAINS))
+    listed = {r["setting"] for r in table if r["where"] == "preset"}
+    problems += [f"{key}: a paper preset setting with no row in docs/fidelity.json" for key in sorted(keys - listed)]
+    problems += [f"{key}: a code setting with no reader in CODE_SETTINGS" for key in
+                 sorted({r["setting"] for r in table if r["where"] == "code"} - set(CODE_SETTINGS))]
+    for row in table:
+        name, ours, official = row["setting"], per_domain(row["ours"]), per_domain(row["official"])
+        for d, value in ours.items():
+            now = runs[d][name] if row["where"] == "preset" else CODE_SETTINGS.get(name, lambda d: value)(d)
+            if now != value:
+                problems.append(f"{name} ({d}): the code has {now!r}, docs/fidelity.json {value!r}")
+        if row.get("port"):  # our h0 file is the port of the official one: its docstring names that file
+            for d, path in ours.items():
+                first = (ROOT / path).read_text().splitlines()[0]
+                if official[d].split("/", 2)[2] not in first:
+                    problems.append(f"{name} ({d}): {path} does not name {official[d]} in its first line")
+        elif row["status"] == "official" and ours != {d: official[d] for d in ours}:
+            problems.append(f"{name}: ours {row['ours']!r}, official {row['official']!r}, but status official: state "
+                            "it (status stated and a docs/fidelity.md row) or make it the official value")
+        if row["status"] == "stated" and f"\n| {row.get('doc')} |" not in doc:
+            problems.append(f"{name}: status stated, but docs/fidelity.md has no row '| {row.get('doc')} |'")
+        if row["status"] not in ("official", "stated"):
+            problems.append(f"{name}: status {row['status']!r} is neither official nor stated")
+        for source in row["source"] or [None]:
+            if not (source and source.get("file") and len(source.get("commit", "")) == 40
+                    and (isinstance(source.get("line"), int) and source["line"] > 0 or source.get("anchor"))):
+                problems.append(f"{name}: a source needs a file, a 40-digit commit and a line (or an anchor): {source}")
+    counts = {s: sum(r["status"] == s for r in table) for s in ("official", "stated")}
+    count = (f"The table holds {len(table)} settings of the paper preset: {counts['official']} as official, "
+             f"{counts['stated']} stated, 0 unstated.")
+    if count not in " ".join(doc.split()):
+        problems.append(f"docs/fidelity.md does not say: {count}")
+    return problems
+
+
+def test_the_fidelity_table_presets_and_doc_agree():
+    """docs/fidelity.json lists every setting of the paper preset (presets.py PRESETS["paper"], PAPER[domain], and
+    the code's settings it names) with our value as the code has it, the official value and its source (file, commit,
+    line); an official row's values are equal, a stated one has its row in docs/fidelity.md, whose count of the rows
+    is right."""
+    assert fidelity_problems() == []
+
+
+@pytest.mark.parametrize("change", ["preset", "code", "doc"])
+def test_the_fidelity_check_fails_when_one_side_changes(monkeypatch, change):
+    """One preset value (the paper's top-k), one code constant (the search cap), a stated row's reason or the doc's
+    count changed alone: the check names it."""
+    import presets
+    if change == "preset":
+        monkeypatch.setitem(presets.PRESETS["paper"], "top_k", 40)
+        assert fidelity_problems() == ["top_k (searchqa): the code has 40, docs/fidelity.json 20",
+                                       "top_k (math): the code has 40, docs/fidelity.json 20",
+                                       "top_k (chess): the code has 40, docs/fidelity.json 20"]
+    elif change == "code":
+        monkeypatch.setattr(domains, "MAX_SEARCH_K", 1)
+        assert fidelity_problems() == ["search_top_k_cap (searchqa): the code has 1, docs/fidelity.json 10"]
+    else:
+        doc = (ROOT / "docs" / "fidelity.md").read_text()
+        [problem] = fidelity_problems(doc.replace("| gradient checkpointing |", "| checkpointing |"))
+        assert problem == ("grad_checkpointing: status stated, but docs/fidelity.md has no row "
+                           "'| gradient checkpointing |'")
+        [problem] = fidelity_problems(doc.replace(" 13 stated", " 12 stated"))
+        assert problem.startswith("docs/fidelity.md does not say: The table holds 56 settings")
