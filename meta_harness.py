@@ -12,7 +12,8 @@ and on its own the harness-only baseline).
         --proposer-model M
     python meta_harness.py --domain math --harness my_math.py --preset cpu --rounds 2 --out runs/mh
         # --preset: whale.py's preset (presets.py) for the flags this script has (model, sampling,
-        # data, harness set, candidates, proposer); any flag given still wins
+        # data, harness set, candidates, proposer, and its adaptive harness phase as --rounds, --patience,
+        # --min-rounds: presets.SCRIPT_FLAGS); any flag given still wins
 
 Algorithm. The seed harness h0 is scored once on the harness set (a fixed subset of the train split,
 1 rollout per task). Each iteration asks a proposer for M new candidate files, validates each one

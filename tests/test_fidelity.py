@@ -243,7 +243,7 @@ def test_another_judge_prompt_is_read_from_a_file(tmp_path, monkeypatch):
 # -----------------------------------------------------------------------------
 # what the verifier reads: the model's last message under the paper's data (the official verifiers)
 
-REWRITER = '''"""A candidate that rewrites what it returns: the answer of the model's first reply, or with FIXED its own."""
+REWRITER = '''"""A candidate that rewrites what it returns: its model's first answer, or with FIXED its own."""
 FIXED = None
 
 
@@ -341,7 +341,8 @@ CODE_SETTINGS = {
     "success_threshold": lambda d: __import__("lib.rules", fromlist=["SUCCESS"]).SUCCESS,
     "search_top_k_cap": lambda d: domains.MAX_SEARCH_K,
     "search_query_cut": lambda d: domains.MAX_QUERY_CHARS,
-    "brief_axis_rule": lambda d: "last 3 iterations explored the same axis" in " ".join(domains.DOMAINS[d].BRIEF.split()),
+    "brief_axis_rule": lambda d: "last 3 iterations explored the same axis" in " ".join(
+        domains.DOMAINS[d].BRIEF.split()),
     "brief_different_axes": lambda d: "different axes" in domains.DOMAINS[d].SKILL_RULES,
 }
 

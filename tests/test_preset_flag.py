@@ -111,8 +111,8 @@ def test_every_preset_setting_reaches_every_cli_flag_of_its_meaning(tmp_path, mo
             defaults = presets.preset_defaults(preset, domain, presets.PRESETS[preset].get("data"))
             whale_args = vars(whale.parse_args(["--domain", domain, "--preset", preset])[0])
             for cli, (module, entry) in clis.items():
-                argv = ["--domain", domain, "--harness", defaults.get("harness", f"harnesses/{domain}.py"), "--preset", preset,
-                        "--out", str(tmp_path / cli)]
+                harness = defaults.get("harness", f"harnesses/{domain}.py")
+                argv = ["--domain", domain, "--harness", harness, "--preset", preset, "--out", str(tmp_path / cli)]
                 args = parsed(module, entry, argv, monkeypatch)
                 for key, value in defaults.items():
                     dest = key if key in args else presets.SCRIPT_FLAGS.get(key)
