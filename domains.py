@@ -31,6 +31,10 @@ keeping each `source`'s share, never the first N. The rewards are the official v
   target; no tools; reward = the answer's expression (left of an '=') uses only the given numbers, each at
   most once, + - * / and parentheses, and its exact value is the target (countdown_value: parsed, never run).
 
+What the verifier reads (--scoring): with the paper's data the model's last assistant message, as the official
+verifiers read it (searchqa its innermost <answer>, math its last 100 characters); with the bundled data the answer
+the harness's run() returns (Domain.scored_answer; docs/fidelity.md).
+
 The paper's data (--data paper: `domains.get(name, args)` with add_args' flags) loads through
 lib/paper/paper_data.py: the hub datasets (or local copies of them) in the bundled tasks' shape, and
 Wikipedia 2018 for search.
