@@ -562,6 +562,9 @@ MAX_TURNS are yours."""
         """Chess is scored by the moves the tools played, under every --scoring (the official runner's too)."""
         return "the moves played"
 
+    def scored_answer(self, answer, last_message):
+        return answer  # the reward reads the tools' moves, never a text: the trace keeps what run() returned
+
     def scoring_brief(self):
         return "The verifier reads the moves played through `tools.move`, never the answer run() returns."
 
