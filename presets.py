@@ -176,7 +176,7 @@ def script_defaults(parser, name, domain, data=None):
     except ValueError as e:
         parser.error(str(e))
     flags = {action.dest for action in parser._actions}
-    named = {SCRIPT_FLAGS.get(key, key) if key not in flags else key: value for key, value in preset.items()}
+    named = {key if key in flags else SCRIPT_FLAGS.get(key, key): value for key, value in preset.items()}
     return {dest: value for dest, value in named.items() if dest in flags}
 
 def table_methods(schedule="fixed"):

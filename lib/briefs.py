@@ -89,7 +89,6 @@ BRIEFS = {
                     "round_rule": "; mix exploiting the best with exploring new ideas"},
 }
 
-
 # what each keyword of llm() does, in the brief's words; llm_interface raises KeyError for a keyword the harness's
 # llm() takes that is not described here, so a new one cannot be left out of the brief
 KEYWORDS = {
