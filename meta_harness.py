@@ -66,6 +66,7 @@ from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegativ
 from lib.contract import normalized, static_check
 from lib.run_folder.files import check_run_files, check_same_model, file_sha, read_json, write_json
 from lib.backends.hf_backend import NullModelBackend
+from lib.episodes.runner import scoring_rule
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
 from lib.backends.policy import add_backend_args, load_policy
@@ -213,7 +214,7 @@ def score(cand_dir, backend, domain, tasks, cfg, policy_kw, evaluate):
     scores = {"score": stats["mean_at_k"], "mean_turns": stats["mean_turns"],
               "tokens": stats["tokens"], "rollouts": stats["rollouts"], "errors": stats["errors"],
               "seconds": round(stats["seconds"], 2), "tasks": len(tasks),
-              "samples": cfg.harness_samples, "scoring": domain.scoring_rule()}
+              "samples": cfg.harness_samples, "scoring": scoring_rule(domain)}
     write_json(cand_dir / "scores.json", scores)
     return scores
 
@@ -238,8 +239,8 @@ def check_without_model(run_dir, iteration, backend, domain, tasks, cfg, policy_
             return
         meta_path = run_dir / "candidates" / best["name"] / "meta.json"
         reason = (f"{best['name']} scores {own:.2f} without the model (its parent {parent} {base:.2f}, "
-                  f"--null-margin {cfg.null_margin:g}; scored on {domain.scoring_rule()}): the harness answers by "
-                  "itself")
+                  f"--null-margin {cfg.null_margin:g}; scored on {scoring_rule(domain)}): the harness "
+                  "answers by itself")
         write_json(meta_path, {**read_json(meta_path), "valid": False, "reason": reason})
         print(f"  {best['name']}: refused, {reason}")
 
@@ -252,7 +253,7 @@ def null_score(cand_dir, null, domain, tasks, cfg, policy_kw, evaluate):
         stats = evaluate(domain, str(cand_dir / "harness.py"), tasks, null, k=cfg.harness_samples,
                          desc=f"{cand_dir.name} without the model", **policy_kw)
         write_json(path, {"score": stats["mean_at_k"], "tasks": len(tasks), "samples": cfg.harness_samples,
-                          "scoring": domain.scoring_rule()})
+                          "scoring": scoring_rule(domain)})
     return read_json(path)["score"]
 
 

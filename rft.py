@@ -48,6 +48,7 @@ from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegativ
 from lib.run_folder.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_checkpoint_model, link_tree,
                                   read_json, resolved_path, sha256, stored_path, swap_link, write_json, write_jsonl)
 from lib.backends.models import shared_prefix
+from lib.episodes.runner import scoring_rule
 from lib.backends.policy import add_backend_args, load_policy
 from lib.rules import SUCCESS
 from lib.subsets import seeded_sample
@@ -477,7 +478,7 @@ def train_cli(args):
                "stopped_early": trainer.step_count < args.steps,
                "seconds": sum(r["sample_s"] + r["train_s"] for r in trainer.history),
                "adapter": os.path.join(args.out, "ckpt", "adapter"), "verifier": domain.verifier(),
-               "scoring": domain.scoring_rule()}
+               "scoring": scoring_rule(domain)}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps({k: v for k, v in summary.items() if k != "rewards"}))

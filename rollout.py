@@ -31,7 +31,7 @@ from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, no
 from lib.backends.policy import add_backend_args, load_policy
 from lib.episodes.runner import MAX_PROMPT_TOKENS
 from lib.episodes.sandbox import InfrastructureError
-from lib.episodes.runner import Episode, Runner
+from lib.episodes.runner import Episode, Runner, scoring_rule
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, preset_defaults, script_defaults
 
@@ -152,7 +152,7 @@ def evaluate(domain, harness_path, tasks, backend, k=8, **kw):
             "per_task": per_task, "mean_turns": sum(e["turns"] for e in eps) / n,
             "tokens": sum(e["tokens"] for e in eps),
             "rollouts": len(eps), "errors": sum(e["error"] is not None for e in eps),
-            "seconds": round(time.time() - start, 2)}
+            "seconds": round(time.time() - start, 2), "scoring": scoring_rule(domain)}
 
 
 # -----------------------------------------------------------------------------
@@ -242,7 +242,7 @@ def evaluate_cli(args, domains):
         (out / "results.json").write_text(json.dumps(stats, indent=1))
     print(f"tasks {len(tasks)}  rollouts {stats['rollouts']}  errors {stats['errors']}  mean turns "
           f"{stats['mean_turns']:.2f}  tokens {stats['tokens']}  seconds {stats['seconds']}")
-    print(f"mean@{args.k} = {stats['mean_at_k']:.4f}")
+    print(f"mean@{args.k} = {stats['mean_at_k']:.4f} (scored on {stats['scoring']})")
 
 
 if __name__ == "__main__":

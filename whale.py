@@ -40,6 +40,7 @@ from lib.cli import (Parser, check_out, config_hash, conflicting_flags, nonnegat
 from lib.run_folder.files import file_sha, stored_path, write_json
 from lib import methods
 from lib.backends.hf_backend import NullModelBackend
+from lib.episodes.runner import scoring_rule
 from lib.methods import next_phase
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
 from lib.run_folder import report_to
@@ -273,13 +274,13 @@ def run(cfg, domain, policy, donors=()):
 
     summary = ledger.write_summary({"domain": cfg.domain, "method": method_name(cfg), "preset": cfg.preset,
                                     "model": cfg.model, "k": cfg.k, "verifier": domain.verifier(),
-                                    "scoring": domain.scoring_rule()},
+                                    "scoring": scoring_rule(domain)},
                                     steps_done(trainer))
     null = summary["final_null_mean_at_k"]
     print(f"best mean@{cfg.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} "
           f"rollouts; final {summary['final_mean_at_k']:.4f}"
           + ("" if null is None else f"; the final harness without the model {null:.4f}")
-          + f" (scored on {domain.scoring_rule()})")
+          + f" (scored on {summary['scoring']})")
 
 
 def steps_done(trainer):
@@ -346,7 +347,7 @@ def evaluate_test(policy, domain, harness, test, traces):
     # cost)
     per_task = stats["per_task"]
     stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(per_task),
-             "null_mean_at_k": null["mean_at_k"], "scoring": domain.scoring_rule(),
+             "null_mean_at_k": null["mean_at_k"], "scoring": scoring_rule(domain),
              **{f"test_{name}": stats[name]
                 for name in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
     # the report's per-benchmark columns
