@@ -1,0 +1,121 @@
+"""Data-parallel RSFT under torchrun (lib/ranks.py), two ranks with gloo on the CPU: the update equals the one-process
+one, a resume across a kill is exact, an empty share does not hang, a failing rank stops the others, and whale.py runs
+two methods (one reusing the other's phase) with its summary recording the rank count. Each launch runs a few RSFT
+steps of the smoke model on made-up episodes (tests/fixtures/ranks_run.py) or a tiny whale.py run."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lib import ranks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(ROOT, "tests", "fixtures", "ranks_run.py")
+LAUNCH_S = 240  # the most one launch may take on a busy 2-core machine; a hang shows as this timeout
+# the DP update sums each gradient in another order (its ranks' shares, then the all-reduce), and the shared prompt
+# prefix runs per share: after 8 optimizer steps at lr 1e-4 the LoRA weights agree with one process to this, 1 % of
+# what one AdamW step may move a weight (measured: 8e-8; the lora_B weights have grown to ~6e-4)
+WEIGHT_TOLERANCE = 1e-6
+
+
+def torchrun(*args, cwd=ROOT):
+    """Two ranks on this machine (--standalone: a free port, so parallel launches never collide)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args],
+               cwd, env)
+
+
+def run(cmd, cwd=ROOT, env=None):
+    started = time.time()
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=LAUNCH_S)
+    done.seconds = time.time() - started
+    return done
+
+
+def adapter(out):
+    return load_file(os.path.join(out, "ckpt", "adapter", "adapter_model.safetensors"))
+
+
+def losses(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line)["loss"] for line in f]
+
+
+def test_the_update_over_two_ranks_equals_one_process_and_resumes_exactly_across_a_kill(tmp_path):
+    one, two, killed = (str(tmp_path / name) for name in ("one", "two", "killed"))
+    done = run([sys.executable, RUN, one, "--steps", "3"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = torchrun(RUN, two, "--steps", "3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    # every step trains (3 of 4 episodes accepted), and step 1's last mini-batch holds one trajectory: rank 1's share
+    # of it is empty, and it still takes the step
+    rows = [json.loads(line) for line in open(os.path.join(two, "metrics.jsonl"))]
+    assert [r["optimizer_steps"] for r in rows] == [3, 3, 2] and rows[0]["examples"] == 11
+    assert losses(two) == pytest.approx(losses(one), rel=1e-6)
+    mine, theirs = adapter(two), adapter(one)
+    assert max((mine[k] - theirs[k]).abs().max().item() for k in theirs) < WEIGHT_TOLERANCE
+    assert any(not torch.equal(mine[k], theirs[k]) for k in theirs)  # two ranks did sum in another order
+    follower = torch.load(os.path.join(two, "rank1.pt"))  # rank 1 took the same steps: the same weights, bit for bit
+    assert len(follower) == len(mine) and all(torch.equal(follower[k.replace(".weight", ".default.weight")], mine[k])
+                                              for k in mine)
+    assert json.load(open(os.path.join(two, "ckpt", "state.json")))["ranks"] == 2
+
+    # rank 0 killed after step 2's checkpoint: torchrun stops rank 1, and the rerun finishes step 3 exactly
+    done = torchrun(RUN, killed, "--steps", "3", "--die-after", "2")
+    assert done.returncode != 0 and len(losses(killed)) == 2
+    done = torchrun(RUN, killed, "--steps", "3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert losses(killed) == losses(two)
+    resumed = adapter(killed)
+    assert all(torch.equal(resumed[k], mine[k]) for k in mine)
+
+    # a resume at another rank count: refused in one line, before the model loads
+    with pytest.raises(ValueError, match=r"^.*ckpt was trained on 2 trainer ranks, this launch has 1: the rank count "
+                                         r"changes the update's float sums.*; launch it with torchrun --nproc_per_node "
+                                         r"2 \(in all\), or use a new --out$"):
+        ranks.check_checkpoint(two, n=1)
+    ranks.check_checkpoint(one, n=1)
+
+
+def test_a_failing_follower_stops_rank_0_in_bounded_time(tmp_path):
+    done = torchrun(RUN, str(tmp_path / "out"), "--steps", "3", "--fail-rank", "1")
+    assert done.returncode != 0 and done.seconds < LAUNCH_S
+    lines = done.stderr.splitlines()
+    assert lines.count("ranks_run.py: error: trainer rank 1: ValueError: an injected failure") == 1, done.stderr[-3000:]
+
+
+def test_rank_0_failing_tells_the_followers_to_stop(tmp_path):
+    done = torchrun(RUN, str(tmp_path / "out"), "--steps", "3", "--fail-rank", "0")
+    assert done.returncode != 0 and done.seconds < LAUNCH_S
+    assert "ranks_run.py: error: an injected failure" in done.stderr.splitlines(), done.stderr[-3000:]
+    assert "trainer rank 1" not in done.stderr  # the follower stopped without a second line
+
+
+def test_whale_runs_two_methods_on_two_ranks_and_its_summary_says_so(tmp_path):
+    """weight-only, then whale: whale's first weight phase is weight-only's (the same RSFT steps under h0), adopted
+    from its snapshot, which rank 1 loads from the shared run folder."""
+    done = torchrun(os.path.join(ROOT, "whale.py"), "--domain", "math", "--preset", "smoke", "--method", "weight-only",
+                    "whale", "--harness", os.path.join(ROOT, "harnesses", "math.py"), "--test-limit", "2", "--k", "1",
+                    "--train-limit", "4", "--batch", "2", "--group", "2", "--harness-tasks", "2",
+                    "--max-new-tokens", "4", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "weights: RSFT steps 1-1 taken from" in done.stdout
+    for method in ("weight-only", "whale"):
+        summary = json.load(open(tmp_path / "results" / "smoke" / "math" / method / "summary.json"))
+        assert summary["trainer_ranks"] == 2 and summary["rsft_steps"] == 2
+
+
+def test_more_than_one_rank_refuses_the_in_process_engine():
+    args = type("Args", (), {"backend": "vllm", "vllm_sleep": False})()
+    with pytest.raises(ValueError, match="--backend vllm runs the engine inside the trainer's process on one card: "
+                                         "with 2 trainer ranks, serve the model with `vllm serve --data-parallel-size 2`"):
+        ranks.check_launch(args, 2)
+    args.backend, args.vllm_sleep = "openai", True
+    with pytest.raises(ValueError, match="--vllm-sleep"):
+        ranks.check_launch(args, 2)
+    ranks.check_launch(args, 1)  # one rank: today's flags
