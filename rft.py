@@ -10,7 +10,7 @@ Online rejection-sampling fine-tuning (RSFT) with LoRA: the weight phase of WHAL
         # data, batch, G, SFT, --train-limit); any flag given still wins
     torchrun --nproc_per_node 2 rft.py --domain math --harness harnesses/math.py --model smoke \
         --steps 4 --batch 8 --group 8 --out out/rft-dp
-        # data-parallel SFT over 2 trainer ranks (lib/ranks.py); rank 0 samples as one process does
+        # data-parallel SFT over 2 trainer ranks (lib/backends/ranks.py); rank 0 samples as one process does
 
 Each rollout step (RSFT.step) is sample, filter, update:
 - sample: the next --batch prompts of the train split from a seeded epoch sampler (a fresh shuffle per
@@ -50,7 +50,7 @@ from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegativ
                      rsft_config, seed_int)
 from lib.run_folder.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_checkpoint_model, link_tree,
                                   read_json, resolved_path, sha256, stored_path, swap_link, write_json, write_jsonl)
-from lib import ranks
+from lib.backends import ranks
 from lib.backends.models import load_model, shared_prefix
 from lib.backends.policy import add_backend_args, add_lora, load_lora, load_policy
 from lib.rules import SUCCESS
@@ -169,7 +169,7 @@ def sft_update(model, optimizer, trajectories, sft_batch, micro_batch, grad_clip
     step per mini-batch of `sft_batch` trajectories, its loss the token mean over that mini-batch's
     completion tokens, accumulated over forward/backward micro-batches of `micro_batch` examples.
     Under torchrun each rank runs its share of a mini-batch's trajectories and one all-reduce sums
-    the gradients (lib/ranks.py); with one process the share is all of it. Returns the mini-batch
+    the gradients (lib/backends/ranks.py); with one process the share is all of it. Returns the mini-batch
     losses."""
     model.train()
     losses = []
@@ -407,14 +407,14 @@ def load_optimizer(ckpt, optimizer, scheduler):
     return opt["rng"]
 
 
-def follow(args):
-    """A trainer rank other than 0 under torchrun (lib/ranks.py): the base model, then rank 0's commands. "trainer":
+def follow(model_name, bf16=False, threads=None):
+    """A trainer rank other than 0 under torchrun (lib/backends/ranks.py): the base model, then rank 0's commands. "trainer":
     the same trainer RSFT builds, a fresh LoRA from the same seed or rank 0's checkpoint (its folder on the shared file
     system); "update": this rank's share of every SFT mini-batch, the same optimizer steps as rank 0; "stop".
     -> the model at the stop (tests compare its weights with rank 0's)"""
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
-    model, _ = load_model(args.model, dtype=torch.bfloat16 if args.bf16 else None)
+    if threads:
+        torch.set_num_threads(threads)
+    model, _ = load_model(model_name, dtype=torch.bfloat16 if bf16 else None)
     for command, payload in ranks.commands():
         if command == "trainer":
             cfg, ckpt = payload
@@ -497,10 +497,10 @@ def main(argv=None):
     if conflicting_flags(args):
         p.error(conflicting_flags(args))
     if ranks.rank():  # under torchrun, a rank other than 0: its share of every update
-        with ranks.following("rft.py", args):
-            follow(args)
+        with ranks.following("rft.py", args.model, args.out):
+            follow(args.model, args.bf16)
         return
-    with one_line_errors("rft.py"), ranks.leading(args):  # rank 0 of torchrun: the steps as one process
+    with one_line_errors("rft.py"), ranks.leading(args.model, args.out):  # rank 0 of torchrun: the steps as one process
         train_cli(args)
 
 
@@ -513,7 +513,7 @@ def train_cli(args):
     check_out(args.out)
     check_checkpoint(args.out)
     check_checkpoint_model(args.out, args.model)
-    ranks.check_launch(args)
+    ranks.check_launch(args.backend, args.vllm_sleep)
     ranks.check_checkpoint(args.out)
     domain, train = domains.check_inputs(args, "train")
     if args.train_limit:  # as whale.py draws its prompts

@@ -38,7 +38,8 @@ from lib.episodes import sandbox
 from lib.cli import (Parser, check_out, config_hash, conflicting_flags, nonnegative_int, one_line_errors,
                      positive_float, positive_int, run_config, seed_int)
 from lib.run_folder.files import file_sha, stored_path, write_json
-from lib import methods, ranks
+from lib import methods
+from lib.backends import ranks
 from lib.backends.hf_backend import NullModelBackend
 from lib.methods import next_phase
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
@@ -380,12 +381,12 @@ def evaluate_again(ledger, policy, domain, test, i, weights, adapter, harness):
 
 def main(argv=None):
     runs = parse_args(argv)
-    if ranks.rank():  # under torchrun, a rank other than 0: its share of every RSFT update (lib/ranks.py)
-        with ranks.following("whale.py", runs[0]):
-            rft.follow(runs[0])
+    if ranks.rank():  # under torchrun, a rank other than 0: its share of every RSFT update (lib/backends/ranks.py)
+        with ranks.following("whale.py", runs[0].model, runs[0].out):
+            rft.follow(runs[0].model, runs[0].bf16, runs[0].threads)
         return
     # bad input, a damaged run folder, a refused engine: one line; rank 0 of torchrun runs the loop as one process does
-    with one_line_errors("whale.py"), ranks.leading(runs[0]):
+    with one_line_errors("whale.py"), ranks.leading(runs[0].model, runs[0].out):
         sandbox.apply_args(runs[0])
         rollout.apply_args(runs[0])
         domain = check_inputs(runs)
@@ -407,7 +408,7 @@ def check_inputs(runs):
     run folder as a whole (a resume with another model or harness set included). -> the domain, its
     data loaded (the paper's sets are slow to load twice)"""
     args = runs[0]
-    ranks.check_launch(args)
+    ranks.check_launch(args.backend, args.vllm_sleep)
     domain, train = domains.check_inputs(args, "train")
     train = seeded_sample(train, args.train_limit)
     domain.load("test")  # a malformed data file is an error now, before any model is loaded

@@ -1,4 +1,4 @@
-"""Data-parallel RSFT under torchrun (lib/ranks.py), two ranks with gloo on the CPU: the update equals the one-process
+"""Data-parallel RSFT under torchrun (lib/backends/ranks.py), two ranks with gloo on the CPU: the update equals the one-process
 one, a resume across a kill is exact, an empty share does not hang, a failing rank stops the others, and whale.py runs
 two methods (one reusing the other's phase) with its summary recording the rank count. Each launch runs a few RSFT
 steps of the smoke model on made-up episodes (tests/fixtures/ranks_run.py) or a tiny whale.py run."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lib import ranks
+from lib.backends import ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(ROOT, "tests", "fixtures", "ranks_run.py")
@@ -111,11 +111,43 @@ def test_whale_runs_two_methods_on_two_ranks_and_its_summary_says_so(tmp_path):
 
 
 def test_more_than_one_rank_refuses_the_in_process_engine():
-    args = type("Args", (), {"backend": "vllm", "vllm_sleep": False})()
     with pytest.raises(ValueError, match="--backend vllm runs the engine inside the trainer's process on one card: "
                                          "with 2 trainer ranks, serve the model with `vllm serve --data-parallel-size 2`"):
-        ranks.check_launch(args, 2)
-    args.backend, args.vllm_sleep = "openai", True
+        ranks.check_launch("vllm", False, 2)
     with pytest.raises(ValueError, match="--vllm-sleep"):
-        ranks.check_launch(args, 2)
-    ranks.check_launch(args, 1)  # one rank: today's flags
+        ranks.check_launch("openai", True, 2)
+    ranks.check_launch("vllm", True, 1)  # one rank: today's flags
+
+
+def test_the_time_model_splits_the_update_over_the_ranks_and_the_rollouts_over_the_replicas():
+    from lib.ops import time_model
+    counts = time_model.run_counts([("weight", 4), ("harness", 2)], batch=64, group=8, candidates=3, harness_tasks=128,
+                                   harness_samples=1, n_test=60, k=8)
+    one = time_model.hours("Qwen3.5-2B", "math", counts, 141)
+    assert time_model.hours("Qwen3.5-2B", "math", counts, 141, gpus=1, ranks=1) == one  # the default is one card
+    assert [time_model.engine_replicas(g, r) for g, r in ((1, 1), (8, 1), (8, 8), (32, 32))] == [1, 7, 8, 32]
+    lone, eight = (time_model.hours("Qwen3.5-2B", "math", counts, 141, workers=64 * e, gpus=8, ranks=r)
+                   for e, r in ((7, 1), (8, 8)))
+    assert lone["sft"] == one["sft"] and eight["sft"] == pytest.approx(one["sft"] / 8)
+    assert eight["rollouts"] < lone["rollouts"] < one["rollouts"] / 3  # 64 episodes at once on each replica
+    assert eight["proposer"] == one["proposer"] and eight["engine"] == one["engine"]
+    line = time_model.describe(eight, 141)
+    assert line.startswith(f"estimated {eight['total']:.2f} h on 8 x 141 GB cards (H200; ") and \
+        f"the trainer's share (SFT over 8 ranks) {eight['sft']:.2f} h" in line
+
+
+def test_the_preflight_refuses_a_local_run_folder_for_several_nodes(tmp_path):
+    from types import SimpleNamespace
+    from lib.ops import preflight
+    kind, _ = ranks.file_system(tmp_path)
+    args = SimpleNamespace(ranks=16, nodes=2, backend="openai", vllm_sleep=False, out=str(tmp_path / "run"))
+    if kind in ranks.SHARED_FILE_SYSTEMS:
+        pytest.skip(f"{tmp_path} is on a shared {kind} file system here")
+    with pytest.raises(preflight.Failed, match=f"a local {kind} file system, but 16 ranks on 2 nodes read rank 0's "
+                                               "checkpoints from it: put --out on a file system every node mounts"):
+        preflight.check_ranks([args])
+    args.nodes = 1
+    assert preflight.check_ranks([args]) == "16 ranks on one node; rollouts through --backend openai"
+    args.backend = "vllm"
+    with pytest.raises(preflight.Failed, match="--backend vllm runs the engine inside the trainer's process"):
+        preflight.check_ranks([args])

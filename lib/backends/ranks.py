@@ -58,17 +58,18 @@ def active():
     return dist.is_available() and dist.is_initialized()
 
 
-def check_launch(args, n=None):
-    """The flags a launch of n trainer ranks cannot run with, refused in one line (also by plan.py --check)."""
+def check_launch(backend, vllm_sleep, n=None):
+    """--backend and --vllm-sleep where a launch of n trainer ranks cannot run with them, refused in one line (also by
+    plan.py --check)."""
     n = count() if n is None else n
     if n == 1:
         return
     fix = (f"serve the model with `vllm serve --data-parallel-size {n}` and pass --backend openai (docs/gpu.md, "
            "several GPUs)")
-    if args.backend == "vllm":
+    if backend == "vllm":
         raise ValueError(f"--backend vllm runs the engine inside the trainer's process on one card: with {n} trainer "
                          f"ranks, {fix}")
-    if getattr(args, "vllm_sleep", False):
+    if vllm_sleep:
         raise ValueError(f"--vllm-sleep puts the in-process engine to sleep during an update: with {n} trainer ranks "
                          f"there is none; drop --vllm-sleep and {fix}")
 
@@ -115,16 +116,15 @@ def check_shared_folder(folder):
 
 
 @contextlib.contextmanager
-def leading(args):
-    """Rank 0's whole run (args: its flags, --model and --out read here): with more than one rank, the model cache,
-    the process group, and, however the run ends, the followers told to stop (with rank 0's error line when it
-    failed). One rank: nothing."""
+def leading(model, out):
+    """Rank 0's whole run (--model, --out): with more than one rank, the model cache, the process group, and, however
+    the run ends, the followers told to stop (with rank 0's error line when it failed). One rank: nothing."""
     if count() == 1:
         yield
         return
     try:
-        model_path(args.model)
-        start(args.out)
+        model_path(model)
+        start(out)
         yield
     except BaseException as e:
         if active():
@@ -134,13 +134,13 @@ def leading(args):
 
 
 @contextlib.contextmanager
-def following(prog, args):
+def following(prog, model, out):
     """A follower's whole run: the model cache, the process group, then any error as one line naming this rank and
     exit status 1 (a bug keeps its traceback above the line; WHALE_TRACEBACK=1 raises it)."""
     from lib.cli import project_errors
     try:
-        model_path(args.model)
-        start(args.out)
+        model_path(model)
+        start(out)
         yield
     except Exception as e:
         if os.environ.get("WHALE_TRACEBACK") == "1":
@@ -250,6 +250,31 @@ def same_weights(params):
         for p in params:
             p.copy_(flat[at:at + p.numel()].view_as(p))
             at += p.numel()
+
+
+# file systems every node of a cluster can mount at one path (/proc/mounts' names); a local one (ext4, xfs, tmpfs,
+# overlay) holds a run folder only for ranks on one node
+SHARED_FILE_SYSTEMS = {"nfs", "nfs4", "lustre", "gpfs", "cephfs", "ceph", "beegfs", "glusterfs", "fuse.glusterfs",
+                       "fuse.juicefs", "fuse.ceph", "wekafs", "pvfs2", "orangefs", "smb3", "cifs", "9p"}
+
+
+def file_system(path):
+    """(type, mount point) of the file system `path` is on (or would be: its nearest existing folder above), as
+    /proc/mounts says; ("unknown", path) where it cannot tell."""
+    path = os.path.realpath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    kind, at = "unknown", ""
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                _, mount, fs = line.split()[:3]
+                # the longest mount point above the path; a later mount on the same point covers an earlier one
+                if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(at):
+                    kind, at = fs, mount
+    except OSError:
+        pass
+    return kind, at or path
 
 
 # -----------------------------------------------------------------------------
