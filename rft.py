@@ -513,7 +513,7 @@ def train_cli(args):
     check_out(args.out)
     check_checkpoint(args.out)
     check_checkpoint_model(args.out, args.model)
-    ranks.check_launch(args.backend, args.vllm_sleep)
+    ranks.check_launch(args.backend)
     ranks.check_checkpoint(args.out)
     domain, train = domains.check_inputs(args, "train")
     if args.train_limit:  # as whale.py draws its prompts

@@ -408,7 +408,7 @@ def check_inputs(runs):
     run folder as a whole (a resume with another model or harness set included). -> the domain, its
     data loaded (the paper's sets are slow to load twice)"""
     args = runs[0]
-    ranks.check_launch(args.backend, args.vllm_sleep)
+    ranks.check_launch(args.backend)
     domain, train = domains.check_inputs(args, "train")
     train = seeded_sample(train, args.train_limit)
     domain.load("test")  # a malformed data file is an error now, before any model is loaded

@@ -111,12 +111,12 @@ def test_whale_runs_two_methods_on_two_ranks_and_its_summary_says_so(tmp_path):
 
 
 def test_more_than_one_rank_refuses_the_in_process_engine():
-    with pytest.raises(ValueError, match="--backend vllm runs the engine inside the trainer's process on one card: "
-                                         "with 2 trainer ranks, serve the model with `vllm serve --data-parallel-size 2`"):
-        ranks.check_launch("vllm", False, 2)
-    with pytest.raises(ValueError, match="--vllm-sleep"):
-        ranks.check_launch("openai", True, 2)
-    ranks.check_launch("vllm", True, 1)  # one rank: today's flags
+    with pytest.raises(ValueError, match=r"--backend vllm runs the engine \(and --vllm-sleep puts it to sleep\) inside the "
+                                         "trainer's process on one card: with 2 trainer ranks, serve the model with "
+                                         "`vllm serve --data-parallel-size 2` and pass --backend openai"):
+        ranks.check_launch("vllm", 2)
+    ranks.check_launch("openai", 2)
+    ranks.check_launch("vllm", 1)  # one rank: today's flags
 
 
 def test_the_time_model_splits_the_update_over_the_ranks_and_the_rollouts_over_the_replicas():
@@ -140,7 +140,7 @@ def test_the_preflight_refuses_a_local_run_folder_for_several_nodes(tmp_path):
     from types import SimpleNamespace
     from lib.ops import preflight
     kind, _ = ranks.file_system(tmp_path)
-    args = SimpleNamespace(ranks=16, nodes=2, backend="openai", vllm_sleep=False, out=str(tmp_path / "run"))
+    args = SimpleNamespace(ranks=16, nodes=2, backend="openai", out=str(tmp_path / "run"))
     if kind in ranks.SHARED_FILE_SYSTEMS:
         pytest.skip(f"{tmp_path} is on a shared {kind} file system here")
     with pytest.raises(preflight.Failed, match=f"a local {kind} file system, but 16 ranks on 2 nodes read rank 0's "
@@ -149,5 +149,5 @@ def test_the_preflight_refuses_a_local_run_folder_for_several_nodes(tmp_path):
     args.nodes = 1
     assert preflight.check_ranks([args]) == "16 ranks on one node; rollouts through --backend openai"
     args.backend = "vllm"
-    with pytest.raises(preflight.Failed, match="--backend vllm runs the engine inside the trainer's process"):
+    with pytest.raises(preflight.Failed, match=r"--backend vllm runs the engine \(and --vllm-sleep"):
         preflight.check_ranks([args])

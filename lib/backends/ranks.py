@@ -58,20 +58,15 @@ def active():
     return dist.is_available() and dist.is_initialized()
 
 
-def check_launch(backend, vllm_sleep, n=None):
-    """--backend and --vllm-sleep where a launch of n trainer ranks cannot run with them, refused in one line (also by
-    plan.py --check)."""
+def check_launch(backend, n=None):
+    """A launch of n trainer ranks with --backend vllm, refused in one line (also by plan.py --check): its engine, and
+    the engine's sleep during an update (--vllm-sleep), live inside rank 0's process on one card. --vllm-sleep does
+    nothing with the other backends (a server keeps its cards)."""
     n = count() if n is None else n
-    if n == 1:
-        return
-    fix = (f"serve the model with `vllm serve --data-parallel-size {n}` and pass --backend openai (docs/gpu.md, "
-           "several GPUs)")
-    if backend == "vllm":
-        raise ValueError(f"--backend vllm runs the engine inside the trainer's process on one card: with {n} trainer "
-                         f"ranks, {fix}")
-    if vllm_sleep:
-        raise ValueError(f"--vllm-sleep puts the in-process engine to sleep during an update: with {n} trainer ranks "
-                         f"there is none; drop --vllm-sleep and {fix}")
+    if n > 1 and backend == "vllm":
+        raise ValueError(f"--backend vllm runs the engine (and --vllm-sleep puts it to sleep) inside the trainer's "
+                         f"process on one card: with {n} trainer ranks, serve the model with `vllm serve "
+                         f"--data-parallel-size {n}` and pass --backend openai (docs/gpu.md, several GPUs)")
 
 
 # -----------------------------------------------------------------------------

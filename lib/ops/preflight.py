@@ -473,7 +473,7 @@ def check_ranks(runs):
     n, nodes = runs[0].ranks, runs[0].nodes
     for args in runs:
         try:
-            ranks.check_launch(args.backend, args.vllm_sleep, n)
+            ranks.check_launch(args.backend, n)
         except ValueError as e:
             raise Failed(str(e)) from None
     where = f"{n} ranks on one node"
