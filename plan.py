@@ -28,7 +28,8 @@ def add_args(parser):
     g.add_argument("--gpus", type=positive_int, default=None,
                    help="cards in all (default: --ranks): the engine's replicas and the trainer ranks share them")
     g.add_argument("--ranks", type=positive_int, default=1,
-                   help="trainer ranks: the processes torchrun starts (--nproc_per_node x --nnodes; lib/backends/ranks.py)")
+                   help="trainer ranks: the processes torchrun starts (--nproc_per_node x --nnodes; "
+                        "lib/backends/ranks.py)")
     g.add_argument("--nodes", type=positive_int, default=1,
                    help="--check: the nodes the ranks run on (more than one: the run folder must be on a shared "
                         "file system)")
@@ -149,10 +150,10 @@ def main(argv=None):
         args = runs[0]
         gpus = args.gpus or args.ranks
         engines = time_model.engine_replicas(gpus, args.ranks)
-        if (args.workers or time_model.DEFAULT_WORKERS) < time_model.DEFAULT_WORKERS * engines:
-            print(f"--workers {args.workers or time_model.DEFAULT_WORKERS} keeps {time_model.DEFAULT_WORKERS} episodes "
-                  f"at once over {engines} engine replicas: --workers {time_model.DEFAULT_WORKERS * engines} gives each "
-                  f"its {time_model.DEFAULT_WORKERS} (docs/gpu.md, several GPUs)")
+        workers, each = args.workers or time_model.DEFAULT_WORKERS, time_model.DEFAULT_WORKERS
+        if workers < each * engines:
+            print(f"--workers {workers} keeps {workers} episodes at once over {engines} engine replicas: "
+                  f"--workers {each * engines} gives each its {each} (docs/gpu.md, several GPUs)")
         print_plan(runs, args.card, gpus, args.ranks)
         return
     # each --check domain parsed as its own run, with the same flags

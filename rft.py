@@ -169,8 +169,8 @@ def sft_update(model, optimizer, trajectories, sft_batch, micro_batch, grad_clip
     step per mini-batch of `sft_batch` trajectories, its loss the token mean over that mini-batch's
     completion tokens, accumulated over forward/backward micro-batches of `micro_batch` examples.
     Under torchrun each rank runs its share of a mini-batch's trajectories and one all-reduce sums
-    the gradients (lib/backends/ranks.py); with one process the share is all of it. Returns the mini-batch
-    losses."""
+    the gradients (lib/backends/ranks.py); with one process the share is all of it. Returns the
+    mini-batch losses."""
     model.train()
     losses = []
     params = [p for p in model.parameters() if p.requires_grad]
@@ -408,9 +408,10 @@ def load_optimizer(ckpt, optimizer, scheduler):
 
 
 def follow(model_name, bf16=False, threads=None):
-    """A trainer rank other than 0 under torchrun (lib/backends/ranks.py): the base model, then rank 0's commands. "trainer":
-    the same trainer RSFT builds, a fresh LoRA from the same seed or rank 0's checkpoint (its folder on the shared file
-    system); "update": this rank's share of every SFT mini-batch, the same optimizer steps as rank 0; "stop".
+    """A trainer rank other than 0 under torchrun (lib/backends/ranks.py): the base model, then rank 0's commands.
+    "trainer": the same trainer RSFT builds, a fresh LoRA from the same seed or rank 0's checkpoint (its folder on the
+    shared file system); "update": this rank's share of every SFT mini-batch, the same optimizer steps as rank 0;
+    "stop".
     -> the model at the stop (tests compare its weights with rank 0's)"""
     if threads:
         torch.set_num_threads(threads)

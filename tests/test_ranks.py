@@ -1,7 +1,7 @@
-"""Data-parallel RSFT under torchrun (lib/backends/ranks.py), two ranks with gloo on the CPU: the update equals the one-process
-one, a resume across a kill is exact, an empty share does not hang, a failing rank stops the others, and whale.py runs
-two methods (one reusing the other's phase) with its summary recording the rank count. Each launch runs a few RSFT
-steps of the smoke model on made-up episodes (tests/fixtures/ranks_run.py) or a tiny whale.py run."""
+"""Data-parallel RSFT under torchrun (lib/backends/ranks.py), two ranks with gloo on the CPU: the update equals the
+one-process one, a resume across a kill is exact, an empty share does not hang, a failing rank stops the others, and
+whale.py runs two methods (one reusing the other's phase) with its summary recording the rank count. Each launch runs
+a few RSFT steps of the smoke model on made-up episodes (tests/fixtures/ranks_run.py) or a tiny whale.py run."""
 import json
 import os
 import subprocess
@@ -111,9 +111,9 @@ def test_whale_runs_two_methods_on_two_ranks_and_its_summary_says_so(tmp_path):
 
 
 def test_more_than_one_rank_refuses_the_in_process_engine():
-    with pytest.raises(ValueError, match=r"--backend vllm runs the engine \(and --vllm-sleep puts it to sleep\) inside the "
-                                         "trainer's process on one card: with 2 trainer ranks, serve the model with "
-                                         "`vllm serve --data-parallel-size 2` and pass --backend openai"):
+    with pytest.raises(ValueError, match=r"--backend vllm runs the engine \(and --vllm-sleep puts it to sleep\) "
+                                         "inside the trainer's process on one card: with 2 trainer ranks, serve the "
+                                         "model with `vllm serve --data-parallel-size 2` and pass --backend openai"):
         ranks.check_launch("vllm", 2)
     ranks.check_launch("openai", 2)
     ranks.check_launch("vllm", 1)  # one rank: today's flags

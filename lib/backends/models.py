@@ -129,9 +129,12 @@ def check_model(name):
 
 def model_path(name):
     """The folder or hub id to load --model `name` from; smoke, cpu and null are built into CACHE at the first call.
-    Under torchrun it runs before the process group exists (lib/backends/ranks.start): with one, transformers' save_pretrained
-    writes no weights on ranks other than 0, and a cache a follower built would hold a tokenizer only."""
-    return cached(BUILTIN[name], {"smoke": build_smoke, "null": build_smoke, "cpu": build_cpu}[name]) if name in BUILTIN else name
+    Under torchrun it runs before the process group exists (lib/backends/ranks.start): with one, transformers'
+    save_pretrained writes no weights on ranks other than 0, and a cache a follower built would hold a tokenizer
+    only."""
+    if name not in BUILTIN:
+        return name
+    return cached(BUILTIN[name], {"smoke": build_smoke, "null": build_smoke, "cpu": build_cpu}[name])
 
 
 def load_model(name, dtype=None):

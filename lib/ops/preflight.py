@@ -467,9 +467,9 @@ def check_gpu(runs):
 
 
 def check_ranks(runs):
-    """A launch of --ranks trainer ranks (torchrun, lib/backends/ranks.py): the flags it cannot run with, and on more than one
-    node, the run folders on a file system the nodes share (as far as its type tells: the launch itself checks that
-    every rank reads what rank 0 writes)."""
+    """A launch of --ranks trainer ranks (torchrun, lib/backends/ranks.py): the backend it cannot run with, and on
+    more than one node, the run folders on a file system the nodes share (as far as its type tells: the launch
+    itself checks that every rank reads what rank 0 writes)."""
     n, nodes = runs[0].ranks, runs[0].nodes
     for args in runs:
         try:

@@ -422,7 +422,8 @@ def hours(name, domain, counts, card_gb=80, max_new_tokens=1024, workers=None, g
     evaluation the runner's own width (whale.evaluate_test); the retriever sits where CARD_RETRIEVER puts it
     unless given. On `gpus` cards the rollouts spread over engine_replicas(gpus, ranks), each running its share
     of the episodes at once (so --workers must grow with them), and the SFT update over `ranks` trainer ranks
-    (lib/backends/ranks.py: the LoRA gradients' one all-reduce a step, ~130 MB, is left out); the rest stays where it is."""
+    (lib/backends/ranks.py: the LoRA gradients' one all-reduce a step, ~130 MB, is left out); the rest stays
+    where it is."""
     t = tokens(domain, max_new_tokens)
     retriever = retriever or (CARD_RETRIEVER[card_gb] if domain == "searchqa" else None)
     engines = engine_replicas(gpus, ranks)
