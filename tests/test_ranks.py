@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -47,15 +48,15 @@ def losses(out):
 
 
 def test_the_update_over_two_ranks_equals_one_process_and_resumes_exactly_across_a_kill(tmp_path):
+    from fixtures import ranks_run
     one, two, killed = (str(tmp_path / name) for name in ("one", "two", "killed"))
-    done = run([sys.executable, RUN, one, "--steps", "3"])
-    assert done.returncode == 0, done.stderr[-2000:]
+    ranks_run.lead(SimpleNamespace(out=one, steps=3, die_after=None, fail_rank=None))  # here: one process
     done = torchrun(RUN, two, "--steps", "3")
     assert done.returncode == 0, done.stderr[-2000:]
     # every step trains (3 of 4 episodes accepted), and step 1's last mini-batch holds one trajectory: rank 1's share
     # of it is empty, and it still takes the step
     rows = [json.loads(line) for line in open(os.path.join(two, "metrics.jsonl"))]
-    assert [r["optimizer_steps"] for r in rows] == [3, 3, 2] and rows[0]["examples"] == 11
+    assert [r["optimizer_steps"] for r in rows] == [3, 3, 2] and rows[0]["accept_rate"] == 9 / 12
     assert losses(two) == pytest.approx(losses(one), rel=1e-6)
     mine, theirs = adapter(two), adapter(one)
     assert max((mine[k] - theirs[k]).abs().max().item() for k in theirs) < WEIGHT_TOLERANCE
@@ -110,6 +111,15 @@ def test_whale_runs_two_methods_on_two_ranks_and_its_summary_says_so(tmp_path):
         assert summary["trainer_ranks"] == 2 and summary["rsft_steps"] == 2
 
 
+def test_a_mini_batch_is_split_over_the_ranks_by_tokens():
+    sized = lambda *n: [[([0] * (k - 1), [1])] for k in n]  # one example of k tokens each
+    trajectories = sized(10, 1, 2, 9, 3)
+    assert ranks.split(trajectories, 2) == [sized(10, 1, 2), sized(9, 3)]  # 13 and 12 tokens, each in its order
+    assert ranks.split(trajectories[:1], 2) == [sized(10), []]  # fewer trajectories than ranks: an empty share
+    assert ranks.split(trajectories, 1) == [trajectories]
+    assert ranks.share(trajectories) is trajectories  # one process: all of it, untouched
+
+
 def test_more_than_one_rank_refuses_the_in_process_engine():
     with pytest.raises(ValueError, match=r"--backend vllm runs the engine \(and --vllm-sleep puts it to sleep\) "
                                          "inside the trainer's process on one card: with 2 trainer ranks, serve the "
@@ -137,7 +147,6 @@ def test_the_time_model_splits_the_update_over_the_ranks_and_the_rollouts_over_t
 
 
 def test_the_preflight_refuses_a_local_run_folder_for_several_nodes(tmp_path):
-    from types import SimpleNamespace
     from lib.ops import preflight
     kind, _ = ranks.file_system(tmp_path)
     args = SimpleNamespace(ranks=16, nodes=2, backend="openai", out=str(tmp_path / "run"))

@@ -198,17 +198,21 @@ def tokens(trajectory):
     return sum(len(p) + len(c) for p, c in trajectory)
 
 
-def share(trajectories):
-    """This rank's trajectories of an SFT mini-batch: the largest first, each to the rank with the fewest tokens so
-    far (ties: the lowest rank), kept in their order; all of them with one rank. Every rank computes the same split."""
-    if not active():
-        return trajectories
-    n, me = dist.get_world_size(), dist.get_rank()
+def split(trajectories, n):
+    """An SFT mini-batch's trajectories over n ranks: the largest first, each to the rank with the fewest tokens so far
+    (ties: the lowest rank), each share in the mini-batch's order. -> n lists (empty where there are fewer than n)"""
     loads, owner = [0] * n, {}
     for i in sorted(range(len(trajectories)), key=lambda i: -tokens(trajectories[i])):
         owner[i] = min(range(n), key=lambda r: (loads[r], r))
         loads[owner[i]] += tokens(trajectories[i])
-    return [t for i, t in enumerate(trajectories) if owner[i] == me]
+    return [[t for i, t in enumerate(trajectories) if owner[i] == r] for r in range(n)]
+
+
+def share(trajectories):
+    """This rank's share of an SFT mini-batch (split: every rank computes the same); all of it with one process."""
+    if not active():
+        return trajectories
+    return split(trajectories, dist.get_world_size())[dist.get_rank()]
 
 
 def sum_gradients(params, loss):
