@@ -20,6 +20,7 @@ rank 0's error path tells the followers to stop (leading).
 """
 import contextlib
 import datetime
+import json
 import os
 import socket
 import traceback
@@ -282,7 +283,6 @@ def file_system(path):
 def check_checkpoint(out_dir, n=None):
     """An RSFT checkpoint resumes only at the rank count it was trained with (before the model loads): the count
     changes the float sums of the update, so the later samples. A checkpoint that does not say: 1."""
-    import json
     n = count() if n is None else n
     state_file = Path(out_dir, "ckpt", "state.json")
     if not state_file.exists():
