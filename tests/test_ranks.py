@@ -77,8 +77,8 @@ def test_the_update_over_two_ranks_equals_one_process_and_resumes_exactly_across
 
     # a resume at another rank count: refused in one line, before the model loads
     with pytest.raises(ValueError, match=r"^.*ckpt was trained on 2 trainer ranks, this launch has 1: the rank count "
-                                         r"changes the update's float sums.*; launch it with torchrun --nproc_per_node "
-                                         r"2 \(in all\), or use a new --out$"):
+                                         r"changes the update's float sums.*; relaunch it on 2 ranks \(torchrun's "
+                                         r"--nproc_per_node x --nnodes = 2\), or use a new --out$"):
         ranks.check_checkpoint(two, n=1)
     ranks.check_checkpoint(one, n=1)
 

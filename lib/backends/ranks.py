@@ -289,7 +289,8 @@ def check_checkpoint(out_dir, n=None):
         return
     was = json.loads(state_file.read_text()).get("ranks", 1)
     if was != n:
-        again = "run it without torchrun" if was == 1 else f"launch it with torchrun --nproc_per_node {was} (in all)"
+        again = "run it without torchrun" if was == 1 else \
+            f"relaunch it on {was} ranks (torchrun's --nproc_per_node x --nnodes = {was})"
         raise ValueError(f"{Path(out_dir, 'ckpt')} was trained on {was} trainer rank{'s' * (was != 1)}, this launch "
                          f"has {n}: the rank count changes the update's float sums, so the samples after it; {again}, "
                          "or use a new --out")
