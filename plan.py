@@ -5,6 +5,7 @@ every resource it needs. It takes whale.py's flags and loads no model, so it ans
     python plan.py --domain searchqa --method whale --preset paper
     python plan.py --domain math --preset gpu --method whale weight-only stagewise
     python plan.py --check searchqa math chess --preset gpu --domain searchqa   # run_all.sh's first step
+    python plan.py --domain math --preset paper --card 141 --gpus 8 --ranks 8   # a node of 8 H200s, torchrun
 
 The plan is the one whale.py would follow (whale.budgets, whale.fixed_phases, under the same flags); the
 hours come from lib/ops/time_model.py. --check runs lib/ops/preflight.py: one line per check, 0 when all pass.
@@ -14,13 +15,24 @@ import sys
 
 import domains
 import whale
-from lib.cli import one_line_errors
+from lib.cli import one_line_errors, positive_int
 from lib.ops import preflight, time_model
 from lib.subsets import seeded_sample
 from presets import PAPER_TRAIN_SIZES
 
 
 def add_args(parser):
+    g = parser.add_argument_group("the machine the plan is for (the hours; --ranks also for --check)")
+    g.add_argument("--card", type=int, default=80, choices=sorted(time_model.CARDS),
+                   help="the card class in GB (lib/ops/time_model.CARDS)")
+    g.add_argument("--gpus", type=positive_int, default=None,
+                   help="cards in all (default: --ranks): the engine's replicas and the trainer ranks share them")
+    g.add_argument("--ranks", type=positive_int, default=1,
+                   help="trainer ranks: the processes torchrun starts (--nproc_per_node x --nnodes; "
+                        "lib/backends/ranks.py)")
+    g.add_argument("--nodes", type=positive_int, default=1,
+                   help="--check: the nodes the ranks run on (more than one: the run folder must be on a shared "
+                        "file system)")
     g = parser.add_argument_group("check instead of plan")
     g.add_argument("--check", nargs="*", default=None, choices=sorted(domains.DOMAINS), metavar="DOMAIN",
                    help="check every resource this run needs (and those of the same run on these domains) in "
@@ -48,9 +60,10 @@ def plan_sizes(args):
     return n_train, n_harness, len(whale.test_tasks(domain, whale.run_config(args, domains.data_flags()).test))
 
 
-def print_plan(runs, card_gb=80):
-    """Each run's phases, steps, rounds and rollouts (describe) and its estimated hours on one card of card_gb
-    (time_model) for its own work: the phases an earlier run of the process made are reused, not redone
+def print_plan(runs, card_gb=80, gpus=1, ranks=1):
+    """Each run's phases, steps, rounds and rollouts (describe) and its estimated hours on `gpus` cards of card_gb
+    with `ranks` trainer ranks (time_model) for its own work: the phases an earlier run of the process made are
+    reused, not redone
     (lib/run_folder/ledger.py; adaptive phases end by their rules, so only the start is). -> [estimate, or None for a
     model the time model lacks]"""
     sizes = plan_sizes(runs[0])  # every run of a command has the same data
@@ -67,7 +80,8 @@ def print_plan(runs, card_gb=80):
         if i:
             made = {0: "", 1: " and phase 1"}.get(reused, f" and phases 1-{reused}")
             print(f"  reused from the runs before it in this process: phase 0's evaluation{made}")
-        est = time_model.estimate(args, own, n_harness, n_test, card_gb, shared=reused, first=i == 0)
+        est = time_model.estimate(args, own, n_harness, n_test, card_gb, shared=reused, first=i == 0, gpus=gpus,
+                                  ranks=ranks)
         print(time_model.describe(est, card_gb) if est else
               f"no time estimate for --model {args.model} (lib/ops/time_model.py)")
         estimates.append(est)
@@ -133,7 +147,14 @@ def main(argv=None):
                 warning = whale.holdout_warning(domains.from_args(runs[0]), test)
             if warning:
                 print(warning)
-        print_plan(runs)
+        args = runs[0]
+        gpus = args.gpus or args.ranks
+        engines = time_model.engine_replicas(gpus, args.ranks)
+        workers, each = args.workers or time_model.DEFAULT_WORKERS, time_model.DEFAULT_WORKERS
+        if workers < each * engines:
+            print(f"--workers {workers} keeps {workers} episodes at once over {engines} engine replicas: "
+                  f"--workers {each * engines} gives each its {each} (docs/gpu.md, several GPUs)")
+        print_plan(runs, args.card, gpus, args.ranks)
         return
     # each --check domain parsed as its own run, with the same flags
     argv = sys.argv[1:] if argv is None else list(argv)

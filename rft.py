@@ -8,6 +8,9 @@ Online rejection-sampling fine-tuning (RSFT) with LoRA: the weight phase of WHAL
     python rft.py --domain math --harness my_math.py --preset cpu --steps 3 --out out/rft-cpu
         # --preset: whale.py's preset (presets.py) for the flags this script has (model, sampling,
         # data, batch, G, SFT, --train-limit); any flag given still wins
+    torchrun --nproc_per_node 2 rft.py --domain math --harness harnesses/math.py --model smoke \
+        --steps 4 --batch 8 --group 8 --out out/rft-dp
+        # data-parallel SFT over 2 trainer ranks (lib/backends/ranks.py); rank 0 samples as one process does
 
 Each rollout step (RSFT.step) is sample, filter, update:
 - sample: the next --batch prompts of the train split from a seeded epoch sampler (a fresh shuffle per
@@ -47,9 +50,10 @@ from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegativ
                      rsft_config, seed_int)
 from lib.run_folder.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_checkpoint_model, link_tree,
                                   read_json, resolved_path, sha256, stored_path, swap_link, write_json, write_jsonl)
-from lib.backends.models import shared_prefix
+from lib.backends import ranks
+from lib.backends.models import load_model, shared_prefix
 from lib.episodes.runner import scoring_rule
-from lib.backends.policy import add_backend_args, load_policy
+from lib.backends.policy import add_backend_args, add_lora, load_lora, load_policy
 from lib.rules import SUCCESS
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, script_defaults
@@ -165,20 +169,24 @@ def sft_update(model, optimizer, trajectories, sft_batch, micro_batch, grad_clip
     """One SFT pass over the accepted trajectories in order (each a list of examples): one optimizer
     step per mini-batch of `sft_batch` trajectories, its loss the token mean over that mini-batch's
     completion tokens, accumulated over forward/backward micro-batches of `micro_batch` examples.
-    Returns the mini-batch losses."""
+    Under torchrun each rank runs its share of a mini-batch's trajectories and one all-reduce sums
+    the gradients (lib/backends/ranks.py); with one process the share is all of it. Returns the
+    mini-batch losses."""
     model.train()
     losses = []
+    params = [p for p in model.parameters() if p.requires_grad]
     for i in range(0, len(trajectories), sft_batch):
-        examples = [e for t in trajectories[i:i + sft_batch] for e in t]
-        n_tokens = sum(len(c) for _, c in examples)
+        mini_batch = trajectories[i:i + sft_batch]
+        n_tokens = sum(len(c) for t in mini_batch for _, c in t)
+        examples = [e for t in ranks.share(mini_batch) for e in t]
         loss = 0.0
         for batch in length_batches(examples, micro_batch):
             part = completion_nll(model, batch) / n_tokens
             part.backward()
             loss += part.item()
+        loss = ranks.sum_gradients(params, loss)
         if grad_clip:
-            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
-                                           grad_clip)
+            torch.nn.utils.clip_grad_norm_(params, grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss)
@@ -247,6 +255,7 @@ class RSFT:
             raise ValueError("the policy already has an adapter: give RSFT the base model")
         check_checkpoint(self.out_dir)
         check_checkpoint_model(self.out_dir, cfg.model)
+        ranks.check_checkpoint(self.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         ckpt = self.out_dir / "ckpt"
         resume = ckpt.exists()
@@ -264,18 +273,15 @@ class RSFT:
         model.eval()  # sampling mode; sft_update switches to train mode and back
         if resume:  # the engine serves the checkpoint's adapter (canary checked) before any rollout
             policy.serve_adapter(ckpt / "adapter")
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        warmup = lambda s: min(1.0, (s + 1) / (cfg.warmup + 1))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup)
+        self.optimizer, self.scheduler = new_optimizer(model, cfg)
         self.sampler = EpochSampler(len(self.train), cfg.seed, **state["sampler"])
         self.step_count, self.rollouts = state["step"], state["rollouts"]
         self.history = state["history"]
         if resume:
-            opt = torch.load(ckpt / "optimizer.pt", weights_only=False)
-            self.optimizer.load_state_dict(opt["optimizer"])
-            self.scheduler.load_state_dict(opt["scheduler"])
-            set_rng_state(opt["rng"])
+            set_rng_state(load_optimizer(ckpt, self.optimizer, self.scheduler))
+        # torchrun: the other ranks build the same trainer (rft.follow), from the same checkpoint
+        ranks.tell("trainer", (cfg, str(ckpt.resolve()) if resume else None))
+        ranks.same_weights(trainable(model))
 
     @property
     def epoch_progress(self):
@@ -337,6 +343,7 @@ class RSFT:
     def update(self, trajectories):
         """ceil(accepted / --sft-batch) optimizer steps; the lr schedule steps once per rollout step."""
         self.policy.free_memory()  # vllm --vllm-sleep: the engine's memory goes to the trainer
+        ranks.tell("update", trajectories)  # torchrun: the other ranks' shares of the same update (rft.follow)
         losses = sft_update(self.policy.model, self.optimizer, trajectories, self.cfg.sft_batch,
                             self.cfg.micro_batch, self.cfg.grad_clip)
         self.scheduler.step()
@@ -353,7 +360,8 @@ class RSFT:
                     "scheduler": self.scheduler.state_dict(), "rng": get_rng_state()},
                     folder / "optimizer.pt")
         state = {"model": self.cfg.model, "step": self.step_count, "rollouts": self.rollouts,
-                 "sampler": self.sampler.state_dict(), "history": self.history}
+                 "sampler": self.sampler.state_dict(), "history": self.history,
+                 "ranks": ranks.count()}  # a resume with another count is refused (ranks.check_checkpoint)
         # what a resume checks
         state["sha256"] = {name: sha256(folder / name) for name in CHECKPOINT_FILES}
         (folder / "state.json").write_text(json.dumps(state))
@@ -379,6 +387,59 @@ class RSFT:
         self.policy.drop_adapter()
         return RSFT(self.cfg, self.policy, self.domain, self.out_dir, train=self.train,
                     run_dir=self.run_dir, run_episodes=self.run_episodes)
+
+
+def trainable(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def new_optimizer(model, cfg):
+    """AdamW on the LoRA weights and its lr schedule: a linear warm-up over --warmup rollout steps, then constant."""
+    optimizer = torch.optim.AdamW(trainable(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warmup = lambda s: min(1.0, (s + 1) / (cfg.warmup + 1))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)
+
+
+def load_optimizer(ckpt, optimizer, scheduler):
+    """The checkpoint's optimizer and scheduler state into them. -> the RNG state saved beside them"""
+    opt = torch.load(Path(ckpt) / "optimizer.pt", weights_only=False)
+    optimizer.load_state_dict(opt["optimizer"])
+    scheduler.load_state_dict(opt["scheduler"])
+    return opt["rng"]
+
+
+def follow(model_name, bf16=False, threads=None):
+    """A trainer rank other than 0 under torchrun (lib/backends/ranks.py): the base model, then rank 0's commands.
+    "trainer": the same trainer RSFT builds, a fresh LoRA from the same seed or rank 0's checkpoint (its folder on the
+    shared file system); "update": this rank's share of every SFT mini-batch, the same optimizer steps as rank 0;
+    "stop".
+    -> the model at the stop (tests compare its weights with rank 0's)"""
+    if threads:
+        torch.set_num_threads(threads)
+    model, _ = load_model(model_name, dtype=torch.bfloat16 if bf16 else None)
+    for command, payload in ranks.commands():
+        if command == "trainer":
+            cfg, ckpt = payload
+            if hasattr(model, "get_base_model"):  # the last trainer's adapter off: the base model again
+                model = model.unload()
+            if ckpt:
+                model = load_lora(model, Path(ckpt) / "adapter")
+            else:
+                torch.manual_seed(cfg.seed)
+                model = add_lora(model, cfg)
+            if cfg.grad_checkpointing:
+                model.get_base_model().gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.eval()
+            optimizer, scheduler = new_optimizer(model, cfg)
+            if ckpt:
+                load_optimizer(ckpt, optimizer, scheduler)
+            ranks.same_weights(trainable(model))
+        elif command == "update":
+            sft_update(model, optimizer, payload, cfg.sft_batch, cfg.micro_batch, cfg.grad_clip)
+            scheduler.step()
+            hand_back_memory()
+    return model
 
 
 def examples_of(episode):
@@ -437,7 +498,11 @@ def main(argv=None):
         p.error("--domain, --harness and --out are required")
     if conflicting_flags(args):
         p.error(conflicting_flags(args))
-    with one_line_errors("rft.py"):
+    if ranks.rank():  # under torchrun, a rank other than 0: its share of every update
+        with ranks.following("rft.py", args.model, args.out):
+            follow(args.model, args.bf16)
+        return
+    with one_line_errors("rft.py"), ranks.leading(args.model, args.out):  # rank 0 of torchrun: the steps as one process
         train_cli(args)
 
 
@@ -450,6 +515,8 @@ def train_cli(args):
     check_out(args.out)
     check_checkpoint(args.out)
     check_checkpoint_model(args.out, args.model)
+    ranks.check_launch(args.backend)
+    ranks.check_checkpoint(args.out)
     domain, train = domains.check_inputs(args, "train")
     if args.train_limit:  # as whale.py draws its prompts
         train = seeded_sample(train, args.train_limit)
@@ -478,7 +545,8 @@ def train_cli(args):
                "stopped_early": trainer.step_count < args.steps,
                "seconds": sum(r["sample_s"] + r["train_s"] for r in trainer.history),
                "adapter": os.path.join(args.out, "ckpt", "adapter"), "verifier": domain.verifier(),
-               "scoring": scoring_rule(domain)}
+               "scoring": scoring_rule(domain),
+               "trainer_ranks": ranks.count()}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps({k: v for k, v in summary.items() if k != "rewards"}))

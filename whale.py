@@ -39,6 +39,7 @@ from lib.cli import (Parser, check_out, config_hash, conflicting_flags, nonnegat
                      positive_float, positive_int, run_config, seed_int)
 from lib.run_folder.files import file_sha, stored_path, write_json
 from lib import methods
+from lib.backends import ranks
 from lib.backends.hf_backend import NullModelBackend
 from lib.episodes.runner import scoring_rule
 from lib.methods import next_phase
@@ -274,7 +275,8 @@ def run(cfg, domain, policy, donors=()):
 
     summary = ledger.write_summary({"domain": cfg.domain, "method": method_name(cfg), "preset": cfg.preset,
                                     "model": cfg.model, "k": cfg.k, "verifier": domain.verifier(),
-                                    "scoring": scoring_rule(domain)},
+                                    "scoring": scoring_rule(domain),
+                                    "trainer_ranks": ranks.count()},
                                     steps_done(trainer))
     null = summary["final_null_mean_at_k"]
     print(f"best mean@{cfg.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} "
@@ -382,7 +384,12 @@ def evaluate_again(ledger, policy, domain, test, i, weights, adapter, harness):
 
 def main(argv=None):
     runs = parse_args(argv)
-    with one_line_errors("whale.py"):  # bad input, a damaged run folder, a refused engine: one line
+    if ranks.rank():  # under torchrun, a rank other than 0: its share of every RSFT update (lib/backends/ranks.py)
+        with ranks.following("whale.py", runs[0].model, runs[0].out):
+            rft.follow(runs[0].model, runs[0].bf16, runs[0].threads)
+        return
+    # bad input, a damaged run folder, a refused engine: one line; rank 0 of torchrun runs the loop as one process does
+    with one_line_errors("whale.py"), ranks.leading(runs[0].model, runs[0].out):
         sandbox.apply_args(runs[0])
         rollout.apply_args(runs[0])
         domain = check_inputs(runs)
@@ -404,6 +411,7 @@ def check_inputs(runs):
     run folder as a whole (a resume with another model or harness set included). -> the domain, its
     data loaded (the paper's sets are slow to load twice)"""
     args = runs[0]
+    ranks.check_launch(args.backend)
     domain, train = domains.check_inputs(args, "train")
     train = seeded_sample(train, args.train_limit)
     domain.load("test")  # a malformed data file is an error now, before any model is loaded
@@ -421,6 +429,7 @@ def check_inputs(runs):
         if rounds:
             meta_harness.check_proposer(search)
         check_run_folder(one.out, one.model, one.harness, one.candidates)
+        ranks.check_checkpoint(Path(one.out, "weights"))
         check_same_settings(one.out, vars(one))
         setup = meta_harness.search_setup(domain, meta_harness.harness_tasks(domain, search), search)
         for archive in sorted(Path(one.out).glob("harness_w*")):

@@ -113,6 +113,26 @@ def domain_rows(cards, preset, extra=(), **kw):
     return head, out
 
 
+# (cards, trainer ranks) of the layouts docs/gpu.md lays out: one card; a node of 8 with the trainer on one card and
+# 7 engine replicas; a node of 8 with 8 trainer ranks beside 8 replicas (torchrun); four such nodes
+LAYOUTS = ((1, 1), (8, 1), (8, 8), (32, 32))
+
+
+def scale_rows(preset="paper", cards=(80, 141)):
+    """The table's days on each card class and layout (time_model.hours' gpus and ranks), each layout at the
+    --workers that fills its replicas (64 each, the runner's default on one card)."""
+    head = ["card", "cards", "trainer ranks", "engine replicas", "--workers", "SFT (days)", "all (days)"]
+    out = []
+    for card in cards:
+        for gpus, ranks in LAYOUTS:
+            engines = g.engine_replicas(gpus, ranks)
+            workers = () if gpus == 1 else ("--workers", str(g.DEFAULT_WORKERS * engines))
+            rows = table_estimates(preset, card, workers, gpus=gpus, ranks=ranks)
+            out.append([f"{card} GB ({g.CARDS[card][0]})", gpus, ranks, engines, workers[1] if workers else "default",
+                        f"{sum(e['sft'] for _, _, e in rows) / 24:.1f}", f"{total(rows) / 24:.1f}"])
+    return head, out
+
+
 def width_rows():
     """95 % half-widths of one cell's mean@k at the gpu and paper presets' test sizes and k."""
     k_gpu, k_paper = (run_args(preset, "math", DEFAULT, "fixed").k for preset in ("gpu", "paper"))
@@ -193,6 +213,10 @@ def main():
         print(f"{label} on 80 GB: {total(rows) / 24:.0f} GPU-days, of them {engine / 24:.0f} days of rollouts "
               f"(what N engine GPUs share) and {rest / 24:.0f} of SFT, engine start and proposer; with the rollouts "
               f"on 7 more cards (vllm serve --data-parallel-size 7): {(rest + engine / 7) / 24:.0f} days")
+    print()
+    print("the paper preset's table on several cards: the rollouts on vllm serve --data-parallel-size (the replicas), "
+          "the SFT update over torchrun's trainer ranks (lib/backends/ranks.py):")
+    print_table(*scale_rows(), md)
     print()
     print("95 % half-width of one cell's mean@k (points), Var = p (1 - p) (rho + (1 - rho) / k) / n, rho = 0.5:")
     print_table(*width_rows(), md)

@@ -127,13 +127,23 @@ def check_model(name):
     raise ValueError(f"--model {name}: not cached here and not fetched from the hub ({why[:200]}): {fix}")
 
 
+def model_path(name):
+    """The folder or hub id to load --model `name` from; smoke, cpu and null are built into CACHE at the first call.
+    Under torchrun it runs before the process group exists (lib/backends/ranks.start): with one, transformers'
+    save_pretrained writes no weights on ranks other than 0, and a cache a follower built would hold a tokenizer
+    only."""
+    if name not in BUILTIN:
+        return name
+    return cached(BUILTIN[name], {"smoke": build_smoke, "null": build_smoke, "cpu": build_cpu}[name])
+
+
 def load_model(name, dtype=None):
     """-> (model, tokenizer). name: smoke | cpu | null | hub id | local path (an adapter goes on with
     policy.load_lora)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
     logging.disable_progress_bar()
-    path = cached(BUILTIN[name], {"smoke": build_smoke, "null": build_smoke, "cpu": build_cpu}[name]) if name in BUILTIN else name
+    path = model_path(name)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
     tok = AutoTokenizer.from_pretrained(path)

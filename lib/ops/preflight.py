@@ -21,6 +21,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
+from lib.backends import ranks
 from lib.ops import driver
 
 from lib.backends import models
@@ -78,10 +79,12 @@ def plan(runs, check_harness=None, domain_of=None):
     checks[("sandbox",)] = ("sandbox", partial(check_sandbox, runs[0]))
     checks[("files",)] = ("open files", partial(check_open_files, runs))
     checks[("gpu",)] = ("gpu", partial(check_gpu, runs))
+    if getattr(runs[0], "ranks", 1) > 1:
+        checks[("ranks",)] = ("trainer ranks", partial(check_ranks, runs))
     if any(time_model.model_name(args.model) and METHODS[args.method].budgets != HARNESS for args in runs):
         checks[("fla",)] = ("gated deltanet backward", check_gated_deltanet_backward)
     order = ("harness", "retriever", "datasets", "data", "model", "engine", "proposer", "sandbox", "files", "report",
-             "gpu", "fla")
+             "gpu", "ranks", "fla")
     return [checks[k] for k in sorted(checks, key=lambda k: order.index(k[0]))]
 
 
@@ -461,6 +464,29 @@ def check_gpu(runs):
     if free < need:
         raise Failed(f"{line}: free the GPU (nvidia-smi shows who holds it), or lower --gpu-memory")
     return line
+
+
+def check_ranks(runs):
+    """A launch of --ranks trainer ranks (torchrun, lib/backends/ranks.py): the backend it cannot run with, and on
+    more than one node, the run folders on a file system the nodes share (as far as its type tells: the launch
+    itself checks that every rank reads what rank 0 writes)."""
+    n, nodes = runs[0].ranks, runs[0].nodes
+    for args in runs:
+        try:
+            ranks.check_launch(args.backend, n)
+        except ValueError as e:
+            raise Failed(str(e)) from None
+    where = f"{n} ranks on one node"
+    if nodes > 1:
+        for args in runs:
+            kind, mount = ranks.file_system(args.out)
+            if kind not in ranks.SHARED_FILE_SYSTEMS:
+                raise Failed(f"{args.out} is on {mount}, a local {kind} file system, but {n} ranks on {nodes} nodes "
+                             "read rank 0's checkpoints from it: put --out on a file system every node mounts at the "
+                             "same path (NFS, Lustre, ...)")
+        kinds = sorted({ranks.file_system(args.out)[0] for args in runs})
+        where = f"{n} ranks on {nodes} nodes; the run folders on {', '.join(kinds)}"
+    return f"{where}; rollouts through --backend {runs[0].backend}"
 
 
 def gpu_need(args, total):

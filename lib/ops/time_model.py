@@ -49,8 +49,11 @@ MODELS = {
 FULL_ATTENTION_EVERY = 4
 DOMAIN_MODEL = {"searchqa": "Qwen3.5-2B", "math": "Qwen3.5-2B", "chess": "Qwen3.5-4B"}
 
-# one card per memory class: (name, GiB, HBM GB/s, dense bf16 TFLOPS), from the vendors' spec sheets
-CARDS = {24: ("RTX 4090", 24, 1008, 165), 48: ("L40S", 48, 864, 362), 80: ("A100 80GB", 80, 2039, 312)}
+# one card per memory class: (name, GiB, HBM GB/s, dense bf16 TFLOPS), from the vendors' spec sheets (the H200 SXM:
+# NVIDIA's H200 datasheet, 141 GB of HBM3e at 4.8 TB/s, 1,979 bf16 TFLOPS with sparsity, so 989 dense; the official
+# runs' card, 8 a node)
+CARDS = {24: ("RTX 4090", 24, 1008, 165), 48: ("L40S", 48, 864, 362), 80: ("A100 80GB", 80, 2039, 312),
+         141: ("H200", 141, 4800, 989)}
 
 # Search-R1's retriever (its retrieval_server.py): e5-base-v2 (110M parameters) over wiki-18, 21,015,324
 # passages x 768 dims in a flat inner-product index. On the GPU in fp16: 30 GiB of index + the encoder + faiss's
@@ -62,7 +65,8 @@ RETRIEVER_CPU_RAM = WIKI_PASSAGES * E5_DIMS * 4
 RETRIEVER_QUERY_S = {"gpu": 0.03,        # 30 GiB at ~1 TB/s effective
                      "other-gpu": 0.03,  # the same on a second card, off this one
                      "cpu": 1.0}         # 60 GiB at ~60 GB/s (a 16-core host); queries queue at the server
-CARD_RETRIEVER = {24: "cpu", 48: "cpu", 80: "gpu"}  # where the index goes on each card (30 GiB fits only on 80)
+# where the index goes on each card (30 GiB fits only on 80 and more)
+CARD_RETRIEVER = {24: "cpu", 48: "cpu", 80: "gpu", 141: "gpu"}
 
 # Token lengths of one episode, stated, not measured (no Qwen3.5 run yet): prompt = the first call's prompt
 # tokens; calls = llm() calls per episode; gen = assistant tokens per episode (thinking included); longest =
@@ -404,22 +408,34 @@ def sft_s(name, t, card_gb, trajectories, fla=True):
 PARTS = ("rollouts", "test", "sft", "engine", "proposer")
 
 
+def engine_replicas(gpus, ranks):
+    """The engine's data-parallel replicas on a node of `gpus` cards (`vllm serve --data-parallel-size`, docs/gpu.md):
+    one card holds everything; one trainer rank keeps a card of its own beside gpus - 1 replicas; several trainer
+    ranks share the cards with a replica on each."""
+    return gpus if gpus == 1 or ranks > 1 else gpus - 1
+
+
 def hours(name, domain, counts, card_gb=80, max_new_tokens=1024, workers=None, gpu_memory=None, retriever=None,
-          proposer_s=PROPOSER_S, fla=True):
+          proposer_s=PROPOSER_S, fla=True, gpus=1, ranks=1):
     """Estimated hours of one run (one whale.py process) from run_counts(): {part: hours for PARTS, "total":
     hours, "counts": counts}. Training and harness scoring run `workers` episodes at a time, the test
     evaluation the runner's own width (whale.evaluate_test); the retriever sits where CARD_RETRIEVER puts it
-    unless given."""
+    unless given. On `gpus` cards the rollouts spread over engine_replicas(gpus, ranks), each running its share
+    of the episodes at once (so --workers must grow with them), and the SFT update over `ranks` trainer ranks
+    (lib/backends/ranks.py: the LoRA gradients' one all-reduce a step, ~130 MB, is left out); the rest stays
+    where it is."""
     t = tokens(domain, max_new_tokens)
     retriever = retriever or (CARD_RETRIEVER[card_gb] if domain == "searchqa" else None)
-    run = lambda n, batches, w: rollout_s(name, t, card_gb, n, batches, w, gpu_memory, retriever)
+    engines = engine_replicas(gpus, ranks)
+    run = lambda n, batches, w: rollout_s(name, t, card_gb, n / engines, batches, max(1, w // engines), gpu_memory,
+                                          retriever)
     w = workers or DEFAULT_WORKERS
     parts = {"rollouts": run(counts["train"], counts["steps"], w) + run(counts["harness"], counts["scorings"], w),
              "test": run(counts["test"], counts["evals"], DEFAULT_WORKERS),
-             "sft": sft_s(name, t, card_gb, counts["train"] * t["accept"], fla),
+             "sft": sft_s(name, t, card_gb, counts["train"] * t["accept"], fla) / ranks,
              "engine": counts["steps"] * SYNC_S + counts["starts"] * START_S, "proposer": counts["rounds"] * proposer_s}
     parts = {k: v / 3600 for k, v in parts.items()}
-    return {**parts, "total": sum(parts.values()), "counts": counts}
+    return {**parts, "total": sum(parts.values()), "counts": counts, "gpus": gpus, "ranks": ranks}
 
 
 def model_name(model):
@@ -441,7 +457,13 @@ def estimate(args, phases, n_harness, n_test, card_gb=80, shared=0, first=True, 
 
 def describe(est, card_gb=80):
     parts = ", ".join(f"{k} {est[k]:.2f}" for k in PARTS)
-    return f"estimated {est['total']:.2f} h on one {card_gb} GB card ({CARDS[card_gb][0]}; lib/ops/time_model.py): {parts}"
+    gpus, ranks = est.get("gpus", 1), est.get("ranks", 1)
+    where = f"one {card_gb} GB card" if gpus == 1 else f"{gpus} x {card_gb} GB cards"
+    line = f"estimated {est['total']:.2f} h on {where} ({CARDS[card_gb][0]}; lib/ops/time_model.py): {parts}"
+    if gpus == 1:
+        return line
+    return (f"{line}; the trainer's share (SFT over {ranks} rank{'s' * (ranks > 1)}) {est['sft']:.2f} h = "
+            f"{est['sft'] / est['total']:.0%}, rollouts and tests on {engine_replicas(gpus, ranks)} engine replicas")
 
 
 # -----------------------------------------------------------------------------
