@@ -3,7 +3,9 @@ folders (a copy of the parent to edit), and the untrusted ones' confinement. An 
 agent CLIs `command` and `claude` here, `openai` in lib/openai_proposer.py) never works in the run folder:
 propose_in_copy gives it a copy of the harness-set material in a fresh folder and takes back only each new
 candidate's harness.py (size-capped, no symlinks), its parent / hypothesis / changed as short text, and
-notes.md. The agent CLIs run in the OS sandbox (lib/episodes/sandbox.py) with that folder as all they can write."""
+notes.md. The agent CLIs run in the OS sandbox (lib/episodes/sandbox.py), where that folder is a file system of
+its own (a tmpfs of --proposer-max-written-mb beside the archive copy: the kernel refuses what goes past it), filled
+from the copy before the command starts; only the files the search takes come back out (FOLDER, HandBack)."""
 
 import inspect
 import json
@@ -292,10 +294,10 @@ def run_in_sandbox(argv, cwd, out_dir, timeout, limits=None, cgroup=None, pass_f
 
 class Limits:
     """A proposer's bounds (flags --proposer-memory-mb, --proposer-max-procs, --proposer-max-file-mb,
-    --proposer-max-written-mb). Memory and processes: its sandbox's cgroup, where the host has one (else memory is
-    RLIMIT_DATA and processes only --proposer-timeout); file size: RLIMIT_FSIZE; the total written under its
-    scratch folder (the archive copy's growth, its stdout and stderr): measured every WATCH_S, the sandbox killed
-    past it."""
+    --proposer-max-written-mb). Memory and processes: its sandbox's cgroup, where the host has one (else, with
+    --allow-weak-bounds, memory is RLIMIT_DATA and processes RLIMIT_NPROC, set by FOLDER); file size: RLIMIT_FSIZE;
+    what it writes: its folder's size (folder_bytes, a tmpfs the kernel fills no further). On the host, its stdout
+    and stderr (and, without the sandbox, its folder) are measured every WATCH_S, the sandbox killed past a bound."""
 
     def __init__(self, memory_mb=PROPOSER_MEMORY_MB, max_procs=PROPOSER_MAX_PROCS, max_file_mb=PROPOSER_MAX_FILE_MB,
                  max_written_mb=PROPOSER_MAX_WRITTEN_MB, base_bytes=0):

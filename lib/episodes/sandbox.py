@@ -23,14 +23,19 @@ so not even /proc/1/environ, the sandbox's init, shows the parent's variables). 
 seccomp filter (libseccomp through pyseccomp) under which the command cannot start another process, while
 threads still work: harness workers and the python tool run under it, so each is one process. Every filter
 denies the kernel surface no harness needs (DENIED_CALLS: ptrace, io_uring, keyctl, bpf, mounts, namespaces,
-...). A process's RLIMIT_AS does not see memory outside its address space (SysV shared memory, tmpfs pages), so
-each sandbox also gets a cgroup of its own where the host allows one (Cgroup: memory and tasks, counted by the
-kernel), the IPC calls are denied to workers and the tool, and /tmp is a sized tmpfs; memory_bound() says which
-bound applies. Proposers get an empty network namespace whose one way out is an allow-listed proxy (Egress).
+...) and every socket family the sandbox does not use (WORKER_FAMILIES: none; TOOL_FAMILIES; PROPOSER_FAMILIES).
+A process's RLIMIT_AS does not see memory outside its address space (SysV shared memory, tmpfs pages, socket
+buffers), so each sandbox also gets a cgroup of its own (Cgroup: memory and tasks, counted by the kernel), the
+IPC and inotify calls are denied to workers and the tool, and every writable place is a sized tmpfs (a worker's
+/tmp is read-only); memory_bound() says which bound applies. Proposers get an empty network namespace whose one
+way out is an allow-listed proxy (Egress), itself bounded (connections, time to a request head, what it records).
 
 Where the kernel refuses namespaces (some GPU hosts do), check() stops the run with one line that names the
 opt-out: WHALE_UNSAFE_NO_SANDBOX=1 (the CLIs' --unsafe-no-sandbox sets it) runs the same commands without the
-sandbox, with the in-process checks only, and says so on every start. Never a silent downgrade.
+sandbox, with the in-process checks only, and says so on every start. Where this process can make no cgroup
+(most laptops: cgroup v2 not delegated to the user), check() stops likewise, naming the opt-in
+WHALE_ALLOW_WEAK_BOUNDS=1 (--allow-weak-bounds): per-process limits instead (RLIMIT_NOFILE, RLIMIT_NPROC, a
+read-only /tmp for the tool too; docs/design.md's table says which bound holds where). Never a silent downgrade.
 
 The harness workers built on it: lib/episodes/worker_pool.py.
 """
@@ -584,9 +589,9 @@ CGROUP_SLACK_BYTES = 64 << 20  # beside a sandbox's address-space limit: bwrap, 
 @lru_cache(maxsize=1)
 def cgroup_parents():
     """The folders under which this process can make a child group with the memory and pids controllers:
-    [own v2 group] where both are delegated to it, else [own v1 memory group, own v1 pids group]; [] where
-    neither is writable (the fallback: RLIMIT_AS, the filter's IPC denial, sized tmpfs; lib/ops/preflight.py
-    says which applies). Probed by making and removing a child."""
+    [own v2 group, or its parent] where both are delegated to it, else [own v1 memory group, own v1 pids group]; [] where
+    neither is writable (check() then stops unless --allow-weak-bounds: per-process limits, memory_bound() says
+    which). Probed by making and removing a child."""
     if disabled():
         return []
     try:
@@ -614,6 +619,11 @@ def cgroup_parents():
             root, point = mounts[name]
             rel = mine[name][len(root):] if mine[name].startswith(root) and root != "/" else mine[name]
             folders.append(os.path.normpath(point + "/" + rel.lstrip("/")))
+        if len(folders) == len(kind) and kind == ["2"] and not probe(folders[0], kind) \
+                and folders[0] != mounts["2"][1]:
+            # v2 hands a controller to the children of a group without processes only: a delegated scope whose
+            # processes sit in a leaf of their own (README, 'A cgroup of your own') makes our groups their siblings
+            folders = [os.path.dirname(folders[0])]
         if len(folders) == len(kind) and all(probe(d, kind) for d in folders):
             for folder in folders:
                 sweep(folder)
