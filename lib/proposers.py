@@ -627,12 +627,16 @@ def claude_result(stdout):
     fields = {"prompt_tokens": sum(number(usage.get(k)) for k in ("input_tokens", "cache_creation_input_tokens",
                                                                    "cache_read_input_tokens")),
               "completion_tokens": number(usage.get("output_tokens")), "cost_usd": number(res.get("total_cost_usd")),
-              "turns": number(res.get("num_turns")), "permission_denials": len(res.get("permission_denials") or []),
+              "turns": number(res.get("num_turns")),
+              "permission_denials": len(res["permission_denials"]) if isinstance(res.get("permission_denials"),
+                                                                                list) else 0,
               "models": sorted(res["modelUsage"]) if isinstance(res.get("modelUsage"), dict) else []}
     result = res.get("result") if isinstance(res.get("result"), str) else ""
-    message = (result or "; ".join(map(str, res.get("errors") or [])))[:500] or "no message"
+    errors = res["errors"] if isinstance(res.get("errors"), list) else []  # only its strings: never str() of a
+    message = (result or "; ".join(e for e in errors if isinstance(e, str)))[:500] or "no message"  # deep value
     if res.get("subtype") != "success":
-        return f"{res.get('subtype')}: {message}", fields
+        subtype = res["subtype"][:100] if isinstance(res.get("subtype"), str) else "no subtype"
+        return f"{subtype}: {message}", fields
     if res.get("is_error"):
         return message, fields
     if not result.strip():

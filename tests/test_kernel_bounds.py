@@ -207,6 +207,13 @@ def test_a_deeply_nested_return_fails_its_episode_in_one_line_and_the_run_finish
     assert [json.loads(line)["task_id"] for line in traces.read_text().splitlines()] == ["t0", "t100", "t980"]
 
 
+def test_a_deep_claude_result_is_an_error_line_not_a_crash():
+    deep = "[" * 900 + "]" * 900
+    for stdout in (deep, '{"type": "result", "subtype": %s, "errors": %s, "permission_denials": 5}' % (deep, deep)):
+        error, _ = proposers.claude_result(stdout)
+        assert isinstance(error, str) and "\n" not in error
+
+
 def test_a_cut_trace_value_is_not_escaped_past_its_cap():
     from lib.episodes.runner import MAX_CHARS, capped
     for value in ('"' * 40_000, ['"' * 40_000], "\\" * 40_000):

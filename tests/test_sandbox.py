@@ -373,7 +373,8 @@ def test_every_cli_has_the_opt_out_flag(monkeypatch, capsys):
     for main in (rollout.main, rft.main, meta_harness.main, whale.main):
         with pytest.raises(SystemExit):
             main(["--help"]) if main is not rollout.main else main()
-        assert "--unsafe-no-sandbox" in capsys.readouterr().out, main.__module__
+        out = capsys.readouterr().out
+        assert "--unsafe-no-sandbox" in out and "--allow-weak-bounds" in out, main.__module__
 
 
 # -----------------------------------------------------------------------------

@@ -589,9 +589,9 @@ CGROUP_SLACK_BYTES = 64 << 20  # beside a sandbox's address-space limit: bwrap, 
 @lru_cache(maxsize=1)
 def cgroup_parents():
     """The folders under which this process can make a child group with the memory and pids controllers:
-    [own v2 group, or its parent] where both are delegated to it, else [own v1 memory group, own v1 pids group]; [] where
-    neither is writable (check() then stops unless --allow-weak-bounds: per-process limits, memory_bound() says
-    which). Probed by making and removing a child."""
+    [own v2 group, or its parent] where both are delegated to it, else [own v1 memory group, own v1 pids
+    group]; [] where neither is writable (check() then stops unless --allow-weak-bounds: per-process limits,
+    memory_bound() says which). Probed by making and removing a child."""
     if disabled():
         return []
     try:
