@@ -95,7 +95,7 @@ def propose_in_copy(run_dir, names, rows, parent, iteration, domain, cfg, ask):
     """Ask the proposer for `names` in a fresh copy of the archive outside the run folder, then take back only
     the new candidates' harness.py files and text fields. ask(work, scratch) is the proposer's call: it fills
     the candidate folders of `work` (each a copy of `parent`, the archive best), or a copy of `work` in its
-    sandbox and returns what that sandbox handed back (hand_back), or raises ProposalFailed.
+    sandbox and returns what that sandbox handed back (HandBack), or raises ProposalFailed.
     Returns None, or the proposer's error message."""
     scratch = Path(tempfile.mkdtemp(prefix="whale-proposer-"))  # holds the copy, the proposer's output, settings
     work = scratch / "archive"
@@ -137,17 +137,21 @@ def taken_files(names):
 
 
 def read_left(work, handed, rel, limit):
-    """What the proposer left at rel: from what its sandbox handed back ({rel: line}, hand_back), or, where
+    """What the proposer left at rel: from what its sandbox handed back ({rel: line}, HandBack), or, where
     nothing was handed (None: the openai proposer, --unsafe-no-sandbox), from `work` as read_untrusted reads it."""
     if handed is None:
         return read_untrusted(work, rel, limit)
     line = handed.get(rel, {})
     if "text" in line:
-        if len(line["text"].encode("utf-8", "replace")) > limit:
+        try:
+            size = len(line["text"].encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate: JSON can say it, a file cannot hold it
+            raise ValueError(f"{rel}: not utf-8 text") from None
+        if size > limit:
             raise ValueError(f"too large: {rel} has more than {limit} bytes")
         return line["text"]
     if "error" in line:
-        raise ValueError(line["error"][:300])
+        raise ValueError(line["error"][:300].encode("utf-8", "replace").decode("utf-8"))
     raise FileNotFoundError(rel)
 
 
