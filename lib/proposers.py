@@ -42,6 +42,7 @@ PROPOSER_MEMORY_MB = 8192
 PROPOSER_MAX_PROCS = 512
 PROPOSER_MAX_FILE_MB = 64
 PROPOSER_MAX_WRITTEN_MB = 1024
+PROPOSER_MAX_FILES = 65_536  # new files and folders, only where no cgroup counts their kernel memory (~1 KiB each)
 # Claude Code: file tools only (no shell, no web); the variables its login may come from
 CLAUDE_TOOLS = "Read,Write,Edit,Glob,Grep"
 CLAUDE_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "CLAUDE_CODE_OAUTH_TOKEN")
@@ -411,8 +412,9 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
             argv, proxy_env, sock = sandbox.through_egress(argv, egress)
             env, ro = {**env, **proxy_env}, [*ro, sock]
         if sandboxed:  # its folder: a tmpfs of its bound beside the archive copy, filled and handed back by FOLDER
-            tasks = 0 if sandbox.cgroup_parents() else cfg.proposer_max_procs
-            argv = back.folder_argv(argv, work, tasks)
+            weak = not sandbox.cgroup_parents()  # --allow-weak-bounds: rlimits and FOLDER's count of files
+            argv = back.folder_argv(argv, work, cfg.proposer_max_procs if weak else 0,
+                                    PROPOSER_MAX_FILES if weak else 0)
             folder = dict(extra=["--ro-bind", str(work), SEED], sized=[(work, limits.folder_bytes(work))])
         else:
             folder = dict(rw=[work])
@@ -423,13 +425,15 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
                                              pass_fds=(fd, *([back.write_fd] if back else [])))
     finally:
         os.close(fd)
-        handed, full = back.close() if back else (None, False)
+        handed, stopped = back.close() if back else (None, None)
         cgroup.close()
         if egress:
             egress.close()
         shutil.rmtree(sockets, ignore_errors=True)
-    bound = bound or (f"filled its folder: wrote {cfg.proposer_max_written_mb} MiB (--proposer-max-written-mb)"
-                      if full else None)
+    bound = bound or {"folder": f"filled its folder: wrote {cfg.proposer_max_written_mb} MiB "
+                                "(--proposer-max-written-mb)",
+                      "files": f"made more than {PROPOSER_MAX_FILES} files (its folder, /tmp and /dev/shm) where no "
+                               f"cgroup counts them"}.get(stopped)
     cost = {"iteration": iteration, "proposer": cfg.proposer, "candidates": names,
             "rc": "timeout" if bound == "timeout" else rc, "seconds": round(time.time() - t0, 2)}
     if egress and egress.refused:  # what it tried to reach beside its endpoints (the first few, and how often)
@@ -455,32 +459,43 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
 
 # Runs inside a proposer's sandbox as the command's parent, its folder a fresh tmpfs of the bound's size: it fills
 # the folder from the archive copy (bound read-only at SEED), runs the command, stops it when the folder is
-# (nearly) full, then kills whatever the command left running and hands back on a pipe only the files the search
-# takes, one JSON line each: {"path", "text"}, {"path", "error"} or {"path", "absent"}, read as read_untrusted
-# reads (READ stands for its source: the script runs where this module cannot be imported), then {"full": true}
-# if it stopped the command. The search trusts none of it (HandBack reads it with a cap, line by line). Whatever
+# (nearly) full (or, without a cgroup, past PROPOSER_MAX_FILES new files), then kills whatever the command left
+# running and hands back on a pipe only the files the search takes, one JSON line each: {"path", "text"},
+# {"path", "error"} or {"path", "absent"}, read as read_untrusted reads (READ stands for its source: the script runs
+# where this module cannot be imported), then {"stopped": "folder" or "files"} if it stopped the command. The search trusts none of it (HandBack reads it with a cap, line by line). Whatever
 # the proposer hid or unlinked in its folder was never on the host's disk and goes with the sandbox.
 FOLDER = r"""
 import json, os, shutil, signal, stat, subprocess, sys, resource
 from pathlib import Path
-seed, work, out, tasks, wanted, argv = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
-    json.loads(sys.argv[5]), sys.argv[7:]
+seed, work, out, tasks, files, wanted, argv = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
+    int(sys.argv[5]), json.loads(sys.argv[6]), sys.argv[8:]
+PLACES = (work, "/tmp", "/dev/shm")  # its writable file systems, each a tmpfs
 
 READ
 
+
+
+def inodes():
+    return sum(s.f_files - s.f_ffree for s in map(os.statvfs, PLACES))
+
+
+def why_stop():  # its folder (nearly) full; past `files` new inodes (no cgroup counts them, bwrap sets no nr_inodes)
+    st = os.statvfs(work)
+    if st.f_bavail * st.f_frsize < max(size // 32, 1 << 20):
+        return "folder"
+    return "files" if files and inodes() - base > files else None
+
+
 shutil.copytree(seed, work, dirs_exist_ok=True)
-size = os.statvfs(work).f_blocks * os.statvfs(work).f_frsize
+size, base = os.statvfs(work).f_blocks * os.statvfs(work).f_frsize, inodes()
 if tasks:  # no cgroup counts its processes: RLIMIT_NPROC, which the kernel counts in this user namespace
     resource.setrlimit(resource.RLIMIT_NPROC, (tasks, tasks))
-proc, full = subprocess.Popen(argv, cwd=work), False
-while proc.poll() is None:
+proc, stop = subprocess.Popen(argv, cwd=work), None
+while proc.poll() is None and not stop:
     try:
         proc.wait(timeout=0.1)
     except subprocess.TimeoutExpired:
-        free = os.statvfs(work)
-        full = free.f_bavail * free.f_frsize < max(size // 32, 1 << 20)
-        if full:
-            break
+        stop = why_stop()
 try:
     os.kill(-1, signal.SIGKILL)  # every process of the sandbox but its init and this one
 except ProcessLookupError:
@@ -497,8 +512,8 @@ with os.fdopen(out, "w") as f:
         except OSError as e:
             line = {"path": rel, "error": f"{rel}: {e.strerror}"}
         f.write(json.dumps(line) + "\n")
-    if full:
-        f.write(json.dumps({"full": True}) + "\n")
+    if stop:
+        f.write(json.dumps({"stopped": stop}) + "\n")
 sys.exit(128 - rc if rc < 0 else rc)
 """
 SEED = "/.whale-archive"  # where the archive copy is bound read-only in a proposer's sandbox, for FOLDER
@@ -510,7 +525,7 @@ class HandBack:
 
         back = HandBack(taken_files(names)); argv = back.folder_argv(argv, work, tasks)
         ... run the sandbox with back.write_fd passed ...
-        handed, full = back.close()   # {path: line} or the one-line error, and whether its folder filled up"""
+        handed, stopped = back.close()  # {path: line} or the one-line error; why FOLDER stopped it, or None"""
 
     def __init__(self, wanted):
         self.wanted = dict(wanted)
@@ -520,9 +535,9 @@ class HandBack:
         self.thread = threading.Thread(target=self.drain, daemon=True, name="whale-hand-back")
         self.thread.start()
 
-    def folder_argv(self, argv, work, tasks):
+    def folder_argv(self, argv, work, tasks, files):
         script = FOLDER.replace("\nREAD\n", "\n" + inspect.getsource(read_untrusted))
-        return [sandbox.python(), "-I", "-c", script, SEED, str(work), str(self.write_fd), str(tasks),
+        return [sandbox.python(), "-I", "-c", script, SEED, str(work), str(self.write_fd), str(tasks), str(files),
                 json.dumps(list(self.wanted.items())), "--", *argv]
 
     def drain(self):
@@ -531,26 +546,26 @@ class HandBack:
                 self.data += chunk
 
     def close(self):
-        """-> ({path: line} or a one-line error, whether its folder filled up), once the sandbox is gone."""
+        """-> ({path: line} or a one-line error, why FOLDER stopped it or None), once the sandbox is gone."""
         os.close(self.write_fd)
         self.thread.join(timeout=30)
         os.close(self.read_fd)
         if len(self.data) > self.cap:
-            return f"its sandbox handed back more than {self.cap} bytes", False
-        handed, full = {}, False
+            return f"its sandbox handed back more than {self.cap} bytes", None
+        handed, stopped = {}, None
         for raw in bytes(self.data).splitlines():
             try:
                 line = json.loads(raw)
             except (ValueError, RecursionError):
-                return "its sandbox handed back a line that is not JSON", False
-            if line == {"full": True}:
-                full = True
+                return "its sandbox handed back a line that is not JSON", None
+            if line in ({"stopped": "folder"}, {"stopped": "files"}):
+                stopped = line["stopped"]
             elif isinstance(line, dict) and line.get("path") in self.wanted and len(line) == 2 and (
                     isinstance(line.get("text"), str) or isinstance(line.get("error"), str) or line.get("absent")):
                 handed[line["path"]] = line
             else:
-                return f"its sandbox handed back an unexpected line: {raw[:100]!r}", False
-        return handed, full
+                return f"its sandbox handed back an unexpected line: {raw[:100]!r}", None
+        return handed, stopped
 
 
 def network(cfg):

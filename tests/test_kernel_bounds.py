@@ -83,6 +83,10 @@ elif attack == "deep":  # its candidate's harness.py a folder 1,200 deep, locked
         os.chdir("d")
     os.chdir("..")
     os.chmod("d", 0)
+elif attack == "files":  # 200,000 empty files in /tmp: no size, but ~1 KiB of kernel memory each
+    for i in range(200_000):
+        open(f"/tmp/e{i}", "w").close()
+    time.sleep(30)
 elif attack == "shm":  # 1 GiB into /dev/shm, then what the kernel let it write, in notes.md
     written, chunk, why = 0, b"x" * (1 << 20), None
     try:
@@ -448,3 +452,10 @@ def test_with_the_opt_in_the_fallback_bounds_hold_in_each_sandbox(no_cgroup, sea
     notes = json.loads((run_dir / "notes.md").read_text())
     assert notes["shm_mib"] <= sandbox.TMP_BYTES // MiB and notes["why"] == "No space left on device", notes
     assert notes["nproc"] == 48
+
+
+@needs_sandbox
+def test_with_the_opt_in_a_proposers_empty_files_are_counted_and_stopped(no_cgroup, search):
+    no_cgroup.setenv(sandbox.WEAK_BOUNDS, "1")
+    with pytest.raises(SystemExit, match=r"last: made more than 65536 files \(its folder, /tmp and /dev/shm\)"):
+        search("files", proposer_max_written_mb=64)
