@@ -799,8 +799,8 @@ PYTHON_TIMEOUT_S = 30.0
 PYTHON_MEMORY_BYTES = 1 << 30
 PYTHON_MAX_OUTPUT_BYTES = 1 << 20
 PYTHON_TASKS = 64  # threads (OpenBLAS, the interpreter's) of the tool's sandbox, bwrap included
-# open files of a harness worker or the tool: with the memory limit, what bounds the bytes they can queue in pipes
-# and socket pairs (at most about 1 MiB each), which no address-space limit sees
+# open files of a harness worker or the tool: what bounds the bytes they can queue in pipes (1 MiB each at most) and
+# the tool's socket pairs (2 x net.core.wmem_max a socket), which no address-space limit sees
 SANDBOX_OPEN_FILES = 64
 MAX_OUTPUT_CHARS = 2000
 # Runs in the sandboxed child before the model's code: it sets its own limits (tasks: only where no cgroup counts
