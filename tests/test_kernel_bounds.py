@@ -376,7 +376,9 @@ def test_public_keeps_public_addresses(address):
 @pytest.fixture
 def no_cgroup(monkeypatch):
     monkeypatch.setattr(sandbox, "cgroup_parents", lambda: [])
-    monkeypatch.delenv(sandbox.WEAK_BOUNDS, raising=False)
+    # recorded first, so the variable is back as it was after the test (apply_args sets it directly)
+    monkeypatch.setenv(sandbox.WEAK_BOUNDS, "0")
+    monkeypatch.delenv(sandbox.WEAK_BOUNDS)
     sandbox.check.cache_clear()
     yield monkeypatch
     sandbox.check.cache_clear()
