@@ -41,38 +41,34 @@ with open(f"{work}/candidates/{fresh[0]}/harness.py", "w") as f:
     f.write(seed.replace("Answer briefly", "Answer"))
 
 
-def fallocate(folder, unlink):
-    """16 files of 63 MiB each, unlinked but held open (unlink) or in place, then 1 MiB ones for what is left
-    (four processes racing for the last 63 MiB may all be refused); -> MiB the kernel gave."""
-    got, held = 0, []
-    for i, mib in enumerate([63] * 16 + [1] * 64):
-        path = f"{folder}/f{os.getpid()}_{i}"
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-        if unlink:
-            os.unlink(path)
+def fallocate(folder, hide):
+    """80 files in a folder of its own, opened first, then hidden (unlinked: each unlinked and held open;
+    unreadable: the folder made mode 000), then given 63 MiB each through their descriptors, 16 of them, and 1 MiB
+    the rest (four processes racing for the last 63 MiB may all be refused); -> MiB the kernel gave."""
+    os.mkdir(folder)
+    sizes = [63] * 16 + [1] * 64
+    fds = [os.open(f"{folder}/f{i}", os.O_CREAT | os.O_RDWR, 0o600) for i in range(len(sizes))]
+    if hide == "unlinked":
+        for i in range(len(sizes)):
+            os.unlink(f"{folder}/f{i}")
+    else:
+        os.chmod(folder, 0)
+    got = 0
+    for fd, mib in zip(fds, sizes):
         try:
             os.posix_fallocate(fd, 0, mib << 20)
             got += mib
         except OSError:
             pass
-        held.append(fd)
     return got
 
 
 if attack in ("unlinked", "unreadable"):  # four processes, 4 GiB asked in all
-    folder = f"{work}/hidden"
-    os.makedirs(folder, exist_ok=True)
-    pids = []
     for _ in range(4):
-        pid = os.fork()
-        if pid == 0:
-            got = fallocate(folder, attack == "unlinked")
-            print("allocated", got, flush=True)
-            if attack == "unreadable":
-                os.chmod(folder, 0)
-            time.sleep(30)
+        if os.fork() == 0:
+            print("allocated", fallocate(f"{work}/hidden{os.getpid()}", attack), flush=True)
+            time.sleep(30)  # its files held open
             os._exit(0)
-        pids.append(pid)
     time.sleep(30)
 elif attack == "deep":  # its candidate's harness.py a folder 1,200 deep, locked at the bottom
     path = f"{work}/candidates/{fresh[0]}/harness.py"
