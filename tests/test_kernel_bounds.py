@@ -6,7 +6,7 @@ may open, the egress proxy under a flood, and the fallback where no cgroup can b
 """
 import json
 import os
-import resource
+import subprocess
 import tempfile
 import threading
 import time
@@ -32,7 +32,7 @@ MiB = 1 << 20
 # a proposer's writes: its folder is a tmpfs of its bound, inside its sandbox
 
 ATTACK = r'''
-import json, os, sys, time
+import json, os, resource, sys, time
 attack, work = sys.argv[1:3]
 fresh = sorted(d for d in os.listdir(f"{work}/candidates")
                if not json.load(open(f"{work}/candidates/{d}/meta.json"))["proposed"])
@@ -94,7 +94,6 @@ elif attack == "shm":  # 1 GiB into /dev/shm, then what the kernel let it write,
                 written += 1
     except OSError as e:
         why = e.strerror
-    import resource
     with open(f"{work}/notes.md", "w") as f:
         f.write(json.dumps({"shm_mib": written, "why": why, "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0]}))
 '''
@@ -263,7 +262,6 @@ def test_each_sandbox_opens_only_its_socket_families(kind):
     else:
         fd = sandbox.no_fork_filter(kind != "proposer", families)
         try:
-            import subprocess
             argv = sandbox.wrap([sandbox.python(), "-I", "-c", script], seccomp_fd=fd)
             found = json.loads(subprocess.run(argv, pass_fds=(fd,), capture_output=True, text=True, timeout=60,
                                               env={}).stdout)
