@@ -192,7 +192,7 @@ def conflicting_flags(args):
 # result (--paper-with-bm25 only lets the paper preset take --wiki, whose retriever the data flags key). Every other
 # flag of every CLI reaches a config (tests/test_layout.py checks each parser against this list).
 NO_RESULT_FLAGS = ("out", "threads", "report_to", "gpu_memory", "vllm_sleep", "max_lora_rank", "skip_lora_probe",
-                   "openai_url", "openai_workers", "infra_budget", "unsafe_no_sandbox", "check",
+                   "openai_url", "openai_workers", "infra_budget", "unsafe_no_sandbox", "allow_weak_bounds", "check",
                    "paper_with_bm25")
 FLAG_FIELDS = {"deadline": "deadline_s"}  # a flag whose config field has another name
 

@@ -22,6 +22,11 @@ OPENAI_RETRIES = 4
 MAX_RETRY_WAIT_S = 120.0
 
 
+def count(value):
+    """A token count from a server's reply, or None: nothing else of it reaches costs.jsonl."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def propose_openai(work, run_dir, names, rows, parent, iteration, cfg):
     """Any OpenAI-compatible chat endpoint: one request per candidate; the reply's python block is the file.
     Runs in-process (only text comes back) and fills the candidate folders of `work` like an agent would;
@@ -36,13 +41,15 @@ def propose_openai(work, run_dir, names, rows, parent, iteration, cfg):
         try:
             res = post_json(url, body, os.environ.get(cfg.proposer_key_env), cfg)
             reply, usage = res["choices"][0]["message"]["content"] or "", res.get("usage") or {}
+            if not (isinstance(reply, str) and isinstance(usage, dict)):  # a server's odd value: this call's error
+                raise TypeError("content is not a string or usage not an object")
         except (KeyError, IndexError, TypeError, AttributeError) as e:
             error = f"unexpected reply from {url}: no choices[0].message.content ({type(e).__name__})"
         except ProposalFailed as e:
             error = str(e)
         log_cost(run_dir, {"iteration": iteration, "proposer": "openai", "candidates": [name],
-                           "seconds": round(time.time() - t0, 2), "prompt_tokens": usage.get("prompt_tokens"),
-                           "completion_tokens": usage.get("completion_tokens"), "error": error})
+                           "seconds": round(time.time() - t0, 2), "prompt_tokens": count(usage.get("prompt_tokens")),
+                           "completion_tokens": count(usage.get("completion_tokens")), "error": error})
         if error:
             raise ProposalFailed(error)
         code, d = python_block(reply), work / "candidates" / name

@@ -3,8 +3,11 @@ folders (a copy of the parent to edit), and the untrusted ones' confinement. An 
 agent CLIs `command` and `claude` here, `openai` in lib/openai_proposer.py) never works in the run folder:
 propose_in_copy gives it a copy of the harness-set material in a fresh folder and takes back only each new
 candidate's harness.py (size-capped, no symlinks), its parent / hypothesis / changed as short text, and
-notes.md. The agent CLIs run in the OS sandbox (lib/episodes/sandbox.py) with that folder as all they can write."""
+notes.md. The agent CLIs run in the OS sandbox (lib/episodes/sandbox.py), where that folder is a file system of
+its own (a tmpfs of --proposer-max-written-mb beside the archive copy: the kernel refuses what goes past it), filled
+from the copy before the command starts; only the files the search takes come back out (FOLDER, HandBack)."""
 
+import inspect
 import json
 import os
 import resource
@@ -14,6 +17,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +42,7 @@ PROPOSER_MEMORY_MB = 8192
 PROPOSER_MAX_PROCS = 512
 PROPOSER_MAX_FILE_MB = 64
 PROPOSER_MAX_WRITTEN_MB = 1024
+PROPOSER_MAX_FILES = 65_536  # new files and folders, only where no cgroup counts their kernel memory (~1 KiB each)
 # Claude Code: file tools only (no shell, no web); the variables its login may come from
 CLAUDE_TOOLS = "Read,Write,Edit,Glob,Grep"
 CLAUDE_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "CLAUDE_CODE_OAUTH_TOKEN")
@@ -91,7 +96,8 @@ class ProposalFailed(Exception):
 def propose_in_copy(run_dir, names, rows, parent, iteration, domain, cfg, ask):
     """Ask the proposer for `names` in a fresh copy of the archive outside the run folder, then take back only
     the new candidates' harness.py files and text fields. ask(work, scratch) is the proposer's call: it fills
-    the candidate folders of `work` (each a copy of `parent`, the archive best) or raises ProposalFailed.
+    the candidate folders of `work` (each a copy of `parent`, the archive best), or a copy of `work` in its
+    sandbox and returns what that sandbox handed back (HandBack), or raises ProposalFailed.
     Returns None, or the proposer's error message."""
     scratch = Path(tempfile.mkdtemp(prefix="whale-proposer-"))  # holds the copy, the proposer's output, settings
     work = scratch / "archive"
@@ -101,11 +107,11 @@ def propose_in_copy(run_dir, names, rows, parent, iteration, domain, cfg, ask):
         write_instructions(work, domain, names, parent, iteration, cfg)
         shutil.copyfile(work / "INSTRUCTIONS.md", run_dir / "INSTRUCTIONS.md")  # for the record
         try:
-            ask(work, scratch)
+            handed = ask(work, scratch)
         except ProposalFailed as e:
             return str(e)
-        take_candidates(work, run_dir, names, parent, iteration, cfg.proposer)
-        take_notes(work, run_dir)
+        take_candidates(work, handed, run_dir, names, parent, iteration, cfg.proposer)
+        take_notes(work, handed, run_dir)
         return None
     finally:
         remove_tree(scratch)
@@ -125,20 +131,46 @@ def copy_archive(run_dir, work, rows):
                 shutil.copyfile(src / name, dst / name)
 
 
-def take_candidates(work, run_dir, names, parent, iteration, proposer):
+def taken_files(names):
+    """[(path, byte cap)] of every file the search takes from a proposer's folder."""
+    return [(f"candidates/{name}/{file}", cap) for name in names
+            for file, cap in (("harness.py", MAX_HARNESS_BYTES), ("meta.json", MAX_META_BYTES))] + \
+        [("notes.md", 4 * MAX_NOTES_CHARS)]
+
+
+def read_left(work, handed, rel, limit):
+    """What the proposer left at rel: from what its sandbox handed back ({rel: line}, HandBack), or, where
+    nothing was handed (None: the openai proposer, --unsafe-no-sandbox), from `work` as read_untrusted reads it."""
+    if handed is None:
+        return read_untrusted(work, rel, limit)
+    line = handed.get(rel, {})
+    if "text" in line:
+        try:
+            size = len(line["text"].encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate: JSON can say it, a file cannot hold it
+            raise ValueError(f"{rel}: not utf-8 text") from None
+        if size > limit:
+            raise ValueError(f"too large: {rel} has more than {limit} bytes")
+        return line["text"]
+    if "error" in line:
+        raise ValueError(line["error"][:300].encode("utf-8", "replace").decode("utf-8"))
+    raise FileNotFoundError(rel)
+
+
+def take_candidates(work, handed, run_dir, names, parent, iteration, proposer):
     """Each asked-for candidate's harness.py and text fields go into the archive, with our own bookkeeping;
     scores, validity and every other file the proposer wrote stay behind."""
     for name in names:
         rel = f"candidates/{name}/harness.py"
         try:
-            source, reason = read_untrusted(work, rel, MAX_HARNESS_BYTES), None
+            source, reason = read_left(work, handed, rel, MAX_HARNESS_BYTES), None
         except FileNotFoundError:
             source, reason = None, None  # validate() says "no code"
         except ValueError as e:
             source, reason = None, str(e)
         except OSError as e:  # e.g. its folder replaced by a file
             source, reason = None, f"{rel}: {e.strerror}"
-        fields = untrusted_fields(work, name)
+        fields = untrusted_fields(work, handed, name)
         d = run_dir / "candidates" / name
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
@@ -150,10 +182,10 @@ def take_candidates(work, run_dir, names, parent, iteration, proposer):
                                      "valid": None if reason is None else False, "reason": reason})
 
 
-def untrusted_fields(work, name):
+def untrusted_fields(work, handed, name):
     """parent / hypothesis / changed from the proposer's meta.json, as short strings (anything else: absent)."""
     try:
-        meta = json.loads(read_untrusted(work, f"candidates/{name}/meta.json", MAX_META_BYTES))
+        meta = json.loads(read_left(work, handed, f"candidates/{name}/meta.json", MAX_META_BYTES))
     except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(meta, dict):
@@ -162,9 +194,9 @@ def untrusted_fields(work, name):
     return {k: meta[k].strip()[:cap] for k, cap in caps.items() if isinstance(meta.get(k), str)}
 
 
-def take_notes(work, run_dir):
+def take_notes(work, handed, run_dir):
     try:
-        notes = read_untrusted(work, "notes.md", 4 * MAX_NOTES_CHARS)
+        notes = read_left(work, handed, "notes.md", 4 * MAX_NOTES_CHARS)
     except (OSError, ValueError):
         return
     (run_dir / "notes.md").write_text(notes[-MAX_NOTES_CHARS:])  # the newest sections are at the end
@@ -193,12 +225,54 @@ def read_untrusted(root, rel, limit):
 
 
 def remove_tree(path):
-    """rmtree, after unlocking the folders a proposer made unreadable (chmod 000); symlinks are not followed."""
-    for root, dirs, _ in os.walk(path):  # top-down: each folder is unlocked before it is walked into
-        for d in dirs:
-            if not os.path.islink(os.path.join(root, d)):
-                os.chmod(os.path.join(root, d), 0o700)
-    shutil.rmtree(path, ignore_errors=True)
+    """Remove the folder at path whatever its shape: any depth (a loop, never recursion, one folder open at a
+    time, by descriptor, so no path grows past the kernel's limit), folders a proposer made unreadable (chmod 000)
+    unlocked first; symlinks are removed, never followed. Best effort: what cannot be removed stays."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        try:
+            os.unlink(path)  # a file or symlink where the folder was
+        except OSError:
+            pass
+        return
+    names = []  # the folders entered below path
+    while True:
+        child = None
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        child = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=fd)
+        except OSError:
+            pass
+        if child is not None:
+            try:
+                os.chmod(child, 0o700, dir_fd=fd)
+                inner = os.open(child, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:  # cannot enter it: leave it, and move on to the next one
+                inner = None
+            if inner is not None:
+                os.close(fd)
+                fd = inner
+                names.append(child)
+                continue
+        if not names:
+            break
+        parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = parent
+        try:
+            os.rmdir(names.pop(), dir_fd=fd)
+        except OSError:
+            break  # a folder that cannot go (it would be entered again): stop here
+    os.close(fd)
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def run_in_sandbox(argv, cwd, out_dir, timeout, limits=None, cgroup=None, pass_fds=()):
@@ -226,10 +300,10 @@ def run_in_sandbox(argv, cwd, out_dir, timeout, limits=None, cgroup=None, pass_f
 
 class Limits:
     """A proposer's bounds (flags --proposer-memory-mb, --proposer-max-procs, --proposer-max-file-mb,
-    --proposer-max-written-mb). Memory and processes: its sandbox's cgroup, where the host has one (else memory is
-    RLIMIT_DATA and processes only --proposer-timeout); file size: RLIMIT_FSIZE; the total written under its
-    scratch folder (the archive copy's growth, its stdout and stderr): measured every WATCH_S, the sandbox killed
-    past it."""
+    --proposer-max-written-mb). Memory and processes: its sandbox's cgroup, where the host has one (else, with
+    --allow-weak-bounds, memory is RLIMIT_DATA and processes RLIMIT_NPROC, set by FOLDER); file size: RLIMIT_FSIZE;
+    what it writes: its folder's size (folder_bytes, a tmpfs the kernel fills no further). On the host, its stdout
+    and stderr (and, without the sandbox, its folder) are measured every WATCH_S, the sandbox killed past a bound."""
 
     def __init__(self, memory_mb=PROPOSER_MEMORY_MB, max_procs=PROPOSER_MAX_PROCS, max_file_mb=PROPOSER_MAX_FILE_MB,
                  max_written_mb=PROPOSER_MAX_WRITTEN_MB, base_bytes=0):
@@ -244,6 +318,10 @@ class Limits:
         if not sandbox.cgroup_parents():
             data = self.memory_mb << 20
             resource.setrlimit(resource.RLIMIT_DATA, (data, data))
+
+    def folder_bytes(self, work):
+        """The size of a proposer's folder (a tmpfs in its sandbox): the archive copy, and the bound beside it."""
+        return usage(work)[0] + (self.max_written_mb << 20)
 
     def passed(self, scratch, cgroup):
         """The one-line reason of the first bound the proposer reached, or None."""
@@ -278,17 +356,26 @@ def watch(proc, scratch, limits, cgroup, deadline):
 
 
 def usage(root):
-    """(bytes on disk under root, the largest file's size), symlinks not followed."""
+    """(bytes on disk under root, the largest file's size), symlinks not followed; a loop over a list of
+    folders, never recursion, so no depth breaks it (a folder it cannot read is skipped)."""
     total = largest = 0
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
+    folders = [root]
+    while folders:
+        try:
+            with os.scandir(folders.pop()) as entries:
+                found = list(entries)
+        except OSError:
+            continue
+        for entry in found:
             try:
-                st = os.lstat(os.path.join(folder, name))
-            except OSError:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:  # gone meanwhile
                 continue
             total += st.st_blocks * 512
             if stat.S_ISREG(st.st_mode):
                 largest = max(largest, st.st_size)
+            elif stat.S_ISDIR(st.st_mode):
+                folders.append(entry.path)
     return total, largest
 
 
@@ -315,27 +402,44 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
     limits = Limits(cfg.proposer_memory_mb, cfg.proposer_max_procs, cfg.proposer_max_file_mb,
                     cfg.proposer_max_written_mb, base_bytes=usage(scratch)[0])
     cgroup = sandbox.Cgroup(cfg.proposer_memory_mb << 20, cfg.proposer_max_procs)
-    fd = sandbox.no_fork_filter(no_fork=False)
+    fd = sandbox.no_fork_filter(no_fork=False, families=sandbox.HOST_NET_FAMILIES if net == "host" else
+                                sandbox.PROPOSER_FAMILIES)
     sockets = tempfile.mkdtemp(prefix="whale-egress-", dir="/tmp")  # short: a socket's path has 107 bytes at most
+    sandboxed = not sandbox.disabled()
+    back = HandBack(taken_files(names)) if sandboxed else None
     try:
-        if net == "endpoint" and not sandbox.disabled():
+        if net == "endpoint" and sandboxed:
             egress = sandbox.Egress(sockets, endpoints(cfg))
             argv, proxy_env, sock = sandbox.through_egress(argv, egress)
             env, ro = {**env, **proxy_env}, [*ro, sock]
-        argv = sandbox.wrap(argv, ro=ro, rw=[work], net=net == "host", cwd=str(work), env=env, seccomp_fd=fd,
-                            cgroup=cgroup, tmp_bytes=cfg.proposer_max_written_mb << 20)
+        if sandboxed:  # its folder: a tmpfs of its bound beside the archive copy, filled and handed back by FOLDER
+            weak = not sandbox.cgroup_parents()  # --allow-weak-bounds: rlimits and FOLDER's count of files
+            argv = back.folder_argv(argv, work, cfg.proposer_max_procs if weak else 0,
+                                    PROPOSER_MAX_FILES if weak else 0)
+            folder = dict(extra=["--ro-bind", str(work), SEED], sized=[(work, limits.folder_bytes(work))])
+        else:
+            folder = dict(rw=[work])
+        argv = sandbox.wrap(argv, ro=ro, net=net == "host", cwd=str(work), env=env, seccomp_fd=fd, cgroup=cgroup,
+                            tmp_bytes=cfg.proposer_max_written_mb << 20, ro_dev=True, shm_bytes=sandbox.TMP_BYTES,
+                            **folder)
         rc, bound, out, err = run_in_sandbox(argv, work, scratch, cfg.proposer_timeout, limits, cgroup,
-                                             pass_fds=(fd,))
+                                             pass_fds=(fd, *([back.write_fd] if back else [])))
     finally:
         os.close(fd)
+        handed, stopped = back.close() if back else (None, None)
         cgroup.close()
         if egress:
             egress.close()
         shutil.rmtree(sockets, ignore_errors=True)
+    bound = bound or {"folder": f"filled its folder: wrote {cfg.proposer_max_written_mb} MiB "
+                                "(--proposer-max-written-mb)",
+                      "files": f"made more than {PROPOSER_MAX_FILES} files (its folder, /tmp and /dev/shm) where no "
+                               f"cgroup counts them"}.get(stopped)
     cost = {"iteration": iteration, "proposer": cfg.proposer, "candidates": names,
             "rc": "timeout" if bound == "timeout" else rc, "seconds": round(time.time() - t0, 2)}
-    if egress and egress.refused:  # what it tried to reach beside its endpoints
-        cost["egress_refused"] = sorted(set(egress.refused))[:20]
+    if egress and egress.refused:  # what it tried to reach beside its endpoints (the first few, and how often)
+        cost["egress_refused"] = sorted(egress.refused)
+        cost["egress_refusals"] = egress.refusals
     if bound == "timeout":
         error = f"timed out after {cfg.proposer_timeout:g}s (--proposer-timeout)"
     elif bound:
@@ -346,9 +450,123 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
         error = error or (None if rc == 0 else f"exit {rc}: {(err or out).strip()[-300:]}")
     else:
         error = None if rc == 0 else f"exit {rc}: {(err or out).strip()[-300:] or 'no output'}"
+    if not error and isinstance(handed, str):  # what its sandbox handed back is not what FOLDER writes
+        error = handed
     log_cost(run_dir, {**cost, "error": error})
     if error:
         raise ProposalFailed(error)
+    return handed
+
+
+# Runs inside a proposer's sandbox as the command's parent, its folder a fresh tmpfs of the bound's size: it fills
+# the folder from the archive copy (bound read-only at SEED), runs the command, stops it when the folder is
+# (nearly) full (or, without a cgroup, past PROPOSER_MAX_FILES new files), then kills whatever the command left
+# running and hands back on a pipe only the files the search takes, one JSON line each: {"path", "text"},
+# {"path", "error"} or {"path", "absent"}, read as read_untrusted reads (READ stands for its source: the script runs
+# where this module cannot be imported), then {"stopped": "folder" or "files"} if it stopped the command. The search trusts none of it (HandBack reads it with a cap, line by line). Whatever
+# the proposer hid or unlinked in its folder was never on the host's disk and goes with the sandbox.
+FOLDER = r"""
+import json, os, shutil, signal, stat, subprocess, sys, resource
+from pathlib import Path
+seed, work, out, tasks, files, wanted, argv = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
+    int(sys.argv[5]), json.loads(sys.argv[6]), sys.argv[8:]
+PLACES = (work, "/tmp", "/dev/shm")  # its writable file systems, each a tmpfs
+
+READ
+
+
+
+def inodes():
+    return sum(s.f_files - s.f_ffree for s in map(os.statvfs, PLACES))
+
+
+def why_stop():  # its folder (nearly) full; past `files` new inodes (no cgroup counts them, bwrap sets no nr_inodes)
+    st = os.statvfs(work)
+    if st.f_bavail * st.f_frsize < max(size // 32, 1 << 20):
+        return "folder"
+    return "files" if files and inodes() - base > files else None
+
+
+shutil.copytree(seed, work, dirs_exist_ok=True)
+size, base = os.statvfs(work).f_blocks * os.statvfs(work).f_frsize, inodes()
+if tasks:  # no cgroup counts its processes: RLIMIT_NPROC, which the kernel counts in this user namespace
+    resource.setrlimit(resource.RLIMIT_NPROC, (tasks, tasks))
+proc, stop = subprocess.Popen(argv, cwd=work), None
+while proc.poll() is None and not stop:
+    try:
+        proc.wait(timeout=0.1)
+    except subprocess.TimeoutExpired:
+        stop = why_stop()
+try:
+    os.kill(-1, signal.SIGKILL)  # every process of the sandbox but its init and this one
+except ProcessLookupError:
+    pass
+rc = proc.wait()
+with os.fdopen(out, "w") as f:
+    for rel, limit in wanted:
+        try:
+            line = {"path": rel, "text": read_untrusted(Path(work), rel, limit)}
+        except FileNotFoundError:
+            line = {"path": rel, "absent": True}
+        except ValueError as e:
+            line = {"path": rel, "error": str(e)}
+        except OSError as e:
+            line = {"path": rel, "error": f"{rel}: {e.strerror}"}
+        f.write(json.dumps(line) + "\n")
+    if stop:
+        f.write(json.dumps({"stopped": stop}) + "\n")
+sys.exit(128 - rc if rc < 0 else rc)
+"""
+SEED = "/.whale-archive"  # where the archive copy is bound read-only in a proposer's sandbox, for FOLDER
+
+
+class HandBack:
+    """The pipe a proposer's sandbox hands the taken files back on (FOLDER writes them), drained by a thread
+    while the proposer runs, so the sandbox never blocks on it, and kept up to a cap.
+
+        back = HandBack(taken_files(names)); argv = back.folder_argv(argv, work, tasks)
+        ... run the sandbox with back.write_fd passed ...
+        handed, stopped = back.close()  # {path: line} or the one-line error; why FOLDER stopped it, or None"""
+
+    def __init__(self, wanted):
+        self.wanted = dict(wanted)
+        self.cap = sum(6 * cap + 1024 for cap in self.wanted.values()) + 1024  # JSON escapes: 6 bytes a byte at most
+        self.read_fd, self.write_fd = os.pipe()
+        self.data = bytearray()
+        self.thread = threading.Thread(target=self.drain, daemon=True, name="whale-hand-back")
+        self.thread.start()
+
+    def folder_argv(self, argv, work, tasks, files):
+        script = FOLDER.replace("\nREAD\n", "\n" + inspect.getsource(read_untrusted))
+        return [sandbox.python(), "-I", "-c", script, SEED, str(work), str(self.write_fd), str(tasks), str(files),
+                json.dumps(list(self.wanted.items())), "--", *argv]
+
+    def drain(self):
+        while chunk := os.read(self.read_fd, 1 << 16):
+            if len(self.data) <= self.cap:  # past the cap: still read (the sandbox must not block), not kept
+                self.data += chunk
+
+    def close(self):
+        """-> ({path: line} or a one-line error, why FOLDER stopped it or None), once the sandbox is gone."""
+        os.close(self.write_fd)
+        self.thread.join(timeout=30)
+        os.close(self.read_fd)
+        if len(self.data) > self.cap:
+            return f"its sandbox handed back more than {self.cap} bytes", None
+        handed, stopped = {}, None
+        for raw in bytes(self.data).splitlines():
+            try:
+                line = json.loads(raw)
+            except (ValueError, RecursionError):
+                return "its sandbox handed back a line that is not JSON", None
+            if line in ({"stopped": "folder"}, {"stopped": "files"}):
+                stopped = line["stopped"]
+            elif isinstance(line, dict) and line.get("path") in self.wanted and len(line) == 2 and (
+                    isinstance(line.get("text"), str) or isinstance(line.get("error"), str) or line.get("absent")):
+                handed[line["path"]] = line
+            else:
+                return f"its sandbox handed back an unexpected line: {raw[:100]!r}", None
+        return handed, stopped
 
 
 def network(cfg):
@@ -429,12 +647,16 @@ def claude_result(stdout):
     fields = {"prompt_tokens": sum(number(usage.get(k)) for k in ("input_tokens", "cache_creation_input_tokens",
                                                                    "cache_read_input_tokens")),
               "completion_tokens": number(usage.get("output_tokens")), "cost_usd": number(res.get("total_cost_usd")),
-              "turns": number(res.get("num_turns")), "permission_denials": len(res.get("permission_denials") or []),
+              "turns": number(res.get("num_turns")),
+              "permission_denials": len(res["permission_denials"]) if isinstance(res.get("permission_denials"),
+                                                                                list) else 0,
               "models": sorted(res["modelUsage"]) if isinstance(res.get("modelUsage"), dict) else []}
     result = res.get("result") if isinstance(res.get("result"), str) else ""
-    message = (result or "; ".join(map(str, res.get("errors") or [])))[:500] or "no message"
+    errors = res["errors"] if isinstance(res.get("errors"), list) else []  # only its strings: never str() of a
+    message = (result or "; ".join(e for e in errors if isinstance(e, str)))[:500] or "no message"  # deep value
     if res.get("subtype") != "success":
-        return f"{res.get('subtype')}: {message}", fields
+        subtype = res["subtype"][:100] if isinstance(res.get("subtype"), str) else "no subtype"
+        return f"{subtype}: {message}", fields
     if res.get("is_error"):
         return message, fields
     if not result.strip():

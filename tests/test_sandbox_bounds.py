@@ -56,7 +56,7 @@ def numbers(names):
 def run_confined(script, *args, no_fork=True, cgroup=None, **wrap_kw):
     """script in a sandbox as a harness worker's (no_fork: its filter, the standard library only, read-only
     /dev) or a proposer's (no_fork=False). -> CompletedProcess."""
-    fd = sandbox.no_fork_filter(no_fork)
+    fd = sandbox.no_fork_filter(no_fork, sandbox.WORKER_FAMILIES if no_fork else sandbox.PROPOSER_FAMILIES)
     try:
         argv = sandbox.wrap([sandbox.python(), "-I", "-c", script, *args], seccomp_fd=fd, packages=not no_fork,
                             ro_dev=no_fork, cgroup=cgroup, **wrap_kw)
@@ -68,7 +68,7 @@ def run_confined(script, *args, no_fork=True, cgroup=None, **wrap_kw):
 @needs_sandbox
 @pytest.mark.parametrize("no_fork", [True, False], ids=["worker", "proposer"])
 def test_each_denied_syscall_gets_eperm_inside_the_sandbox(no_fork):
-    names = sandbox.DENIED_CALLS + (sandbox.IPC_CALLS if no_fork else ())
+    names = sandbox.DENIED_CALLS + (sandbox.IPC_CALLS + sandbox.NOTIFY_CALLS if no_fork else ())
     done = run_confined(CALLS, json.dumps(numbers(names)), no_fork=no_fork)
     found = json.loads(done.stdout)
     eperm = 1
@@ -178,7 +178,10 @@ def test_tmp_cannot_take_more_than_its_size():
             "except OSError as e:\n    print(n, e.strerror)\n")
     out = sandbox.run_python(code, timeout_s=60)
     made, why = out.split(" ", 1)
-    assert why.strip() == "No space left on device" and int(made) <= sandbox.TMP_BYTES // 4096, out
+    if not sandbox.cgroup_parents():  # --allow-weak-bounds: no cgroup would count its inodes, so no /tmp to write
+        assert (made, why.strip()) == ("0", "Read-only file system"), out
+    else:
+        assert why.strip() == "No space left on device" and int(made) <= sandbox.TMP_BYTES // 4096, out
     assert settle_shmem(before) <= before + (64 << 10)
 
 
@@ -407,7 +410,7 @@ def test_without_a_writable_cgroup_the_fallback_bounds_hold_and_the_preflight_sa
     monkeypatch.setattr(sandbox, "cgroup_parents", lambda: [])
     cgroup = sandbox.Cgroup(1 << 30, 64)
     assert cgroup.folders == [] and cgroup.enter(["true"]) == ["true"] and cgroup.events() == {}
-    assert sandbox.memory_bound().startswith("no writable cgroup: per-process RLIMIT_AS")
+    assert sandbox.memory_bound().startswith("no writable cgroup (--allow-weak-bounds): per-process limits")
     out = sandbox.run_python("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
                              "print(libc.shmget(0, 1 << 20, 0o1600), ctypes.get_errno())\nprint(sum(range(10)))")
     assert out.split() == ["-1", "1", "45"]  # the tool works; shared memory is still refused by the filter

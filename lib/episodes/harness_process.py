@@ -61,10 +61,14 @@ class Capped(io.TextIOBase):
         return "".join(self.kept) + (f"\n[... {self.dropped} more characters dropped]" if self.dropped else "")
 
 
-def set_limits(memory_bytes):
+def set_limits(memory_bytes, open_files, tasks):
     """Before any harness code: the memory limit (soft = hard, which a process without capabilities cannot
-    raise), no file writes, no core files."""
-    for lim, val in ((resource.RLIMIT_AS, memory_bytes), (resource.RLIMIT_FSIZE, 0), (resource.RLIMIT_CORE, 0)):
+    raise), no file writes, no core files, `open_files` descriptors (what bounds the bytes it can queue in pipes),
+    and where no cgroup counts its threads, `tasks` of them (RLIMIT_NPROC, counted in the sandbox's own user
+    namespace)."""
+    limits = [(resource.RLIMIT_AS, memory_bytes), (resource.RLIMIT_FSIZE, 0), (resource.RLIMIT_CORE, 0),
+              (resource.RLIMIT_NOFILE, open_files)] + ([(resource.RLIMIT_NPROC, tasks)] if tasks else [])
+    for lim, val in limits:
         resource.setrlimit(lim, (val, val))
 
 
@@ -161,7 +165,7 @@ def format_error(path, source):
 def main():
     send({"ready": True})
     job = recv()
-    set_limits(job["memory_bytes"])
+    set_limits(job["memory_bytes"], job["open_files"], job["tasks"])
     capped = Capped(job["stdout_keep"])
     sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = capped
     sys.stdin = None

@@ -21,7 +21,7 @@ from lib.episodes import sandbox
 from lib.contract import ALLOWED_IMPORTS, check_harness
 from lib.backends.models import chat_ids, thinking_switch
 from lib.episodes.sandbox import InfrastructureError
-from lib.episodes.worker_pool import POOL, worker_memory_bytes
+from lib.episodes.worker_pool import POOL, WORKER_TASKS, worker_memory_bytes
 
 
 # -----------------------------------------------------------------------------
@@ -36,6 +36,7 @@ MAX_TOOL_CALLS = 64       # per episode
 MAX_CHARS = 32_000        # per message content, tool result, error text
 MAX_MESSAGES = 256        # per llm() call
 MAX_LINE = 4_000_000      # one JSON message from a worker
+MAX_DEPTH = 64            # lists and dicts nested in one message (what run() returns, a tool's arguments)
 STDOUT_KEEP = 10_000      # printed characters kept in the trace
 EXTRA_KEEP = 2_000        # characters (as JSON) kept in the trace of what run() returned beside 'answer'
 TRACE_RECORD_BYTES = 1_000_000  # one episode's line in traces.jsonl, everything included (trace_line)
@@ -43,6 +44,19 @@ MAX_PROMPT_TOKENS = 8192  # per llm() call when the run sets no --max-prompt-tok
 MAX_STOPS, MAX_STOP_CHARS = 4, 32
 MAX_TOOLS, MAX_TOOLS_CHARS = 16, 32_000  # function schemas per llm() call, and their JSON size
 ROLES = ("system", "user", "assistant", "tool")  # "tool": a tool's result, as native tool calls expect it
+
+
+def check_depth(value, limit=MAX_DEPTH):
+    """Raise ValueError where value nests lists and dicts more than `limit` deep. Walked with a stack, never by
+    recursion: a value a worker sends is decoded once (json refuses past the interpreter's recursion limit, as a
+    RecursionError the caller catches), and past this check no json.dumps or repr of it can recurse too deep."""
+    stack = [(value, 1)] if isinstance(value, (list, dict)) else []
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            raise ValueError(f"a value nested more than {limit} deep (lists and dicts)")
+        items = value.values() if isinstance(value, dict) else value
+        stack.extend((v, depth + 1) for v in items if isinstance(v, (list, dict)))
 
 
 def exception_reply(e):
@@ -199,6 +213,7 @@ class Runner:
                               "task": ep.public, "seed": call_seed(self.seed, ep.index, ep.task["id"], ep.sample,
                                                                    "random"),
                               "memory_bytes": self.memory_bytes, "allowed": list(ALLOWED_IMPORTS),
+                              "open_files": sandbox.SANDBOX_OPEN_FILES, "tasks": self.weak_tasks,
                               "max_chars": MAX_CHARS, "max_line": MAX_LINE, "stdout_keep": STDOUT_KEEP})
 
     def finish(self, ep, error=None, stdout="", result=None):
@@ -336,6 +351,7 @@ class Runner:
     def on_tool_done(self, ep, now):
         try:
             value = ep.future.result()
+            check_depth(value)
             line = json.dumps(value)
             reply = {"value": value} if len(line) <= MAX_LINE else {"raise": "RuntimeError",
                                                                    "message": "tool result too large"}
@@ -395,6 +411,8 @@ class Runner:
         self.traces = open(self.traces_path, "a") if self.traces_path else None
         self.n_workers = min(self.n_workers, len(episodes))
         self.memory_bytes = worker_memory_bytes(self.n_workers)
+        # a worker's threads: its cgroup's pids.max, else (--allow-weak-bounds) RLIMIT_NPROC
+        self.weak_tasks = 0 if sandbox.cgroup_parents() or sandbox.disabled() else WORKER_TASKS
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         self.wake_lock = threading.Lock()
@@ -489,6 +507,7 @@ class Runner:
                 msg = json.loads(line)
                 if not isinstance(msg, dict):
                     raise ValueError("not an object")
+                check_depth(msg)
                 self.on_message(w, msg, time.time())
             except Exception as e:  # a harness can write to its pipe directly: forged messages cost its episode
                 return self.fail(w.episode, f"protocol violation: {type(e).__name__}: {e}"[:500], w) if w.episode \
@@ -502,17 +521,30 @@ def beside_answer(result):
     bounded: past EXTRA_KEEP characters of JSON, the first EXTRA_KEEP of them as text, marked cut."""
     extra = {k: v for k, v in result.items() if k != "answer"}
     text = json.dumps(extra)
-    return extra if len(text) <= EXTRA_KEEP else f"{text[:EXTRA_KEEP]} ... (cut: {len(text)} characters)"
+    return extra if len(text) <= EXTRA_KEEP else f"{cut(text, EXTRA_KEEP)} ... (cut: {len(text)} characters)"
 
 
 def capped(value, limit=MAX_CHARS):
     """A recorded value (a tool call's arguments or result, an answer) as it is, or past `limit` characters of
-    JSON its first `limit` as text, marked cut: no field of a trace holds more."""
+    JSON, cut and marked: a string its own start, anything else the start of its JSON text, each as much as
+    fits `limit` characters once the trace line escapes it (quotes and backslashes are not escaped past the cap):
+    no field of a trace holds more."""
     try:
         text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return value if len(text) <= limit else f"{text[:limit]} ... (cut: {len(text)} characters)"
+    except (TypeError, ValueError, RecursionError):
+        return f"(not recorded: a {type(value).__name__} that is not JSON)"
+    if len(text) <= limit:
+        return value
+    return f"{cut(value if isinstance(value, str) else text, limit)} ... (cut: {len(text)} characters)"
+
+
+def cut(text, limit):
+    """The longest start of text whose JSON form (without its quotes) has at most `limit` characters."""
+    lo, hi = 0, min(len(text), limit)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if len(json.dumps(text[:mid])) - 2 <= limit else (lo, mid - 1)
+    return text[:lo]
 
 
 def trace_line(record):

@@ -23,14 +23,19 @@ so not even /proc/1/environ, the sandbox's init, shows the parent's variables). 
 seccomp filter (libseccomp through pyseccomp) under which the command cannot start another process, while
 threads still work: harness workers and the python tool run under it, so each is one process. Every filter
 denies the kernel surface no harness needs (DENIED_CALLS: ptrace, io_uring, keyctl, bpf, mounts, namespaces,
-...). A process's RLIMIT_AS does not see memory outside its address space (SysV shared memory, tmpfs pages), so
-each sandbox also gets a cgroup of its own where the host allows one (Cgroup: memory and tasks, counted by the
-kernel), the IPC calls are denied to workers and the tool, and /tmp is a sized tmpfs; memory_bound() says which
-bound applies. Proposers get an empty network namespace whose one way out is an allow-listed proxy (Egress).
+...) and every socket family the sandbox does not use (WORKER_FAMILIES: none; TOOL_FAMILIES; PROPOSER_FAMILIES).
+A process's RLIMIT_AS does not see memory outside its address space (SysV shared memory, tmpfs pages, socket
+buffers), so each sandbox also gets a cgroup of its own (Cgroup: memory and tasks, counted by the kernel), the
+IPC and inotify calls are denied to workers and the tool, and every writable place is a sized tmpfs (a worker's
+/tmp is read-only); memory_bound() says which bound applies. Proposers get an empty network namespace whose one
+way out is an allow-listed proxy (Egress), itself bounded (connections, time to a request head, what it records).
 
 Where the kernel refuses namespaces (some GPU hosts do), check() stops the run with one line that names the
 opt-out: WHALE_UNSAFE_NO_SANDBOX=1 (the CLIs' --unsafe-no-sandbox sets it) runs the same commands without the
-sandbox, with the in-process checks only, and says so on every start. Never a silent downgrade.
+sandbox, with the in-process checks only, and says so on every start. Where this process can make no cgroup
+(most laptops: cgroup v2 not delegated to the user), check() stops likewise, naming the opt-in
+WHALE_ALLOW_WEAK_BOUNDS=1 (--allow-weak-bounds): per-process limits instead (RLIMIT_NOFILE, RLIMIT_NPROC, a
+read-only /tmp for the tool too; docs/design.md's table says which bound holds where). Never a silent downgrade.
 
 The harness workers built on it: lib/episodes/worker_pool.py.
 """
@@ -51,6 +56,7 @@ import time
 from functools import lru_cache
 
 OPT_OUT = "WHALE_UNSAFE_NO_SANDBOX"
+WEAK_BOUNDS = "WHALE_ALLOW_WEAK_BOUNDS"  # no cgroup: per-process limits instead (memory_bound() says which)
 CLONE_THREAD = 0x10000
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 TMP_BYTES = 64 << 20  # every sandbox's /tmp (a proposer's: its own flag)
@@ -70,18 +76,27 @@ def disabled():
     return os.environ.get(OPT_OUT) == "1"
 
 
+def weak_bounds_allowed():
+    return os.environ.get(WEAK_BOUNDS) == "1"
+
+
 def add_args(p):
     # sandbox
     p.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="run harness code, the python tool and proposers WITHOUT the OS sandbox (only where the "
                         "kernel refuses namespaces; scores are then not evidence against a hostile harness)")
+    p.add_argument("--allow-weak-bounds", action="store_true",
+                   help="where this process can make no cgroup, run with per-process limits instead (docs/design.md "
+                        "says which bounds hold then; the README says how to get a delegated cgroup)")
 
 
 def apply_args(args):
-    """--unsafe-no-sandbox reaches every subprocess through the environment, then check() once: a CLI stops
-    with the one-line reason (and the opt-out) before any work starts."""
+    """--unsafe-no-sandbox and --allow-weak-bounds reach every subprocess through the environment, then check()
+    once: a CLI stops with the one-line reason (and the flag) before any work starts."""
     if getattr(args, "unsafe_no_sandbox", False):
         os.environ[OPT_OUT] = "1"
+    if getattr(args, "allow_weak_bounds", False):
+        os.environ[WEAK_BOUNDS] = "1"
     try:
         check()
     except SandboxError as e:
@@ -125,14 +140,17 @@ def package_dirs():
 
 
 def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, seccomp_fd=None, packages=True,
-         tmp_bytes=TMP_BYTES, ro_dev=False, cgroup=None, extra=()):
+         tmp_bytes=TMP_BYTES, ro_tmp=False, ro_dev=False, shm_bytes=None, sized=(), cgroup=None, extra=()):
     """argv inside a fresh sandbox. files / ro: paths visible read-only at the same path; rw: writable;
     env: the only environment variables (PATH and HOME=/tmp by default); seccomp_fd: a filter from
     no_fork_filter() (pass it in the caller's pass_fds, close it after the start); packages=False: the
     standard library only, no installed package of the venv, the base interpreter or the system; tmp_bytes: the
-    size of its /tmp (a tmpfs: folders and symlinks count, which RLIMIT_FSIZE does not); ro_dev: /dev read-only
-    (its /dev/shm too; the devices still work); cgroup: a Cgroup the sandbox starts in, so its memory and
-    processes are counted and bounded by the kernel from the first instruction; extra: bwrap options."""
+    size of its /tmp (a tmpfs: folders and symlinks count, which RLIMIT_FSIZE does not); ro_tmp: that /tmp
+    read-only (harness workers write no file: no inode to make either); ro_dev: /dev read-only (its /dev/shm too;
+    the devices still work); shm_bytes: a /dev/shm of its own of that size (a proposer's, beside a read-only
+    /dev); sized: [(path, bytes)], a tmpfs of that size at each path (a proposer's folder: what it writes is
+    bounded by the kernel); cgroup: a Cgroup the sandbox starts in, so its memory and processes are counted and
+    bounded by the kernel from the first instruction; extra: bwrap options."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", **(env or {})}
     if disabled():
         return ["env", "-i", "-C", cwd, *(f"{k}={v}" for k, v in env.items()), *argv]
@@ -149,6 +167,7 @@ def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, secco
     for d in SYSTEM_DIRS:
         cmd += ["--ro-bind-try", d, d]
     cmd += ["--proc", "/proc", "--dev", "/dev", *(["--remount-ro", "/dev"] if ro_dev else []),
+            *(["--size", str(shm_bytes), "--tmpfs", "/dev/shm"] if shm_bytes else []),
             "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
     for d in python_dirs(packages):  # after the fresh /tmp, which would hide a venv made under /tmp
         cmd += ["--ro-bind", d, d]
@@ -159,6 +178,10 @@ def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, secco
         cmd += ["--ro-bind", os.path.realpath(path), os.path.abspath(path)]
     for path in rw:
         cmd += ["--bind", os.path.realpath(path), os.path.abspath(path)]
+    for path, nbytes in sized:
+        cmd += ["--size", str(nbytes), "--tmpfs", os.path.abspath(path)]
+    if ro_tmp:  # last: the folders bound above may need mount points made under /tmp
+        cmd += ["--remount-ro", "/tmp"]
     for key, value in env.items():
         cmd += ["--setenv", key, str(value)]
     cmd += ["--chdir", cwd, "--", *argv]
@@ -180,22 +203,40 @@ DENIED_CALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"
 # denied to harness workers and the python tool, whose RLIMIT_AS would not see it. Proposers keep them (an
 # agent's runtime may use them): their cgroup counts them where the host has one.
 IPC_CALLS = ("shmget", "shmat", "msgget", "semget", "memfd_create", "memfd_secret")
+# Watches on the user's files: inotify instances are counted per user, host and sandbox together, so one sandbox
+# could take them all (a host process of the same user then gets EMFILE). Denied to workers and the tool.
+NOTIFY_CALLS = ("inotify_init", "inotify_init1")
+# The socket families each sandbox may open; socket() and socketpair() of any other fail with EAFNOSUPPORT (vsock,
+# a channel to a VM's host; packet; alg; netlink; ...). Harness workers: none (they talk over pipes); the python
+# tool: AF_UNIX (asyncio's wake-up is a socket pair); proposers: AF_UNIX, AF_INET, AF_INET6 (the bridge to the
+# egress proxy, an agent's own loopback), and AF_NETLINK with the host's network (the C library asks the
+# kernel for the host's addresses there).
+WORKER_FAMILIES = ()
+TOOL_FAMILIES = (socket.AF_UNIX,)
+PROPOSER_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
+HOST_NET_FAMILIES = PROPOSER_FAMILIES + (socket.AF_NETLINK,)
+AF_LIMIT = 64  # above every family Linux has (46 in 6.x): a larger domain argument is refused whatever it is
 # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 CLONE_NAMESPACES = (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000)
 
 
-@lru_cache(maxsize=2)
-def filter_program(no_fork=True):
+@lru_cache(maxsize=8)
+def filter_program(no_fork=True, families=WORKER_FAMILIES):
     """A compiled seccomp filter. Every filter: DENIED_CALLS fail with EPERM, and so does a clone that asks for a
-    namespace. no_fork (harness workers, the python tool): IPC_CALLS too, and fork, vfork and clone without
-    CLONE_THREAD fail with EPERM; clone3 says ENOSYS, so the C library falls back to clone and threads still
-    start. (exec stays allowed: bwrap execs the command under the filter, and an exec only replaces the one
-    process, rlimits and all.)"""
+    namespace; socket() and socketpair() only for `families`. no_fork (harness workers, the python tool):
+    IPC_CALLS and NOTIFY_CALLS too, and fork, vfork and clone without CLONE_THREAD fail with EPERM; clone3 says
+    ENOSYS, so the C library falls back to clone and threads still start. (exec stays allowed: bwrap execs the
+    command under the filter, and an exec only replaces the one process, rlimits and all.)"""
     try:
         import pyseccomp as seccomp
         rules = seccomp.SyscallFilter(seccomp.ALLOW)
-        for call in DENIED_CALLS + (IPC_CALLS if no_fork else ()):
+        for call in DENIED_CALLS + (IPC_CALLS + NOTIFY_CALLS if no_fork else ()):
             rules.add_rule(seccomp.ERRNO(errno.EPERM), call)
+        for call in ("socket", "socketpair"):  # one rule a refused family; the whole 64-bit argument is compared
+            refuse = seccomp.ERRNO(errno.EAFNOSUPPORT)
+            for family in sorted(set(range(AF_LIMIT)) - set(families)):
+                rules.add_rule(refuse, call, seccomp.Arg(0, seccomp.EQ, family))
+            rules.add_rule(refuse, call, seccomp.Arg(0, seccomp.GE, AF_LIMIT))
         for flag in CLONE_NAMESPACES:  # one rule a flag: any of them set is refused
             rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
         # clone3 passes its flags in memory a filter cannot read: ENOSYS sends the C library to clone
@@ -213,10 +254,11 @@ def filter_program(no_fork=True):
                                        f"the system's libseccomp2")) from None
 
 
-def no_fork_filter(no_fork=True):
+def no_fork_filter(no_fork=True, families=WORKER_FAMILIES):
     """A fresh pipe's read end holding the filter, for wrap(seccomp_fd=...): bwrap reads it once at start.
-    no_fork=False: the filter for proposers (DENIED_CALLS only; they may start processes)."""
-    program = b"" if disabled() else filter_program(no_fork)
+    no_fork=False: the filter for proposers (DENIED_CALLS only; they may start processes). families: the socket
+    families it may open (WORKER_FAMILIES, TOOL_FAMILIES, PROPOSER_FAMILIES)."""
+    program = b"" if disabled() else filter_program(no_fork, tuple(families))
     r, w = os.pipe()
     os.write(w, program)  # a few hundred bytes: fits the pipe's buffer
     os.close(w)
@@ -227,29 +269,31 @@ start_retries = 0  # starts that failed once and were tried again (rollout.Infra
 retry_lock = threading.Lock()
 
 
-def start_one_process(argv, *, files=(), env=None, pass_fds=(), packages=True, cgroup=None, **popen_kw):
+def start_one_process(argv, **kw):
     """start_once, tried again once when the start fails for a reason outside the project (the kernel out of
     processes or memory: EAGAIN, ENOMEM), and counted; the second failure is the caller's to report."""
     try:
-        return start_once(argv, files=files, env=env, pass_fds=pass_fds, packages=packages, cgroup=cgroup, **popen_kw)
+        return start_once(argv, **kw)
     except OSError:
         global start_retries
         with retry_lock:
             start_retries += 1
-        return start_once(argv, files=files, env=env, pass_fds=pass_fds, packages=packages, cgroup=cgroup, **popen_kw)
+        return start_once(argv, **kw)
 
 
-def start_once(argv, *, files=(), env=None, pass_fds=(), packages=True, cgroup=None, **popen_kw):
-    """subprocess.Popen of argv in a fresh sandbox under the no-fork filter (one process, threads allowed):
+def start_once(argv, *, files=(), env=None, pass_fds=(), packages=True, cgroup=None, families=WORKER_FAMILIES,
+               ro_tmp=False, **popen_kw):
+    """subprocess.Popen of argv in a fresh sandbox under the no-fork filter (one process, threads allowed; socket
+    families: `families`; ro_tmp: a read-only /tmp):
     how harness workers and the python tool start. Popen gets an empty environment (the command starts from
     `env -i` anyway): with env=None, subprocess's vfork child execs with the process's global environ after
     the GIL is released, and a thread that sets a variable meanwhile frees that array under it: execve fails
     with EFAULT, "[Errno 14] Bad address: '/usr/bin/env'" (scripts/repro_worker_start.py). An explicit
     environment is copied before the fork, into memory only this call owns."""
-    fd = no_fork_filter()
+    fd = no_fork_filter(families=families)
     try:
         return subprocess.Popen(wrap(argv, files=files, env=env, seccomp_fd=fd, packages=packages, ro_dev=True,
-                                     cgroup=cgroup), pass_fds=(*pass_fds, fd), env={}, **popen_kw)
+                                     ro_tmp=ro_tmp, cgroup=cgroup), pass_fds=(*pass_fds, fd), env={}, **popen_kw)
     finally:
         os.close(fd)
 
@@ -367,24 +411,42 @@ def endpoint_of(url):
 
 def public(address):
     """Whether an IP address is on the public internet: not the host's loopback, a private or link-local network
-    (a cloud's metadata service), multicast, reserved or unspecified."""
+    (a cloud's metadata service), multicast, reserved, unspecified or IPv6 site-local, nor an IPv6 address that
+    embeds such an IPv4 one (mapped, compatible, translated, NAT64, 6to4, Teredo), which a host may route to it."""
     import ipaddress
     ip = ipaddress.ip_address(address.split("%")[0])
-    if getattr(ip, "ipv4_mapped", None):
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
+    found = [ip]
+    if ip.version == 6:
+        if ip.is_site_local or ip in ipaddress.ip_network("64:ff9b:1::/48"):  # fec0::/10; RFC 8215's local NAT64
+            return False
+        # ::a.b.c.d (compatible), ::ffff:a.b.c.d (mapped), ::ffff:0:a.b.c.d (translated), 64:ff9b::a.b.c.d (NAT64)
+        if int(ip) >> 32 in (0, 0xFFFF, 0xFFFF0000) or ip in ipaddress.ip_network("64:ff9b::/96"):
+            found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+        found += [v4 for v4 in (ip.sixtofour, *(ip.teredo or ())) if v4 is not None]
+    return all(a.is_global and not a.is_multicast for a in found)
+
+
+# the proxy's own bounds: what a proposer flooding it from inside its sandbox can make the search hold
+EGRESS_CONNECTIONS = 64  # connections at once (each: its thread and, once through, one more); past it: closed
+EGRESS_HEAD_S = 10.0     # to send a request head, from the connection's start
+EGRESS_HEAD_BYTES = 65536
+EGRESS_REFUSED_KEPT = 20  # distinct refused endpoints recorded (each cut at 200 characters); the rest only counted
 
 
 class Egress:
     """The proxy outside the sandbox: CONNECT host:port (and plain http://host:port/... requests) for the
     allowed endpoints only, each name resolved here and connected only where every address it resolves to is
     public. An endpoint the user configured as a literal loopback or private address (a local server) is
-    allowed as given, and only that host and port. Everything else gets 403 and is counted in `refused`."""
+    allowed as given, and only that host and port. Everything else gets 403, recorded in `refused` (the first
+    EGRESS_REFUSED_KEPT distinct ones) and counted in `refusals`. At most EGRESS_CONNECTIONS connections at once,
+    each with EGRESS_HEAD_S to send its request head: a flood costs the search a bounded number of threads and
+    bytes."""
 
     def __init__(self, folder, endpoints):
         self.allowed = {endpoint_of(e) for e in endpoints}
         self.path = os.path.join(folder, "egress.sock")
-        self.refused = []
+        self.refused, self.refusals = [], 0
+        self.slots = threading.BoundedSemaphore(EGRESS_CONNECTIONS)
         self.server = socket.socket(socket.AF_UNIX)
         self.server.bind(self.path)
         self.server.listen(64)
@@ -401,16 +463,34 @@ class Egress:
                 client, _ = self.server.accept()
             except OSError:  # closed
                 return
-            threading.Thread(target=self.handle, args=(client,), daemon=True).start()
+            if not self.slots.acquire(blocking=False):  # at its bound: this one is closed unanswered
+                client.close()
+                continue
+            threading.Thread(target=self.handle_in_slot, args=(client,), daemon=True).start()
+
+    def handle_in_slot(self, client):
+        try:
+            self.handle(client)
+        finally:
+            self.slots.release()
+
+    def refuse(self, endpoint):
+        self.refusals += 1
+        if len(self.refused) < EGRESS_REFUSED_KEPT and endpoint[:200] not in self.refused:
+            self.refused.append(endpoint[:200])
 
     def handle(self, client):
+        """One connection, to its end: its head read within EGRESS_HEAD_S, then both directions pumped (one on a
+        thread of its own, one on this one), so the connection holds its slot until it closes."""
         try:
-            head = b""
+            head, end = b"", time.time() + EGRESS_HEAD_S
             while b"\r\n\r\n" not in head:
+                client.settimeout(max(end - time.time(), 0.001))
                 chunk = client.recv(4096)
-                if not chunk or len(head) > 65536:
+                if not chunk or len(head) > EGRESS_HEAD_BYTES:
                     return client.close()
                 head += chunk
+            client.settimeout(None)
             line, rest = head.split(b"\r\n", 1)
             method, target, version = line.decode("latin-1").split(" ", 2)
             if method == "CONNECT":
@@ -419,7 +499,7 @@ class Egress:
                 host, port = endpoint_of(target)
             upstream = self.connect(host, port)
             if upstream is None:
-                self.refused.append(f"{host}:{port}")
+                self.refuse(f"{host}:{port}")
                 client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
                 return client.close()
             if method == "CONNECT":
@@ -432,8 +512,12 @@ class Egress:
                 upstream.sendall(f"{method} {path} {version}\r\n".encode("latin-1") + rest)
         except (OSError, ValueError, UnicodeError):
             return client.close()
-        for a, b in ((client, upstream), (upstream, client)):
-            threading.Thread(target=pump, args=(a, b), daemon=True).start()
+        back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+        back.start()
+        pump(client, upstream)
+        back.join()
+        for s in (client, upstream):
+            s.close()
 
     def connect(self, host, port):
         """A socket to an allowed endpoint, or None."""
@@ -505,9 +589,9 @@ CGROUP_SLACK_BYTES = 64 << 20  # beside a sandbox's address-space limit: bwrap, 
 @lru_cache(maxsize=1)
 def cgroup_parents():
     """The folders under which this process can make a child group with the memory and pids controllers:
-    [own v2 group] where both are delegated to it, else [own v1 memory group, own v1 pids group]; [] where
-    neither is writable (the fallback: RLIMIT_AS, the filter's IPC denial, sized tmpfs; lib/ops/preflight.py
-    says which applies). Probed by making and removing a child."""
+    [own v2 group, or its parent] where both are delegated to it, else [own v1 memory group, own v1 pids
+    group]; [] where neither is writable (check() then stops unless --allow-weak-bounds: per-process limits,
+    memory_bound() says which). Probed by making and removing a child."""
     if disabled():
         return []
     try:
@@ -535,6 +619,11 @@ def cgroup_parents():
             root, point = mounts[name]
             rel = mine[name][len(root):] if mine[name].startswith(root) and root != "/" else mine[name]
             folders.append(os.path.normpath(point + "/" + rel.lstrip("/")))
+        if len(folders) == len(kind) and kind == ["2"] and not probe(folders[0], kind) \
+                and folders[0] != mounts["2"][1]:
+            # v2 hands a controller to the children of a group without processes only: a delegated scope whose
+            # processes sit in a leaf of their own (README, 'A cgroup of your own') makes our groups their siblings
+            folders = [os.path.dirname(folders[0])]
         if len(folders) == len(kind) and all(probe(d, kind) for d in folders):
             for folder in folders:
                 sweep(folder)
@@ -574,8 +663,10 @@ def memory_bound():
         kind = "v2" if len(folders) == 1 else "v1"
         return (f"cgroup {kind} per sandbox (under {', '.join(folders)}): memory incl. shared memory and tmpfs, "
                 f"and processes, bounded by the kernel")
-    return ("no writable cgroup: per-process RLIMIT_AS, the filter's IPC denial and sized tmpfs bound harness "
-            "sandboxes; proposers get RLIMIT_DATA and no process bound beyond --proposer-timeout")
+    return ("no writable cgroup (--allow-weak-bounds): per-process limits: harness workers and the python tool "
+            "RLIMIT_AS, RLIMIT_NOFILE and RLIMIT_NPROC, the filter's IPC and socket denials, a read-only /tmp; "
+            "proposers RLIMIT_DATA and RLIMIT_NPROC, sized tmpfs for their folder, /tmp and /dev/shm, their "
+            "files counted")
 
 
 class Cgroup:
@@ -689,6 +780,16 @@ def check():
         os.close(fd)
     if done.returncode != 0 or done.stdout.strip() != "ok":
         raise SandboxError(unavailable((done.stderr or done.stdout).strip()[-300:] or f"exit {done.returncode}"))
+    if not cgroup_parents() and not weak_bounds_allowed():
+        raise SandboxError(NO_CGROUP)
+    if not cgroup_parents():
+        print(f"WARNING: {WEAK_BOUNDS}=1: {memory_bound()}", file=sys.stderr)
+
+
+NO_CGROUP = ("this process can make no cgroup with the memory and pids controllers, so the kernel cannot bound a "
+             "sandbox's memory (shared memory, tmpfs, socket buffers) and processes as a whole. Get a delegated one "
+             "(README, 'A cgroup of your own': systemd-run --user --scope -p Delegate=yes ...), or accept per-process "
+             f"limits with --allow-weak-bounds ({WEAK_BOUNDS}=1; docs/design.md says which bounds hold then)")
 
 
 # -----------------------------------------------------------------------------
@@ -698,17 +799,24 @@ PYTHON_TIMEOUT_S = 30.0
 PYTHON_MEMORY_BYTES = 1 << 30
 PYTHON_MAX_OUTPUT_BYTES = 1 << 20
 PYTHON_TASKS = 64  # threads (OpenBLAS, the interpreter's) of the tool's sandbox, bwrap included
+# open files of a harness worker or the tool: what bounds the bytes they can queue in pipes (1 MiB each at most) and
+# the tool's socket pairs (2 x net.core.wmem_max a socket), which no address-space limit sees
+SANDBOX_OPEN_FILES = 64
 MAX_OUTPUT_CHARS = 2000
-# Runs in the sandboxed child before the model's code: it sets its own limits, and an audit hook that
+# Runs in the sandboxed child before the model's code: it sets its own limits (tasks: only where no cgroup counts
+# them; the kernel counts RLIMIT_NPROC in the sandbox's own user namespace), and an audit hook that
 # names the refused process calls (the sandbox's seccomp filter refuses them anyway, this only says so
 # clearly), then runs the code from stdin.
 SANDBOX_PRELUDE = r"""
 import resource, sys
-cpu, memory, fsize = map(int, sys.argv[1:4])
+cpu, memory, fsize, files, tasks = map(int, sys.argv[1:6])
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+if tasks:
+    resource.setrlimit(resource.RLIMIT_NPROC, (tasks, tasks))
 BLOCKED = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
            "os.kill", "os.killpg"}
 def guard(event, args):
@@ -727,7 +835,10 @@ def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTE
         return "error: code must be a string"
     env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}
     cpu_s = int(timeout_s) + 1
-    limits = [str(cpu_s), str(memory_bytes), str(PYTHON_MAX_OUTPUT_BYTES)]
+    weak = not cgroup_parents() and not disabled()  # no cgroup counts its tasks nor /tmp's inodes: rlimits and a
+    # read-only /tmp instead
+    limits = [str(cpu_s), str(memory_bytes), str(PYTHON_MAX_OUTPUT_BYTES), str(SANDBOX_OPEN_FILES),
+              str(PYTHON_TASKS if weak else 0)]
     # output goes to a file whose size the child may not push past the limit, never into our memory
     with tempfile.TemporaryFile() as out:
         try:
@@ -736,7 +847,8 @@ def run_python(code, timeout_s=PYTHON_TIMEOUT_S, memory_bytes=PYTHON_MEMORY_BYTE
             raise InfrastructureError(f"the python tool's cgroup could not be made: {e}") from None
         try:
             proc = start_one_process([python(), "-I", "-c", SANDBOX_PRELUDE, *limits], env=env, cgroup=cgroup,
-                                     stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT)
+                                     families=TOOL_FAMILIES, ro_tmp=weak, stdin=subprocess.PIPE, stdout=out,
+                                     stderr=subprocess.STDOUT)
         except OSError as e:  # the machine's failure, not the code's: the runner counts it against its budget
             cgroup.close()
             raise InfrastructureError(f"the python tool's sandbox could not start: {e}") from None

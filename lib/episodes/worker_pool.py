@@ -81,8 +81,8 @@ class Worker:
             # slow), and killing bwrap reaches everything inside anyway
             self.proc = start_one_process(
                 [python(), "-I", "-S", WORKER_PY, str(p2w_r), str(w2p_w)], files=[WORKER_PY], packages=False,
-                cgroup=self.cgroup, pass_fds=(p2w_r, w2p_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=self.stderr)
+                cgroup=self.cgroup, ro_tmp=True, pass_fds=(p2w_r, w2p_w), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=self.stderr)
         except BaseException:
             self.cgroup.close()
             raise
