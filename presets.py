@@ -4,7 +4,19 @@ the paper and gpu presets' per-domain settings. Why each value is what it is: do
 
     python plan.py --domain math --preset cpu      # what a preset spends, no model loaded
 """
-from lib.methods import METHODS
+import os
+
+from lib.methods import METHODS, table_names
+
+
+def cpu_threads():
+    """The cpu preset's torch threads: half the cores this process may use (os.sched_getaffinity: a container's or
+    taskset's share, not the machine's), at least one, so one on a 2-core machine. The other half is left to the
+    harness workers and whatever else runs beside it: two intra-op threads on two busy cores spin against each
+    other (tests/test_rft.py: 10-50x slower), and one thread ran a batch in 103 s that two had not finished after
+    8 min on the same busy machine (issue 60)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // 2)
 
 
 # Named bundles of defaults; any flag given on the command line wins. I (--harness-iterations)
@@ -29,7 +41,7 @@ PRESETS = {
                   harness_tasks=2, max_new_tokens=8, deadline=60.0, adaptive_epochs=0.5,
                   harness_patience=1, harness_min_rounds=1, harness_max_rounds=2,
                   proposer_brief="small-model"),
-    "cpu": dict(model="cpu", threads=2, epochs=1.0, phase_epochs=0.375, harness_iterations=2,
+    "cpu": dict(model="cpu", threads=cpu_threads(), epochs=1.0, phase_epochs=0.375, harness_iterations=2,
                 train_limit=64, test_limit=50, test_holdout=50, test_evals="ends", k=4, batch=8,
                 group=4, micro_batch=8, lr=3e-4, warmup=2, weight_decay=0.0, candidates=3,
                 harness_tasks=24, max_new_tokens=32, temperature=0.6, deadline=300.0,
@@ -168,6 +180,7 @@ def script_defaults(parser, name, domain, data=None):
     return {key: value for key, value in preset.items() if key in flags}
 
 def table_methods(schedule="fixed"):
-    """run_all.sh's methods, in the method table's order (lib/methods.py): every method under the fixed schedule,
-    those the table also runs under the adaptive one (adaptive WHALE) where ADAPTIVE=1."""
-    return [name for name, m in METHODS.items() if schedule == "fixed" or m.adaptive]
+    """run_all.sh's methods, in the method table's order (lib/methods.py): every method but the experimental rows
+    (lib/methods.table_names) under the fixed schedule, those the table also runs under the adaptive one (adaptive
+    WHALE) where ADAPTIVE=1. An experimental row runs when asked: whale.py --method NAME."""
+    return [name for name in table_names() if schedule == "fixed" or METHODS[name].adaptive]

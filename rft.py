@@ -116,8 +116,9 @@ class EpochSampler:
         return {"epoch": self.epoch, "pos": self.pos}
 
 
-def completion_nll(model, examples):
-    """Summed NLL of the completion tokens of `examples` [(prompt_ids, completion_ids)], in one right-padded batch.
+def completion_nll(model, examples, weights=None):
+    """Summed NLL of the completion tokens of `examples` [(prompt_ids, completion_ids)], in one right-padded batch;
+    with `weights` (one per example), each example's NLL times its weight (a weight step's, e.g. an advantage).
 
     The head runs only on the positions that predict a completion token, so prompt positions (system and user turns,
     tool outputs) neither add to the loss nor cost a vocabulary-sized projection. The leading tokens every example
@@ -151,7 +152,10 @@ def completion_nll(model, examples):
     hidden = decoder(input_ids=batch, past_key_values=cache).last_hidden_state
     keep = targets != -100
     logits = base.get_output_embeddings()(hidden[keep]).float()
-    return F.cross_entropy(logits, targets[keep], reduction="sum")
+    if weights is None:
+        return F.cross_entropy(logits, targets[keep], reduction="sum")
+    per_token = torch.tensor(weights, dtype=logits.dtype, device=device)[:, None].expand(keep.shape)[keep]
+    return (F.cross_entropy(logits, targets[keep], reduction="none") * per_token).sum()
 
 
 def length_batches(examples, size):
@@ -160,19 +164,23 @@ def length_batches(examples, size):
     return [order[i:i + size] for i in range(0, len(order), size)]
 
 
-def sft_update(model, optimizer, trajectories, sft_batch, micro_batch, grad_clip):
+def sft_update(model, optimizer, trajectories, sft_batch, micro_batch, grad_clip, weights=None):
     """One SFT pass over the accepted trajectories in order (each a list of examples): one optimizer
     step per mini-batch of `sft_batch` trajectories, its loss the token mean over that mini-batch's
     completion tokens, accumulated over forward/backward micro-batches of `micro_batch` examples.
-    Returns the mini-batch losses."""
+    weights: one per trajectory, scaling its tokens' NLL (None: RSFT's plain mean). Returns the mini-batch
+    losses."""
     model.train()
     losses = []
+    weights = weights or [None] * len(trajectories)
     for i in range(0, len(trajectories), sft_batch):
-        examples = [e for t in trajectories[i:i + sft_batch] for e in t]
-        n_tokens = sum(len(c) for _, c in examples)
+        chunk = zip(trajectories[i:i + sft_batch], weights[i:i + sft_batch])
+        examples = [(p, c, w) for t, w in chunk for p, c in t]
+        n_tokens = sum(len(c) for _, c, _ in examples)
         loss = 0.0
         for batch in length_batches(examples, micro_batch):
-            part = completion_nll(model, batch) / n_tokens
+            scale = None if batch[0][2] is None else [w for _, _, w in batch]
+            part = completion_nll(model, [(p, c) for p, c, _ in batch], scale) / n_tokens
             part.backward()
             loss += part.item()
         if grad_clip:
@@ -231,7 +239,11 @@ def check_batch(batch, n_train, domain_name):
 
 class RSFT:
     """trainer = RSFT(config, policy, domain, out_dir); row = trainer.step(harness_path). Resumes from
-    out_dir/ckpt. config: a cli.RSFTConfig."""
+    out_dir/ckpt. config: a cli.RSFTConfig.
+
+    The weight step: RSFT trains on its successful episodes (weigh), each with weight 1. Another weight
+    algorithm is a subclass that overrides weigh (which episodes it trains on, each one's weight in the loss),
+    registered in WEIGHT_STEPS below under the name a method row gives (README "Adding a weight algorithm")."""
 
     def __init__(self, cfg, policy, domain, out_dir, train=None, run_dir=None, run_episodes=None):
         self.cfg, self.policy, self.domain, self.out_dir = cfg, policy, domain, Path(out_dir)
@@ -249,6 +261,7 @@ class RSFT:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         ckpt = self.out_dir / "ckpt"
         resume = ckpt.exists()
+        check_checkpoint_step(self.out_dir, cfg.weight_step)
         if resume:
             state = json.loads((ckpt / "state.json").read_text())
             policy.load_adapter(ckpt / "adapter")
@@ -295,10 +308,11 @@ class RSFT:
         episodes = self.sample(tasks, harness_path)
         t1 = time.time()
         accepted = [e for e in episodes if e["reward"] > SUCCESS]
-        trajectories = [t for t in map(examples_of, accepted) if t]
+        trained = [(examples_of(e), w) for e, w in self.weigh(episodes) if examples_of(e)]
+        trajectories = [t for t, _ in trained]
         examples = [e for t in trajectories for e in t]
         lr = self.scheduler.get_last_lr()[0]
-        losses = self.update(trajectories) if trajectories else []
+        losses = self.update(trajectories, self.loss_weights([w for _, w in trained])) if trajectories else []
         t2 = time.time()
         self.step_count += 1
         self.rollouts += len(episodes)
@@ -333,11 +347,22 @@ class RSFT:
             **self.cfg.sampling.kwargs(), seed=self.cfg.seed * 1_000_003 + self.step_count,
             desc=f"rft step {self.step_count + 1} rollouts")
 
-    def update(self, trajectories):
-        """ceil(accepted / --sft-batch) optimizer steps; the lr schedule steps once per rollout step."""
+    def weigh(self, episodes):
+        """[(episode, its weight in the loss)] the step trains on: RSFT keeps every successful one (reward >
+        lib/rules.SUCCESS), each with weight 1 (the filter of rejection sampling)."""
+        return [(e, 1.0) for e in episodes if e["reward"] > SUCCESS]
+
+    @staticmethod
+    def loss_weights(weights):
+        """The weights sft_update scales each trajectory's NLL by: None when all are 1 (RSFT's plain mean, the
+        same arithmetic as before weight steps existed)."""
+        return None if all(w == 1.0 for w in weights) else weights
+
+    def update(self, trajectories, weights=None):
+        """ceil(trained / --sft-batch) optimizer steps; the lr schedule steps once per rollout step."""
         self.policy.free_memory()  # vllm --vllm-sleep: the engine's memory goes to the trainer
         losses = sft_update(self.policy.model, self.optimizer, trajectories, self.cfg.sft_batch,
-                            self.cfg.micro_batch, self.cfg.grad_clip)
+                            self.cfg.micro_batch, self.cfg.grad_clip, weights)
         self.scheduler.step()
         hand_back_memory()  # before the engine wakes (serve_adapter, or the next generate)
         return losses
@@ -351,7 +376,8 @@ class RSFT:
         torch.save({"optimizer": self.optimizer.state_dict(),
                     "scheduler": self.scheduler.state_dict(), "rng": get_rng_state()},
                     folder / "optimizer.pt")
-        state = {"model": self.cfg.model, "step": self.step_count, "rollouts": self.rollouts,
+        state = {"model": self.cfg.model, "weight_step": self.cfg.weight_step, "step": self.step_count,
+                 "rollouts": self.rollouts,
                  "sampler": self.sampler.state_dict(), "history": self.history}
         # what a resume checks
         state["sha256"] = {name: sha256(folder / name) for name in CHECKPOINT_FILES}
@@ -376,8 +402,30 @@ class RSFT:
         switch_checkpoint(self.out_dir, folder, state["history"])
         # the new trainer loads the checkpoint's adapter onto the base model
         self.policy.drop_adapter()
-        return RSFT(self.cfg, self.policy, self.domain, self.out_dir, train=self.train,
-                    run_dir=self.run_dir, run_episodes=self.run_episodes)
+        return type(self)(self.cfg, self.policy, self.domain, self.out_dir, train=self.train,
+                          run_dir=self.run_dir, run_episodes=self.run_episodes)
+
+
+# The weight steps a method row may name (lib/methods.Method.weight_step): name -> a class with RSFT's interface.
+# A new weight algorithm is a subclass of RSFT registered here (README "Adding a weight algorithm").
+WEIGHT_STEPS = {"rsft": RSFT}
+
+
+def check_checkpoint_step(out_dir, weight_step):
+    """A checkpoint resumes only under the weight step that trained it (one saved before weight steps: RSFT's)."""
+    ckpt = Path(out_dir, "ckpt")
+    trained = read_json(ckpt / "state.json", {}).get("weight_step", "rsft") if ckpt.exists() else weight_step
+    if trained != weight_step:
+        raise ValueError(f"{ckpt} was trained by weight step {trained}, not {weight_step}: resume it with "
+                         f"--weight-step {trained}, or start over in a fresh --out")
+
+
+def check_weight_step(name, method=None):
+    """A weight step not registered is one line naming the fix, before any model loads."""
+    if name not in WEIGHT_STEPS:
+        row = f"method {method} names weight step {name!r}" if method else f"--weight-step {name}"
+        raise ValueError(f"{row}, which rft.WEIGHT_STEPS does not register (it has {', '.join(WEIGHT_STEPS)}): add "
+                         f"WEIGHT_STEPS[{name!r}] = YourStep in rft.py (README \"Adding a weight algorithm\")")
 
 
 def examples_of(episode):
@@ -420,6 +468,9 @@ def main(argv=None):
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--train-limit", type=positive_int, default=None,
                    help="draw the prompts from a seeded sample of N train tasks (as whale.py's --train-limit)")
+    p.add_argument("--weight-step", default="rsft",
+                   help=f"the weight algorithm, a name in rft.WEIGHT_STEPS ({', '.join(WEIGHT_STEPS)}; whale.py: the "
+                        "method row's)")
     add_preset_arg(p)
     # adaptive stop (paper: window = minimum phase length = patience = 0.2 epoch)
     p.add_argument("--stop-patience", type=nonnegative_int, default=0,
@@ -453,8 +504,10 @@ def train_cli(args):
     if args.train_limit:  # as whale.py draws its prompts
         train = seeded_sample(train, args.train_limit)
     check_batch(args.batch, len(train), domain.name)
+    check_weight_step(args.weight_step)
+    check_checkpoint_step(args.out, args.weight_step)
     cfg = rsft_config(args, inputs_of(args, domains.data_flags()))
-    trainer = RSFT(cfg, load_policy(args), domain, args.out, train=train)
+    trainer = WEIGHT_STEPS[cfg.weight_step](cfg, load_policy(args), domain, args.out, train=train)
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(vars(args), f, indent=1)
 

@@ -64,6 +64,9 @@ def add_sampling_args(p):
                    help="stop the run when more than this share of a phase's episodes failed "
                         "outside the harness (a worker that did not start, a tool server that did "
                         "not answer)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch CPU threads (default: torch's own; the cpu preset: half the cores this process may "
+                        "use, 1 on a 2-core machine, where the harness workers need the other core)")
     sandbox.add_args(p)
 
 
@@ -71,6 +74,9 @@ def apply_args(args):
     """--infra-budget for every run_episodes call of this process (not a sampling setting: results
     never depend on it, so it is not part of what a resumed or reused run must match)."""
     INFRA_ERRORS.share = args.infra_budget
+    if getattr(args, "threads", None):
+        import torch  # here: rollout.py's own import stays light (report.py and domains.py import it)
+        torch.set_num_threads(args.threads)
 
 
 # -----------------------------------------------------------------------------

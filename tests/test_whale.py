@@ -491,7 +491,8 @@ def test_a_rerun_with_other_settings_is_refused_with_one_line(tmp_path, fake, ca
     with pytest.raises(SystemExit) as e:
         whale.main(argv + ["--method", "weight-only", "--out", str(out), "--k", "3", "--temperature", "0.2"])
     assert str(e.value.code) == (f"whale.py: error: {out} was run with other settings: --k 2 (now 3), "
-                                 "--temperature 1.0 (now 0.2): rerun with the folder's settings, or use a new --out")
+                                 f"--temperature 1.0 (now 0.2): rerun with the folder's settings, or move {out} aside "
+                                 f"(mv {out} {out}.old) or delete it, and rerun to start it over")
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing rewritten
     # what cannot change a result may change (lib/cli.NO_RESULT_FLAGS): the speed, the engine's memory share
     whale.main(argv + ["--method", "weight-only", "--out", str(out), "--threads", "2", "--gpu-memory", "0.3"])
@@ -514,7 +515,8 @@ def test_a_folder_of_an_older_whale_is_refused_and_changes_nothing(tmp_path, fak
         with pytest.raises(SystemExit) as e:
             whale.main(argv + ["--method", "weight-only", "--out", str(out)])
         assert str(e.value.code) == (f"whale.py: error: {out}/{name} was written by an older whale.py (it lacks "
-                                     f"{lacks}): rerun in a fresh --out or delete {out}")
+                                     f"{lacks}): move {out} aside (mv {out} {out}.old) or delete it, and "
+                                     "rerun to start it over")
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing rewritten
         (out / name).write_text(config if name == "config.json" else state)
     whale.main(argv + ["--method", "weight-only", "--out", str(out)])  # the folder's own files resume
