@@ -500,6 +500,44 @@ def test_a_rerun_with_other_settings_is_refused_with_one_line(tmp_path, fake, ca
     whale.main(argv + ["--method", "weight-only", "--out", str(out), "--threads", "2", "--gpu-memory", "0.3"])
 
 
+def test_the_refusals_fix_works_as_written_with_several_methods(tmp_path, fake, monkeypatch):
+    """--out is refused with several --method, so a refused resume of a several-method command names a fix that
+    works there: move the folder aside (as written: mv OUT OUT.old) and rerun, which starts that run over."""
+    argv, _ = fake
+    monkeypatch.chdir(tmp_path)
+    methods = ["--method", "weight-only", "whale"]
+    whale.main(argv + methods)
+    moved = []
+    for _ in range(3):
+        try:
+            whale.main(argv + methods + ["--k", "3"])
+            break
+        except SystemExit as e:
+            fix = str(e.code).split("or move ")[1]
+            out = fix.split(" aside (mv ")[0]
+            assert fix.startswith(f"{out} aside (mv {out} {out}.old) or delete it, and rerun to start it over")
+            subprocess.run(["mv", out, f"{out}.old"], check=True)  # the fix, as written
+            moved.append(os.path.basename(out))
+    assert moved == ["weight-only", "whale"]  # each refused folder in turn, then the command runs
+    for method in ("weight-only", "whale"):
+        config = json.loads((tmp_path / "results" / "smoke" / "math" / method / "config.json").read_text())
+        assert config["k"] == 3 and (tmp_path / "results" / "smoke" / "math" / f"{method}.old").is_dir()
+
+
+def test_a_folder_from_before_weight_steps_resumes_as_rsft(tmp_path, fake):
+    """config.json gained weight_step with issue 60: a folder without it was RSFT's and resumes as such."""
+    argv, _ = fake
+    out = tmp_path / "run"
+    whale.main(argv + ["--method", "weight-only", "--out", str(out)])
+    config = json.loads((out / "config.json").read_text())
+    assert config.pop("weight_step") == "rsft"
+    (out / "config.json").write_text(json.dumps(config))
+    [args] = whale.parse_args(argv + ["--method", "weight-only", "--out", str(out)])
+    ledger.check_same_settings(str(out), vars(args))  # resumes
+    with pytest.raises(ValueError, match=r"--weight-step rsft \(now pg\)"):
+        ledger.check_same_settings(str(out), {**vars(args), "weight_step": "pg"})
+
+
 def test_a_folder_of_an_older_whale_is_refused_and_changes_nothing(tmp_path, fake):
     """A config.json or state.json written before a flag or a state key existed (here: --minibatch before it
     became --micro-batch, a state without phase_key) is refused in one line, never resumed under a guess."""

@@ -206,6 +206,7 @@ def check_same_settings(out, flags):
     old = read_json(os.path.join(out, "config.json"))
     if old is None:
         return
+    old = {"weight_step": "rsft", **old}  # a folder made before weight steps existed: every weight phase was RSFT
     new = json.loads(json.dumps(flags))  # as stored
     lacking = [f"--{k.replace('_', '-')}" for k in new if k not in old]
     if lacking:
