@@ -23,6 +23,9 @@ Each rollout step (RSFT.step) is sample, filter, update:
   micro-batches of --micro-batch examples (AdamW on the LoRA weights with weight decay, gradient
   clipping, a constant lr unless --warmup). No replay buffer; a step with nothing accepted makes no
   update, but its rollouts still count.
+The filter is RSFT's weigh (which episodes a step trains on, each one's weight in the loss): another weight
+algorithm is a subclass that overrides it, registered in WEIGHT_STEPS and named by a method row or --weight-step
+(README "Adding a weight algorithm").
 After every step the trainer checkpoints (adapter, optimizer, scheduler, sampler, RNG, counters)
 atomically to OUT/ckpt, rewrites OUT/metrics.jsonl and has the policy serve the new adapter;
 rerunning the same command resumes after the last finished step. The update's speed against a bare

@@ -3,6 +3,8 @@ runs through whale.py (smoke), plan.py and report.py with no other file touched;
 in rft.WEIGHT_STEPS and named by a row (tests/fixtures/tiny_weight_step.py)."""
 import json
 
+import pytest
+
 from fixtures.tiny_method import STAGEWISE_FST
 from fixtures.tiny_weight_step import H0, WHALE_PG, Digits, GroupBaseline
 from lib import methods
@@ -110,7 +112,6 @@ def test_an_experimental_row_stays_out_of_run_alls_table_and_runs_when_asked(mon
 
 
 def test_a_weight_step_not_registered_is_one_line_before_any_model(monkeypatch, capsys):
-    import pytest
     import whale
     monkeypatch.setitem(methods.METHODS, "whale-ppo", methods.Method("whale-ppo", methods.ALTERNATE, methods.BOTH,
                                                                      weight_step="ppo"))
@@ -119,3 +120,25 @@ def test_a_weight_step_not_registered_is_one_line_before_any_model(monkeypatch, 
     assert str(e.value.code) == ("whale.py: error: method whale-ppo names weight step 'ppo', which rft.WEIGHT_STEPS "
                                  "does not register (it has rsft): add WEIGHT_STEPS['ppo'] = YourStep in rft.py "
                                  "(README \"Adding a weight algorithm\")")
+
+
+def test_a_weight_steps_weights_scale_each_trajectorys_nll_and_rsft_keeps_its_plain_mean():
+    """weigh's weights reach the loss: each example's NLL times its trajectory's weight (the group baseline's
+    advantages here), while RSFT's weights of 1 leave the loss as it was (the same sum)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    import rft
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    ex = [([5, 6, 7], [10, 11]), ([1, 2], [3])]
+    with torch.no_grad():
+        one = [rft.completion_nll(model, [e]).item() for e in ex]
+        assert rft.completion_nll(model, ex, [0.5, -2.0]).item() == pytest.approx(0.5 * one[0] - 2.0 * one[1],
+                                                                                   rel=1e-5)
+        assert rft.completion_nll(model, ex, [1.0, 1.0]).item() == pytest.approx(sum(one), rel=1e-5)
+    episodes = [{"task_id": t, "reward": r} for t, r in (("a", 1.0), ("a", 0.0), ("a", 0.0), ("b", 1.0), ("b", 1.0))]
+    weighed = GroupBaseline.weigh(None, episodes)  # group b scored alike: it teaches nothing
+    assert [(e["task_id"], round(w, 4)) for e, w in weighed] == [("a", 0.6667), ("a", -0.3333), ("a", -0.3333)]
+    assert rft.RSFT.weigh(None, episodes) == [(e, 1.0) for e in episodes if e["reward"] == 1.0]
+    assert rft.RSFT.loss_weights([1.0, 1.0]) is None and rft.RSFT.loss_weights([1.0, -0.5]) == [1.0, -0.5]
