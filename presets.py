@@ -126,7 +126,11 @@ GPU = {domain: dict(model=PAPER[domain]["model"], lr=PAPER[domain]["lr"],
 # D_weight sizes of the paper's data (docs/protocol.md), for plan.py without downloading them
 PAPER_TRAIN_SIZES = {"searchqa": 18_946, "math": 17_917, "chess": 16_384}
 # the cpu preset per domain: its h0 (harnesses/cpu/; chess, outside the cpu preset's default
-# domains, keeps harnesses/chess.py)
+# domains, keeps harnesses/chess.py). countdown has none that SmolLM2-135M can start from: on 32 train prompts x 4
+# it solved none under harnesses/countdown.py (128 episodes: 69 cut at the 32-token cap, 54 with no expression) nor
+# with its three worked examples, read from the tag or the last line (256: each an expression, every one wrong;
+# scripts/calibrate_cpu_h0.py --domain countdown, 2026-12-03), so its weights would never move: plan.py --check
+# warns, and the fix is a larger --model
 CPU = {domain: dict(harness=f"harnesses/cpu/{domain}.py") for domain in ("searchqa", "math")}
 # run_all.sh's table: its domains per preset (DOMAINS=... overrides). cpu leaves chess out: SmolLM2-135M solves
 # none, and its long multi-turn prompts cost about 8x a searchqa episode. countdown (the fork template) is in no
