@@ -91,7 +91,8 @@ def describe(args, name, phases, budget, n_train, n_harness, n_test):
     """The plan's lines: `phases` as whale.fixed_phases gives them, `budget` as whale.budgets does."""
     steps, rounds = budget
     lines = [f"plan: {name} on {args.domain}, preset {args.preset}: {n_train} train prompts, {args.batch} a step "
-             f"({n_train / args.batch:.1f} steps an epoch), G = {args.group}; {steps} {whale.step_name(args.weight_step)} steps, {rounds} proposer "
+             f"({n_train / args.batch:.1f} steps an epoch), G = {args.group}; {steps} "
+             f"{whale.step_name(args.weight_step)} steps, {rounds} proposer "
              f"rounds of M = {args.candidates} on {n_harness} harness tasks; schedule {args.schedule}",
              sft_line(args)]
     score = n_harness * args.harness_samples  # one scoring of one harness

@@ -235,7 +235,9 @@ def main(argv=None):
 def shown_trace(row, width=600):
     """One episode's trace as --show prints it: the task and its score, then each model call's last message and
     reply, each tool call, each cut to `width` characters."""
-    cut = lambda text: (text if len(text) <= width else text[:width] + f"... ({len(text)} chars)").replace("\n", "\n    ")
+    def cut(text):
+        text = text if len(text) <= width else text[:width] + f"... ({len(text)} chars)"
+        return text.replace("\n", "\n    ")
     lines = [f"== {row['task_id']} sample {row['sample']}: reward {row['reward']}, turns {row['turns']}, answer "
              f"{cut(repr(row['answer']))}" + (f", error {cut(str(row['error']))}" if row.get("error") else "")]
     for i, call in enumerate(row["calls"], 1):

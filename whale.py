@@ -233,7 +233,8 @@ def run(cfg, domain, policy, donors=()):
             snapshot = ledger.find_snapshot(key) if trainer.step_count == start else None
             if snapshot is not None:  # a donor run made this very phase: its weights, not its steps again
                 trainer = trainer.adopt(snapshot)
-                print(f"weights: {step_name(cfg.rsft.weight_step)} steps {start + 1}-{trainer.step_count} taken from {snapshot}")
+                print(f"weights: {step_name(cfg.rsft.weight_step)} steps {start + 1}-{trainer.step_count} taken from "
+                      f"{snapshot}")
             rewards = [row["reward"] for row in trainer.history if row["step"] > start]
             while not rft.weight_phase_over(rewards, **rule):
                 rewards.append(trainer.step(harness)["reward"])
@@ -266,7 +267,8 @@ def run(cfg, domain, policy, donors=()):
                          **errors.counts()})
         ledger.save()
         score = "not evaluated (--test-evals ends)" if stats is NOT_EVALUATED else f"{stats['mean_at_k']:.4f}"
-        print(f"phase {i} {kind}: test mean@{stats.get('k', '-')} = {score}, {step_name(cfg.rsft.weight_step)} steps {steps_done(trainer)}/"
+        print(f"phase {i} {kind}: test mean@{stats.get('k', '-')} = {score}, {step_name(cfg.rsft.weight_step)} steps "
+              f"{steps_done(trainer)}/"
               f"{steps}, harness rounds {ledger.rounds_done()}/{rounds}, rollouts {rollouts}")
         kind = after
 
