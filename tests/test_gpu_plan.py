@@ -104,7 +104,8 @@ def test_the_estimate_counts_what_the_plan_prints(capsys):
         args, est, out = planned(capsys, "--preset", "gpu", "--domain", "searchqa", "--method", method)
         c = est["counts"]
         assert f"total: {c['train'] + c['harness']:,d} rollouts ({c['train']:,d} training, {c['harness']:,d} " in out
-        assert f"= {c['test']:,d}" in out and f"{c['steps']} RSFT steps, {c['rounds']} proposer rounds" in out
+        steps = f"{c['steps']} {whale.step_name(args.weight_step)} steps"  # RSFT steps, or a fork's step's
+        assert f"= {c['test']:,d}" in out and f"{steps}, {c['rounds']} proposer rounds" in out
 
 
 def test_time_grows_with_the_work_and_the_slower_card():

@@ -112,14 +112,15 @@ def test_an_experimental_row_stays_out_of_run_alls_table_and_runs_when_asked(mon
 
 
 def test_a_weight_step_not_registered_is_one_line_before_any_model(monkeypatch, capsys):
+    import rft
     import whale
     monkeypatch.setitem(methods.METHODS, "whale-ppo", methods.Method("whale-ppo", methods.ALTERNATE, methods.BOTH,
                                                                      weight_step="ppo"))
     with pytest.raises(SystemExit) as e:
         whale.main(["--domain", "math", "--preset", "smoke", "--method", "whale-ppo"])
     assert str(e.value.code) == ("whale.py: error: method whale-ppo names weight step 'ppo', which rft.WEIGHT_STEPS "
-                                 "does not register (it has rsft): add WEIGHT_STEPS['ppo'] = YourStep in rft.py "
-                                 "(README \"Adding a weight algorithm\")")
+                                 f"does not register (it has {', '.join(rft.WEIGHT_STEPS)}): add "
+                                 "WEIGHT_STEPS['ppo'] = YourStep in rft.py (README \"Adding a weight algorithm\")")
 
 
 def test_a_weight_steps_weights_scale_each_trajectorys_nll_and_rsft_keeps_its_plain_mean():
