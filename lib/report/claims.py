@@ -10,7 +10,7 @@ from lib.report.runs import FINAL, domains_of, finished, paired_scores, points
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "cannot tell at this size"
 # runs that score every test task alike (none learned anything the test tells apart: +0.0 [+0.0, +0.0]) refute
 # nothing: a claim about which one is better cannot be told from them
-ALIKE = "cannot be told (the two runs score every test task alike)"
+ALIKE = "cannot be told (the runs compared score every test task alike)"
 CLAIMS = {
     "i": "WHALE beats weight-only, harness-only and Fast-Slow Training (fast-slow) in every domain.",
     "ii": "Either component can be the bottleneck: harness search alone matches weight-only's score with far "
