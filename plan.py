@@ -26,8 +26,10 @@ from lib.rules import SUCCESS
 from lib.subsets import seeded_sample
 from presets import PAPER_TRAIN_SIZES
 
-# check_h0's look: H0_TASKS train tasks x H0_SAMPLES episodes, a few seconds a domain on the cpu preset
-H0_TASKS, H0_SAMPLES = 8, 2
+# check_h0's look: H0_TASKS train tasks x G episodes (--group: as an RSFT step samples them), two RSFT steps' worth
+# under the cpu preset. Enough that a calibrated h0 is rarely taken for one that earns nothing: at math's base
+# training reward under the cpu preset (6.3 %, docs/cpu-run/README.md), none of 64 is a 1.6 % chance
+H0_TASKS = 16
 
 
 def add_args(parser):
@@ -140,7 +142,7 @@ def sft_line(args):
 
 def check_h0(runs):
     """Whether each domain's h0 earns anything with the run's model: H0_TASKS train tasks (a seeded sample of the
-    run's) x H0_SAMPLES episodes at the run's sampling settings, for the runs that train weights. A weight step
+    run's) x G episodes at the run's sampling settings, for the runs that train weights. A weight step
     learns from successes (RSFT keeps only those), so none at all means the weights never move. The hf backend
     only (an engine takes minutes to start: the gpu and paper presets' first step shows it), and not the random
     smoke model or the null one, which earn nothing by design. -> one line per domain: ok with the count, or
@@ -157,7 +159,7 @@ def check_h0(runs):
             policies[args.model] = whale.load_policy(args)
         domain = domains.from_args(args)
         tasks = seeded_sample(seeded_sample(domain.load("train"), args.train_limit), H0_TASKS)
-        episodes = rollout.run_episodes(domain, args.harness, tasks, policies[args.model], samples=H0_SAMPLES,
+        episodes = rollout.run_episodes(domain, args.harness, tasks, policies[args.model], samples=args.group,
                                         seed=args.seed, desc=f"h0 on {args.domain} train tasks",
                                         **sampling_of(args).kwargs())
         won = sum(e["reward"] > SUCCESS for e in episodes)

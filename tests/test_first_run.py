@@ -40,13 +40,12 @@ def fake_episodes(won):
 @pytest.mark.parametrize("won", [0, 3])
 def test_check_warns_in_one_line_when_h0_earns_nothing_with_the_runs_model(monkeypatch, capsys, won):
     """countdown under the cpu preset: its bundled h0 earned 0 of 128 train episodes with SmolLM2-135M
-    (scripts/calibrate_cpu_h0.py, README "Adding a weight algorithm"); here the model's episodes are stand-ins."""
+    (scripts/calibrate_cpu_h0.py, presets.py CPU); here the model's episodes are stand-ins."""
     monkeypatch.setattr(whale, "load_policy", lambda args: object())
     monkeypatch.setattr(rollout, "run_episodes", fake_episodes(won))
     runs = whale.parse_args(["--domain", "countdown", "--preset", "cpu", "--method", "harness-only", "whale"])
     lines = plan.check_h0(runs)
-    said = (f"{plan.H0_TASKS * plan.H0_SAMPLES} episodes of {runs[0].harness} on {plan.H0_TASKS} train tasks under "
-            "--model cpu")
+    said = f"{16 * 4} episodes of {runs[0].harness} on 16 train tasks under --model cpu"  # 16 tasks x G = 4
     if won:
         assert lines == [f"ok   h0 (countdown): 3 of {said} succeed"]
     else:
