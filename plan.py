@@ -8,17 +8,31 @@ every resource it needs. It takes whale.py's flags and loads no model, so it ans
     python plan.py --domain math --preset paper --card 141 --gpus 8 --ranks 8   # a node of 8 H200s, torchrun
 
 The plan is the one whale.py would follow (whale.budgets, whale.fixed_phases, under the same flags); the
-hours come from lib/ops/time_model.py. --check runs lib/ops/preflight.py: one line per check, 0 when all pass.
+hours come from lib/ops/time_model.py. --check runs lib/ops/preflight.py: one line per check, 0 when all pass;
+then, where those pass, whether each domain's h0 earns anything with the run's model (check_h0): a run whose
+base model never succeeds under h0 trains nothing, and hears it here, not an hour later.
 """
 import math
 import sys
 
 import domains
+import rft
+import rollout
 import whale
-from lib.cli import one_line_errors, positive_int
+from lib.cli import one_line_errors, positive_int, sampling_of
+from lib.episodes import sandbox
+from lib.methods import HARNESS, METHODS
 from lib.ops import preflight, time_model
+from lib.rules import SUCCESS
 from lib.subsets import seeded_sample
 from presets import PAPER_TRAIN_SIZES
+
+# check_h0's look: H0_TASKS train tasks x G episodes (--group: as an RSFT step samples them), two RSFT steps' worth
+# under the cpu preset. Enough that a calibrated h0 is rarely taken for one that earns nothing: at math's base
+# training reward under the cpu preset (6.3 %, docs/cpu-run/README.md), none of 64 is a 1.6 % chance (seeded: the
+# same run's check gives the same count; the cpu preset's math h0 got 1 of 64 on 2026-12-03), hence a warning, not a
+# failure
+H0_TASKS = 16
 
 
 def add_args(parser):
@@ -95,7 +109,8 @@ def describe(args, name, phases, budget, n_train, n_harness, n_test):
     """The plan's lines: `phases` as whale.fixed_phases gives them, `budget` as whale.budgets does."""
     steps, rounds = budget
     lines = [f"plan: {name} on {args.domain}, preset {args.preset}: {n_train} train prompts, {args.batch} a step "
-             f"({n_train / args.batch:.1f} steps an epoch), G = {args.group}; {steps} RSFT steps, {rounds} proposer "
+             f"({n_train / args.batch:.1f} steps an epoch), G = {args.group}; {steps} "
+             f"{whale.step_name(args.weight_step)} steps, {rounds} proposer "
              f"rounds of M = {args.candidates} on {n_harness} harness tasks; schedule {args.schedule}",
              sft_line(args)]
     score = n_harness * args.harness_samples  # one scoring of one harness
@@ -131,15 +146,55 @@ def describe(args, name, phases, budget, n_train, n_harness, n_test):
 
 
 def sft_line(args):
-    """The SFT update of one rollout step: one optimizer step per --sft-batch accepted trajectories (RSFT keeps
-    those with reward 1), so between 0 (nothing accepted) and ceil(batch x G / sft_batch) optimizer steps."""
+    """The update of one rollout step by the method's weight step: one optimizer step per --sft-batch trajectories
+    it trains on (RSFT keeps those with reward 1), so between 0 (none) and ceil(batch x G / sft_batch)."""
     most = math.ceil(args.batch * args.group / args.sft_batch)
-    return (f"  SFT: one optimizer step per {args.sft_batch} accepted trajectories: 0-{most} optimizer steps per "
-            f"rollout step of {args.batch * args.group:,d} trajectories")
+    return (f"  weight step {args.weight_step}: one optimizer step per {args.sft_batch} trajectories it trains on: "
+            f"0-{most} optimizer steps per rollout step of {args.batch * args.group:,d} trajectories")
+
+
+# -----------------------------------------------------------------------------
+# --check: can the runs learn?
+
+def check_h0(runs):
+    """Whether each domain's h0 earns anything with the run's model: H0_TASKS train tasks (a seeded sample of the
+    run's) x G episodes at the run's sampling settings, for the runs that train weights. A weight step
+    learns from successes (RSFT keeps only those), so none at all means the weights never move. The hf backend
+    only (an engine takes minutes to start: the gpu and paper presets' first step shows it), and not the random
+    smoke model or the null one, which earn nothing by design. -> one line per domain: ok with the count, or
+    WARN naming the fix"""
+    lines, policies, seen = [], {}, set()
+    for args in runs:
+        if (METHODS[args.method].budgets == HARNESS or args.backend != "hf" or args.model in ("smoke", "null")
+                or args.domain in seen):
+            continue
+        seen.add(args.domain)
+        sandbox.apply_args(args)
+        rollout.apply_args(args)  # --threads
+        if args.model not in policies:
+            policies[args.model] = whale.load_policy(args)
+        domain = domains.from_args(args)
+        tasks = seeded_sample(seeded_sample(domain.load("train"), args.train_limit), H0_TASKS)
+        episodes = rollout.run_episodes(domain, args.harness, tasks, policies[args.model], samples=args.group,
+                                        seed=args.seed, desc=f"h0 on {args.domain} train tasks",
+                                        **sampling_of(args).kwargs())
+        won = sum(e["reward"] > SUCCESS for e in episodes)
+        said = f"{len(episodes)} episodes of {args.harness} on {len(tasks)} train tasks under --model {args.model}"
+        if won:
+            lines.append(f"ok   h0 ({args.domain}): {won} of {said} succeed")
+        else:
+            lines.append(f"WARN h0 ({args.domain}): none of {said} succeeds, so a weight step would train on "
+                         f"nothing: give {args.domain} an h0 its model can start from (presets.py CPU, calibrated "
+                         f"with scripts/calibrate_cpu_h0.py) or a larger --model")
+    return lines
 
 
 def main(argv=None):
     runs = parse_args(argv)
+    with one_line_errors("plan.py"):
+        for args in runs:
+            if METHODS[args.method].budgets != HARNESS:
+                rft.check_weight_step(args.weight_step, args.method)
     if runs[0].check is None:
         if runs[0].data != "paper":  # the paper's sets load slowly, and its presets hold out no test task
             with one_line_errors("plan.py"):
@@ -159,7 +214,12 @@ def main(argv=None):
     # each --check domain parsed as its own run, with the same flags
     argv = sys.argv[1:] if argv is None else list(argv)
     runs += [parse_args([*argv, "--domain", d])[0] for d in runs[0].check]
-    raise SystemExit(preflight.main(runs, check_harness=domains.check_harness, domain_of=domains.from_args))
+    code = preflight.main(runs, check_harness=domains.check_harness, domain_of=domains.from_args)
+    if code == 0:
+        with one_line_errors("plan.py"):
+            for line in check_h0(runs):
+                print(line, flush=True)  # a warning: the run may still be what the user wants (a harness-only one)
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,19 @@ the paper and gpu presets' per-domain settings. Why each value is what it is: do
 
     python plan.py --domain math --preset cpu      # what a preset spends, no model loaded
 """
-from lib.methods import METHODS
+import os
+
+from lib.methods import METHODS, table_names
+
+
+def cpu_threads():
+    """The cpu preset's torch threads: half the cores this process may use (os.sched_getaffinity: a container's or
+    taskset's share, not the machine's), at least one, so one on a 2-core machine. The other half is left to the
+    harness workers and whatever else runs beside it: two intra-op threads on two busy cores spin against each
+    other (tests/test_rft.py: 10-50x slower), and one thread ran a batch in 103 s that two had not finished after
+    8 min on the same busy machine (issue 60)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // 2)
 
 
 # Named bundles of defaults; any flag given on the command line wins. I (--harness-iterations)
@@ -29,7 +41,7 @@ PRESETS = {
                   harness_tasks=2, max_new_tokens=8, deadline=60.0, adaptive_epochs=0.5,
                   harness_patience=1, harness_min_rounds=1, harness_max_rounds=2,
                   proposer_brief="small-model"),
-    "cpu": dict(model="cpu", threads=2, epochs=1.0, phase_epochs=0.375, harness_iterations=2,
+    "cpu": dict(model="cpu", threads=cpu_threads(), epochs=1.0, phase_epochs=0.375, harness_iterations=2,
                 train_limit=64, test_limit=50, test_holdout=50, test_evals="ends", k=4, batch=8,
                 group=4, micro_batch=8, lr=3e-4, warmup=2, weight_decay=0.0, candidates=3,
                 harness_tasks=24, max_new_tokens=32, temperature=0.6, deadline=300.0,
@@ -114,7 +126,11 @@ GPU = {domain: dict(model=PAPER[domain]["model"], lr=PAPER[domain]["lr"],
 # D_weight sizes of the paper's data (docs/protocol.md), for plan.py without downloading them
 PAPER_TRAIN_SIZES = {"searchqa": 18_946, "math": 17_917, "chess": 16_384}
 # the cpu preset per domain: its h0 (harnesses/cpu/; chess, outside the cpu preset's default
-# domains, keeps harnesses/chess.py)
+# domains, keeps harnesses/chess.py). countdown has none that SmolLM2-135M can start from: on 32 train prompts x 4
+# it solved none under harnesses/countdown.py (128 episodes: 69 cut at the 32-token cap, 54 with no expression) nor
+# with its three worked examples, read from the tag or the last line (256: each an expression, every one wrong;
+# scripts/calibrate_cpu_h0.py --domain countdown, 2026-12-03), so its weights would never move: plan.py --check
+# warns, and the fix is a larger --model
 CPU = {domain: dict(harness=f"harnesses/cpu/{domain}.py") for domain in ("searchqa", "math")}
 # run_all.sh's table: its domains per preset (DOMAINS=... overrides). cpu leaves chess out: SmolLM2-135M solves
 # none, and its long multi-turn prompts cost about 8x a searchqa episode. countdown (the fork template) is in no
@@ -180,6 +196,7 @@ def script_defaults(parser, name, domain, data=None):
     return {dest: value for dest, value in named.items() if dest in flags}
 
 def table_methods(schedule="fixed"):
-    """run_all.sh's methods, in the method table's order (lib/methods.py): every method under the fixed schedule,
-    those the table also runs under the adaptive one (adaptive WHALE) where ADAPTIVE=1."""
-    return [name for name, m in METHODS.items() if schedule == "fixed" or m.adaptive]
+    """run_all.sh's methods, in the method table's order (lib/methods.py): every method but the experimental rows
+    (lib/methods.table_names) under the fixed schedule, those the table also runs under the adaptive one (adaptive
+    WHALE) where ADAPTIVE=1. An experimental row runs when asked: whale.py --method NAME."""
+    return [name for name in table_names() if schedule == "fixed" or METHODS[name].adaptive]

@@ -198,8 +198,9 @@ def benchmark_table(runs, k):
 
 
 def shown_methods(runs):
-    """The run names, less the optional ones (the adaptive runs, stagewise-hw) where no domain ran them."""
-    return [m for m in run_names() if not (m.endswith(ADAPTIVE) or method_of(m).optional)
+    """The run names, less the optional ones (the adaptive runs, stagewise-hw, experimental rows) where no domain
+    ran them."""
+    return [m for m in run_names() if not (m.endswith(ADAPTIVE) or method_of(m).optional or method_of(m).experimental)
             or any((d, m) in runs for d in domains_of(runs))]
 
 

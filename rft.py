@@ -26,6 +26,9 @@ Each rollout step (RSFT.step) is sample, filter, update:
   micro-batches of --micro-batch examples (AdamW on the LoRA weights with weight decay, gradient
   clipping, a constant lr unless --warmup). No replay buffer; a step with nothing accepted makes no
   update, but its rollouts still count.
+The filter is RSFT's weigh (which episodes a step trains on, each one's weight in the loss): another weight
+algorithm is a subclass that overrides it, registered in WEIGHT_STEPS and named by a method row or --weight-step
+(README "Adding a weight algorithm").
 After every step the trainer checkpoints (adapter, optimizer, scheduler, sampler, RNG, counters)
 atomically to OUT/ckpt, rewrites OUT/metrics.jsonl and has the policy serve the new adapter;
 rerunning the same command resumes after the last finished step. The update's speed against a bare
@@ -121,8 +124,9 @@ class EpochSampler:
         return {"epoch": self.epoch, "pos": self.pos}
 
 
-def completion_nll(model, examples):
-    """Summed NLL of the completion tokens of `examples` [(prompt_ids, completion_ids)], in one right-padded batch.
+def completion_nll(model, examples, weights=None):
+    """Summed NLL of the completion tokens of `examples` [(prompt_ids, completion_ids)], in one right-padded batch;
+    with `weights` (one per example), each example's NLL times its weight (a weight step's, e.g. an advantage).
 
     The head runs only on the positions that predict a completion token, so prompt positions (system and user turns,
     tool outputs) neither add to the loss nor cost a vocabulary-sized projection. The leading tokens every example
@@ -156,7 +160,10 @@ def completion_nll(model, examples):
     hidden = decoder(input_ids=batch, past_key_values=cache).last_hidden_state
     keep = targets != -100
     logits = base.get_output_embeddings()(hidden[keep]).float()
-    return F.cross_entropy(logits, targets[keep], reduction="sum")
+    if weights is None:
+        return F.cross_entropy(logits, targets[keep], reduction="sum")
+    per_token = torch.tensor(weights, dtype=logits.dtype, device=device)[:, None].expand(keep.shape)[keep]
+    return (F.cross_entropy(logits, targets[keep], reduction="none") * per_token).sum()
 
 
 def length_batches(examples, size):
@@ -165,23 +172,27 @@ def length_batches(examples, size):
     return [order[i:i + size] for i in range(0, len(order), size)]
 
 
-def sft_update(model, optimizer, trajectories, sft_batch, micro_batch, grad_clip):
+def sft_update(model, optimizer, trajectories, sft_batch, micro_batch, grad_clip, weights=None):
     """One SFT pass over the accepted trajectories in order (each a list of examples): one optimizer
     step per mini-batch of `sft_batch` trajectories, its loss the token mean over that mini-batch's
     completion tokens, accumulated over forward/backward micro-batches of `micro_batch` examples.
     Under torchrun each rank runs its share of a mini-batch's trajectories and one all-reduce sums
-    the gradients (lib/backends/ranks.py); with one process the share is all of it. Returns the
-    mini-batch losses."""
+    the gradients (lib/backends/ranks.py); with one process the share is all of it. `weights`: one per
+    trajectory, scaling its tokens' NLL (None: RSFT's plain mean). Returns the mini-batch losses."""
     model.train()
     losses = []
     params = [p for p in model.parameters() if p.requires_grad]
-    for i in range(0, len(trajectories), sft_batch):
-        mini_batch = trajectories[i:i + sft_batch]
-        n_tokens = sum(len(c) for t in mini_batch for _, c in t)
+    weights = weights or [None] * len(trajectories)
+    # each example carries its trajectory's weight, so that a rank's share keeps it
+    weighted = [[(p, c, w) for p, c in t] for t, w in zip(trajectories, weights)]
+    for i in range(0, len(weighted), sft_batch):
+        mini_batch = weighted[i:i + sft_batch]
+        n_tokens = sum(len(c) for t in mini_batch for _, c, _ in t)
         examples = [e for t in ranks.share(mini_batch) for e in t]
         loss = 0.0
         for batch in length_batches(examples, micro_batch):
-            part = completion_nll(model, batch) / n_tokens
+            scale = None if batch[0][2] is None else [w for _, _, w in batch]
+            part = completion_nll(model, [(p, c) for p, c, _ in batch], scale) / n_tokens
             part.backward()
             loss += part.item()
         loss = ranks.sum_gradients(params, loss)
@@ -240,7 +251,11 @@ def check_batch(batch, n_train, domain_name):
 
 class RSFT:
     """trainer = RSFT(config, policy, domain, out_dir); row = trainer.step(harness_path). Resumes from
-    out_dir/ckpt. config: a cli.RSFTConfig."""
+    out_dir/ckpt. config: a cli.RSFTConfig.
+
+    The weight step: RSFT trains on its successful episodes (weigh), each with weight 1. Another weight
+    algorithm is a subclass that overrides weigh (which episodes it trains on, each one's weight in the loss),
+    registered in WEIGHT_STEPS below under the name a method row gives (README "Adding a weight algorithm")."""
 
     def __init__(self, cfg, policy, domain, out_dir, train=None, run_dir=None, run_episodes=None):
         self.cfg, self.policy, self.domain, self.out_dir = cfg, policy, domain, Path(out_dir)
@@ -259,6 +274,7 @@ class RSFT:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         ckpt = self.out_dir / "ckpt"
         resume = ckpt.exists()
+        check_checkpoint_step(self.out_dir, cfg.weight_step)
         if resume:
             state = json.loads((ckpt / "state.json").read_text())
             policy.load_adapter(ckpt / "adapter")
@@ -302,10 +318,11 @@ class RSFT:
         episodes = self.sample(tasks, harness_path)
         t1 = time.time()
         accepted = [e for e in episodes if e["reward"] > SUCCESS]
-        trajectories = [t for t in map(examples_of, accepted) if t]
+        trained = [(examples_of(e), w) for e, w in self.weigh(episodes) if examples_of(e)]
+        trajectories = [t for t, _ in trained]
         examples = [e for t in trajectories for e in t]
         lr = self.scheduler.get_last_lr()[0]
-        losses = self.update(trajectories) if trajectories else []
+        losses = self.update(trajectories, self.loss_weights([w for _, w in trained])) if trajectories else []
         t2 = time.time()
         self.step_count += 1
         self.rollouts += len(episodes)
@@ -340,12 +357,24 @@ class RSFT:
             **self.cfg.sampling.kwargs(), seed=self.cfg.seed * 1_000_003 + self.step_count,
             desc=f"rft step {self.step_count + 1} rollouts")
 
-    def update(self, trajectories):
-        """ceil(accepted / --sft-batch) optimizer steps; the lr schedule steps once per rollout step."""
+    def weigh(self, episodes):
+        """[(episode, its weight in the loss)] the step trains on: RSFT keeps every successful one (reward >
+        lib/rules.SUCCESS), each with weight 1 (the filter of rejection sampling)."""
+        return [(e, 1.0) for e in episodes if e["reward"] > SUCCESS]
+
+    @staticmethod
+    def loss_weights(weights):
+        """The weights sft_update scales each trajectory's NLL by: None when all are 1 (RSFT's plain mean, the
+        same arithmetic as before weight steps existed)."""
+        return None if all(w == 1.0 for w in weights) else weights
+
+    def update(self, trajectories, weights=None):
+        """ceil(trained / --sft-batch) optimizer steps; the lr schedule steps once per rollout step."""
         self.policy.free_memory()  # vllm --vllm-sleep: the engine's memory goes to the trainer
-        ranks.tell("update", trajectories)  # torchrun: the other ranks' shares of the same update (rft.follow)
+        ranks.tell("update", (trajectories, weights))  # torchrun: the other ranks' shares of the same update
+                                                      # (rft.follow)
         losses = sft_update(self.policy.model, self.optimizer, trajectories, self.cfg.sft_batch,
-                            self.cfg.micro_batch, self.cfg.grad_clip)
+                            self.cfg.micro_batch, self.cfg.grad_clip, weights)
         self.scheduler.step()
         hand_back_memory()  # before the engine wakes (serve_adapter, or the next generate)
         return losses
@@ -359,8 +388,8 @@ class RSFT:
         torch.save({"optimizer": self.optimizer.state_dict(),
                     "scheduler": self.scheduler.state_dict(), "rng": get_rng_state()},
                     folder / "optimizer.pt")
-        state = {"model": self.cfg.model, "step": self.step_count, "rollouts": self.rollouts,
-                 "sampler": self.sampler.state_dict(), "history": self.history,
+        state = {"model": self.cfg.model, "weight_step": self.cfg.weight_step, "step": self.step_count,
+                 "rollouts": self.rollouts, "sampler": self.sampler.state_dict(), "history": self.history,
                  "ranks": ranks.count()}  # a resume with another count is refused (ranks.check_checkpoint)
         # what a resume checks
         state["sha256"] = {name: sha256(folder / name) for name in CHECKPOINT_FILES}
@@ -385,8 +414,30 @@ class RSFT:
         switch_checkpoint(self.out_dir, folder, state["history"])
         # the new trainer loads the checkpoint's adapter onto the base model
         self.policy.drop_adapter()
-        return RSFT(self.cfg, self.policy, self.domain, self.out_dir, train=self.train,
-                    run_dir=self.run_dir, run_episodes=self.run_episodes)
+        return type(self)(self.cfg, self.policy, self.domain, self.out_dir, train=self.train,
+                          run_dir=self.run_dir, run_episodes=self.run_episodes)
+
+
+# The weight steps a method row may name (lib/methods.Method.weight_step): name -> a class with RSFT's interface.
+# A new weight algorithm is a subclass of RSFT registered here (README "Adding a weight algorithm").
+WEIGHT_STEPS = {"rsft": RSFT}
+
+
+def check_checkpoint_step(out_dir, weight_step):
+    """A checkpoint resumes only under the weight step that trained it (one saved before weight steps: RSFT's)."""
+    ckpt = Path(out_dir, "ckpt")
+    trained = read_json(ckpt / "state.json", {}).get("weight_step", "rsft") if ckpt.exists() else weight_step
+    if trained != weight_step:
+        raise ValueError(f"{ckpt} was trained by weight step {trained}, not {weight_step}: resume it with "
+                         f"--weight-step {trained}, or start over in a fresh --out")
+
+
+def check_weight_step(name, method=None):
+    """A weight step not registered is one line naming the fix, before any model loads."""
+    if name not in WEIGHT_STEPS:
+        row = f"method {method} names weight step {name!r}" if method else f"--weight-step {name}"
+        raise ValueError(f"{row}, which rft.WEIGHT_STEPS does not register (it has {', '.join(WEIGHT_STEPS)}): add "
+                         f"WEIGHT_STEPS[{name!r}] = YourStep in rft.py (README \"Adding a weight algorithm\")")
 
 
 def trainable(model):
@@ -436,7 +487,8 @@ def follow(model_name, bf16=False, threads=None):
                 load_optimizer(ckpt, optimizer, scheduler)
             ranks.same_weights(trainable(model))
         elif command == "update":
-            sft_update(model, optimizer, payload, cfg.sft_batch, cfg.micro_batch, cfg.grad_clip)
+            trajectories, weights = payload
+            sft_update(model, optimizer, trajectories, cfg.sft_batch, cfg.micro_batch, cfg.grad_clip, weights)
             scheduler.step()
             hand_back_memory()
     return model
@@ -482,6 +534,9 @@ def main(argv=None):
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--train-limit", type=positive_int, default=None,
                    help="draw the prompts from a seeded sample of N train tasks (as whale.py's --train-limit)")
+    p.add_argument("--weight-step", default="rsft",
+                   help=f"the weight algorithm, a name in rft.WEIGHT_STEPS ({', '.join(WEIGHT_STEPS)}; whale.py: the "
+                        "method row's)")
     add_preset_arg(p)
     # adaptive stop (paper: window = minimum phase length = patience = 0.2 epoch)
     p.add_argument("--stop-patience", type=nonnegative_int, default=0,
@@ -521,8 +576,10 @@ def train_cli(args):
     if args.train_limit:  # as whale.py draws its prompts
         train = seeded_sample(train, args.train_limit)
     check_batch(args.batch, len(train), domain.name)
+    check_weight_step(args.weight_step)
+    check_checkpoint_step(args.out, args.weight_step)
     cfg = rsft_config(args, inputs_of(args, domains.data_flags()))
-    trainer = RSFT(cfg, load_policy(args), domain, args.out, train=train)
+    trainer = WEIGHT_STEPS[cfg.weight_step](cfg, load_policy(args), domain, args.out, train=train)
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(vars(args), f, indent=1)
 

@@ -8,6 +8,8 @@ lib/backends/policy.py).
         --limit 4 --out out/sq
     python rollout.py --domain math --harness my_math.py --preset cpu --split harness   # as the cpu search scores it
     python rollout.py --domain math --harness my_math.py --preset cpu --split test      # as the cpu table does
+    python rollout.py --domain countdown --harness my_countdown.py --preset cpu --split train --limit 3 --k 1 \
+        --show   # a new harness on three tasks, each episode's calls, replies, answer and error printed
 
 --preset takes whale.py's preset (presets.py): its model, sampling and data flags, and the split's size as the
 preset's run draws it (harness: --harness-tasks tasks x --harness-samples; test: --test-limit tasks past
@@ -21,6 +23,7 @@ averaged over tasks. How the runner works (caps, seeds, the error budget): docs/
 import argparse
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,6 +67,9 @@ def add_sampling_args(p):
                    help="stop the run when more than this share of a phase's episodes failed "
                         "outside the harness (a worker that did not start, a tool server that did "
                         "not answer)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch CPU threads (default: torch's own; the cpu preset: half the cores this process may "
+                        "use, 1 on a 2-core machine, where the harness workers need the other core)")
     sandbox.add_args(p)
 
 
@@ -71,6 +77,9 @@ def apply_args(args):
     """--infra-budget for every run_episodes call of this process (not a sampling setting: results
     never depend on it, so it is not part of what a resumed or reused run must match)."""
     INFRA_ERRORS.share = args.infra_budget
+    if getattr(args, "threads", None):
+        import torch  # here: rollout.py's own import stays light (report.py and domains.py import it)
+        torch.set_num_threads(args.threads)
 
 
 # -----------------------------------------------------------------------------
@@ -198,6 +207,9 @@ def main(argv=None):
                    help="--split test: never draw the first N test tasks (as whale.py's test evaluation)")
     add_preset_arg(p)
     p.add_argument("--out", default=None, help="folder for traces.jsonl and results.json")
+    p.add_argument("--show", action="store_true",
+                   help="print each episode's trace as it is scored (its calls, replies, tool calls, answer, reward "
+                        "and error): a harness's runtime bug in seconds, on a few tasks (--limit 3 --k 1)")
     # model and sampling
     p.add_argument("--model", default="smoke", help="smoke | cpu | null (replies '' to every call) | hub id | local path")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder")
@@ -220,6 +232,22 @@ def main(argv=None):
         evaluate_cli(args, domains)
 
 
+def shown_trace(row, width=600):
+    """One episode's trace as --show prints it: the task and its score, then each model call's last message and
+    reply, each tool call, each cut to `width` characters."""
+    def cut(text):
+        text = text if len(text) <= width else text[:width] + f"... ({len(text)} chars)"
+        return text.replace("\n", "\n    ")
+    lines = [f"== {row['task_id']} sample {row['sample']}: reward {row['reward']}, turns {row['turns']}, answer "
+             f"{cut(repr(row['answer']))}" + (f", error {cut(str(row['error']))}" if row.get("error") else "")]
+    for i, call in enumerate(row["calls"], 1):
+        last = (call.get("messages") or [{}])[-1]
+        lines += [f"  call {i} {last.get('role', '?')}: {cut(str(last.get('content', '')))}",
+                  f"  call {i} reply: {cut(call.get('completion', ''))}"]
+    lines += [f"  tool call: {cut(json.dumps(t))}" for t in row.get("tool_calls", [])]
+    return "\n".join(lines)
+
+
 def evaluate_cli(args, domains):
     """rollout.py's run: every check before the model loads, then mean@k with traces and results in --out."""
     sandbox.apply_args(args)
@@ -236,8 +264,13 @@ def evaluate_cli(args, domains):
         (out / "config.json").write_text(json.dumps(vars(args), indent=1))
         traces = out / "traces.jsonl"
         traces.unlink(missing_ok=True)
-    stats = evaluate(domain, args.harness, tasks, policy, k=args.k, **sampling_of(args).kwargs(),
-                     seed=args.seed, traces_path=traces)
+    with tempfile.TemporaryDirectory() as tmp:
+        traces = traces or (Path(tmp, "traces.jsonl") if args.show else None)  # --show reads them back
+        stats = evaluate(domain, args.harness, tasks, policy, k=args.k, **sampling_of(args).kwargs(),
+                         seed=args.seed, traces_path=traces)
+        if args.show:
+            for line in traces.read_text().splitlines():
+                print(shown_trace(json.loads(line)))
     if out:
         (out / "results.json").write_text(json.dumps(stats, indent=1))
     print(f"tasks {len(tasks)}  rollouts {stats['rollouts']}  errors {stats['errors']}  mean turns "

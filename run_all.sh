@@ -40,7 +40,7 @@ METHODS=$(python -c "import presets; print(*presets.table_methods())")
 ADAPTIVE_METHODS=$(python -c "import presets; print(*presets.table_methods('adaptive'))")
 case $PRESET in  # on the 2-core machine with the default DOMAINS (the measurements: README, docs/cpu-run/README.md)
   smoke) eta="about 2 min" ;;
-  cpu)   eta="about 21 min" ;;
+  cpu)   eta="about 21 min (measured idle with 2 torch threads)" ;;
   gpu)   eta="about 12.5 h on one 80 GB card (estimated: python scripts/memory_plan.py)" ;;
   paper) eta="GPU-days: hours per run (docs/gpu.md)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu, gpu or paper" >&2; exit 2 ;;

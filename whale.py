@@ -11,7 +11,8 @@ WHALE: Weight-Harness Alternating LEarning, and the five baselines it is compare
 The agent is weights (a LoRA adapter on the base model) plus a harness (a Python file). A run is a
 sequence of phases, each followed by a mean@k evaluation on the test split:
 
-    weight phase   online RSFT steps (rft.py) under the current harness
+    weight phase   online RSFT steps (rft.py) under the current harness (or the weight step the method's
+                   row names: rft.WEIGHT_STEPS)
     harness phase  Meta-Harness rounds (meta_harness.py) under the current weights; its winner goes on
 
 run() below is the whole loop, top to bottom. The methods and their budget rules are one table, lib/methods.py;
@@ -27,8 +28,6 @@ import os
 import sys
 import time
 from pathlib import Path
-
-import torch
 
 import domains
 import meta_harness
@@ -73,9 +72,6 @@ def parse_args(argv=None, more_args=None, description=__doc__):
                    help="starting harness h0 (default harnesses/<domain>.py; "
                         "the paper and gpu presets: harnesses/paper/<domain>.py)")
     g.add_argument("--seed", type=seed_int, default=0)
-    g.add_argument("--threads", type=positive_int, default=None,
-                   help="torch CPU threads; 1 on 2-core machines, where the harness workers need "
-                        "the other core")
     g = p.add_argument_group("budgets (the same totals for every method)")
     g.add_argument("--epochs", type=positive_float, default=None,
                    help="total weight-training budget in train epochs")
@@ -140,6 +136,7 @@ def run_args(args, method):
     seed_dir = os.path.join(args.preset, f"seed-{args.seed}") if args.seed else args.preset
     one.out = args.out or os.path.join("results", seed_dir, args.domain, method_name(one))
     one.prompt_only = args.prompt_only or methods.METHODS[method].prompt_only  # FST: prompt strings only
+    one.weight_step = methods.METHODS[method].weight_step  # what trains its weight phases (rft.WEIGHT_STEPS)
     return one
 
 
@@ -209,9 +206,10 @@ def run(cfg, domain, policy, donors=()):
     ledger = Ledger(cfg.out, donors, cfg.harness)
     for i, weights, adapter, harness in ledger.repair():  # the test evaluations a damage lost
         evaluate_again(ledger, policy, domain, cfg.test, i, weights, adapter, harness)
-    trainer = None  # the RSFT trainer (its weights, steps and rollouts); none for a run without steps
-    if steps:
-        trainer = rft.RSFT(cfg.rsft, policy, domain, Path(cfg.out, "weights"), train, run_dir=cfg.out)
+    trainer = None  # the weight step's trainer (its weights, steps and rollouts); none for a run without steps
+    if steps:  # RSFT, or the weight step the method's row names (lib/methods.py, rft.WEIGHT_STEPS)
+        step_class = rft.WEIGHT_STEPS[cfg.rsft.weight_step]
+        trainer = step_class(cfg.rsft, policy, domain, Path(cfg.out, "weights"), train, run_dir=cfg.out)
     errors = rollout.INFRA_ERRORS  # the infrastructure-error budget: counted per phase, its counts in every row
 
     # phase 0: h0 under the base weights
@@ -230,13 +228,15 @@ def run(cfg, domain, policy, donors=()):
         if kind == "weight":  # RSFT steps under the current harness, until the schedule ends the phase
             harness, start = ledger.harness(), ledger.phase_start(trainer.step_count)
             rule = weight_rule(cfg, len(train), steps - start)
+            # the config holds the weight step (cfg.rsft.weight_step): a phase of another step is never taken
             key = {"weights": f"{trainer.weights_id} at step {trainer.step_count}", "harness": file_sha(harness),
                    "config": config_hash({"rsft": cfg.rsft, "rule": rule})}
             start, key = ledger.enter("weight", trainer.step_count, key)  # a resumed phase keeps its own
             snapshot = ledger.find_snapshot(key) if trainer.step_count == start else None
             if snapshot is not None:  # a donor run made this very phase: its weights, not its steps again
                 trainer = trainer.adopt(snapshot)
-                print(f"weights: RSFT steps {start + 1}-{trainer.step_count} taken from {snapshot}")
+                print(f"weights: {step_name(cfg.rsft.weight_step)} steps {start + 1}-{trainer.step_count} taken from "
+                      f"{snapshot}")
             rewards = [row["reward"] for row in trainer.history if row["step"] > start]
             while not rft.weight_phase_over(rewards, **rule):
                 rewards.append(trainer.step(harness)["reward"])
@@ -269,7 +269,8 @@ def run(cfg, domain, policy, donors=()):
                          **errors.counts()})
         ledger.save()
         score = "not evaluated (--test-evals ends)" if stats is NOT_EVALUATED else f"{stats['mean_at_k']:.4f}"
-        print(f"phase {i} {kind}: test mean@{stats.get('k', '-')} = {score}, RSFT steps {steps_done(trainer)}/"
+        print(f"phase {i} {kind}: test mean@{stats.get('k', '-')} = {score}, {step_name(cfg.rsft.weight_step)} steps "
+              f"{steps_done(trainer)}/"
               f"{steps}, harness rounds {ledger.rounds_done()}/{rounds}, rollouts {rollouts}")
         kind = after
 
@@ -283,6 +284,11 @@ def run(cfg, domain, policy, donors=()):
           f"rollouts; final {summary['final_mean_at_k']:.4f}"
           + ("" if null is None else f"; the final harness without the model {null:.4f}")
           + f" (scored on {summary['scoring']})")
+
+
+def step_name(weight_step):
+    """How the output names a weight step's steps: RSFT steps, or a fork's step by its registered name."""
+    return "RSFT" if weight_step == "rsft" else weight_step
 
 
 def steps_done(trainer):
@@ -425,6 +431,7 @@ def check_inputs(runs):
         steps, rounds = budgets(cfg, len(train))
         search = cfg.search
         if steps:
+            rft.check_weight_step(cfg.rsft.weight_step, one.method)
             rft.check_batch(one.batch, len(train), domain.name)
         if rounds:
             meta_harness.check_proposer(search)
@@ -445,8 +452,6 @@ def start_run(args, policy=None):
     write_json(os.path.join(args.out, "config.json"), vars(args))
     print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
     print(json.dumps(vars(args), indent=None))
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if policy is None:
         return load_policy(args)
     policy.to_base()

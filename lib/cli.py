@@ -227,9 +227,12 @@ class Sampling:
 
 @dataclass(frozen=True)
 class RSFTConfig:
-    """A weight phase: the rollout step, the SFT update, the LoRA adapter (rft.py)."""
+    """A weight phase: the rollout step, the SFT update, the LoRA adapter (rft.py). weight_step names the class that
+    trains it (rft.WEIGHT_STEPS; the method row's, lib/methods.py): here, so every key that hashes this config (a
+    weight phase's snapshot, and so the weights, evaluations and searches made under them) holds it."""
     inputs: Inputs
     sampling: Sampling
+    weight_step: str
     seed: int
     batch: int
     group: int
@@ -343,9 +346,10 @@ def sampling_of(args, **override):
 
 
 def rsft_config(args, inputs):
-    # rft.py alone: its --train-limit (default: the whole train split)
+    # rft.py alone: its --train-limit (default: the whole train split); whale.py: the method row's weight step
+    # (whale.run_args), rft.py its --weight-step, a script that names none RSFT's
     return fields_of(RSFTConfig, args, inputs=inputs, sampling=sampling_of(args),
-                     train_limit=getattr(args, "train_limit", None))
+                     train_limit=getattr(args, "train_limit", None), weight_step=getattr(args, "weight_step", "rsft"))
 
 
 def search_config(args, inputs):

@@ -3,6 +3,11 @@ the phases), plan.py, the report (lib/report/runs.py, report.py, lib/report/clai
 run_all.sh read this table and nothing else, so a fork's method is one row here (README "Adding a method"):
 
     METHODS["mine"] = Method("mine", ALTERNATE, BOTH, about="...")
+    METHODS["whale-pg"] = Method("whale-pg", ALTERNATE, BOTH, weight_step="pg", experimental=True)
+
+A row's weight_step names the class that trains its weight phases, registered by that name in rft.WEIGHT_STEPS
+(RSFT, "rsft", the default; README "Adding a weight algorithm"). The name is part of every weight phase's reuse
+key (lib/cli.RSFTConfig.weight_step), so two methods with different steps never share a weight phase.
 
 A method is the order it spends its budgets in and which budgets it has; every method of a table gets the same
 totals (whale.budgets: S RSFT steps, R proposer rounds). The order:
@@ -33,6 +38,9 @@ class Method:
     ours: bool = False          # the method the report compares against the baselines (and its adaptive runs)
     adaptive: bool = False      # run_all.sh's ADAPTIVE=1 also runs it under --schedule adaptive
     optional: bool = False      # the tables show it only where some domain ran it
+    weight_step: str = "rsft"   # what trains its weight phases: a name in rft.WEIGHT_STEPS
+    experimental: bool = False  # outside run_all.sh's table (table_names); whale.py, plan.py and the report take
+                                # it when asked, and the tables show it only where some domain ran it
     paper: dict = field(default=None, compare=False)           # the paper's Table 1, best mean@8 in %
     paper_adaptive: dict = field(default=None, compare=False)  # the same, under the adaptive schedule
 
@@ -61,6 +69,12 @@ DEFAULT = "whale"  # whale.py --method's default
 CLAIM_I = ("weight-only", "harness-only", "fast-slow")    # (i) WHALE beats each of these
 CLAIM_II = ("harness-only", "weight-only")                # (ii) harness search alone against weights alone
 CLAIM_III = ("stagewise", "stagewise-hw")                 # (iii) WHALE against stagewise (stagewise-hw: reference)
+
+
+def table_names():
+    """The methods of run_all.sh's table and of the time model's (lib/ops/time_model.TABLE), in the table's order:
+    every row but the experimental ones."""
+    return [name for name, m in METHODS.items() if not m.experimental]
 
 
 def run_names():

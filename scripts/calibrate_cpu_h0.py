@@ -26,7 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import domains  # noqa: E402
@@ -44,7 +43,7 @@ from lib.subsets import seeded_sample  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--domain", required=True, choices=("searchqa", "math"))
+    p.add_argument("--domain", required=True, choices=("searchqa", "math", "countdown"))
     p.add_argument("--harness", required=True, help="the harness file the variants start from")
     p.add_argument("--variant", nargs="+", default=[""], help='knob settings, e.g. "SEARCH_FIRST=#1 TOP_K=3"')
     p.add_argument("--train-prompts", type=int, default=None, help="first N of the preset's training prompts")
@@ -97,7 +96,6 @@ def main(argv=None):
     domain = domains.from_args(preset)
     train = seeded_sample(domain.load("train"), preset.train_limit)[:args.train_prompts]
     harness_set = meta_harness.harness_tasks(domain, preset)
-    torch.set_num_threads(preset.threads)
     t0 = time.time()
     policy = load_policy(preset)
     load_s = round(time.time() - t0, 1)

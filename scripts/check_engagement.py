@@ -75,11 +75,9 @@ def main():
     runs = whale.parse_args(["--domain", ours.domain, "--seed", ours.seed, "--preset", "cpu", *extra,
                              "--method", *ours.method])
     sandbox.apply_args(runs[0])
-    rollout.apply_args(runs[0])
+    rollout.apply_args(runs[0])  # --threads too
     domain = whale.domains.from_args(runs[0])
     train = seeded_sample(domain.load("train"), runs[0].train_limit)
-    if runs[0].threads:
-        whale.torch.set_num_threads(runs[0].threads)
     policy = whale.load_policy(runs[0])
     folder = Path(ours.out, f"seed-{ours.seed}", ours.domain)
     report_path = folder / "engagement.json"

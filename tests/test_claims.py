@@ -177,3 +177,12 @@ def test_the_report_carries_the_claims_and_the_alternation_figures(tmp_path, mon
     spans.clear()
     report.plot_timeline(runs, str(tmp_path / "timeline.png"))
     assert (100, 110, "tab:orange") in spans
+
+
+def test_runs_scored_alike_on_every_task_cannot_tell_a_claim():
+    """+0.0 [+0.0, +0.0]: the runs compared score every test task alike (runs that did not learn), which refutes
+    nothing: the verdict is that it cannot be told, never that the claim does not hold."""
+    from lib.report.claims import ALIKE, FAILS, HOLDS, UNSURE, combined, verdict_of
+    assert verdict_of((0.0, 0.0, 0.0, 50)) == ALIKE and ALIKE.startswith("cannot be told")
+    assert combined([ALIKE, ALIKE]) == ALIKE and combined([ALIKE, HOLDS]) == UNSURE
+    assert verdict_of((-1.0, -2.0, -0.5, 50)) == FAILS and combined([ALIKE, FAILS]) == FAILS

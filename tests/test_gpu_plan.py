@@ -10,7 +10,7 @@ import pytest
 
 import plan
 import whale
-from lib.methods import METHODS
+from lib.methods import METHODS, table_names
 from lib.ops import time_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +23,7 @@ def planned(capsys, *argv):
 
 
 def domain_plan(capsys, domain):
-    """run_all.sh's process for one domain under the gpu preset: its six methods, in its order."""
+    """run_all.sh's process for one domain under the gpu preset: its methods (the table's), in its order."""
     methods = [m for d, m, _ in time_model.TABLE if d == domain]
     runs = whale.parse_args(["--preset", "gpu", "--domain", domain, "--method", *methods])
     estimates = plan.print_plan(runs)
@@ -31,9 +31,9 @@ def domain_plan(capsys, domain):
 
 
 def test_the_gpu_table_fits_in_about_12_hours_on_80_gb_with_20_rsft_steps_a_run(capsys):
-    """run_all.sh's table (3 domains x 6 methods, one process a domain): at least 5x the 4 RSFT steps a run of
-    the previous gpu preset, in about 12 h on one 80 GB card by the estimate."""
-    assert {m for _, m, _ in time_model.TABLE} == set(METHODS) and len(time_model.TABLE) == 18
+    """run_all.sh's table (3 domains x the table's methods, one process a domain): at least 5x the 4 RSFT steps a
+    run of the previous gpu preset, in about 12 h on one 80 GB card by the estimate."""
+    assert [m for _, m, _ in time_model.TABLE] == table_names() * len(time_model.DOMAIN_MODEL)
     hours = 0.0
     for domain in time_model.DOMAIN_MODEL:
         runs, estimates, _ = domain_plan(capsys, domain)
@@ -49,15 +49,17 @@ def test_a_domains_runs_share_their_common_phases_in_one_process(capsys):
     runs, estimates, out = domain_plan(capsys, "math")
     phases = [whale.fixed_phases(a, a.train_limit) for a in runs]
     # harness-only, weight-only, stagewise (weight-only's two weight phases), stagewise-hw (harness-only's first
-    # round), fast-slow and whale (weight-only's first weight phase)
-    assert time_model.shared_phases([(a.method, p) for a, p in zip(runs, phases)]) == [0, 0, 2, 1, 1, 1]
+    # round), fast-slow and whale (weight-only's first weight phase); a fork's rows come after them
+    shared = time_model.shared_phases([(a.method, p) for a, p in zip(runs, phases)])
+    assert shared[:6] == [0, 0, 2, 1, 1, 1] and [a.method for a in runs] == table_names()
     own = {a.method: e["counts"] for a, e in zip(runs, estimates)}
     assert own["stagewise"]["steps"] == 0 and own["stagewise-hw"]["rounds"] == 0
     assert own["whale"]["steps"] == own["fast-slow"]["steps"] == 10 and own["whale"]["rounds"] == 1
-    assert [c["starts"] for c in own.values()] == [1, 0, 0, 0, 0, 0]  # one engine start, one start evaluation
+    assert [c["starts"] for c in own.values()] == [1] + [0] * (len(runs) - 1)  # one engine start and start eval
     assert own["harness-only"]["evals"] == 3 and own["whale"]["evals"] == 2  # whale's phase 1 is weight-only's
     assert "reused from the runs before it in this process: phase 0's evaluation and phases 1-2" in out
-    assert "for these 6 runs in one process (reused: 5 of their phases and 5 start evaluations)" in out
+    assert (f"for these {len(runs)} runs in one process (reused: {sum(shared)} of their phases and {len(runs) - 1} "
+            "start evaluations)") in out
     # fast-slow's searches are its own even where whale's would be the same
     assert time_model.shared_phases([("whale", phases[-1]), ("fast-slow", phases[-1])]) == [0, 1]
 
@@ -102,7 +104,8 @@ def test_the_estimate_counts_what_the_plan_prints(capsys):
         args, est, out = planned(capsys, "--preset", "gpu", "--domain", "searchqa", "--method", method)
         c = est["counts"]
         assert f"total: {c['train'] + c['harness']:,d} rollouts ({c['train']:,d} training, {c['harness']:,d} " in out
-        assert f"= {c['test']:,d}" in out and f"{c['steps']} RSFT steps, {c['rounds']} proposer rounds" in out
+        steps = f"{c['steps']} {whale.step_name(args.weight_step)} steps"  # RSFT steps, or a fork's step's
+        assert f"= {c['test']:,d}" in out and f"{steps}, {c['rounds']} proposer rounds" in out
 
 
 def test_time_grows_with_the_work_and_the_slower_card():
@@ -236,8 +239,8 @@ def test_run_all_picks_gpu_when_cuda_is_visible(tmp_path):
     out, runs = run_all_preset(tmp_path, cuda=True, DOMAINS="", ADAPTIVE="")  # run_all.sh's defaults
     assert "preset gpu" in out and "about 12.5 h" in out
     assert runs and all("--preset gpu" in r for r in runs)
-    # one process a domain, its six methods on one engine; adaptive WHALE only with ADAPTIVE=1
-    assert [len(methods_of(r)) for r in runs] == [6, 6, 6] and not any("adaptive" in r for r in runs)
+    # one process a domain, the table's methods on one engine; adaptive WHALE only with ADAPTIVE=1
+    assert [methods_of(r) for r in runs] == [table_names()] * 3 and not any("adaptive" in r for r in runs)
 
 
 def test_run_all_keeps_cpu_without_cuda_and_paper_when_asked(tmp_path):

@@ -222,7 +222,7 @@ def test_every_flag_reaches_the_reuse_key_or_cannot_change_a_result(monkeypatch)
     [args] = whale.parse_args(["--domain", "math", "--preset", "smoke"])
     keyed = config_fields(cli.run_config(args, domains.data_flags()), set())
     own = {"rft.py": {"steps", "stop_patience"}, "meta_harness.py": {"rounds", "patience", "min_rounds"},
-           "rollout.py": {"split", "limit", "adapter"},
+           "rollout.py": {"split", "limit", "adapter", "show"},
            "plan.py": {"card", "gpus", "ranks", "nodes"}}  # the machine a plan is for: no run reads them
     for name, main in (("whale.py", whale.main), ("plan.py", plan.main), ("rft.py", rft.main),
                        ("meta_harness.py", meta_harness.main), ("rollout.py", rollout.main)):

@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import presets
+
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale")
+METHODS = tuple(presets.table_methods())  # run_all.sh's table, whatever rows a fork added
 
 
 def run_all(repo):

@@ -35,12 +35,14 @@ def test_every_method_gets_the_same_budgets_in_its_own_order():
     # (I - 1) x 2 rounds, the alternating methods (I - 1) x (2 - 1): a harness phase between two weight phases
     args = whale.parse_args(["--domain", "math", "--preset", "smoke", "--method", *METHODS])
     budget = {a.method: whale.budgets(a, 8) for a in args}
-    assert budget == {"whale": (4, 1), "fast-slow": (4, 1), "stagewise": (4, 1), "stagewise-hw": (4, 1),
-                      "weight-only": (4, 0), "harness-only": (0, 2)}
+    expected = {"whale": (4, 1), "fast-slow": (4, 1), "stagewise": (4, 1), "stagewise-hw": (4, 1),
+                "weight-only": (4, 0), "harness-only": (0, 2)}
+    assert list(budget) == list(METHODS) and {m: budget[m] for m in expected} == expected  # a fork's rows beside
     order = {a.method: kinds(a, 8) for a in args}
-    assert order == {"whale": ["weight", "harness", "weight"], "fast-slow": ["weight", "harness", "weight"],
-                     "stagewise": ["weight", "weight", "harness"], "stagewise-hw": ["harness", "weight", "weight"],
-                     "weight-only": ["weight", "weight"], "harness-only": ["harness", "harness"]}
+    expected = {"whale": ["weight", "harness", "weight"], "fast-slow": ["weight", "harness", "weight"],
+                "stagewise": ["weight", "weight", "harness"], "stagewise-hw": ["harness", "weight", "weight"],
+                "weight-only": ["weight", "weight"], "harness-only": ["harness", "harness"]}
+    assert {m: order[m] for m in expected} == expected
     # 10 prompts, --phase-epochs 0.4: 5 steps in phases of 2, 2, 1; I = 3: 2 rounds a phase, 2 x 2 in all
     args = whale.parse_args(["--domain", "math", "--preset", "smoke", "--phase-epochs", "0.4", "--harness-iterations",
                              "3", "--method", *METHODS])
@@ -491,10 +493,49 @@ def test_a_rerun_with_other_settings_is_refused_with_one_line(tmp_path, fake, ca
     with pytest.raises(SystemExit) as e:
         whale.main(argv + ["--method", "weight-only", "--out", str(out), "--k", "3", "--temperature", "0.2"])
     assert str(e.value.code) == (f"whale.py: error: {out} was run with other settings: --k 2 (now 3), "
-                                 "--temperature 1.0 (now 0.2): rerun with the folder's settings, or use a new --out")
+                                 f"--temperature 1.0 (now 0.2): rerun with the folder's settings, or move {out} aside "
+                                 f"(mv {out} {out}.old) or delete it, and rerun to start it over")
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing rewritten
     # what cannot change a result may change (lib/cli.NO_RESULT_FLAGS): the speed, the engine's memory share
     whale.main(argv + ["--method", "weight-only", "--out", str(out), "--threads", "2", "--gpu-memory", "0.3"])
+
+
+def test_the_refusals_fix_works_as_written_with_several_methods(tmp_path, fake, monkeypatch):
+    """--out is refused with several --method, so a refused resume of a several-method command names a fix that
+    works there: move the folder aside (as written: mv OUT OUT.old) and rerun, which starts that run over."""
+    argv, _ = fake
+    monkeypatch.chdir(tmp_path)
+    methods = ["--method", "weight-only", "whale"]
+    whale.main(argv + methods)
+    moved = []
+    for _ in range(3):
+        try:
+            whale.main(argv + methods + ["--k", "3"])
+            break
+        except SystemExit as e:
+            fix = str(e.code).split("or move ")[1]
+            out = fix.split(" aside (mv ")[0]
+            assert fix.startswith(f"{out} aside (mv {out} {out}.old) or delete it, and rerun to start it over")
+            subprocess.run(["mv", out, f"{out}.old"], check=True)  # the fix, as written
+            moved.append(os.path.basename(out))
+    assert moved == ["weight-only", "whale"]  # each refused folder in turn, then the command runs
+    for method in ("weight-only", "whale"):
+        config = json.loads((tmp_path / "results" / "smoke" / "math" / method / "config.json").read_text())
+        assert config["k"] == 3 and (tmp_path / "results" / "smoke" / "math" / f"{method}.old").is_dir()
+
+
+def test_a_folder_from_before_weight_steps_resumes_as_rsft(tmp_path, fake):
+    """config.json gained weight_step with issue 60: a folder without it was RSFT's and resumes as such."""
+    argv, _ = fake
+    out = tmp_path / "run"
+    whale.main(argv + ["--method", "weight-only", "--out", str(out)])
+    config = json.loads((out / "config.json").read_text())
+    assert config.pop("weight_step") == "rsft"
+    (out / "config.json").write_text(json.dumps(config))
+    [args] = whale.parse_args(argv + ["--method", "weight-only", "--out", str(out)])
+    ledger.check_same_settings(str(out), vars(args))  # resumes
+    with pytest.raises(ValueError, match=r"--weight-step rsft \(now pg\)"):
+        ledger.check_same_settings(str(out), {**vars(args), "weight_step": "pg"})
 
 
 def test_a_folder_of_an_older_whale_is_refused_and_changes_nothing(tmp_path, fake):
@@ -514,7 +555,8 @@ def test_a_folder_of_an_older_whale_is_refused_and_changes_nothing(tmp_path, fak
         with pytest.raises(SystemExit) as e:
             whale.main(argv + ["--method", "weight-only", "--out", str(out)])
         assert str(e.value.code) == (f"whale.py: error: {out}/{name} was written by an older whale.py (it lacks "
-                                     f"{lacks}): rerun in a fresh --out or delete {out}")
+                                     f"{lacks}): move {out} aside (mv {out} {out}.old) or delete it, and "
+                                     "rerun to start it over")
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing rewritten
         (out / name).write_text(config if name == "config.json" else state)
     whale.main(argv + ["--method", "weight-only", "--out", str(out)])  # the folder's own files resume

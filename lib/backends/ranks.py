@@ -7,7 +7,7 @@ one-process code path as it is, result for result.
 Rank 0 runs the whole loop as one process does (rollouts, harness phases, proposer, the run folder). The other ranks
 (rft.follow) hold the base model and wait for rank 0's next command, broadcast over a gloo group:
     ("trainer", (config, checkpoint folder or None))  build the trainer as RSFT does: a fresh LoRA, or a checkpoint's
-    ("update", trajectories)                          their share of every SFT mini-batch, the same optimizer steps
+    ("update", (trajectories, weights))               their share of every SFT mini-batch, the same optimizer steps
     ("stop", None or rank 0's error line)             the end
 Each SFT mini-batch is split the same way on every rank (share: balanced by tokens); each rank divides its loss by
 the whole mini-batch's completion tokens, and one all-reduce a step sums the flat LoRA gradients (sum_gradients), so
@@ -195,8 +195,9 @@ def broadcast(obj):
 # the update: each rank's share of a mini-batch, the gradient sum, the same start
 
 def tokens(trajectory):
-    """What a trajectory costs the trainer: the tokens its examples run through the model."""
-    return sum(len(p) + len(c) for p, c in trajectory)
+    """What a trajectory costs the trainer: the tokens its examples (prompt, completion[, weight]) run through the
+    model."""
+    return sum(len(p) + len(c) for p, c, *_ in trajectory)
 
 
 def split(trajectories, n):

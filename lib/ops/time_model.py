@@ -31,7 +31,7 @@ plan is to be checked against scripts/gpu_check.sh and the first real run's metr
 """
 import math
 
-from lib.methods import METHODS
+from lib.methods import METHODS, table_names
 
 GiB = 1024 ** 3
 
@@ -125,9 +125,10 @@ NO_FLA_SFT_FACTOR = 3.0  # SFT time without fla-core: transformers' torch path f
 # the runs of run_all.sh's table, in its order: every domain x method (one process a domain); ADAPTIVE adds
 # adaptive WHALE where the paper reports it (a process of its own: another --schedule; the gpu preset leaves
 # it out by default)
-TABLE = [(d, m, "fixed") for d in DOMAIN_MODEL for m in METHODS]  # the method table's order (lib/methods.py)
+# (lib/methods.table_names: the method table's order, its experimental rows left out, as run_all.sh does)
+TABLE = [(d, m, "fixed") for d in DOMAIN_MODEL for m in table_names()]
 ADAPTIVE = [(d, m, "adaptive") for d in DOMAIN_MODEL if d != "chess"  # as presets.ADAPTIVE_DOMAINS
-            for m, method in METHODS.items() if method.adaptive]
+            for m in table_names() if METHODS[m].adaptive]
 
 
 def tokens(domain, max_new_tokens=1024):
@@ -337,13 +338,15 @@ def run_counts(phases, batch, group, candidates, harness_tasks, harness_samples,
 def shared_phases(runs):
     """[how many leading phases of each run an earlier run of the process made], runs: [(method, phases)] in
     the process's order. whale.py's reuse takes a phase when everything before it and the phase itself are
-    the same: the same RSFT steps under the same harnesses, the same search from the same harness under the
-    same weights (a prompt-only method's searches, fast-slow's, are its own)."""
+    the same: the same steps of the same weight step (the method row's: RSFT's, or another's) under the same
+    harnesses, the same search from the same harness under the same weights (a prompt-only method's searches,
+    fast-slow's, are its own)."""
     made, out = set(), []
     for method, phases in runs:
         path, shared = (), 0
         for kind, size in phases:
-            path += ((kind, size, METHODS[method].prompt_only and kind == "harness"),)
+            how = METHODS[method].weight_step if kind == "weight" else METHODS[method].prompt_only
+            path += ((kind, size, how),)
             shared += path in made and shared == len(path) - 1
             made.add(path)
         out.append(shared)

@@ -8,6 +8,9 @@ from lib.methods import CLAIM_I, CLAIM_II, CLAIM_III, METHODS, method_of, run_na
 from lib.report.runs import FINAL, domains_of, finished, paired_scores, points
 
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "cannot tell at this size"
+# runs that score every test task alike (none learned anything the test tells apart: +0.0 [+0.0, +0.0]) refute
+# nothing: a claim about which one is better cannot be told from them
+ALIKE = "cannot be told (the runs compared score every test task alike)"
 CLAIMS = {
     "i": "WHALE beats weight-only, harness-only and Fast-Slow Training (fast-slow) in every domain.",
     "ii": "Either component can be the bottleneck: harness search alone matches weight-only's score with far "
@@ -17,7 +20,8 @@ CLAIMS = {
 }
 HOW = ("Each claim in one line, then what the runs measured for it and the verdict: **holds** where the 95 % "
        "interval of the difference the claim is about lies above 0, **does not hold** where it lies at or below "
-       "0 (or the claim's rollout half fails), **cannot tell at this size** where it straddles 0; a claim made "
+       "0 (or the claim's rollout half fails), **cannot tell at this size** where it straddles 0, **cannot be told** "
+       "where the two runs score every test task alike (runs that did not learn); a claim made "
        "of parts (domains, seeds) holds where every part holds and does not hold where any part does not. "
        "Test differences are on final points (each run's last evaluation, chosen without looking at the test "
        "set), per task on the same tasks and seed, in points, pooled over the seeds both runs finished (a "
@@ -34,6 +38,8 @@ def verdict_of(difference):
     per-task scores to tell by."""
     if difference is None:
         return UNSURE
+    if difference[1] == difference[2] == 0:
+        return ALIKE
     return HOLDS if difference[1] > 0 else FAILS if difference[2] <= 0 else UNSURE
 
 
@@ -42,6 +48,8 @@ def combined(verdicts):
     verdicts = [v.split(" (")[0] for v in verdicts]  # "does not hold (more rollouts)" does not hold
     if FAILS in verdicts:
         return FAILS
+    if verdicts and all(v == ALIKE.split(" (")[0] for v in verdicts):
+        return ALIKE
     return HOLDS if verdicts and all(v == HOLDS for v in verdicts) else UNSURE
 
 

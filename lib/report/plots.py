@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from lib.report.intervals import interval  # noqa: E402
-from lib.methods import method_of  # noqa: E402
+from lib.methods import HARNESS, method_of  # noqa: E402
 
 KIND_COLOURS = {"weight": "tab:blue", "harness": "tab:orange"}
 
@@ -169,7 +169,7 @@ def plot_alternation(seed_runs, path, title):
     fig, axes = plt.subplots(rows, 2, figsize=(11, height), sharex=True, sharey=True, squeeze=False)
     for ax, method in zip(axes.flat, methods):
         draw_alternation(ax, seed_runs[method])
-        ax.set_title(method, fontsize=11)
+        ax.set_title(panel_title(method), fontsize=11)
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(methods):]:
         ax.axis("off")
@@ -187,13 +187,20 @@ def plot_alternation(seed_runs, path, title):
     plt.close(fig)
 
 
+def panel_title(run_name):
+    """A panel's title: the run's name and, where it has weight phases, the weight step that trains them (the
+    method row's: RSFT's, or a fork's)."""
+    method = method_of(run_name)
+    return run_name if method.budgets == HARNESS else f"{run_name} (weight step: {method.weight_step})"
+
+
 def legend_handles():
     line = lambda style, colour, label, **kw: plt.Line2D([], [], linestyle="-" if "-" in style else "",
                                                         marker=style.strip("-"), color=colour, label=label,
                                                         **kw)
-    return [Patch(color=KIND_COLOURS["weight"], alpha=0.25, label="weight phase (RSFT)"),
+    return [Patch(color=KIND_COLOURS["weight"], alpha=0.25, label="weight phase (its panel's weight step)"),
             Patch(color=KIND_COLOURS["harness"], alpha=0.25, label="harness phase (search)"),
-            line("-o", "tab:blue", "training reward per RSFT step", markersize=3.5),
+            line("-o", "tab:blue", "training reward per weight step", markersize=3.5),
             line("-s", "tab:orange", "harness-set score: archive best after each round", markersize=4),
             line(".", "tab:orange", "harness-set score of each candidate", alpha=0.5),
             line("D", "black", "test mean@k, 95 % CI over test tasks", markersize=5)]

@@ -52,8 +52,8 @@ def load_state(out):
         raise damaged(path, f"a JSON {type(state).__name__}, not an object", start_over(out))
     lacking = [key for key in fresh_state() if key not in state]
     if lacking:
-        raise ValueError(f"{path} was written by an older whale.py (it lacks {', '.join(lacking)}): rerun in a "
-                         f"fresh --out or delete {out}")
+        raise ValueError(f"{path} was written by an older whale.py (it lacks {', '.join(lacking)}): "
+                         f"{move_aside(out)}")
     counters = [state[k] for k in ("archive_iterations", "harness_rollouts")]
     if not (isinstance(state["phase"], int) and isinstance(state["kinds"], list)
             and len(state["kinds"]) == state["phase"] and set(state["kinds"]) <= {"weight", "harness"}
@@ -206,16 +206,23 @@ def check_same_settings(out, flags):
     old = read_json(os.path.join(out, "config.json"))
     if old is None:
         return
+    old = {"weight_step": "rsft", **old}  # a folder made before weight steps existed: every weight phase was RSFT
     new = json.loads(json.dumps(flags))  # as stored
     lacking = [f"--{k.replace('_', '-')}" for k in new if k not in old]
     if lacking:
         raise ValueError(f"{out}/config.json was written by an older whale.py (it lacks {', '.join(lacking)}): "
-                         f"rerun in a fresh --out or delete {out}")
+                         f"{move_aside(out)}")
     changed = [k for k in new if k not in RESUMABLE_FLAGS and new[k] != old[k]]
     if changed:
         flags = ", ".join(f"--{k.replace('_', '-')} {old[k]} (now {new[k]})" for k in changed)
-        raise ValueError(f"{out} was run with other settings: {flags}: rerun with the folder's settings, "
-                         "or use a new --out")
+        raise ValueError(f"{out} was run with other settings: {flags}: rerun with the folder's settings, or "
+                         f"{move_aside(out)}")
+
+
+def move_aside(out):
+    """The fix that works for a folder whale.py will not resume, whatever the command: --out names one run's folder
+    and is refused with several --method, so the folder itself moves."""
+    return f"move {out} aside (mv {out} {out}.old) or delete it, and rerun to start it over"
 
 
 def read_rows(out):
