@@ -79,7 +79,7 @@ def test_a_weight_step_registered_at_test_time_runs_through_whale_plan_and_repor
     assert adapter("whale") != adapter("whale-pg")
     report.main(["--preset", "smoke", "--results", str(tmp_path / "results")])
     table = (tmp_path / "results" / "smoke" / "tables.md").read_text()
-    assert "| whale-pg | " in table and "| method | searchqa | math | chess | digits |" in table
+    assert "| whale-pg | " in table and "| method | searchqa | math | chess | digits (on the harness's answer) |" in table
     assert panel_title("whale-pg") == "whale-pg (weight step: pg)" and panel_title("harness-only") == "harness-only"
 
 
