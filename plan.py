@@ -5,6 +5,7 @@ every resource it needs. It takes whale.py's flags and loads no model, so it ans
     python plan.py --domain searchqa --method whale --preset paper
     python plan.py --domain math --preset gpu --method whale weight-only stagewise
     python plan.py --check searchqa math chess --preset gpu --domain searchqa   # run_all.sh's first step
+    python plan.py --check --preset gpu --domain chess --card-gb 24              # the same, for a 24 GiB card
 
 The plan is the one whale.py would follow (whale.budgets, whale.fixed_phases, under the same flags); the
 hours come from lib/ops/time_model.py. --check runs lib/ops/preflight.py: one line per check, 0 when all pass.
@@ -14,7 +15,7 @@ import sys
 
 import domains
 import whale
-from lib.cli import one_line_errors
+from lib.cli import one_line_errors, positive_float
 from lib.ops import preflight, time_model
 from lib.subsets import seeded_sample
 from presets import PAPER_TRAIN_SIZES
@@ -25,6 +26,9 @@ def add_args(parser):
     g.add_argument("--check", nargs="*", default=None, choices=sorted(domains.DOMAINS), metavar="DOMAIN",
                    help="check every resource this run needs (and those of the same run on these domains) in "
                         "seconds, before any model loads, then exit: one line per check, 0 when all pass")
+    g.add_argument("--card-gb", type=positive_float, default=None, metavar="GiB",
+                   help="--check the engine and trainer against a card of this many GiB instead of this machine's "
+                        "(no GPU needed), e.g. 24 for an RTX 4090; the gpu preset's --micro-batch is fitted to it")
 
 
 def parse_args(argv=None):
