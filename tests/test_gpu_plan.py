@@ -2,6 +2,7 @@
 plan.py prints each run's hours, the memory plan counts what it says, and run_all.sh picks gpu on a GPU.
 No GPU, model or dataset: the estimate is arithmetic on model configs and whale.py's plan."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -255,3 +256,16 @@ def test_run_all_runs_adaptive_whale_where_the_paper_reports_it(tmp_path):
     assert len(adaptive) == 1 and "--domain math" in adaptive[0]
     # the count it announces is the runs it starts (none was done)
     assert f" {sum(len(methods_of(r)) for r in runs)} runs;" in out
+
+
+def test_docs_gpu_md_holds_exactly_what_memory_plan_prints():
+    """docs/gpu.md's tables and figures are scripts/memory_plan.py --markdown's output, pasted whole and in order
+    between its markers: a change to the plan that is not pasted there fails here (rerun the script, paste)."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "memory_plan.py"), "--markdown"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    doc = open(os.path.join(ROOT, "docs", "gpu.md")).read()
+    blocks = re.findall(r"<!-- scripts/memory_plan.py --markdown: from here -->\n(.*?)\n"
+                        r"<!-- scripts/memory_plan.py --markdown: to here -->", doc, re.S)
+    paragraphs = lambda text: [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    assert len(blocks) == 4 and paragraphs("\n\n".join(blocks)) == paragraphs(done.stdout)
