@@ -41,7 +41,6 @@ from lib.run_folder.files import file_sha, stored_path, write_json
 from lib import methods
 from lib.backends.hf_backend import NullModelBackend
 from lib.methods import next_phase
-from lib.ops import time_model
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
 from lib.run_folder import report_to
 from lib.backends.policy import add_backend_args, load_policy
@@ -121,15 +120,29 @@ def parse_args(argv=None, more_args=None, description=__doc__):
     meta_harness.add_args(p)
     # two passes: the first learns the preset and domain, the second lets any given flag override it
     first = p.parse_args(argv)
+    card = card_gib(getattr(first, "card_gb", None)) if first.preset == "gpu" else None
     try:
-        p.set_defaults(**preset_defaults(first.preset, first.domain, first.data))
+        defaults = preset_defaults(first.preset, first.domain, first.data, card)
     except ValueError as e:
         p.error(str(e))
+    p.set_defaults(**defaults)
     args = p.parse_args(argv)
+    preset_micro_batch = PRESETS[first.preset]["micro_batch"]
+    if defaults["micro_batch"] != preset_micro_batch and args.micro_batch == defaults["micro_batch"]:
+        print(f"{first.preset} preset: --micro-batch {args.micro_batch} on this {card:.1f} GiB card, where its "
+              f"{preset_micro_batch} calls do not fit beside the trainer and the engine (presets.GPU_TWO_CALLS_GIB)",
+              file=sys.stderr)
     args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")
     check_args(args, p)
-    fit_gpu_preset(args, p, argv)
     return [run_args(args, method) for method in dict.fromkeys(args.method)]  # each once, in order
+
+
+def card_gib(named=None):
+    """The GiB of the card the run trains on: `named` (plan.py --check --card-gb), else this machine's GPU; None
+    without one."""
+    if named:
+        return named
+    return torch.cuda.mem_get_info()[1] / 2 ** 30 if torch.cuda.is_available() else None
 
 
 def run_args(args, method):
@@ -154,29 +167,6 @@ def check_args(args, parser):
                      "the incoming harness, so a harness phase with proposer rounds needs I >= 2")
     if conflicting_flags(args):
         parser.error(conflicting_flags(args))
-
-
-def fit_gpu_preset(args, parser, argv):
-    """The gpu preset's --micro-batch on the card the run trains on (this machine's, or the one plan.py --check
-    --card-gb names): where the preset's does not fit beside the trainer and engine, the largest that does (chess on
-    24 GB: 1, the same update in two halves), said on stderr. A --micro-batch given stays: the preflight refuses it
-    if it does not fit."""
-    name = time_model.model_name(args.model)
-    if args.preset != "gpu" or name is None:
-        return
-    parser.set_defaults(micro_batch=None)  # None now only where --micro-batch was not given
-    if parser.parse_args(argv).micro_batch is not None:
-        return
-    card_gb = getattr(args, "card_gb", None)
-    card = card_gb * time_model.GiB if card_gb else torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else None
-    if card is None:
-        return
-    fits = time_model.memory(name, None, card_bytes=card, **time_model.trainer_flags(args))["largest"]
-    if 1 <= fits < args.micro_batch:
-        print(f"gpu preset: --micro-batch {fits} on this {card / time_model.GiB:.1f} GiB card, where its "
-              f"{args.micro_batch} calls do not fit beside the trainer and the engine (lib/ops/time_model.py)",
-              file=sys.stderr)
-        args.micro_batch = fits
 
 
 def method_name(cfg):

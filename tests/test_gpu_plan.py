@@ -269,3 +269,21 @@ def test_docs_gpu_md_holds_exactly_what_memory_plan_prints():
                         r"<!-- scripts/memory_plan.py --markdown: to here -->", doc, re.S)
     paragraphs = lambda text: [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
     assert len(blocks) == 4 and paragraphs("\n\n".join(blocks)) == paragraphs(done.stdout)
+
+
+def test_the_gpu_preset_fits_its_micro_batch_to_the_card():
+    """presets.GPU_TWO_CALLS_GIB is the smallest card (whole GiB) on which the gpu preset's 2 calls fit beside the
+    trainer and its sleeping engine by the plan; on a smaller card the preset takes 1 (chess on 24 GB), on a larger
+    one its 2, and without a card (no GPU) its 2."""
+    from presets import GPU_TWO_CALLS_GIB, preset_defaults
+    for domain, name in time_model.DOMAIN_MODEL.items():
+        [args] = whale.parse_args(["--preset", "gpu", "--domain", domain])
+        flags = time_model.trainer_flags(args)
+        largest = lambda gib: time_model.memory(name, None, card_bytes=gib * time_model.GiB, **flags)["largest"]
+        least = GPU_TWO_CALLS_GIB[domain]
+        assert largest(least) >= 2 > largest(least - 1) >= 1, domain
+        assert preset_defaults("gpu", domain, card_gib=least - 0.5)["micro_batch"] == 1
+        assert preset_defaults("gpu", domain, card_gib=least)["micro_batch"] == 2
+        assert preset_defaults("gpu", domain)["micro_batch"] == 2
+    assert preset_defaults("gpu", "chess", card_gib=24)["micro_batch"] == 1
+    assert preset_defaults("paper", "chess", card_gib=24)["micro_batch"] == 2  # the official 2: the preflight decides

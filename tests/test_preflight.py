@@ -583,7 +583,7 @@ def test_the_trainer_is_checked_against_the_card_before_the_model_loads(monkeypa
     args = run_args("--workers", "120", preset="gpu", domain="chess")  # the preset's micro-batch, fitted
     assert args.micro_batch == 1
     assert capsys.readouterr().err == ("gpu preset: --micro-batch 1 on this 24.0 GiB card, where its 2 calls do not "
-                                       "fit beside the trainer and the engine (lib/ops/time_model.py)\n")
+                                       "fit beside the trainer and the engine (presets.GPU_TWO_CALLS_GIB)\n")
     ok, line = check(preflight.check_gpu, [args])
     assert ok and line.endswith("; trainer: chess --micro-batch 1 (at most 1 fit)")
     # an engine share that leaves the trainer no room names the share that does
