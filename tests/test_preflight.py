@@ -509,7 +509,8 @@ def test_the_gated_deltanet_probe_runs_once_before_the_night_and_a_failure_names
     for run, start, fix in (
             (failed(wrong), wrong.strip(), "pip uninstall fla-core"),
             (failed(no_cc), "RuntimeError: Failed to find C compiler", "apt install build-essential python3.11-dev"),
-            (failed(no_header), "/tmp/main.c:1:10: fatal error: Python.h", "apt install build-essential python3.11-dev"),
+            (failed(no_header), "/tmp/main.c:1:10: fatal error: Python.h",
+             "apt install build-essential python3.11-dev"),
             (failed("tilelang.engine.CompileError: nvcc failed\n"), "tilelang.engine.CompileError",
              "export FLA_TILELANG=0"),
             (hung, "one forward and backward did not end in 300 s", "pip uninstall fla-core")):

@@ -24,7 +24,7 @@ def c_compiler():
 
 
 def include_dir():
-    """The interpreter's include folder as Triton's build takes it (Debian's posix_local scheme read as posix_prefix)."""
+    """The interpreter's include folder as Triton's build takes it (Debian's posix_local scheme as posix_prefix)."""
     scheme = sysconfig.get_default_scheme()
     return sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)["include"]
 

@@ -259,7 +259,8 @@ def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, complet
                 gpu_memory=engine / card, max_gpu_memory=room / card, kv=kv,
                 seqs=max(0, int(kv // (context * kv_per_token + state))), kv_per_token=kv_per_token, state=state,
                 micro_batch=micro, largest=largest, act=act(max(micro, 1)), train_room=train_room, context=context,
-                completion=completion, one_sequence=one_sequence, fits=one_sequence <= kv and engine <= room and 1 <= micro <= largest)
+                completion=completion, one_sequence=one_sequence,
+                fits=one_sequence <= kv and engine <= room and 1 <= micro <= largest)
 
 
 # vLLM's hybrid cache (vllm/v1/core/kv_cache_planning.py, platforms/interface.py _align_hybrid_block_size): every
