@@ -1,8 +1,10 @@
 """The preflight: `python plan.py --check` (the first thing run_all.sh does) checks every resource the runs of
 a command need, before any model loads: the retriever or the wiki file (searchqa on the paper's data), the
 datasets, the model, the engine (vllm importable, or the openai server answering), the proposer, the sandbox,
-the --report-to package and GPU memory. It downloads nothing and loads no model, so it takes seconds and a
-night-long run never dies at its first searchqa rollout for want of a server.
+the --report-to package, the card (the engine and the trainer beside it), Triton's compiler and, where weights
+train on Qwen3.5, its Gated DeltaNet kernel against transformers' reference. It downloads nothing and loads no
+model, so it takes seconds (the kernel's probe: a minute where it compiles) and a night-long run never dies at
+its first searchqa rollout for want of a server, or at its first RSFT step for want of memory.
 
     code = preflight.main(runs)   # runs: whale.py's per-run args (one per method and domain)
 
