@@ -71,9 +71,9 @@ GDN_PREFILLS = ("triton", "auto")  # --gdn-prefill: Triton's kernel, or vLLM's o
 
 
 def nvcc_path():
-    """nvcc where a JIT compile at the engine's warm-up takes it, or None: $CUDA_HOME/bin, then $CUDA_PATH/bin (where
-    either is set the compile looks there first, so a runtime-only $CUDA_HOME fails it even with nvcc on PATH), else
-    PATH, else /usr/local/cuda/bin."""
+    """nvcc where a JIT compile at the engine's warm-up takes it, or None: $CUDA_HOME/bin, else $CUDA_PATH/bin, else
+    PATH, else /usr/local/cuda/bin, torch.utils.cpp_extension._find_cuda_home's order (where either variable is set
+    the compile looks there only, so a runtime-only $CUDA_HOME fails it even with nvcc on PATH)."""
     for var in ("CUDA_HOME", "CUDA_PATH"):
         home = os.environ.get(var)
         if home:

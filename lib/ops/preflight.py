@@ -442,7 +442,7 @@ def check_gated_deltanet_backward(run=subprocess.run):
     except subprocess.TimeoutExpired:
         raise Failed(f"one forward and backward did not end in {GATED_DELTANET_PROBE_S} s: {FLA_FIX}") from None
     if done.returncode:
-        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        last = (done.stderr.strip().splitlines() or [f"the probe died without a word (exit {done.returncode})"])[-1]
         raise Failed(f"{last[:400]}: {probe_fix(done.stderr)}")
     return done.stdout.strip()
 
