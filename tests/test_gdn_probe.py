@@ -58,8 +58,8 @@ def test_the_reference_in_bf16_passes_and_its_errors_are_bf16s(kernels):
     errors = gdn_probe.relative_errors(reference, reference, "cpu", shape=SHAPE)
     assert set(errors) == {"out", *gdn_probe.NAMES}
     assert all(0 < e < gdn_probe.BOUND / 5 for e in errors.values()), errors  # bf16 rounding, well within the bound
-    ok, line = gdn_probe.verdict(errors, name)
-    assert ok and line.endswith(f"within {gdn_probe.BOUND:g}")
+    ok, line = gdn_probe.verdict(errors, name, SHAPE[1])
+    assert ok and "over 256 tokens (4 chunks)" in line and line.endswith(f"within {gdn_probe.BOUND:g}")
 
 
 @pytest.mark.parametrize("tensor,spoil", [("g", zero_past_first_chunk("g")), ("k", zero_past_first_chunk("k")),
@@ -67,7 +67,7 @@ def test_the_reference_in_bf16_passes_and_its_errors_are_bf16s(kernels):
 def test_a_kernel_with_a_wrong_backward_fails_naming_the_gradient(kernels, tensor, spoil):
     _, reference, _ = kernels
     errors = gdn_probe.relative_errors(wrong_backward(reference, spoil), reference, "cpu", shape=SHAPE)
-    ok, line = gdn_probe.verdict(errors, "a wrong kernel")
+    ok, line = gdn_probe.verdict(errors, "a wrong kernel", SHAPE[1])
     assert not ok and errors[tensor] > gdn_probe.BOUND and f"d{tensor} off by more than" in line
     assert errors["out"] < gdn_probe.BOUND  # the forward is right: only the gradients show it
 

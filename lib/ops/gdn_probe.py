@@ -67,13 +67,13 @@ def relative_errors(kernel, reference, device="cuda", dtype=torch.bfloat16, shap
     return {name: float((fast[name] - ref[name]).norm() / ref[name].norm().clamp_min(1e-30)) for name in ref}
 
 
-def verdict(errors, name):
-    """(ok, one line): the largest error against BOUND; a non-finite one fails too."""
+def verdict(errors, name, tokens=SHAPE[1]):
+    """(ok, one line): the largest error of a comparison over `tokens` against BOUND; a non-finite one fails too."""
     worst = max(errors, key=lambda k: errors[k] if errors[k] == errors[k] else float("inf"))
     shown = ", ".join(f"{k} {v:.1e}" for k, v in errors.items())
     ok = all(v <= BOUND for v in errors.values())  # NaN compares False: a non-finite gradient fails
     what = "within" if ok else f"{'d' + worst if worst != 'out' else 'the output'} off by more than"
-    return ok, (f"{name} in bf16 against transformers' fp32 reference over {SHAPE[1]} tokens ({SHAPE[1] // CHUNK} "
+    return ok, (f"{name} in bf16 against transformers' fp32 reference over {tokens} tokens ({tokens // CHUNK} "
                 f"chunks): relative errors {shown}: {what} {BOUND:g}")
 
 
