@@ -3,7 +3,9 @@
 #
 #     bash install.sh          # CPU: torch 2.13.0 (a CPU wheel), requirements.txt, SmolLM2-135M
 #     bash install.sh --gpu    # CUDA machine: torch 2.14.0, requirements-gpu.txt (vllm, datasets), SmolLM2-135M;
-#                              # first checks the NVIDIA driver (>= 580, for the CUDA 13 wheels: lib/ops/driver.py)
+#                              # first checks for a C compiler and Python.h (Triton builds with both at run time:
+#                              # lib/ops/compiler.py) and the NVIDIA driver (>= 580, for the CUDA 13 wheels:
+#                              # lib/ops/driver.py)
 #
 # The environment is .venv/ in the repo, made with `python3 -m venv` (PYTHON=python3.11 picks another
 # interpreter); an active venv or conda env is used instead. run_all.sh and .ci/run pick the same one.
@@ -20,6 +22,10 @@ case "${1:-}" in
   --gpu) torch=torch==2.14.0 requirements=requirements-gpu.txt ;;  # vllm 0.33 pins torch 2.14.0
   *) die "unknown argument '$1': run 'bash install.sh' (CPU) or 'bash install.sh --gpu' (CUDA machine)" ;;
 esac
+# Triton (fla-core's kernels, vLLM's prefill, torch.compile) builds each kernel's launcher with a C compiler and
+# Python.h at run time: missing either, the first GPU run dies at its first kernel (stdlib only: no venv yet)
+if [ "${1:-}" = --gpu ] && command -v "${PYTHON:-python3}" > /dev/null; then
+  why=$("${PYTHON:-python3}" lib/ops/compiler.py 2>&1) || die "$why"; fi
 # the CUDA 13 wheels need NVIDIA driver 580 or newer; on an older one torch sees no GPU (stdlib only: no venv yet)
 if [ "${1:-}" = --gpu ] && command -v "${PYTHON:-python3}" > /dev/null; then \
   "${PYTHON:-python3}" lib/ops/driver.py install; fi

@@ -6,6 +6,7 @@ every resource it needs. It takes whale.py's flags and loads no model, so it ans
     python plan.py --domain math --preset gpu --method whale weight-only stagewise
     python plan.py --check searchqa math chess --preset gpu --domain searchqa   # run_all.sh's first step
     python plan.py --domain math --preset paper --card 141 --gpus 8 --ranks 8   # a node of 8 H200s, torchrun
+    python plan.py --check --preset gpu --domain chess --card 24                 # the check, for a 24 GB card
 
 The plan is the one whale.py would follow (whale.budgets, whale.fixed_phases, under the same flags); the
 hours come from lib/ops/time_model.py. --check runs lib/ops/preflight.py: one line per check, 0 when all pass;
@@ -36,9 +37,11 @@ H0_TASKS = 16
 
 
 def add_args(parser):
-    g = parser.add_argument_group("the machine the plan is for (the hours; --ranks also for --check)")
-    g.add_argument("--card", type=int, default=80, choices=sorted(time_model.CARDS),
-                   help="the card class in GB (lib/ops/time_model.CARDS)")
+    g = parser.add_argument_group("the machine the plan is for (the hours; --card and --ranks also for --check)")
+    g.add_argument("--card", type=int, default=None, choices=sorted(time_model.CARDS),
+                   help="the card class in GB (lib/ops/time_model.CARDS): the hours are for it (default 80), and "
+                        "--check checks the engine and trainer against it instead of this machine's card (no GPU "
+                        "needed), e.g. 24 for an RTX 4090; the gpu preset's --micro-batch is fitted to it")
     g.add_argument("--gpus", type=positive_int, default=None,
                    help="cards in all (default: --ranks): the engine's replicas and the trainer ranks share them")
     g.add_argument("--ranks", type=positive_int, default=1,
@@ -209,7 +212,7 @@ def main(argv=None):
         if workers < each * engines:
             print(f"--workers {workers} keeps {workers} episodes at once over {engines} engine replicas: "
                   f"--workers {each * engines} gives each its {each} (docs/gpu.md, several GPUs)")
-        print_plan(runs, args.card, gpus, args.ranks)
+        print_plan(runs, args.card or 80, gpus, args.ranks)
         return
     # each --check domain parsed as its own run, with the same flags
     argv = sys.argv[1:] if argv is None else list(argv)

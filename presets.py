@@ -117,6 +117,10 @@ PAPER = {
 # (scripts/memory_plan.py; searchqa's retriever index takes 32 GiB of the 80 GB card)
 GPU = {"searchqa": dict(searchqa_test_per_set=15, gpu_memory=0.45), "math": dict(gpu_memory=0.7),
        "chess": dict(test_limit=80, gpu_memory=0.5)}
+# the smallest card (GiB) on which the gpu preset's micro-batch of 2 calls (8,192 tokens, 1,024 trained) fits beside
+# the trainer and its sleeping engine, by lib/ops/time_model.memory (tests/test_gpu_plan.py computes it again): on a
+# smaller card the preset takes --micro-batch 1, the same update in two halves (chess on a 24 GB card)
+GPU_TWO_CALLS_GIB = {"searchqa": 19, "math": 19, "chess": 26}
 SCALE = PRESETS["gpu"]["batch"] / PRESETS["paper"]["batch"]
 GPU = {domain: dict(model=PAPER[domain]["model"], lr=PAPER[domain]["lr"],
                     harness=PAPER[domain]["harness"],
@@ -144,10 +148,10 @@ def table_domains(preset):
     return TABLE_DOMAINS.get(preset, TABLE_DOMAINS_DEFAULT)
 
 
-def preset_defaults(name, domain, data=None):
+def preset_defaults(name, domain, data=None, card_gib=None):
     """The defaults preset `name` gives a run on `domain` (its bundle, then its per-domain table), as whale.py
-    takes them; `data`: the --data flag given. Raises ValueError for a domain the paper or gpu preset has no
-    settings for."""
+    takes them; `data`: the --data flag given; `card_gib`: the card the run trains on (the gpu preset fits its
+    micro-batch to it). Raises ValueError for a domain the paper or gpu preset has no settings for."""
     preset = dict(PRESETS[name])
     if name in ("paper", "gpu"):
         table = PAPER if name == "paper" else GPU
@@ -155,6 +159,8 @@ def preset_defaults(name, domain, data=None):
             raise ValueError(f"--preset {name}: {domain} has no paper settings (presets.py PAPER: the paper's "
                              "domains); run it with --preset smoke or cpu")
         preset.update(table[domain])
+    if name == "gpu" and card_gib and card_gib < GPU_TWO_CALLS_GIB[domain]:
+        preset["micro_batch"] = 1
     if name == "cpu":  # chess keeps harnesses/chess.py (not in the cpu preset's table)
         preset.update(CPU.get(domain, {}))
     if data == "paper":  # the bundled math sets' choices do not apply to the paper's data

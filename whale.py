@@ -118,14 +118,29 @@ def parse_args(argv=None, more_args=None, description=__doc__):
     meta_harness.add_args(p)
     # two passes: the first learns the preset and domain, the second lets any given flag override it
     first = p.parse_args(argv)
+    card = card_gib(getattr(first, "card", None)) if first.preset == "gpu" else None
     try:
-        p.set_defaults(**preset_defaults(first.preset, first.domain, first.data))
+        defaults = preset_defaults(first.preset, first.domain, first.data, card)
     except ValueError as e:
         p.error(str(e))
+    p.set_defaults(**defaults)
     args = p.parse_args(argv)
+    preset_micro_batch = PRESETS[first.preset]["micro_batch"]
+    if defaults["micro_batch"] != preset_micro_batch and args.micro_batch == defaults["micro_batch"]:
+        print(f"{first.preset} preset: --micro-batch {args.micro_batch} on this {card:.1f} GiB card, where its "
+              f"{preset_micro_batch} calls do not fit beside the trainer and the engine (presets.GPU_TWO_CALLS_GIB)",
+              file=sys.stderr)
     args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")
     check_args(args, p)
     return [run_args(args, method) for method in dict.fromkeys(args.method)]  # each once, in order
+
+
+def card_gib(named=None):
+    """The GiB of the card the run trains on: `named` (plan.py --check --card: a card class of N GB, which
+    lib/ops/time_model.CARDS takes as N GiB), else this machine's GPU; None without one."""
+    if named:
+        return named
+    return torch.cuda.mem_get_info()[1] / 2 ** 30 if torch.cuda.is_available() else None
 
 
 def run_args(args, method):

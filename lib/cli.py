@@ -193,7 +193,7 @@ def conflicting_flags(args):
 # flag of every CLI reaches a config (tests/test_layout.py checks each parser against this list).
 NO_RESULT_FLAGS = ("out", "threads", "report_to", "gpu_memory", "vllm_sleep", "max_lora_rank", "skip_lora_probe",
                    "openai_url", "openai_workers", "infra_budget", "unsafe_no_sandbox", "allow_weak_bounds", "check",
-                   "paper_with_bm25")
+                   "paper_with_bm25", "gdn_prefill")
 FLAG_FIELDS = {"deadline": "deadline_s"}  # a flag whose config field has another name
 
 

@@ -21,6 +21,10 @@
 #                    FAIL below half of it
 #   sft-speed-no-fla the same through transformers' torch chunk loop: FAIL when the slowdown is not within 2x of
 #                    the plan's NO_FLA_SFT_FACTOR (3x)
+#   compiler         a C compiler and Python.h, which Triton builds its kernel launchers with (lib/ops/compiler.py)
+#   gdn-probe        the preflight's Gated DeltaNet probe (lib/ops/gdn_probe.py): the trainer's kernel (fla-core's
+#                    from wheels/, else the torch loop) in bf16 against transformers' fp32 reference over 8 chunks;
+#                    FAIL on a relative error above 0.05 in the output or any gradient
 #   hf-decode-B      hf decode tokens/s at batch 1, 8, 32 beside the plan's vLLM rate; FAIL outside 1/20-2x
 #   vllm-greedy      vLLM's greedy tokens equal hf's on the same prompts (each within the canary's tolerance)
 #   vllm-lora        vLLM applies a LoRA adapter: greedy output changes and the adapter canary passes
@@ -145,6 +149,17 @@ grep -q "device cuda" "$TMP/bench.txt" || { echo "FAIL rsft-update (did not run 
 echo "ok rsft-update LoRA forward/backward on cuda, $(grep '^ratio' "$TMP/bench.txt")"
 }
 
+compiler() {
+local line
+if line=$(python lib/ops/compiler.py 2>&1); then echo "ok compiler $line"; else echo "FAIL compiler $line"; fi
+}
+
+gdn_probe() {
+cuda_or_skip gdn-probe || return 0
+if python -m lib.ops.gdn_probe > "$TMP/gdn.out" 2> "$TMP/gdn.err"; then echo "ok gdn-probe $(tail -n 1 "$TMP/gdn.out")"
+else echo "FAIL gdn-probe $(grep -v '^\s*$' "$TMP/gdn.err" | tail -n 1)"; fi
+}
+
 measure() {  # measure WHAT: scripts/gpu_measure.py prints its own ok / FAIL / skip lines
 python scripts/gpu_measure.py "$1"
 }
@@ -213,6 +228,8 @@ check rsft-step rsft_step
 check rsft-update rsft_update
 check memory-plan memory_plan
 check sft-speed sft_speed
+check compiler compiler
+check gdn-probe gdn_probe
 check hf-decode hf_decode
 check vllm vllm_checks
 check vllm-probe vllm_probe

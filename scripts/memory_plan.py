@@ -1,7 +1,8 @@
 """The GPU plan of the gpu and paper presets: memory per card and hours per run, the tables of docs/gpu.md.
 
     python scripts/memory_plan.py                # every table
-    python scripts/memory_plan.py --markdown     # the same, as markdown (docs/gpu.md)
+    python scripts/memory_plan.py --markdown     # the same, as markdown: docs/gpu.md holds it whole, in its marked
+                                                 # blocks (tests/test_gpu_plan.py fails where they differ)
 
 Memory and time come from lib/ops/time_model.py (model configs, stated token lengths, bandwidth and FLOP rates);
 each run's phases, steps, rounds and test size from whale.py's own plan, exactly what
@@ -21,7 +22,7 @@ from lib.ops import time_model as g  # noqa: E402
 from lib.backends.policy import engine_seqs  # noqa: E402
 
 GiB = g.GiB
-THINKING_FLAGS = ("--max-new-tokens", "8192", "--max-model-len", str(g.MODEL_LEN))  # the official episode
+CAPPED_FLAGS = ("--max-new-tokens", "1024", "--max-model-len", "8192")  # the paper preset at 1,024 tokens a call
 
 
 def run_args(preset, domain, method, schedule, extra=()):
@@ -76,15 +77,17 @@ def memory_rows():
             retriever = {"gpu": f"GPU {at['retriever'] / GiB:.0f}", "cpu": f"CPU ({g.RETRIEVER_CPU_RAM / GiB:.0f} RAM)",
                          None: "-"}[where]
             blocks = g.cache_blocks(name, at["kv"])[0]
+            workers = g.workers_that_fit(blocks)
+            micro = f"NO: the gpu preset takes {at['largest']}" if at["largest"] < 2 else "yes"
             rows.append([domain, name, f"{card} GB", f"{(at['weights'] + at['lora_opt']) / GiB:.1f}", retriever,
                          f"{share}: {at['engine'] / GiB:.0f} GiB, {at['seqs']} / {long_seqs}",
-                         f"{blocks} ({'yes' if blocks >= seqs else f'NO: --workers {blocks}'})",
-                         f"{most['max_gpu_memory']:.2f}", f"{at['act'] / GiB:.1f} ({'yes' if at['fits'] else 'NO'})",
+                         f"{blocks} ({'yes' if workers >= seqs else f'NO: --workers {workers}'})",
+                         f"{most['max_gpu_memory']:.2f}", f"{at['act'] / GiB:.1f} ({micro})",
                          f"{at['wake'] / GiB:.0f} ({at['wake_without_hand_back'] / GiB:.0f})",
                          most["largest"],
                          f"{deep['largest'] or 'NO'} ({g.activation_bytes(name, 1, *thinking) / GiB:.0f} GiB for 1)"])
     head = ["domain", "model", "card", "trainer GiB", "retriever GiB", "engine (--gpu-memory): seqs at 8k / 32k",
-            f"cache blocks (>= --workers {seqs}?)",
+            f"cache blocks, Triton prefill (>= --workers {seqs} + {g.BLOCK_MARGIN:.0%}?)",
             "most --gpu-memory", "SFT, 2 calls of 8k (1k trained): GiB",
             "card at the wake after an update, GiB (without the trainer's hand-back)", "largest --micro-batch",
             "thinking calls that fit"]
@@ -149,8 +152,8 @@ def width_rows():
 
 
 def print_table(head, rows, markdown):
-    if markdown:
-        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    if markdown:  # a blank line first: a markdown table starts a block of its own
+        print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         for r in rows:
             print("| " + " | ".join(map(str, r)) + " |")
     else:
@@ -165,18 +168,6 @@ def main():
     p.add_argument("--markdown", action="store_true", help="markdown tables (for docs/gpu.md)")
     args = p.parse_args()
     md = args.markdown
-
-    print("memory per card (LoRA rank 16 on all linear layers, bf16, gradient checkpointing, the engine asleep "
-          "while the trainer trains; searchqa's retriever on the card where it fits):")
-    print_table(*memory_rows(), md)
-    for name in g.MODELS:
-        params, lora = g.param_counts(name)
-        kv, state = g.cache_sizes(name)
-        delta, full = g.layer_counts(g.config(name))
-        print(f"{name}: {params / 1e9:.2f}B parameters, LoRA {lora / 1e6:.1f}M; KV {kv / 1024:.0f} KiB a token "
-              f"({full} full-attention layers); GatedDeltaNet state {state / 2**20:.1f} MiB a sequence "
-              f"({delta} layers)")
-    print()
 
     rows = table_estimates("gpu", 80)
     print(f"the gpu preset on one 80 GB card ({g.CARDS[80][0]}), hours of each run's own work (a domain's runs in "
@@ -200,14 +191,29 @@ def main():
         elsewhere = total(table_estimates("gpu", card, domains=["searchqa"], retriever="other-gpu"))
         print(f"searchqa on {card} GB with the retriever's index on a second GPU: {elsewhere:.1f} h")
     print()
+    print("memory per card (LoRA rank 16 on all linear layers, bf16, gradient checkpointing, the engine asleep "
+          "while the trainer trains; searchqa's retriever on the card where it fits):")
+    print_table(*memory_rows(), md)
+    for name in g.MODELS:
+        params, lora = g.param_counts(name)
+        kv, state = g.cache_sizes(name)
+        delta, full = g.layer_counts(g.config(name))
+        print(f"{name}: {params / 1e9:.2f}B parameters, LoRA {lora / 1e6:.1f}M; KV {kv / 1024:.0f} KiB a token "
+              f"({full} full-attention layers); GatedDeltaNet state {state / 2**20:.1f} MiB a sequence "
+              f"({delta} layers)")
+    print()
+
+    print("95 % half-width of one cell's mean@k (points), Var = p (1 - p) (rho + (1 - rho) / k) / n, rho = 0.5:")
+    print_table(*width_rows(), md)
+    print()
     paper = table_estimates("paper", 80)
-    thinking = table_estimates("paper", 80, THINKING_FLAGS)
-    print("the paper preset (1,024 tokens a call), then the official thinking-length episode "
-          "(--max-new-tokens 8192 --max-model-len 32768), on each card:")
+    capped = table_estimates("paper", 80, CAPPED_FLAGS)
+    print("the paper preset (the official thinking-length episode: 8,192 assistant tokens, --max-model-len 32768), "
+          "then the same at 1,024 tokens a call (--max-new-tokens 1024 --max-model-len 8192), on each card:")
     print_table(*domain_rows(g.CARDS, "paper"), md)
-    print_table(*domain_rows(g.CARDS, "paper", THINKING_FLAGS), md)
-    wide = table_estimates("paper", 80, (*THINKING_FLAGS, "--workers", "256"))
-    for label, rows in (("paper", paper), ("thinking", thinking), ("thinking, --workers 256", wide)):
+    print_table(*domain_rows(g.CARDS, "paper", CAPPED_FLAGS), md)
+    wide = table_estimates("paper", 80, ("--workers", "256"))
+    for label, rows in (("paper", paper), ("paper, --workers 256", wide), ("paper at 1,024 tokens a call", capped)):
         engine = sum(e["rollouts"] + e["test"] for _, _, e in rows)
         rest = total(rows) - engine
         print(f"{label} on 80 GB: {total(rows) / 24:.0f} GPU-days, of them {engine / 24:.0f} days of rollouts "
@@ -217,9 +223,6 @@ def main():
     print("the paper preset's table on several cards: the rollouts on vllm serve --data-parallel-size (the replicas), "
           "the SFT update over torchrun's trainer ranks (lib/backends/ranks.py):")
     print_table(*scale_rows(), md)
-    print()
-    print("95 % half-width of one cell's mean@k (points), Var = p (1 - p) (rho + (1 - rho) / k) / n, rho = 0.5:")
-    print_table(*width_rows(), md)
 
 
 if __name__ == "__main__":

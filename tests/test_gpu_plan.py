@@ -2,6 +2,7 @@
 plan.py prints each run's hours, the memory plan counts what it says, and run_all.sh picks gpu on a GPU.
 No GPU, model or dataset: the estimate is arithmetic on model configs and whale.py's plan."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -258,3 +259,34 @@ def test_run_all_runs_adaptive_whale_where_the_paper_reports_it(tmp_path):
     assert len(adaptive) == 1 and "--domain math" in adaptive[0]
     # the count it announces is the runs it starts (none was done)
     assert f" {sum(len(methods_of(r)) for r in runs)} runs;" in out
+
+
+def test_docs_gpu_md_holds_exactly_what_memory_plan_prints():
+    """docs/gpu.md's tables and figures are scripts/memory_plan.py --markdown's output, pasted whole and in order
+    between its markers: a change to the plan that is not pasted there fails here (rerun the script, paste)."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "memory_plan.py"), "--markdown"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    doc = open(os.path.join(ROOT, "docs", "gpu.md")).read()
+    blocks = re.findall(r"<!-- scripts/memory_plan.py --markdown: from here -->\n(.*?)\n"
+                        r"<!-- scripts/memory_plan.py --markdown: to here -->", doc, re.S)
+    paragraphs = lambda text: [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    assert len(blocks) == 4 and paragraphs("\n\n".join(blocks)) == paragraphs(done.stdout)
+
+
+def test_the_gpu_preset_fits_its_micro_batch_to_the_card():
+    """presets.GPU_TWO_CALLS_GIB is the smallest card (whole GiB) on which the gpu preset's 2 calls fit beside the
+    trainer and its sleeping engine by the plan; on a smaller card the preset takes 1 (chess on 24 GB), on a larger
+    one its 2, and without a card (no GPU) its 2."""
+    from presets import GPU_TWO_CALLS_GIB, preset_defaults
+    for domain, name in time_model.DOMAIN_MODEL.items():
+        [args] = whale.parse_args(["--preset", "gpu", "--domain", domain])
+        flags = time_model.trainer_flags(args)
+        largest = lambda gib: time_model.memory(name, None, card_bytes=gib * time_model.GiB, **flags)["largest"]
+        least = GPU_TWO_CALLS_GIB[domain]
+        assert largest(least) >= 2 > largest(least - 1) >= 1, domain
+        assert preset_defaults("gpu", domain, card_gib=least - 0.5)["micro_batch"] == 1
+        assert preset_defaults("gpu", domain, card_gib=least)["micro_batch"] == 2
+        assert preset_defaults("gpu", domain)["micro_batch"] == 2
+    assert preset_defaults("gpu", "chess", card_gib=24)["micro_batch"] == 1
+    assert preset_defaults("paper", "chess", card_gib=24)["micro_batch"] == 2  # the official 2: the preflight decides

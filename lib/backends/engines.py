@@ -67,32 +67,50 @@ def has_gated_deltanet(config):
 
 
 CUDA_DEFAULT = "/usr/local/cuda"  # where the CUDA toolkit installs when $CUDA_HOME is unset
+GDN_PREFILLS = ("triton", "auto")  # --gdn-prefill: Triton's kernel, or vLLM's own choice (FlashInfer's on Hopper)
 
 
 def nvcc_path():
-    """nvcc where FlashInfer's JIT looks for it (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin), or None."""
+    """nvcc where a JIT compile at the engine's warm-up takes it, or None: $CUDA_HOME/bin, else $CUDA_PATH/bin, else
+    PATH, else /usr/local/cuda/bin, torch.utils.cpp_extension._find_cuda_home's order (where either variable is set
+    the compile looks there only, so a runtime-only $CUDA_HOME fails it even with nvcc on PATH)."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home:
+            nvcc = os.path.join(home, "bin", "nvcc")
+            return nvcc if os.access(nvcc, os.X_OK) else None
     found = shutil.which("nvcc")
-    for home in (os.environ.get("CUDA_HOME"), CUDA_DEFAULT):
-        if not found and home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
-            found = os.path.join(home, "bin", "nvcc")
-    return found
+    default = os.path.join(CUDA_DEFAULT, "bin", "nvcc")
+    return found or (default if os.access(default, os.X_OK) else None)
 
 
-def engine_backends(cuda, nvcc, gated_deltanet):
-    """-> (vllm.LLM keywords, environment, one line saying which kernels and why). On a CUDA card without nvcc
-    (pip wheels, no CUDA toolkit) vLLM would JIT-compile FlashInfer's Gated DeltaNet prefill at warm-up on Hopper
-    (vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py picks it on SM90) and FlashInfer's sampler
-    where its precompiled kernels are missing, and die there ("Could not find nvcc"): the engine then takes the
-    Triton prefill and PyTorch's sampler, which compile nothing with nvcc. With nvcc, vLLM's defaults."""
+NO_NVCC = "no nvcc ($CUDA_HOME/bin, $CUDA_PATH/bin, PATH, /usr/local/cuda/bin)"
+
+
+def engine_backends(cuda, nvcc, gated_deltanet, prefill="triton"):
+    """-> (vllm.LLM keywords, environment, one line saying which Gated DeltaNet prefill and sampler run and why).
+    A Gated DeltaNet model gets Triton's prefill (gdn_prefill_backend="triton") unless --gdn-prefill auto: vLLM's
+    "auto" takes FlashInfer's on Hopper (vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py
+    _resolve_gdn_prefill_backend) and JIT-compiles it with nvcc at warm-up, an untested compile on every fresh image
+    (vLLM's own warning: "Set --gdn-prefill-backend triton to skip JIT"). Triton's compiles nothing with nvcc (its
+    launcher needs a C compiler and Python.h: the preflight's compiler check). The sampler is FlashInfer's where
+    nvcc is found (vLLM's default, compiled where its precompiled kernels are missing), else PyTorch's
+    (VLLM_USE_FLASHINFER_SAMPLER=0), which compiles nothing."""
     if not cuda:
         return {}, {}, "no CUDA device: vLLM's own kernels for this platform"
-    if nvcc:
-        return {}, {}, f"nvcc at {nvcc}: vLLM's default kernels (FlashInfer's, compiled at warm-up where needed)"
-    kw = {"gdn_prefill_backend": "triton"} if gated_deltanet else {}
-    what = "the Triton Gated DeltaNet prefill (gdn_prefill_backend=triton) and " if gated_deltanet else ""
-    return kw, {"VLLM_USE_FLASHINFER_SAMPLER": "0"}, (
-        f"no nvcc (not on PATH, $CUDA_HOME/bin or /usr/local/cuda/bin): {what}PyTorch's sampler "
-        "(VLLM_USE_FLASHINFER_SAMPLER=0), which need no compiler; install the CUDA toolkit for FlashInfer's kernels")
+    kw = {"gdn_prefill_backend": "triton"} if gated_deltanet and prefill == "triton" else {}
+    env = {} if nvcc else {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    if not gated_deltanet:
+        what = "no Gated DeltaNet layers (no GDN prefill)"
+    elif prefill == "triton":
+        what = ("Triton's Gated DeltaNet prefill (gdn_prefill_backend=triton, the default: no nvcc compile at "
+                "warm-up; --gdn-prefill auto for vLLM's choice)")
+    else:
+        what = ("vLLM's choice of Gated DeltaNet prefill (--gdn-prefill auto: FlashInfer's on Hopper, compiled with "
+                f"{'nvcc' if nvcc else 'nvcc, which is missing'} at warm-up)")
+    sampler = (f"FlashInfer's sampler (vLLM's default; nvcc at {nvcc})" if nvcc else
+               f"PyTorch's sampler (VLLM_USE_FLASHINFER_SAMPLER=0: {NO_NVCC} for FlashInfer's)")
+    return kw, env, f"{what}; {sampler}"
 
 
 def llm_kwargs(model_path, dtype, *, gpu_memory, sleep, max_lora_rank, max_model_len, max_num_seqs, seed,
@@ -226,7 +244,7 @@ class VLLMBackend:
                  "LoRAModelManager wraps)")
 
     def __init__(self, model_path, tok, model, *, gpu_memory=0.45, sleep=False, max_lora_rank=16,
-                 max_model_len=8192, max_num_seqs=64, seed=0):
+                 max_model_len=8192, max_num_seqs=64, seed=0, gdn_prefill="triton"):
         import torch
         import vllm  # GPU-only extra: requirements-gpu.txt (on CPU: scripts/vllm_cpu_check.sh builds a venv)
         dtype = base_dtype(model)
@@ -239,7 +257,7 @@ class VLLMBackend:
                                  "drop --vllm-sleep")
         config = local_config(model_path)
         backends, env, self.backends = engine_backends(torch.cuda.is_available(), nvcc_path(),
-                                                       has_gated_deltanet(config))
+                                                       has_gated_deltanet(config), gdn_prefill)
         for key, value in env.items():  # read by the engine's processes at their start; a user's own setting stays
             os.environ.setdefault(key, value)
         self.renames = adapter_key_renames(model_path, model)

@@ -18,7 +18,7 @@ import torch
 from lib.cli import positive_int, unit_interval
 
 from lib.backends.canary import PROBE_RANK, probe_engine
-from lib.backends.engines import OpenAIBackend, VLLMBackend, engine_lora_rank
+from lib.backends.engines import GDN_PREFILLS, OpenAIBackend, VLLMBackend, engine_lora_rank
 from lib.backends.hf_backend import HFBackend, NullModelBackend
 from lib.backends.models import load_model
 
@@ -39,6 +39,9 @@ def add_backend_args(parser):
                    help="vllm: the largest LoRA rank the engine accepts (default: the adapter's --lora-rank, rounded up "
                         "to a rank vLLM takes)")
     p.add_argument("--max-model-len", type=positive_int, default=8192, help="vllm: longest prompt + completion in tokens")
+    p.add_argument("--gdn-prefill", default="triton", choices=GDN_PREFILLS,
+                   help="vllm, a Gated DeltaNet model (Qwen3.5): triton (default) runs Triton's prefill kernel; auto "
+                        "lets vLLM choose (FlashInfer's on Hopper, compiled with nvcc at the engine's warm-up)")
     p.add_argument("--skip-lora-probe", action="store_true",
                    help="vllm, openai: start without the check that the engine applies LoRA to this model: it then "
                         "serves weights nobody checked (the canary after each update still runs, but cannot tell an "
@@ -70,7 +73,8 @@ def load_backend(args, model, tok, adapter=None):
             rank = max_lora_rank(args, adapter)
             backend = VLLMBackend(path, tok, model, gpu_memory=args.gpu_memory, sleep=args.vllm_sleep,
                                   max_lora_rank=rank, max_model_len=args.max_model_len,
-                                  max_num_seqs=engine_seqs(getattr(args, "workers", None)))
+                                  max_num_seqs=engine_seqs(getattr(args, "workers", None)),
+                                  gdn_prefill=getattr(args, "gdn_prefill", "triton"))
         else:
             rank = PROBE_RANK  # a server's --max-lora-rank is its own: vLLM's default (16) holds the probe
             backend = OpenAIBackend(args.openai_url, args.openai_model or path, tok, model,

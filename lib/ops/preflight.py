@@ -1,8 +1,10 @@
 """The preflight: `python plan.py --check` (the first thing run_all.sh does) checks every resource the runs of
 a command need, before any model loads: the retriever or the wiki file (searchqa on the paper's data), the
 datasets, the model, the engine (vllm importable, or the openai server answering), the proposer, the sandbox,
-the --report-to package and GPU memory. It downloads nothing and loads no model, so it takes seconds and a
-night-long run never dies at its first searchqa rollout for want of a server.
+the --report-to package, the card (the engine and the trainer beside it), Triton's compiler and, where weights
+train on Qwen3.5, its Gated DeltaNet kernel against transformers' reference. It downloads nothing and loads no
+model, so it takes seconds (the kernel's probe: a minute where it compiles) and a night-long run never dies at
+its first searchqa rollout for want of a server, or at its first RSFT step for want of memory.
 
     code = preflight.main(runs)   # runs: whale.py's per-run args (one per method and domain)
 
@@ -32,7 +34,7 @@ from lib.run_folder import report_to
 
 from lib.episodes import sandbox, worker_pool
 from lib.methods import HARNESS, METHODS, WEIGHTS
-from lib.ops import time_model
+from lib.ops import compiler, time_model
 from lib.ops.hub import GPU_EXTRA, cached_model_bytes, dataset_status, hub_status, is_local, model_bytes
 
 GiB = 1024 ** 3
@@ -81,10 +83,13 @@ def plan(runs, check_harness=None, domain_of=None):
     checks[("gpu",)] = ("gpu", partial(check_gpu, runs))
     if getattr(runs[0], "ranks", 1) > 1:
         checks[("ranks",)] = ("trainer ranks", partial(check_ranks, runs))
-    if any(time_model.model_name(args.model) and METHODS[args.method].budgets != HARNESS for args in runs):
+    trains_qwen35 = any(time_model.model_name(args.model) and METHODS[args.method].budgets != HARNESS for args in runs)
+    if trains_qwen35 or any(args.backend == "vllm" for args in runs):  # Triton kernels, vLLM's torch.compile
+        checks[("compiler",)] = ("compiler", check_compiler)
+    if trains_qwen35:
         checks[("fla",)] = ("gated deltanet backward", check_gated_deltanet_backward)
     order = ("harness", "retriever", "datasets", "data", "model", "engine", "proposer", "sandbox", "files", "report",
-             "gpu", "ranks", "fla")
+             "gpu", "ranks", "compiler", "fla")
     return [checks[k] for k in sorted(checks, key=lambda k: order.index(k[0]))]
 
 
@@ -255,7 +260,7 @@ def check_engine(args):
         except Exception as e:  # not installed, or built for another torch / CUDA
             raise Failed(f"--backend vllm: vllm does not import ({type(e).__name__}: {str(e)[:120]}): {GPU_EXTRA}, "
                          "or --backend hf") from None
-        return f"vllm {getattr(vllm, '__version__', '?')} imports; {engine_kernels(args.model)}"
+        return f"vllm {getattr(vllm, '__version__', '?')} imports; {engine_kernels(args)}"
     served = models_at(args.openai_url, None, "--openai-url")
     want = args.openai_model or args.model
     if served and want not in served:
@@ -264,13 +269,25 @@ def check_engine(args):
     return f"the server at {args.openai_url} serves {want}"
 
 
-def engine_kernels(model):
-    """Which kernels the engine will take and why (lib/backends/engines.engine_backends: without nvcc, none that
-    compile)."""
+def engine_kernels(args):
+    """Which Gated DeltaNet prefill and sampler the engine will take and why (lib/backends/engines.engine_backends);
+    --gdn-prefill auto refused where vLLM would pick FlashInfer's prefill (Hopper) and no nvcc can compile it."""
     import torch
     from lib.backends import engines
-    gated_deltanet = time_model.model_name(model) is not None or engines.has_gated_deltanet(engines.local_config(model))
-    return engines.engine_backends(torch.cuda.is_available(), engines.nvcc_path(), gated_deltanet)[2]
+    cuda, nvcc = torch.cuda.is_available(), engines.nvcc_path()
+    line = engines.engine_backends(cuda, nvcc, gated_deltanet(args.model), args.gdn_prefill)[2]
+    if cuda and not nvcc and args.gdn_prefill == "auto" and gated_deltanet(args.model) \
+            and torch.cuda.get_device_capability()[0] == 9:
+        raise Failed(f"--gdn-prefill auto: on this Hopper card vLLM takes FlashInfer's Gated DeltaNet prefill and "
+                     f"compiles it with nvcc at warm-up, but there is {engines.NO_NVCC}: drop --gdn-prefill auto "
+                     "(Triton's prefill), or install the CUDA toolkit and set CUDA_HOME")
+    return line
+
+
+def gated_deltanet(model):
+    """Whether the engine's model has Gated DeltaNet layers: a Qwen3.5 name, or its config as this machine has it."""
+    from lib.backends import engines
+    return time_model.model_name(model) is not None or engines.has_gated_deltanet(engines.local_config(model))
 
 
 def models_at(url, key, flag):
@@ -400,70 +417,102 @@ def check_report(kind):
     return f"{kind} is installed"
 
 
-# One forward and backward of the kernel transformers runs for Qwen3.5's GatedDeltaNet layers (fla-core's where it
-# imports, else its torch loop), at the 2B model's head shapes in bf16 on the GPU. On Hopper fla-core's backward JITs
-# TileLang kernels, which nothing else exercises before the first SFT step, an hour into the night.
-GATED_DELTANET_PROBE = r"""
-import importlib.util, torch
-from transformers.models.qwen3_5 import modeling_qwen3_5
-kernel = "fla-core" if importlib.util.find_spec("fla") else "transformers' torch loop"
-shape, device = (1, 128, 16, 128), "cuda"
-q, k, v = (torch.randn(*shape, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-g = (-torch.rand(*shape[:3], device=device)).requires_grad_()
-beta = torch.rand(*shape[:3], device=device, dtype=torch.bfloat16).requires_grad_()
-out, _ = modeling_qwen3_5.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
-out.float().square().sum().backward()
-torch.cuda.synchronize()
-assert all(torch.isfinite(t.grad).all() for t in (q, k, v, g, beta)), "a gradient that is not finite"
-print(kernel)
-"""
-GATED_DELTANET_PROBE_S = 300  # TileLang's first compile takes a minute or two; a hang is a failure too
-FLA_FIX = ("export FLA_TILELANG=0 (fla-core's Triton kernels) and rerun, or uninstall fla-core (transformers' torch "
-           "loop, about 3x slower SFT)")
+# The Gated DeltaNet probe (lib/ops/gdn_probe.py): the kernel the trainer will run, forward and backward in bf16 on
+# the GPU, against transformers' torch reference, since a wrong backward would train all night on finite but wrong
+# gradients. On Hopper fla-core's backward JITs kernels that nothing else exercises before the first SFT step.
+GATED_DELTANET_PROBE = [sys.executable, "-m", "lib.ops.gdn_probe"]
+GATED_DELTANET_PROBE_S = 300  # a first JIT compile takes a minute or two; a hang is a failure too
+FLA_FIX = ("pip uninstall fla-core (the trainer then runs transformers' torch loop: the reference itself, about 3x "
+           "slower SFT), or install an fla-core and triton pair whose kernels pass")
+
+
+def probe_fix(text):
+    """The fix a failed probe's output names: the compiler or headers Triton lacked, TileLang's kernels, or fla-core."""
+    if "C compiler" in text or "Python.h" in text:
+        return compiler.missing() or "apt install build-essential python3.11-dev (Triton's launcher build), then rerun"
+    if "tilelang" in text.lower():
+        return f"export FLA_TILELANG=0 (fla-core's Triton kernels instead of TileLang's) and rerun, or {FLA_FIX}"
+    return FLA_FIX
 
 
 def check_gated_deltanet_backward(run=subprocess.run):
-    """The GatedDeltaNet probe in a process of its own (a kernel that crashes takes its CUDA context with it)."""
+    """The probe in a process of its own (a kernel that crashes takes its CUDA context with it)."""
     import torch
     if not torch.cuda.is_available():
         return "skip (no GPU: the trainer runs transformers' torch loop on the CPU)"
     try:
-        done = run([sys.executable, "-c", GATED_DELTANET_PROBE], capture_output=True, text=True,
-                   timeout=GATED_DELTANET_PROBE_S, cwd=PROJECT)
+        done = run(GATED_DELTANET_PROBE, capture_output=True, text=True, timeout=GATED_DELTANET_PROBE_S, cwd=PROJECT)
     except subprocess.TimeoutExpired:
         raise Failed(f"one forward and backward did not end in {GATED_DELTANET_PROBE_S} s: {FLA_FIX}") from None
     if done.returncode:
-        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        raise Failed(f"one forward and backward failed ({last[:200]}): {FLA_FIX}")
-    return f"one forward and backward through {done.stdout.strip()} in bf16"
+        last = (done.stderr.strip().splitlines() or [f"the probe died without a word (exit {done.returncode})"])[-1]
+        raise Failed(f"{last[:400]}: {probe_fix(done.stderr)}")
+    return done.stdout.strip()
+
+
+def check_compiler():
+    """A C compiler and Python.h, which Triton builds its launchers with at the first kernel (lib/ops/compiler.py)."""
+    import torch
+    if not torch.cuda.is_available():
+        return "skip (no GPU: no Triton kernel runs on the CPU)"
+    why = compiler.missing()
+    if why:
+        raise Failed(why)
+    return compiler.found()
 
 
 def check_gpu(runs):
-    """Free memory against the largest need among the runs: the trainer's weights (as cached on disk) plus, for vllm,
-    the engine's share of the card (vLLM refuses to start with less free), plus the CUDA context; and for a Qwen3.5
-    engine, a KV cache that holds one sequence of --max-model-len (time_model.kv_shortfall) and a cache block for
-    each sequence it runs at once (time_model.block_shortfall)."""
+    """The card each run trains on, before any model loads: a Qwen3.5 engine's share vLLM would refuse (a KV cache
+    without room for one sequence of --max-model-len: time_model.kv_shortfall; fewer cache blocks than the
+    sequences it runs at once: block_shortfall), and a trainer that would run out of memory at its first RSFT step
+    beside that engine (time_model.trainer_shortfall); then free memory against the largest need among the runs:
+    the trainer's weights (as cached on disk), the engine's share (vLLM refuses to start with less free) and the
+    CUDA context. plan.py --check --card N checks against a card of N GiB instead, without a GPU (no free memory
+    to compare then)."""
     import torch
-    if not torch.cuda.is_available():
+    card_gb = getattr(runs[0], "card", None)  # a class of time_model.CARDS: N GB, taken as N GiB
+    if card_gb is None and not torch.cuda.is_available():
         why = driver.unusable_gpu(driver.gpus(), torch)
         if why and any(args.backend == "vllm" or getattr(args, "preset", None) in ("gpu", "paper") for args in runs):
             raise Failed(why)
         return f"no GPU ({why})" if why else "no GPU"
-    from lib.backends.policy import engine_seqs
-    free, total = torch.cuda.mem_get_info()
-    for args in runs:  # a Qwen3.5 engine share vLLM would refuse: refused now, not after the model loads
-        name = time_model.model_name(args.model)
-        why = name and args.backend == "vllm" and (
-            time_model.kv_shortfall(name, total, args.gpu_memory, args.max_model_len)
-            or time_model.block_shortfall(name, total, args.gpu_memory, engine_seqs(args.workers)))
+    free, total = (None, card_gb * GiB) if card_gb else torch.cuda.mem_get_info()
+    fitted = []
+    for args in runs:  # refused now, not after the model loads
+        why = card_shortfall(args, total)
         if why:
             raise Failed(f"{args.domain}: {why}")
+        name = time_model.model_name(args.model)
+        if name and METHODS[args.method].budgets != HARNESS:
+            largest = time_model.memory(name, None, card_bytes=total, **time_model.trainer_flags(args))["largest"]
+            fitted.append(f"{args.domain} --micro-batch {args.micro_batch} (at most {largest} fit)")
+    fits = f"; trainer: {', '.join(dict.fromkeys(fitted))}" if fitted else ""
+    if free is None:
+        return f"a {card_gb:g} GiB card (--card, not this machine's): these runs' engine and trainer fit{fits}"
     need, how = max(gpu_need(args, total) for args in runs)
     line = (f"{torch.cuda.get_device_name()}: {free / GiB:.1f} GiB free of {total / GiB:.1f}, these runs need "
             f"{need / GiB:.1f} ({how})")
     if free < need:
         raise Failed(f"{line}: free the GPU (nvidia-smi shows who holds it), or lower --gpu-memory")
-    return line
+    return line + fits
+
+
+def card_shortfall(args, total):
+    """The one line that refuses a Qwen3.5 run on a card of `total` bytes (the engine's share and cache blocks under
+    --backend vllm, then the trainer beside it where the run trains), or None."""
+    from lib.backends.policy import engine_seqs
+    name = time_model.model_name(args.model)
+    if name is None:
+        return None
+    if args.backend == "vllm":
+        prefill = "flashinfer" if args.gdn_prefill == "auto" else "triton"  # auto: FlashInfer's on Hopper
+        why = (time_model.kv_shortfall(name, total, args.gpu_memory, args.max_model_len)
+               or time_model.block_shortfall(name, total, args.gpu_memory, engine_seqs(args.workers), prefill))
+        if why:
+            return why
+    if METHODS[args.method].budgets == HARNESS:
+        return None
+    return time_model.trainer_shortfall(name, total, args.micro_batch, **time_model.trainer_flags(args))
 
 
 def check_ranks(runs):

@@ -98,8 +98,11 @@ LONGEST = {"capped": {"searchqa": (8192, 1024), "math": (8192, 1024), "chess": (
            "thinking": {"searchqa": (12288, 8192), "math": (10240, 8192), "chess": (20480, 8129)}}
 MODEL_LEN = 32768
 
-# memory: vLLM's own overhead (CUDA graphs, sampler, activations); what a sleeping engine keeps; the trainer's
-# CUDA context; the share of the card left free for fragmentation
+# memory: vLLM's own overhead within its share, a guess: vLLM 0.33 measures it at its start and gives the KV cache
+# what is left (vllm/v1/worker/gpu_worker.py determine_available_memory: the share less the weights, the peak of a
+# profiling forward pass at max_num_batched_tokens, non-torch memory, and the CUDA graphs it captures, profiled
+# before the capture since v0.21, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1); none of those is computed here.
+# What a sleeping engine keeps; the trainer's CUDA context; the share of the card left free for fragmentation
 OVERHEAD_ENGINE, SLEEP_RESIDUAL, CUDA_CONTEXT, FREE_SHARE = 2 * GiB, 1 * GiB, 1 * GiB, 0.08
 # what the trainer's allocator keeps reserved past its live tensors once rft.hand_back_memory emptied its cache:
 # segments pinned by a live tensor (the LoRA weights and Adam state sit in small ones); scripts/gpu_check.sh
@@ -194,19 +197,25 @@ def cache_sizes(name):
     return kv_per_token, state
 
 
+# the loss's bytes a trained token and vocabulary entry at its peak, in cross-entropy's backward: the fp32
+# log-softmax it saved, that tensor's gradient and the gradient of the logits, in fp32 before its cast to bf16
+# (4 + 4 + 4)
+LOSS_BYTES = 12
+
+
 def activation_bytes(name, examples, context, completion):
     """Peak training activations of one micro-batch of `examples` model calls, `context` tokens each of which
     `completion` are trained: a bf16 hidden state per checkpointed layer, one layer recomputed with its
     gradients (~ (8h + 3I) x 2 bytes a token, twice) and peft's fp32 copy of each LoRA Linear's input in it
     (lora_casts), the chunk states one GatedDeltaNet layer keeps for its backward (one fp32 state per 64 tokens),
-    and the loss: rft.completion_nll runs the head on the completion tokens only, but all of them at once (bf16
-    logits + fp32 log-softmax + fp32 grad: 10 bytes x vocab each)."""
+    and the loss: rft.completion_nll runs the head on the completion tokens only, but all of them at once
+    (LOSS_BYTES x vocab each)."""
     c = config(name)
     tokens = examples * context
     checkpoints = c["num_hidden_layers"] * tokens * c["hidden_size"] * 2
     one_layer = 2 * tokens * (8 * c["hidden_size"] + 3 * c["intermediate_size"]) * 2 + lora_casts(c, tokens)
     delta = tokens / 64 * c["linear_num_value_heads"] * c["linear_key_head_dim"] * c["linear_value_head_dim"] * 4
-    loss = examples * completion * c["vocab_size"] * 10
+    loss = examples * completion * c["vocab_size"] * LOSS_BYTES
     return checkpoints + one_layer + delta + loss
 
 
@@ -254,8 +263,9 @@ def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, complet
                 reserved_at_wake=held, wake=wake, wake_without_hand_back=wake - RESERVED_SLACK + act(max(micro, 1)),
                 gpu_memory=engine / card, max_gpu_memory=room / card, kv=kv,
                 seqs=max(0, int(kv // (context * kv_per_token + state))), kv_per_token=kv_per_token, state=state,
-                micro_batch=micro, largest=largest, act=act(max(micro, 1)), context=context, completion=completion,
-                one_sequence=one_sequence, fits=one_sequence <= kv and engine <= room and 1 <= micro <= largest)
+                micro_batch=micro, largest=largest, act=act(max(micro, 1)), train_room=train_room, context=context,
+                completion=completion, one_sequence=one_sequence,
+                fits=one_sequence <= kv and engine <= room and 1 <= micro <= largest)
 
 
 # vLLM's hybrid cache (vllm/v1/core/kv_cache_planning.py, platforms/interface.py _align_hybrid_block_size): every
@@ -265,37 +275,93 @@ def memory(name, card_gb, retriever=None, gpu_memory=None, context=8192, complet
 # count (the 1 of the 3:1 pattern) and a block is one page of each layer of a group. A running sequence holds one
 # block for each DeltaNet group, and with full CUDA graphs (vLLM's default) vLLM refuses to start when max_num_seqs
 # exceeds the blocks (vllm/config/compilation.py: "max_num_seqs (N) exceeds available Mamba cache blocks (M)")
-KERNEL_BLOCK = 16  # tokens: the attention kernels' smallest block (FlashAttention's), vLLM's alignment
+# tokens an attention block is a multiple of, by the Gated DeltaNet prefill the engine runs: the attention kernels'
+# smallest block (FlashAttention's 16); with FlashInfer's prefill also its checkpoint alignment, 64 tokens, as vLLM
+# keeps prefix-cache checkpoints on block boundaries (vllm/v1/attention/backends/gdn_attn.py
+# FLASHINFER_GDN_CHECKPOINT_ALIGNMENT; mamba_cache_mode "align", vLLM's default with prefix caching on)
+KERNEL_BLOCK = {"triton": 16, "flashinfer": 64}
+# the share of the estimated blocks a suggested --workers leaves unused: the estimate rests on OVERHEAD_ENGINE,
+# a guess where vLLM measures (its CUDA graphs can take more), so the line never proposes the estimate itself
+BLOCK_MARGIN = 0.1
 
 
-def cache_blocks(name, kv_bytes):
-    """(blocks vLLM makes of kv_bytes of cache, tokens an attention block holds, bytes a block takes)."""
+def cache_blocks(name, kv_bytes, prefill="triton"):
+    """(blocks vLLM makes of kv_bytes of cache, tokens an attention block holds, bytes a block takes), with the
+    engine's Gated DeltaNet `prefill` kernel ("triton" or "flashinfer")."""
     c = config(name)
     n_delta, n_full = layer_counts(c)
     kv_per_token, state = cache_sizes(name)
     layer_state, layer_token = state // n_delta, kv_per_token // n_full
-    tokens = KERNEL_BLOCK * math.ceil(layer_state / (KERNEL_BLOCK * layer_token))
+    align = KERNEL_BLOCK[prefill]
+    tokens = align * math.ceil(layer_state / (align * layer_token))
     per_block = n_full * tokens * layer_token
     return max(0, int(kv_bytes // per_block)), tokens, per_block
 
 
-def block_shortfall(name, card_bytes, gpu_memory, seqs):
-    """The one line that refuses an engine share whose cache holds fewer blocks than `seqs` (the max_num_seqs the
-    engine is given: lib/backends/policy.engine_seqs, from --workers), or None. vLLM checks this only at its start,
-    after the trainer has loaded."""
+def workers_that_fit(blocks):
+    """The most sequences at once (--workers) to run on `blocks` estimated cache blocks: BLOCK_MARGIN below them."""
+    return int(blocks * (1 - BLOCK_MARGIN))
+
+
+def block_shortfall(name, card_bytes, gpu_memory, seqs, prefill="triton"):
+    """The one line that refuses an engine share whose cache holds too few blocks for `seqs` (the max_num_seqs the
+    engine is given: lib/backends/policy.engine_seqs, from --workers) with BLOCK_MARGIN to spare, or None. vLLM
+    checks this only at its start, after the trainer has loaded."""
     mem = memory(name, None, gpu_memory=gpu_memory, card_bytes=card_bytes)
-    blocks, tokens, per_block = cache_blocks(name, mem["kv"])
-    if blocks >= seqs:
+    blocks, tokens, per_block = cache_blocks(name, mem["kv"], prefill)
+    fits = workers_that_fit(blocks)
+    if fits >= seqs:
         return None
-    least = math.ceil((mem["weights"] + OVERHEAD_ENGINE + seqs * per_block) / card_bytes * 100) / 100
-    fixes = [f"--workers {blocks}"] if blocks >= 64 else []  # the engine keeps room for the test's 64 at once
+    need = math.ceil(seqs / (1 - BLOCK_MARGIN))
+    least = math.ceil((mem["weights"] + OVERHEAD_ENGINE + need * per_block) / card_bytes * 100) / 100
+    fixes = [f"--workers {fits}"] if fits >= 64 else []  # the engine keeps room for the test's 64 at once
     if least <= mem["max_gpu_memory"]:
         fixes.append(f"--gpu-memory {least:.2f}")
     fix = " or ".join(fixes) if fixes else f"a larger card (the share that fits, {least:.2f}, leaves no room for the trainer)"
     return (f"{name}'s cache at --gpu-memory {gpu_memory:g} of {card_bytes / GiB:.1f} GiB would hold about {blocks} "
-            f"blocks ({per_block / 2**20:.1f} MiB each: one per running sequence's Gated DeltaNet state), below the "
-            f"{seqs} sequences the engine runs at once (--workers): vLLM refuses to start (max_num_seqs exceeds "
+            f"blocks ({per_block / 2**20:.1f} MiB each: one per running sequence's Gated DeltaNet state, {prefill} "
+            f"prefill), too few for the {seqs} sequences the engine runs at once (--workers) with "
+            f"{BLOCK_MARGIN:.0%} to spare: vLLM refuses to start when they exceed its own count (max_num_seqs exceeds "
             f"available Mamba cache blocks): pass {fix}")
+
+
+def trainer_flags(args):
+    """memory()'s and trainer_shortfall()'s keywords from a whale.py run's flags: the engine's share where it runs on
+    this card (--backend vllm; None: no engine here) and whether it sleeps while the trainer trains, and the
+    longest call RSFT can be handed: --max-model-len tokens, of them the most one call generates trained
+    (--max-new-tokens, within --episode-tokens)."""
+    vllm = args.backend == "vllm"
+    completion = min(args.max_new_tokens, getattr(args, "episode_tokens", None) or args.max_new_tokens)
+    return dict(gpu_memory=args.gpu_memory if vllm else None, sleep=bool(args.vllm_sleep) or not vllm,
+                context=args.max_model_len, completion=completion)
+
+
+def trainer_shortfall(name, card_bytes, micro_batch, gpu_memory, context, completion, sleep=True):
+    """The one line that refuses a trainer that would run out of memory at its first RSFT step on this card, or None:
+    an engine share (--gpu-memory; None: no engine on the card) the trainer cannot wake beside, or a micro-batch
+    (--micro-batch calls of `context` tokens, `completion` of them trained) whose SFT peak passes what the trainer's
+    weights, LoRA and Adam state and the engine (asleep with --vllm-sleep, else awake) leave of the card."""
+    mem = memory(name, None, gpu_memory=gpu_memory, context=context, completion=completion, micro_batch=micro_batch,
+                 sleep=sleep, card_bytes=card_bytes)
+    card = f"{card_bytes / GiB:.1f} GiB"
+    if gpu_memory and mem["engine"] > mem["max_gpu_memory"] * card_bytes:
+        return (f"{name}'s trainer ({(mem['weights'] + mem['lora_opt']) / GiB:.1f} GiB of weights, LoRA and Adam "
+                f"state) has no room beside the engine's --gpu-memory {gpu_memory:g} of {card}: pass --gpu-memory "
+                f"{math.floor(mem['max_gpu_memory'] * 100) / 100:.2f} or less")
+    if micro_batch <= mem["largest"]:
+        return None
+    beside = ("the trainer's weights" if not gpu_memory else "the trainer's weights and the sleeping engine" if sleep
+              else f"the trainer's weights and the engine's --gpu-memory {gpu_memory:g}")
+    if mem["largest"]:
+        fix = f"--micro-batch {mem['largest']}"
+    elif sleep or not gpu_memory:
+        fix = "a lower --max-model-len or --max-new-tokens, or a larger card"
+    else:
+        fix = "--vllm-sleep (the engine frees its share while the trainer trains), or a larger card"
+    return (f"{name}'s SFT micro-batch of {micro_batch} call{'s' * (micro_batch > 1)} of {context:,d} tokens "
+            f"({completion:,d} trained) needs about {mem['act'] / GiB:.1f} GiB, more than the "
+            f"{max(mem['train_room'], 0) / GiB:.1f} GiB {beside} leave of {card}: the first RSFT step would run out "
+            f"of memory: pass {fix}")
 
 
 def kv_shortfall(name, card_bytes, gpu_memory, model_len):

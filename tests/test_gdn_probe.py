@@ -1,0 +1,89 @@
+"""The Gated DeltaNet probe's comparison (lib/ops/gdn_probe.py), on the CPU: a kernel against transformers' fp32 torch
+reference on the same inputs passes when it is the reference (in bf16) and fails when its backward is wrong, as the
+preflight's probe does on the GPU with fla-core's kernel. Small head shapes here; the probe runs the 2B model's."""
+import pytest
+import torch
+
+from lib.ops import gdn_probe
+
+SHAPE = (1, 256, 4, 32)  # 4 chunks of 64 tokens
+
+
+def wrong_backward(reference, spoil):
+    """A kernel whose forward is the reference's and whose backward is spoiled by `spoil(grads)`: wrong but finite
+    gradients, as fla-core's backward has shipped on Hopper (its issues #640, #984, #1241)."""
+    class Kernel(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, g, beta):
+            ctx.save_for_backward(q, k, v, g, beta)
+            with torch.no_grad():
+                return reference(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0]
+
+        @staticmethod
+        def backward(ctx, upstream):
+            leaves = [t.detach().requires_grad_() for t in ctx.saved_tensors]
+            with torch.enable_grad():
+                q, k, v, g, beta = leaves
+                out = reference(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0]
+                grads = dict(zip(gdn_probe.NAMES, torch.autograd.grad(out, leaves, upstream)))
+            spoil(grads)
+            return tuple(grads[name] for name in gdn_probe.NAMES)
+
+    return lambda q, k, v, g, beta, **kw: (Kernel.apply(q, k, v, g, beta), None)
+
+
+def zero_past_first_chunk(name):
+    def spoil(grads):
+        grads[name] = grads[name].clone()
+        grads[name][:, gdn_probe.CHUNK:] = 0
+    return spoil
+
+
+def scale(name, factor):
+    def spoil(grads):
+        grads[name] = grads[name] * factor
+    return spoil
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    fast, reference, name = gdn_probe.kernels()
+    assert reference is not fast and reference.__name__ == "torch_chunk_gated_delta_rule"  # the hub's wrapper undone
+    return fast, reference, name
+
+
+def test_the_reference_in_bf16_passes_and_its_errors_are_bf16s(kernels):
+    """The reference itself as the kernel under test (fla-core's, where installed, runs on the GPU only)."""
+    _, reference, name = kernels
+    errors = gdn_probe.relative_errors(reference, reference, "cpu", shape=SHAPE)
+    assert set(errors) == {"out", *gdn_probe.NAMES}
+    assert all(0 < e < gdn_probe.BOUND / 5 for e in errors.values()), errors  # bf16 rounding, well within the bound
+    ok, line = gdn_probe.verdict(errors, name, SHAPE[1])
+    assert ok and "over 256 tokens (4 chunks)" in line and line.endswith(f"within {gdn_probe.BOUND:g}")
+
+
+@pytest.mark.parametrize("tensor,spoil", [("g", zero_past_first_chunk("g")), ("k", zero_past_first_chunk("k")),
+                                          ("beta", scale("beta", 1.3))])
+def test_a_kernel_with_a_wrong_backward_fails_naming_the_gradient(kernels, tensor, spoil):
+    _, reference, _ = kernels
+    errors = gdn_probe.relative_errors(wrong_backward(reference, spoil), reference, "cpu", shape=SHAPE)
+    ok, line = gdn_probe.verdict(errors, "a wrong kernel", SHAPE[1])
+    assert not ok and errors[tensor] > gdn_probe.BOUND and f"d{tensor} off by more than" in line
+    assert errors["out"] < gdn_probe.BOUND  # the forward is right: only the gradients show it
+
+
+def test_an_error_past_the_first_chunk_needs_a_probe_longer_than_one_chunk(kernels):
+    """Why the probe crosses several chunks: a backward wrong only in the state carried between chunks passes a
+    one-chunk probe."""
+    _, reference, _ = kernels
+    wrong = wrong_backward(reference, zero_past_first_chunk("g"))
+    one_chunk = gdn_probe.relative_errors(wrong, reference, "cpu", shape=(1, gdn_probe.CHUNK, 4, 32))
+    assert gdn_probe.verdict(one_chunk, "a wrong kernel")[0]
+    assert gdn_probe.SHAPE[1] >= 4 * gdn_probe.CHUNK
+
+
+def test_a_gradient_that_is_not_finite_fails(kernels):
+    _, reference, _ = kernels
+    errors = gdn_probe.relative_errors(wrong_backward(reference, scale("v", float("nan"))), reference, "cpu",
+                                       shape=SHAPE)
+    assert not gdn_probe.verdict(errors, "a wrong kernel")[0]
