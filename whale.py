@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 import domains
 import meta_harness
 import rft
