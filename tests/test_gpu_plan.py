@@ -271,7 +271,7 @@ def test_docs_gpu_md_holds_exactly_what_memory_plan_prints():
     blocks = re.findall(r"<!-- scripts/memory_plan.py --markdown: from here -->\n(.*?)\n"
                         r"<!-- scripts/memory_plan.py --markdown: to here -->", doc, re.S)
     paragraphs = lambda text: [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
-    assert len(blocks) == 4 and paragraphs("\n\n".join(blocks)) == paragraphs(done.stdout)
+    assert len(blocks) == 5 and paragraphs("\n\n".join(blocks)) == paragraphs(done.stdout)
 
 
 def test_the_gpu_preset_fits_its_micro_batch_to_the_card():
