@@ -287,8 +287,7 @@ def run(cfg, domain, policy, donors=()):
         ledger.save()
         score = "not evaluated (--test-evals ends)" if stats is NOT_EVALUATED else f"{stats['mean_at_k']:.4f}"
         print(f"phase {i} {kind}: test mean@{stats.get('k', '-')} = {score}, {step_name(cfg.rsft.weight_step)} steps "
-              f"{steps_done(trainer)}/"
-              f"{steps}, harness rounds {ledger.rounds_done()}/{rounds}, rollouts {rollouts}")
+              f"{steps_done(trainer)}/{steps}, harness rounds {ledger.rounds_done()}/{rounds}, rollouts {rollouts}")
         kind = after
 
     summary = ledger.write_summary({"domain": cfg.domain, "method": method_name(cfg), "preset": cfg.preset,
