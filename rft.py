@@ -371,8 +371,8 @@ class RSFT:
     def update(self, trajectories, weights=None):
         """ceil(trained / --sft-batch) optimizer steps; the lr schedule steps once per rollout step."""
         self.policy.free_memory()  # vllm --vllm-sleep: the engine's memory goes to the trainer
-        ranks.tell("update", (trajectories, weights))  # torchrun: the other ranks' shares of the same update
-                                                      # (rft.follow)
+        # torchrun: the other ranks take their shares of the same update (rft.follow)
+        ranks.tell("update", (trajectories, weights))
         losses = sft_update(self.policy.model, self.optimizer, trajectories, self.cfg.sft_batch,
                             self.cfg.micro_batch, self.cfg.grad_clip, weights)
         self.scheduler.step()
