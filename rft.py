@@ -399,18 +399,17 @@ class RSFT:
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)
 
-    def adopt(self, snapshot):
-        """Make the checkpoint folder `snapshot` (another run's) this run's, as if its steps had run
-        here. -> a trainer on it."""
-        state = read_json(snapshot / "state.json")
+    def adopt(self, item, run):
+        """Make the checkpoint folder `item` (the store's, made by the run folder `run`) this run's, as if its steps
+        had run here. -> a trainer on it."""
+        state = read_json(item / "state.json")
         folder = self.out_dir / f"ckpt-{state['step']:06d}"
         shutil.rmtree(folder, ignore_errors=True)
-        link_tree(snapshot, folder)
-        # the donor's history names harness files in its own folder: they stay its files here
-        donor = Path(snapshot).parent.parent
+        link_tree(item, folder)
+        # the history names harness files in the run that made it: they stay that run's files here
         for row in state["history"]:
-            row["harness"] = stored_path(resolved_path(row["harness"], donor), self.run_dir)
-        write_json(folder / "state.json", state)  # a new file, not the donor's hard link
+            row["harness"] = stored_path(resolved_path(row["harness"], run), self.run_dir)
+        write_json(folder / "state.json", state)  # a new file, not the store's hard link
         switch_checkpoint(self.out_dir, folder, state["history"])
         # the new trainer loads the checkpoint's adapter onto the base model
         self.policy.drop_adapter()

@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,13 +39,14 @@ import rollout
 from lib.episodes import sandbox
 from lib.cli import (Parser, check_out, config_hash, conflicting_flags, nonnegative_int, one_line_errors,
                      positive_float, positive_int, run_config, seed_int)
-from lib.run_folder.files import file_sha, stored_path, write_json
+from lib.run_folder.files import file_sha, link_file, read_json, stored_path, write_json
 from lib import methods
 from lib.backends import ranks
 from lib.backends.hf_backend import NullModelBackend
 from lib.episodes.runner import scoring_rule
 from lib.methods import next_phase
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
+from lib.run_folder.store import Store, about
 from lib.run_folder import report_to
 from lib.backends.policy import add_backend_args, load_policy
 from lib.subsets import seeded_sample
@@ -213,16 +215,15 @@ def fixed_phases(cfg, n_train):
 # -----------------------------------------------------------------------------
 # the run: phase after phase, each followed by a test evaluation
 
-def run(cfg, domain, policy, donors=()):
-    """One method's run: the plan's budgets, then phase after phase, each with its test evaluation. The ledger
-    (lib/run_folder/ledger.py) is the run folder's record, looked up before each piece of work: what finished is never
-    redone, what a donor run (another method of this command) made with the same key is taken instead, what a
-    damage lost is rebuilt first."""
+def run(cfg, domain, policy):
+    """One method's run, as the method reads: h0's test evaluation, then phase after phase by the method table
+    (lib/methods.next_phase), each followed by its test evaluation and its row. weight_phase, harness_phase and
+    test_evaluation each look their work up in the store (lib/run_folder/store.py: what any run on this domain,
+    preset and seed made from the same inputs), else do it and store it. The ledger (lib/run_folder/ledger.py) is
+    this run's rows: a killed run enters the phase it was in again, and that phase resumes inside itself."""
     train = seeded_sample(domain.load("train"), cfg.rsft.train_limit)
     steps, rounds = budgets(cfg, len(train))
-    ledger = Ledger(cfg.out, donors, cfg.harness)
-    for i, weights, adapter, harness in ledger.repair():  # the test evaluations a damage lost
-        evaluate_again(ledger, policy, domain, cfg.test, i, weights, adapter, harness)
+    store, ledger = Store(store_root(cfg.out)), Ledger(cfg.out, cfg.harness)
     trainer = None  # the weight step's trainer (its weights, steps and rollouts); none for a run without steps
     if steps:  # RSFT, or the weight step the method's row names (lib/methods.py, rft.WEIGHT_STEPS)
         step_class = rft.WEIGHT_STEPS[cfg.rsft.weight_step]
@@ -230,76 +231,124 @@ def run(cfg, domain, policy, donors=()):
     errors = rollout.INFRA_ERRORS  # the infrastructure-error budget: counted per phase, its counts in every row
 
     # phase 0: h0 under the base weights
-    errors.start_phase("phase 0 (start)")
     ledger.log_start(steps, rounds)
-    stats = test_evaluation(ledger, policy, domain, cfg.test, "phase_0", weights_id(trainer), ledger.harness())
-    ledger.log_eval({"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, **stats,
-                     **errors.counts()})
+    if not ledger.rows:
+        errors.start_phase("phase 0 (start)")
+        stats = test_evaluation(store, cfg, policy, domain, "phase_0", "base", ledger.harness)
+        ledger.log_phase({"kind": "start", "step": 0, "weights": "base", "rollouts": 0, **stats, **errors.counts()})
 
-    # a killed run finishes the phase it was in first
-    kind = ledger.running() or next_phase(cfg.method, ledger.last_kind(), steps - steps_done(trainer),
-                                          rounds - ledger.rounds_done())
-    while kind:
-        errors.start_phase(f"phase {ledger.phase() + 1} ({kind})")
+    while kind := next_phase(cfg.method, ledger.last_kind, steps - ledger.step, rounds - ledger.rounds):
+        i = ledger.phase + 1
+        errors.start_phase(f"phase {i} ({kind})")
         started = time.time()
         if kind == "weight":  # RSFT steps under the current harness, until the schedule ends the phase
-            harness, start = ledger.harness(), ledger.phase_start(trainer.step_count)
-            rule = weight_rule(cfg, len(train), steps - start)
-            # the config holds the weight step (cfg.rsft.weight_step): a phase of another step is never taken
-            key = {"weights": f"{trainer.weights_id} at step {trainer.step_count}", "harness": file_sha(harness),
-                   "config": config_hash({"rsft": cfg.rsft, "rule": rule})}
-            start, key = ledger.enter("weight", trainer.step_count, key)  # a resumed phase keeps its own
-            snapshot = ledger.find_snapshot(key) if trainer.step_count == start else None
-            if snapshot is not None:  # a donor run made this very phase: its weights, not its steps again
-                trainer = trainer.adopt(snapshot)
-                print(f"weights: {step_name(cfg.rsft.weight_step)} steps {start + 1}-{trainer.step_count} taken from "
-                      f"{snapshot}")
-            rewards = [row["reward"] for row in trainer.history if row["step"] > start]
-            while not rft.weight_phase_over(rewards, **rule):
-                rewards.append(trainer.step(harness)["reward"])
-            ledger.keep_snapshot(trainer.out_dir, trainer.step_count, key)  # for the other runs of the command
-            detail = {"steps": trainer.step_count - start, "epoch": trainer.epoch_progress}
+            trainer, row = weight_phase(cfg, store, ledger, trainer, len(train), steps)
+            harness = ledger.harness
         else:  # Meta-Harness rounds from the current harness under the current weights; its winner goes on
-            ledger.enter("harness", steps_done(trainer))
-            weights, harness = weights_id(trainer), ledger.harness()
-            archive, before = ledger.archive_for(weights)  # unchanged weights continue the last archive
-            if before == 0:  # a new archive: a donor's same search is copied, then replayed
-                ledger.take_archive(archive, {"weights": weights, "seed": file_sha(harness),
-                                              "config": config_hash(cfg.search)})
-            cap = before + min(harness_phase_cap(cfg), rounds - ledger.rounds_done())
-            result = meta_harness.search(policy, domain, harness, os.path.join(cfg.out, archive), cfg.search, cap,
-                                         stop=harness_stop(cfg, before))
-            ledger.record_search(archive, weights, result)
-            harness = result["winner"]
-            detail = {"iterations": result["iterations"] - before, "archive": archive,
-                      "harness_score": result["score"], "winner": stored_path(harness, cfg.out)}
+            harness, row = harness_phase(cfg, store, ledger, policy, domain, weights_id(trainer), rounds)
+        rounds_done = ledger.rounds + row.get("iterations", 0)
 
-        # the phase's end: its test evaluation (--test-evals ends: the last phase's only), its row, state.json
-        i = ledger.close_phase(kind, harness)
-        after = next_phase(cfg.method, kind, steps - steps_done(trainer), rounds - ledger.rounds_done())
+        # the phase's end: its test evaluation (--test-evals ends: the last phase's only), then its row
         stats = NOT_EVALUATED
-        if after is None or cfg.test_evals == "every":
-            stats = test_evaluation(ledger, policy, domain, cfg.test, f"phase_{i}", weights_id(trainer), harness)
-        rollouts = (trainer.rollouts if trainer else 0) + ledger.harness_rollouts()  # test rollouts not counted
-        ledger.log_eval({"event": "eval", "phase": i, "kind": kind, "step": steps_done(trainer),
-                         "rollouts": rollouts, "seconds": time.time() - started, **detail, **stats,
-                         **errors.counts()})
-        ledger.save()
+        if cfg.test_evals == "every" or not next_phase(cfg.method, kind, steps - steps_done(trainer),
+                                                       rounds - rounds_done):
+            stats = test_evaluation(store, cfg, policy, domain, f"phase_{i}", weights_id(trainer), harness)
+        rollouts = (trainer.rollouts if trainer else 0) + ledger.harness_rollouts(row)  # test rollouts not counted
+        ledger.log_phase({"kind": kind, "step": steps_done(trainer), "weights": weights_id(trainer),
+                          "rollouts": rollouts, "seconds": time.time() - started, **row, **stats, **errors.counts()})
         score = "not evaluated (--test-evals ends)" if stats is NOT_EVALUATED else f"{stats['mean_at_k']:.4f}"
         print(f"phase {i} {kind}: test mean@{stats.get('k', '-')} = {score}, {step_name(cfg.rsft.weight_step)} steps "
-              f"{steps_done(trainer)}/{steps}, harness rounds {ledger.rounds_done()}/{rounds}, rollouts {rollouts}")
-        kind = after
+              f"{steps_done(trainer)}/{steps}, harness rounds {rounds_done}/{rounds}, rollouts {rollouts}")
 
     summary = ledger.write_summary({"domain": cfg.domain, "method": method_name(cfg), "preset": cfg.preset,
                                     "model": cfg.model, "k": cfg.k, "verifier": domain.verifier(),
-                                    "scoring": scoring_rule(domain),
-                                    "trainer_ranks": ranks.count()},
-                                    steps_done(trainer))
+                                    "scoring": scoring_rule(domain), "trainer_ranks": ranks.count()})
     null = summary["final_null_mean_at_k"]
     print(f"best mean@{cfg.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} "
           f"rollouts; final {summary['final_mean_at_k']:.4f}"
           + ("" if null is None else f"; the final harness without the model {null:.4f}")
           + f" (scored on {summary['scoring']})")
+
+
+# -----------------------------------------------------------------------------
+# the phases: each looks its work up in the store, else does it and stores it
+
+def weight_phase(cfg, store, ledger, trainer, n_train, steps):
+    """Weight steps under the current harness until the schedule ends the phase: the store's weights after this
+    very phase (the same weights and step it starts from, harness content, settings and weight step), else trained
+    here (a phase killed midway goes on from the trainer's checkpoint), then stored. -> (the trainer, the row's
+    detail)"""
+    harness, start = ledger.harness, ledger.step
+    rule = weight_rule(cfg, n_train, steps - start)
+    # the config holds the weight step (cfg.rsft.weight_step): a phase of another step is never taken
+    key = {"weights": ledger.weights, "step": start, "harness": file_sha(harness),
+           "config": config_hash({"rsft": cfg.rsft, "rule": rule})}
+    item = store.find("weights", key) if trainer.step_count == start else None
+    if item is not None:  # this very phase was run before: its weights, not its steps again
+        trainer = trainer.adopt(item, about(item)["run"])
+        print(f"weights: {step_name(cfg.rsft.weight_step)} steps {start + 1}-{trainer.step_count} taken from "
+              f"the store ({item})")
+    rewards = [row["reward"] for row in trainer.history if row["step"] > start]
+    while not rft.weight_phase_over(rewards, **rule):
+        rewards.append(trainer.step(harness)["reward"])
+    if item is None:
+        store.put("weights", key, Path(trainer.out_dir, "ckpt").resolve(), about={"run": os.path.abspath(cfg.out), "step": trainer.step_count})
+    return trainer, {"steps": trainer.step_count - start, "epoch": trainer.epoch_progress}
+
+
+def harness_phase(cfg, store, ledger, policy, domain, weights, rounds):
+    """Meta-Harness rounds from the current harness under the current weights. A new archive starts as the store's
+    archive of the same start (the weights, the seed harness's content, the search settings), copied, and replayed
+    as far as this phase needs; weights unchanged since the last search continue its archive; a search killed
+    midway resumes from the archive's own index. The archive is stored after. -> (its winner, the row's detail)"""
+    archive, before = ledger.archive_for(weights)  # unchanged weights continue the last archive
+    folder = Path(cfg.out, archive)
+    seed = folder / "candidates" / "h0" / "harness.py" if before else ledger.harness
+    key = {"weights": weights, "seed": file_sha(seed), "config": config_hash(cfg.search)}
+    item = store.find("search", key) if not folder.exists() else None
+    if item is not None:  # the same search was made before: copied (its index is rewritten), then replayed
+        shutil.copytree(item, folder, copy_function=shutil.copy2)
+        print(f"harness phase: the same search as {item} (the store), copied")
+    cap = before + min(harness_phase_cap(cfg), rounds - ledger.rounds)
+    result = meta_harness.search(policy, domain, ledger.harness, str(folder), cfg.search, cap,
+                                 stop=harness_stop(cfg, before))
+    item = store.find("search", key)
+    if item is None or about(item)["rounds"] < result["iterations"]:  # a longer search of the same start
+        store.put("search", key, folder, real_copies=True, about={
+            "run": os.path.abspath(cfg.out), "rounds": result["iterations"], "candidates": cfg.search.candidates})
+    return result["winner"], {"iterations": result["iterations"] - before, "archive": archive,
+                              "archive_rounds": result["iterations"], "archive_rollouts": result["rollouts"],
+                              "harness_score": result["score"],
+                              "winner": stored_path(result["winner"], cfg.out)}
+
+
+def test_evaluation(store, cfg, policy, domain, tag, weights, harness):
+    """evals/<tag>.json and its traces: the store's evaluation of the same weights, harness content and test
+    settings, else evaluated here (evaluate_test) and stored. -> its stats"""
+    key = {"weights": weights, "harness": file_sha(harness), "config": config_hash(cfg.test)}
+    path = Path(cfg.out, "evals", f"{tag}.json")
+    traces = path.with_name(f"{tag}.traces.jsonl")
+    item = store.find("evaluation", key)
+    if item is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        traces.unlink(missing_ok=True)  # an evaluation killed midway starts over
+        write_json(path, {"key": key, **evaluate_test(policy, domain, harness, cfg.test, traces)})
+        item = store.put("evaluation", key, {"evaluation.json": path, "traces.jsonl": traces},
+                         about={"run": os.path.abspath(cfg.out), "tag": tag})
+    else:
+        print(f"test evaluation ({tag}): the same as {item} (the store), taken")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        link_file(item / "traces.jsonl", traces)
+        link_file(item / "evaluation.json", path)  # last: the run's evaluation is there
+    return read_json(path)["stats"]
+
+
+# -----------------------------------------------------------------------------
+# the pieces the phases read
+
+def store_root(out):
+    """The store beside the run folder: results/<preset>[/seed-<n>]/<domain>/store, shared by every method."""
+    return os.path.join(os.path.dirname(os.path.abspath(out)), "store")
 
 
 def step_name(weight_step):
@@ -379,28 +428,6 @@ def evaluate_test(policy, domain, harness, test, traces):
     return {"stats": stats, "per_task": per_task, "sources": sources}
 
 
-def test_evaluation(ledger, policy, domain, test, tag, weights, harness):
-    """evals/<tag>.json, as the ledger has it (made by this run, or by a donor with the same key), else evaluated
-    (evaluate_test) and recorded. -> its stats"""
-    stats = ledger.evaluation(tag, weights, harness, test)
-    if stats is None:
-        result = evaluate_test(policy, domain, harness, test, ledger.new_traces(tag))
-        stats = ledger.record_evaluation(tag, weights, harness, test, result)
-    return stats
-
-
-def evaluate_again(ledger, policy, domain, test, i, weights, adapter, harness):
-    """A test evaluation a damaged folder lost (Ledger.repair), from the same inputs."""
-    print(f"evals/phase_{i}: lost or damaged, evaluated again (same weights, harness, seeds)")
-    if adapter is not None:
-        policy.load_adapter(adapter)
-        policy.model.eval()
-        policy.serve_adapter(adapter)
-    test_evaluation(ledger, policy, domain, test, f"phase_{i}", weights, harness)
-    if adapter is not None:
-        policy.drop_adapter()  # the trainer loads the checkpoint onto the base model
-
-
 # -----------------------------------------------------------------------------
 # before the run: its inputs checked, its folder repaired, its model loaded
 
@@ -421,8 +448,7 @@ def main(argv=None):
         data_flags = domains.data_flags()
         for args in runs:
             with report_to.watch(args.report_to, args.out, vars(args)):  # --report-to: its files' rows, live
-                run(run_config(args, data_flags), domain, start_run(args, policy),
-                    donors=[other.out for other in runs if other.out != args.out])
+                run(run_config(args, data_flags), domain, start_run(args, policy))
             # the finished run's optimizer and graphs go before the next run starts
             rft.hand_back_memory()
 

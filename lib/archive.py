@@ -1,7 +1,7 @@
 """The Meta-Harness archive as files, read and appended to by both the search and its proposers: one row per
 candidate folder (candidates/<name>/meta.json and scores.json) and the proposer-call log (costs.jsonl). The
 candidate folders are its truth; the index (summary.jsonl, frontier.json) is rebuilt from them, by the search
-as it goes (write_index) and on a resume (rebuild_index).
+as it goes (write_index).
 
     rows, frontier = write_index(run_dir, iterations)   # frontier["best"], ["score"], ["best_series"], ...
     best = pick_best(rows)                              # the winner (lib/rules.py: the one ranking rule)
@@ -52,9 +52,9 @@ def proposer_costs(run_dir):
 
 def restore_seed(run_dir, sources, fix):
     """The seed's harness.py copied back from the first of `sources` that holds its recorded content (the
-    sha256 in its meta.json, or whale's key of the archive), exactly as add_seed copied it."""
+    sha256 in its meta.json), exactly as add_seed copied it."""
     d = Path(run_dir) / "candidates" / "h0"
-    sha = read_json(d / "meta.json").get("seed_sha256") or read_json(Path(run_dir) / "whale_key.json", {}).get("seed")
+    sha = read_json(d / "meta.json").get("seed_sha256")
     source = next((s for s in sources if sha and os.path.isfile(s) and sha256(s) == sha), None)
     if source is None:
         raise ValueError(f"{d / 'harness.py'} is missing, and no harness at hand holds the seed it was: {fix}")
@@ -81,19 +81,6 @@ def write_index(run_dir, iterations):
     write_jsonl(Path(run_dir) / "summary.jsonl", rows)  # atomic: a report reading a running search sees whole rows
     write_json(Path(run_dir) / "frontier.json", frontier)
     return rows, frontier
-
-
-def rebuild_index(run_dir, iterations):
-    """summary.jsonl and frontier.json written again where they are not what the candidate folders say (lost,
-    cut or edited): the index is always rebuilt exactly from them."""
-    rows, frontier = index_of(run_dir, iterations)
-    try:
-        same = read_jsonl(Path(run_dir) / "summary.jsonl") == rows and read_json(Path(run_dir) / "frontier.json") == frontier
-    except ValueError:
-        same = False
-    if not same:
-        write_index(run_dir, iterations)
-        print(f"{run_dir}: summary.jsonl and frontier.json rebuilt from its candidate folders")
 
 
 def index_of(run_dir, iterations):

@@ -148,33 +148,28 @@ def test_rft_checkpoint_link_to_a_missing_folder(tmp_path):
         files.check_checkpoint(tmp_path)
 
 
-PHASE_0_ROW = {"event": "eval", "phase": 0, "kind": "start", "step": 0, "rollouts": 0, "mean_at_k": 0.0}
+PHASE_0_ROW = {"event": "eval", "phase": 0, "kind": "start", "step": 0, "weights": "base", "rollouts": 0,
+               "mean_at_k": 0.0}
 
 
-def test_whale_missing_state_json_after_finished_steps(tmp_path, capsys):
+def test_whale_rows_that_record_steps_the_folder_lacks(tmp_path):
+    """metrics.jsonl is the run's state: rows that record finished RSFT steps without the checkpoint that holds
+    them, or a row cut by a kill, are one line naming the file and the fix."""
     out = tmp_path / "run"
-    fake_checkpoint(out / "weights")
-    (out / "state.json").write_text(json.dumps(ledger.fresh_state()))
+    (out / "evals").mkdir(parents=True)
+    (out / "evals" / "phase_0.json").write_text("{}")
     (out / "metrics.jsonl").write_text(json.dumps(PHASE_0_ROW) + "\n")
-    ledger.check_run_folder(str(out))  # intact
-    (out / "state.json").unlink()
+    ledger.check_run_folder(str(out), "smoke", MATH, 2)  # intact
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({**PHASE_0_ROW, "phase": 1, "kind": "weight", "step": 2, "mean_at_k": None}) + "\n")
     with pytest.raises(SystemExit) as e:
         CLIS["whale.py"](["--out", str(out)])
-    assert str(e.value.code) == (f"whale.py: error: {out}/state.json is missing but {out} holds finished phases or "
-                                 f"RSFT steps: restore it, or delete {out} to start the run over")
-    # a harness-only run: state.json is written after phase 1, so a phase-2 evaluation without it means it was lost
-    out = tmp_path / "harness-only"
-    out.mkdir()
-    (out / "metrics.jsonl").write_text("".join(json.dumps({"event": "eval", "phase": p}) + "\n" for p in (0, 1)))
-    ledger.check_run_folder(str(out))  # killed between phase 1's evaluation and its state: resumes
-    with open(out / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"event": "eval", "phase": 2}) + "\n")
-    with pytest.raises(ValueError, match="state.json is missing"):
-        ledger.check_run_folder(str(out))
+    assert str(e.value.code) == (f"whale.py: error: {out}/weights/ckpt is missing, but {out}/metrics.jsonl records 2 "
+                                 f"finished weight steps: restore it, or delete {out} to start the run over")
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"event": "ev')
-    with pytest.raises(ValueError, match=r"metrics.jsonl: line 4 is not a JSON object: .*delete that line"):
-        ledger.check_run_folder(str(out))
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 3 is not a JSON object: .*delete that line"):
+        ledger.check_run_folder(str(out), "smoke", MATH, 2)
 
 
 def test_empty_meta_json_in_an_archive(tmp_path):
@@ -347,7 +342,8 @@ def test_a_resume_with_another_model_or_harness_set_is_refused_and_changes_nothi
             folder=weights)
     run = tmp_path / "whale"
     fake_checkpoint(run / "weights")
-    (run / "state.json").write_text(json.dumps(ledger.fresh_state()))
+    (run / "evals").mkdir()
+    (run / "evals" / "phase_0.json").write_text("{}")
     (run / "metrics.jsonl").write_text(json.dumps(PHASE_0_ROW) + "\n")
     refused("whale.py", ["--model", "cpu", "--preset", "smoke", "--out", str(run)], "not 'cpu': use the same --model",
             capsys, folder=run)

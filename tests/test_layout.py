@@ -64,20 +64,24 @@ def test_lib_is_in_tiers_of_at_most_twelve_files():
 
 
 def test_whale_drives_its_loop_and_the_ledger_runs_nothing():
-    """whale.run makes each phase's work a direct call (RSFT steps, the search, the test evaluation), with no lambda
-    or nested function anywhere in whale.py; the ledger's public methods take no callable: none calls a parameter."""
+    """whale.run calls each phase itself (weight_phase, harness_phase, test_evaluation), and each phase makes its work
+    a direct call (RSFT steps, the search, the evaluation), with no lambda or nested function anywhere in whale.py;
+    the ledger's and the store's methods take no callable: none calls a parameter."""
     t = tree("whale.py")
     assert not [n.lineno for n in ast.walk(t) if isinstance(n, ast.Lambda)], "whale.py: a lambda"
     nested = [f"{g.name} in {f.name}" for f in functions(t) for g in functions(f) if g is not f]
     assert not nested, f"whale.py: nested functions {nested}"
-    [run] = [f for f in t.body if isinstance(f, ast.FunctionDef) and f.name == "run"]
-    called = {ast.unparse(n.func) for n in ast.walk(run) if isinstance(n, ast.Call)}
-    assert {"trainer.step", "meta_harness.search", "test_evaluation"} <= called, called
-    [ledger] = [c for c in tree("lib/run_folder/ledger.py").body if isinstance(c, ast.ClassDef) and c.name == "Ledger"]
-    for method in functions(ledger):
-        params = {a.arg for a in method.args.posonlyargs + method.args.args + method.args.kwonlyargs}
-        calls = {n.func.id for n in ast.walk(method) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-        assert not params & calls, f"Ledger.{method.name} calls its parameter {sorted(params & calls)}"
+    calls = {f.name: {ast.unparse(n.func) for n in ast.walk(f) if isinstance(n, ast.Call)}
+             for f in t.body if isinstance(f, ast.FunctionDef)}
+    assert {"weight_phase", "harness_phase", "test_evaluation"} <= calls["run"], calls["run"]
+    assert "trainer.step" in calls["weight_phase"] and "meta_harness.search" in calls["harness_phase"]
+    assert "evaluate_test" in calls["test_evaluation"]
+    for path, name in (("lib/run_folder/ledger.py", "Ledger"), ("lib/run_folder/store.py", "Store")):
+        [cls] = [c for c in tree(path).body if isinstance(c, ast.ClassDef) and c.name == name]
+        for method in functions(cls):
+            params = {a.arg for a in method.args.posonlyargs + method.args.args + method.args.kwonlyargs}
+            called = {n.func.id for n in ast.walk(method) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+            assert not params & called, f"{name}.{method.name} calls its parameter {sorted(params & called)}"
 
 
 def test_no_function_below_the_cli_layer_takes_the_namespace():

@@ -21,6 +21,7 @@ from lib.run_folder import files, ledger
 from lib.cli import run_config
 from lib.backends.hf_backend import NullModelBackend
 from lib.run_folder.ledger import Ledger
+from lib.run_folder.store import Store, check_item
 from lib.methods import METHODS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -253,25 +254,25 @@ def test_methods_in_one_command_compute_shared_weight_phases_once_and_match_sepa
                                                                                          monkeypatch):
     argv, executed = fake
     methods = ["weight-only", "stagewise", "fast-slow", "whale"]
-    for method in methods:  # each alone, in folders that know nothing of each other
-        whale.main(argv + ["--method", method, "--out", str(tmp_path / "alone" / method)])
+    for method in methods:  # each alone, in folders (and stores beside them) that know nothing of each other
+        whale.main(argv + ["--method", method, "--out", str(tmp_path / "alone" / method / "run")])
     assert len(executed) == 4 * 4  # 1 epoch of 8 prompts at batch 2, for each method
     executed.clear()
     (tmp_path / "together").mkdir()
     monkeypatch.chdir(tmp_path / "together")
+    evaluate_test, evaluated = whale.evaluate_test, []
+    monkeypatch.setattr(whale, "evaluate_test", lambda *a: evaluated.append(1) or evaluate_test(*a))
     whale.main(argv + ["--method", *methods])
     runs = {m: tmp_path / "together" / "results" / "smoke" / "math" / m for m in methods}
     for method in methods:
-        assert_same_record(record(runs[method]), record(tmp_path / "alone" / method), method)
+        assert_same_record(record(runs[method]), record(tmp_path / "alone" / method / "run"), method)
     # every distinct RSFT step (the harness content of it and of every step before it) ran once, no more
     prefixes = {tuple(files.file_sha(runs[m] / r["harness"]) for r in rows(runs[m] / "weights" / "metrics.jsonl")[:n])
                 for m in methods for n in range(1, 5)}
     assert len(executed) == len(prefixes) < 4 * 4
     assert executed[:4] == ["weight-only"] * 4 and "stagewise" not in executed  # stagewise: weight-only's phases
-    evaluated = sum("copied_from" not in json.loads(p.read_text()) for m in methods
-                    for p in (runs[m] / "evals").glob("*.json"))
     distinct = {json.dumps(json.loads(p.read_text())["key"]) for m in methods for p in (runs[m] / "evals").glob("*.json")}
-    assert evaluated == len(distinct)  # each distinct (weights, harness, settings) evaluated once
+    assert len(evaluated) == len(distinct)  # each distinct (weights, harness, settings) evaluated once
 
 
 def test_runs_on_one_policy_compute_what_they_compute_on_fresh_ones(tmp_path, fake, monkeypatch):
@@ -281,19 +282,20 @@ def test_runs_on_one_policy_compute_what_they_compute_on_fresh_ones(tmp_path, fa
     argv, _ = fake
     methods = ["whale", "weight-only"]
     for method in methods:
-        whale.main(argv + ["--method", method, "--out", str(tmp_path / "alone" / method)])
+        whale.main(argv + ["--method", method, "--out", str(tmp_path / "alone" / method / "run")])
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(whale, "store_root", lambda out: os.path.join(out, "store"))  # a store per run: no reuse
     runs = whale.parse_args(argv + ["--method", *methods])
     policy = whale.load_policy(runs[0])
     served_base = []
     policy.backend.serve_base = lambda: served_base.append(policy.has_adapter)
     domain = whale.domains.get("math")
-    for args in runs:  # no donors: each run computes all of its own phases
+    for args in runs:  # each run computes all of its own phases
         whale.run(run_config(args, whale.domains.data_flags()), domain, whale.start_run(args, policy))
     assert served_base == [False, False]  # at each start, after the adapter was dropped
     for method in methods:
-        assert_same_record(record(tmp_path / "results" / "smoke" / "math" / method), record(tmp_path / "alone" / method),
-                           method)
+        assert_same_record(record(tmp_path / "results" / "smoke" / "math" / method),
+                           record(tmp_path / "alone" / method / "run"), method)
 
 
 class Interrupt(Exception):
@@ -323,10 +325,10 @@ def test_a_search_under_weights_that_never_moved_is_copied_from_the_run_that_mad
     scored = []
     monkeypatch.setattr(whale.rollout, "run_episodes", lambda *a, **kw: scored.append(kw.get("desc", "")) or
                         fake_episodes(*a, h0_reward=0.0, **kw))
-    whale.main(argv + ["--method", "stagewise", "--out", str(tmp_path / "alone")])
+    whale.main(argv + ["--method", "stagewise", "--out", str(tmp_path / "alone" / "run")])
     assert sum("score" in d for d in scored) > 0
     scored.clear()
-    whale.main(argv + ["--method", "harness-only", "--out", str(tmp_path / "harness-only")])
+    whale.main(argv + ["--method", "harness-only", "--out", str(tmp_path / "harness-only" / "run")])
     searched_by_harness_only = sum("score" in d for d in scored)
     scored.clear()
     (tmp_path / "together").mkdir()
@@ -334,28 +336,28 @@ def test_a_search_under_weights_that_never_moved_is_copied_from_the_run_that_mad
     whale.main(argv + ["--method", "harness-only", "stagewise"])
     runs = tmp_path / "together" / "results" / "smoke" / "math"
     assert sum("score" in d for d in scored) == searched_by_harness_only  # harness-only's search only
-    assert_same_record(record(runs / "stagewise"), record(tmp_path / "alone"), "stagewise")
-    assert (runs / "stagewise" / "harness_w2" / "whale_key.json").exists()
+    assert_same_record(record(runs / "stagewise"), record(tmp_path / "alone" / "run"), "stagewise")
+    assert len(list((runs / "store" / "search").glob("*/key.json"))) == 1  # one search, stored once
     assert json.loads((runs / "stagewise" / "summary.json").read_text())["best_mean_at_k"] > 0
 
 
 def test_a_run_interrupted_anywhere_resumes_to_the_same_result(tmp_path, fake, monkeypatch):
     argv, executed = fake
-    whale.main(argv + ["--out", str(tmp_path / "whole")])
+    whale.main(argv + ["--out", str(tmp_path / "whole" / "run")])
     executed.clear()
-    out = tmp_path / "interrupted"
-    points = [(whale.meta_harness, "search", 1, False),  # phase 2's search done, its winner not recorded
+    out = tmp_path / "interrupted" / "run"  # its own store: nothing taken from the whole run's
+    points = [(whale.meta_harness, "search", 1, False),  # phase 2's search done, its row not written
               (whale.rft.RSFT, "step", 1, False),  # mid weight phase 3, its first step checkpointed
-              (ledger, "snapshot_weights", 1, True),  # phase 3: its last RSFT step checkpointed, state not saved
-              (Ledger, "log_eval", 2, False),  # phase 3 evaluated and logged, state not saved
-              (Ledger, "save", 1, False)]  # phase 3 saved, no summary yet
+              (Store, "put", 1, True),  # phase 3: its last step checkpointed, its weights not stored
+              (whale, "test_evaluation", 1, True),  # phase 3's weights stored, not evaluated
+              (Ledger, "log_phase", 1, False)]  # phase 3's row written, no summary yet
     for owner, name, call, before in points:
         with monkeypatch.context() as m:
             interrupt(m, owner, name, call, before)
-            with pytest.raises(Interrupt):
+            with pytest.raises(Interrupt, match=name):
                 whale.main(argv + ["--out", str(out)])
     whale.main(argv + ["--out", str(out)])
-    assert_same_record(record(out), record(tmp_path / "whole"), "resumed run")
+    assert_same_record(record(out), record(tmp_path / "whole" / "run"), "resumed run")
     assert len(executed) == 4  # no RSFT step ran twice
     assert [r["phase"] for r in rows(out / "metrics.jsonl") if r["event"] == "eval"] == [0, 1, 2, 3]
 
@@ -418,27 +420,99 @@ def test_an_evaluation_is_reused_only_when_weights_harness_and_settings_match(tm
     other.write_text(HARNESS.replace("Answer: ", "Reply: "))
     a, b = (whale.parse_args(["--domain", "math", "--preset", "smoke", "--k", "2", "--out", str(tmp_path / n)])[0]
             for n in "ab")
-    def evaluate_test(args, harness, tag, weights, donors):
-        test = run_config(args, whale.domains.data_flags()).test
-        return whale.test_evaluation(Ledger(args.out, donors, harness), stand_ins.BACKEND, Domain(), test, tag, weights,
+    def evaluate_test(args, harness, tag, weights):  # a, b and c share the store beside their folders
+        cfg = run_config(args, whale.domains.data_flags())
+        return whale.test_evaluation(Store(whale.store_root(args.out)), cfg, stand_ins.BACKEND, Domain(), tag, weights,
                                      harness)
 
-    stats = evaluate_test(a, str(harness), "phase_0", "base", [])
+    stats = evaluate_test(a, str(harness), "phase_0", "base")
     saved = json.loads((tmp_path / "a" / "evals" / "phase_0.json").read_text())
     assert saved["per_task"] == {"a": 1.0, "b": 0.0} and saved["stats"] == stats and len(made) == 1
-    assert evaluate_test(a, str(harness), "phase_0", "base", []) == stats and len(made) == 1
-    # another run of the command: the same evaluation is copied with its traces, not redone
-    assert evaluate_test(b, str(harness), "phase_0", "base", [a.out]) == stats
+    assert evaluate_test(a, str(harness), "phase_0", "base") == stats and len(made) == 1
+    # another run: the same evaluation is taken from the store with its traces, not redone
+    assert evaluate_test(b, str(harness), "phase_0", "base") == stats
     assert len(made) == 1 and (tmp_path / "b" / "evals" / "phase_0.traces.jsonl").read_text() == '{"task_id": "a"}\n' * 4
     # and within the run: the same state after a later phase
-    evaluate_test(a, str(harness), "phase_1", "base", [])
+    evaluate_test(a, str(harness), "phase_1", "base")
     assert len(made) == 1
     # other weights, another harness content, or other settings: evaluated anew
-    evaluate_test(b, str(harness), "phase_1", "adapter 1234", [a.out])
-    evaluate_test(b, str(other), "phase_2", "base", [a.out])
+    evaluate_test(b, str(harness), "phase_1", "adapter 1234")
+    evaluate_test(b, str(other), "phase_2", "base")
     c = whale.parse_args(["--domain", "math", "--preset", "smoke", "--k", "3", "--out", str(tmp_path / "c")])[0]
-    evaluate_test(c, str(harness), "phase_0", "base", [a.out, b.out])
+    evaluate_test(c, str(harness), "phase_0", "base")
     assert made == [(str(harness), 2), (str(harness), 2), (str(other), 2), (str(harness), 3)]
+
+
+def test_a_later_command_takes_finished_phases_from_the_store(tmp_path, fake, monkeypatch, capsys):
+    """The store beside the run folders (results/<preset>/<domain>/store) serves every later command on the same
+    domain, preset and seed: stagewise's weight phases are weight-only's (the same start, harness and settings), so
+    a stagewise command after a weight-only one trains nothing and evaluates nothing those phases ended with."""
+    argv, executed = fake
+    monkeypatch.chdir(tmp_path)
+    whale.main(argv + ["--method", "weight-only"])
+    assert executed == ["weight-only"] * 4
+    executed.clear()
+    capsys.readouterr()
+    whale.main(argv + ["--method", "stagewise"])
+    out = capsys.readouterr().out
+    runs = tmp_path / "results" / "smoke" / "math"
+    assert executed == []  # both weight phases taken from the store
+    stagewise, weight_only = record(runs / "stagewise"), record(runs / "weight-only")
+    assert stagewise["steps"] == weight_only["steps"] and stagewise["adapter"] == weight_only["adapter"]
+    for i in range(3):  # h0 under the weights weight-only made: its evaluations, the same files
+        assert f"test evaluation (phase_{i}): the same as " in out
+        assert (runs / "stagewise" / "evals" / f"phase_{i}.json").read_bytes() == \
+            (runs / "weight-only" / "evals" / f"phase_{i}.json").read_bytes()
+
+
+def test_a_damaged_stored_item_is_computed_again_never_used(tmp_path, fake, monkeypatch, capsys):
+    """A stored item that fails its check is removed and computed again from the same inputs (the same seeds give
+    the same result): here the weights that end weight-only's first phase (their adapter cut) and its first test
+    evaluation (its traces cut), found damaged by a later command."""
+    argv, executed = fake
+    monkeypatch.chdir(tmp_path)
+    whale.main(argv + ["--method", "weight-only"])
+    store = tmp_path / "results" / "smoke" / "math" / "store"
+    [first] = [p.parent for p in store.glob("weights/*/key.json") if json.loads(p.read_text())["about"]["step"] == 2]
+    adapter = first / "adapter" / "adapter_model.safetensors"
+    adapter.write_bytes(adapter.read_bytes()[:-1000])
+    [h0] = [p.parent for p in store.glob("evaluation/*/key.json")
+            if json.loads(p.read_text())["about"]["tag"] == "phase_0"]
+    (h0 / "traces.jsonl").write_text((h0 / "traces.jsonl").read_text().splitlines(keepends=True)[0])
+    executed.clear()
+    capsys.readouterr()
+    whale.main(argv + ["--method", "stagewise"])
+    out = capsys.readouterr().out
+    assert f"{first}: damaged (" in out and f"{h0}: damaged (" in out
+    assert executed == ["stagewise"] * 2  # the first phase trained again; the second phase's weights then found
+    runs = tmp_path / "results" / "smoke" / "math"
+    stagewise, weight_only = record(runs / "stagewise"), record(runs / "weight-only")
+    assert stagewise["steps"] == weight_only["steps"] and stagewise["adapter"] == weight_only["adapter"]
+    assert stagewise["evals"]["phase_0.json"] == weight_only["evals"]["phase_0.json"]  # evaluated again, the same
+    assert "test evaluation (phase_0): the same as " not in out
+    for kind, item in (("weights", first), ("evaluation", h0)):
+        check_item(kind, item)  # stored again, whole
+
+
+def test_a_stored_item_is_whole_or_absent(tmp_path, monkeypatch):
+    """An item is built in a temporary folder and renamed into place: a put killed before the rename leaves no item
+    (find: None, so the work is done again), the next put a whole one; an item cut afterwards is removed by find."""
+    (tmp_path / "evaluation.json").write_text(json.dumps({"stats": {"test_rollouts": 2}, "per_task": {"a": 1.0}}))
+    (tmp_path / "traces.jsonl").write_text('{"task_id": "a"}\n' * 2)
+    parts = {name: tmp_path / name for name in ("evaluation.json", "traces.jsonl")}
+    store, key = Store(tmp_path / "store"), {"weights": "base", "harness": "h", "config": "c"}
+
+    def killed(*a):
+        raise Interrupt("killed before the rename")
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", killed)
+        with pytest.raises(Interrupt):
+            store.put("evaluation", key, parts, about={"tag": "phase_0"})
+    assert store.find("evaluation", key) is None and not store.item("evaluation", key).exists()
+    item = store.put("evaluation", key, parts, about={"tag": "phase_0"})
+    assert store.find("evaluation", key) == item and json.loads((item / "key.json").read_text())["key"]["code"]
+    (item / "traces.jsonl").write_text('{"task_id": "a"}\n')  # the stored one cut
+    assert store.find("evaluation", key) is None and not item.exists()
 
 
 def test_weights_id_ignores_the_order_peft_writes_target_modules_in(tmp_path):
@@ -480,8 +554,7 @@ def test_fast_slow_under_weights_that_never_moved_continues_its_archive_and_char
     assert len(sources) == 2 and len(set(sources)) == 2  # h0 and its one prompt variant, never proposed again
     seed_scorings = [d for d in scored if "score" in d and "h0" in d]
     assert len(seed_scorings) == 1  # the seed is scored once, not once per phase
-    state = json.loads((out / "state.json").read_text())
-    assert state["harness_rollouts"] == {"harness_w1": 3 + 4}  # the seed once (3 tasks), h1_1 (3 + its smoke run)
+    assert harness[-1]["archive_rollouts"] == 3 + 4  # the seed once (3 tasks), h1_1 (3 + its smoke run)
     assert evals[-1]["rollouts"] == 4 * 2 * 2 + 7  # 4 RSFT steps of 2 prompts x G = 2, plus the search
 
 
@@ -539,18 +612,18 @@ def test_a_folder_from_before_weight_steps_resumes_as_rsft(tmp_path, fake):
 
 
 def test_a_folder_of_an_older_whale_is_refused_and_changes_nothing(tmp_path, fake):
-    """A config.json or state.json written before a flag or a state key existed (here: --minibatch before it
-    became --micro-batch, a state without phase_key) is refused in one line, never resumed under a guess."""
+    """A config.json or metrics.jsonl written before a flag or a row key existed (here: --minibatch before it
+    became --micro-batch, phase rows without their weights) is refused in one line, never resumed under a guess."""
     argv, _ = fake
     out = tmp_path / "run"
     whale.main(argv + ["--method", "weight-only", "--out", str(out)])
-    config, state = (out / "config.json").read_text(), (out / "state.json").read_text()
+    config, metrics = (out / "config.json").read_text(), (out / "metrics.jsonl").read_text()
     older_config = json.loads(config)
     older_config["minibatch"] = older_config.pop("micro_batch")
-    older_state = {k: v for k, v in json.loads(state).items() if k != "phase_key"}
-    for name, older, lacks in (("config.json", older_config, "--micro-batch"),
-                               ("state.json", older_state, "phase_key")):
-        (out / name).write_text(json.dumps(older))
+    older_rows = [{k: v for k, v in r.items() if k != "weights"} for r in rows(out / "metrics.jsonl")]
+    for name, older, lacks in (("config.json", json.dumps(older_config), "--micro-batch"),
+                               ("metrics.jsonl", "".join(json.dumps(r) + "\n" for r in older_rows), "weights")):
+        (out / name).write_text(older)
         before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
         with pytest.raises(SystemExit) as e:
             whale.main(argv + ["--method", "weight-only", "--out", str(out)])
@@ -558,7 +631,7 @@ def test_a_folder_of_an_older_whale_is_refused_and_changes_nothing(tmp_path, fak
                                      f"{lacks}): move {out} aside (mv {out} {out}.old) or delete it, and "
                                      "rerun to start it over")
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing rewritten
-        (out / name).write_text(config if name == "config.json" else state)
+        (out / name).write_text(config if name == "config.json" else metrics)
     whale.main(argv + ["--method", "weight-only", "--out", str(out)])  # the folder's own files resume
 
 
@@ -584,19 +657,21 @@ def test_test_evals_ends_evaluates_the_start_and_the_last_phase_only_and_resumes
     # the cpu preset's --test-evals ends: intermediate points are left out, never final tasks; the final point and
     # the training are those of a run that evaluates every phase
     argv, _ = fake
-    whale.main(argv + ["--out", str(tmp_path / "every")])
-    ends = argv + ["--test-evals", "ends", "--out", str(tmp_path / "ends")]
+    whale.main(argv + ["--out", str(tmp_path / "every" / "run")])
+    ends = argv + ["--test-evals", "ends", "--out", str(tmp_path / "ends" / "run")]
     with monkeypatch.context() as m:
-        interrupt(m, Ledger, "log_eval", 2)  # phase 1 logged without an evaluation, state not saved
+        interrupt(m, Ledger, "log_phase", 2)  # phase 1 logged without an evaluation
         with pytest.raises(Interrupt):
             whale.main(ends)
     whale.main(ends)
-    assert sorted(p.name for p in (tmp_path / "ends" / "evals").glob("*.json")) == ["phase_0.json", "phase_3.json"]
-    evaluated = [r["mean_at_k"] is not None for r in rows(tmp_path / "ends" / "metrics.jsonl") if r["event"] == "eval"]
+    assert sorted(p.name for p in (tmp_path / "ends" / "run" / "evals").glob("*.json")) == ["phase_0.json",
+                                                                                             "phase_3.json"]
+    evaluated = [r["mean_at_k"] is not None for r in rows(tmp_path / "ends" / "run" / "metrics.jsonl")
+                 if r["event"] == "eval"]
     assert evaluated == [True, False, False, True]
-    every, end = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("every", "ends"))
+    every, end = (json.loads((tmp_path / name / "run" / "summary.json").read_text()) for name in ("every", "ends"))
     assert end["final_mean_at_k"] == every["final_mean_at_k"] and end["phases"] == every["phases"] == 3
-    assert record(tmp_path / "ends")["steps"] == record(tmp_path / "every")["steps"]
+    assert record(tmp_path / "ends" / "run")["steps"] == record(tmp_path / "every" / "run")["steps"]
 
 
 def test_whale_points_an_old_plan_or_check_flag_to_plan_py(capsys):

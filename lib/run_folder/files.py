@@ -1,13 +1,11 @@
 """Run-folder files: JSON and JSON Lines written atomically (a kill never leaves half a file) and read back
 with an error that names a damaged file and its fix; hard links; content hashes; and the paths a run folder
-stores, relative to it so that a moved folder resumes (`resolved_path` also reads the absolute paths that
-older runs stored); content hashes (file_sha, adapter_id); and the checks that say, before a resume, whether a
+stores, relative to it so that a moved folder resumes; content hashes (file_sha, adapter_id); and the checks that say, before a resume, whether a
 file it reads back (JSON, JSON Lines, safetensors, a torch file, an RSFT checkpoint) is whole."""
 
 import hashlib
 import json
 import os
-import re
 import shutil
 import struct
 import zipfile
@@ -121,19 +119,8 @@ def stored_path(path, run_dir):
 
 
 def resolved_path(stored, run_dir):
-    """The file a stored path names: a relative one inside run_dir; an absolute one as it is, or, when it
-    pointed into a folder that has since moved (older runs stored absolute paths), by its tail from a
-    harness_w<n>/ folder on."""
-    if stored is None:
-        return None
-    if not os.path.isabs(stored):
-        return os.path.abspath(os.path.join(run_dir, stored))
-    parts = Path(stored).parts
-    if not os.path.exists(stored):
-        for i, part in enumerate(parts):
-            if re.fullmatch(r"harness_w\d+", part) and Path(run_dir, *parts[i:]).exists():
-                return os.path.abspath(Path(run_dir, *parts[i:]))
-    return stored
+    """The file a stored path names: a relative one from run_dir, an absolute one as it is."""
+    return None if stored is None else os.path.abspath(os.path.join(run_dir, stored))
 
 
 # -----------------------------------------------------------------------------

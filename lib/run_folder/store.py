@@ -1,0 +1,99 @@
+"""The store of finished work: every result a run may take instead of computing it, kept once under the key of
+exactly what produced it, and found by every method and every later command on the same domain, preset and seed.
+It lies beside their run folders: results/<preset>[/seed-<n>]/<domain>/store/ (for --out DIR: store/ beside DIR).
+
+    item = store.find("weights", key)          # the item's folder, else None (never made, or damaged: removed)
+    item = store.put("weights", key, ckpt)     # a copy of a file or folder ({name: path} for several), in place
+
+An item is store/<kind>/<sha256 of its key>/: the work and key.json (the key in full, and `about`: the run that
+made it), built in a temporary folder and renamed into place, so a kill leaves no item or the whole one. The kinds:
+weights (an RSFT checkpoint at a weight phase's end), search (a harness archive) and evaluation (evaluation.json
+and its traces). What each key holds, and what it does not: docs/design.md section 9. A find checks the item whole
+(check_item); one that fails is removed, said in one line, and computed again by the caller from the same inputs
+(the same seeds give the same result), never used. It runs nothing: whale.py's phases do the work."""
+import hashlib
+import json
+import os
+import shutil
+from functools import lru_cache
+from pathlib import Path
+
+from lib.archive import check_archive
+from lib.run_folder.files import check_checkpoint_files, json_object, link_or_copy, read_json, whole_jsonl, write_json
+
+ROOT = Path(__file__).resolve().parents[2]
+DAMAGED = "it is removed and computed again"
+
+
+@lru_cache(maxsize=None)
+def code_sha():
+    """What can change a result besides the inputs a key names: the project's code (the scripts at the root and
+    lib/) and its bundled data (data/*.jsonl), one sha256 that every key holds, so a store never gives work that
+    another version of either made (an edit there, a comment too, computes the work again)."""
+    h = hashlib.sha256()
+    for path in sorted([*ROOT.glob("*.py"), *ROOT.glob("lib/**/*.py"), *ROOT.glob("data/*.jsonl")]):
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+class Store:
+    def __init__(self, root):
+        self.root = Path(root)
+
+    def item(self, kind, key):
+        key = json.dumps({**key, "code": code_sha()}, sort_keys=True)
+        return self.root / kind / hashlib.sha256(key.encode()).hexdigest()
+
+    def find(self, kind, key):
+        """The folder of the finished item of `kind` under `key`, else None: none made, or one that fails its
+        check, removed (the caller computes it again)."""
+        item = self.item(kind, key)
+        if not (item / "key.json").exists():
+            return None
+        try:
+            check_item(kind, item)
+        except ValueError as e:
+            print(f"{item}: damaged ({e}): computed again from the same inputs")
+            shutil.rmtree(item)
+            return None
+        return item
+
+    def put(self, kind, key, work, about, real_copies=False):
+        """The item of `kind` under `key`: `work` (a file or folder, or {name in the item: path}) copied in,
+        key.json last, renamed into place over any older one (a longer search of the same start). Hard links,
+        or real copies for what a later search rewrites (an archive's index). -> the item's folder"""
+        item = self.item(kind, key)
+        tmp = item.with_name(f"{item.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        copy = shutil.copy2 if real_copies else link_or_copy
+        for name, path in (work if isinstance(work, dict) else {"": work}).items():
+            if Path(path).is_dir():
+                shutil.copytree(path, tmp / name, copy_function=copy, dirs_exist_ok=True)
+            else:
+                copy(path, tmp / name)
+        write_json(tmp / "key.json", {"key": {**key, "code": code_sha()}, "about": about})
+        shutil.rmtree(item, ignore_errors=True)
+        os.replace(tmp, item)
+        return item
+
+
+def about(item):
+    return read_json(Path(item, "key.json"))["about"]
+
+
+def check_item(kind, item):
+    """An item is whole, else ValueError naming what is not: weights, the checkpoint's files as it saved them; a
+    search, every candidate of its rounds judged and scored, with all its traces; an evaluation, its stats,
+    per-task scores and every trace it counted."""
+    made = json_object(item / "key.json", DAMAGED, keys=("key", "about"))["about"]
+    if kind == "weights":
+        check_checkpoint_files(item, DAMAGED)
+    elif kind == "search":
+        if check_archive(item, DAMAGED, made["rounds"], made["candidates"]):
+            raise ValueError(f"{item}/candidates/h0/harness.py, its seed, is missing")
+    else:
+        saved = json_object(item / "evaluation.json", DAMAGED, keys=("stats", "per_task"))
+        rollouts = saved["stats"].get("test_rollouts")
+        if not whole_jsonl(item / "traces.jsonl", rollouts):
+            raise ValueError(f"{item / 'traces.jsonl'} is not the {rollouts} episodes its stats count")
