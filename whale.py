@@ -280,9 +280,10 @@ def weight_phase(cfg, store, ledger, trainer, n_train, steps):
     detail)"""
     harness, start = ledger.harness, ledger.step
     rule = weight_rule(cfg, n_train, steps - start)
-    # the config holds the weight step (cfg.rsft.weight_step): a phase of another step is never taken
+    # the config holds the weight step (cfg.rsft.weight_step): a phase of another step is never taken; the trainer's
+    # rank count changes the update's float sums
     key = {"weights": ledger.weights, "step": start, "harness": file_sha(harness),
-           "config": config_hash({"rsft": cfg.rsft, "rule": rule})}
+           "config": config_hash({"rsft": cfg.rsft, "rule": rule}), "ranks": ranks.count()}
     item = store.find("weights", key) if trainer.step_count == start else None
     if item is not None:  # this very phase was run before: its weights, not its steps again
         trainer = trainer.adopt(item, about(item)["run"])

@@ -1,2 +1,2 @@
-"""A run's folder: the ledger of finished work (resume, repair, cross-method reuse), its files, and its rows sent live
-(--report-to)."""
+"""A run's folder: the store of finished work beside it (every method's and every later command's reuse), the
+ledger of its rows (its state and resume), its files, and its rows sent live (--report-to)."""
