@@ -350,7 +350,7 @@ class Ledger:
     def record_search(self, name, weights, result):
         """The search's counters of archive `name` (saved with the phase's end)."""
         self.state["archive_weights"][name] = weights
-        self.state["archive_iterations"][name] = result["iterations"]
+        self.state["archive_iterations"][name] = result["rounds"]
         self.state["harness_rollouts"][name] = result["rollouts"]
 
     # the test evaluations
