@@ -754,11 +754,11 @@ def add_args(parser):
                    help="chess: SAN with the check and mate marks + and #, as python-chess writes "
                         "it and the official observation shows it (the paper and gpu presets; "
                         "default: without them)")
-    p = parser.add_argument_group(JUDGE_GROUP)
+    judge = parser.add_argument_group(JUDGE_GROUP)
     for flag, kw in JUDGE_FLAGS:
-        p.add_argument(flag, **kw)
+        judge.add_argument(flag, **kw)
     names = [a.dest for a in parser._actions[first:]]
-    parser.add_argument(paper_data.PAPER_WITH_BM25[0], **paper_data.PAPER_WITH_BM25[1])  # no result changes: no key
+    p.add_argument(paper_data.PAPER_WITH_BM25[0], **paper_data.PAPER_WITH_BM25[1])  # no result changes: no key
     return names
 
 

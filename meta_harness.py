@@ -58,23 +58,23 @@ from pathlib import Path
 
 import domains
 import rollout
-from lib.episodes import sandbox
 from lib.archive import candidate_rows, check_archive, restore_seed, write_index
+from lib.backends.hf_backend import NullModelBackend
+from lib.backends.policy import add_backend_args, load_policy
 from lib.briefs import BRIEFS
 from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegative_int,
                      one_line_errors, positive_float, positive_int, search_config, seed_int, unit_interval)
 from lib.contract import normalized, static_check
-from lib.run_folder.files import check_run_files, check_same_model, file_sha, read_json, write_json
-from lib.backends.hf_backend import NullModelBackend
+from lib.episodes import sandbox
 from lib.episodes.runner import scoring_rule
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
-from lib.backends.policy import add_backend_args, load_policy
 from lib.proposers import (PROPOSER_MAX_FILE_MB, PROPOSER_MAX_PROCS, PROPOSER_MAX_WRITTEN_MB, PROPOSER_MEMORY_MB,
                            failure_advice, propose_agent, propose_in_copy)
 from lib.rules import pick_best
+from lib.run_folder.files import check_run_files, check_same_model, file_sha, read_json, write_json
 from lib.subsets import seeded_sample
-from presets import add_preset_arg, script_defaults
+from presets import add_preset_arg, parse_with_preset
 
 PROPOSERS = ("mutate", "command", "claude", "openai")
 NULL_MARGIN = 0.05  # default --null-margin: one lucky task in 20 (an empty reply that happens to be read as right)
@@ -83,7 +83,7 @@ NULL_MARGIN = 0.05  # default --null-margin: one lucky task in 20 (an empty repl
 def add_args(parser):
     p = parser.add_argument_group("harness search (shared with whale.py)")
     p.add_argument("--candidates", type=positive_int, default=3,
-                   help="M: candidates proposed per iteration")
+                   help="M: candidates proposed per round")
     p.add_argument("--harness-tasks", type=positive_int, default=None,
                    help="score on a seeded sample of N harness-set tasks (default all)")
     p.add_argument("--harness-samples", type=positive_int, default=1,
@@ -126,7 +126,13 @@ def add_args(parser):
                         "script, install, config); repeatable")
     p.add_argument("--proposer-prompt-tokens", type=positive_int, default=24000,
                    help="openai prompt budget (chars/4 estimate)")
-    # the proposer sandbox's bounds (command, claude); past one, that call is one failed proposal with its reason
+
+
+def add_sandbox_args(parser):
+    """The proposer sandbox's bounds (command, claude), a group of their own: whale.py --help lists them after the
+    method's flags."""
+    p = parser.add_argument_group("proposer sandbox (command, claude: past a bound, that call is one failed "
+                                  "proposal with its reason)")
     p.add_argument("--proposer-network", default=None, choices=("none", "endpoint", "host"),
                    help="none: no network (command's default); endpoint: only its API and --proposer-allow-host, "
                         "through an allow-listed proxy, never the host's loopback or private addresses (claude's "
@@ -381,7 +387,8 @@ def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_n
     """Meta-Harness under fixed weights, `rounds` proposer rounds (an archive that holds some already
     replays them). stop: (rounds before, patience, min rounds) ends the search early (phase_stalled), None never.
     cfg: a cli.SearchConfig. run_episodes and evaluate run a candidate's smoke episode and score it
-    (rollout's unless given others)."""
+    (rollout's unless given others). -> {"winner", "score", "rollouts", "rounds" (those the archive holds now),
+    "best_series", "proposer"}"""
     run_episodes, evaluate = run_episodes or rollout.run_episodes, evaluate or rollout.evaluate
     check_proposer(cfg)
     run_dir = Path(run_dir)
@@ -415,7 +422,7 @@ def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_n
         if stop is not None and scored and phase_stalled(frontier["best_series"], *stop):
             break
     return {"winner": str((run_dir / frontier["harness"]).resolve()), "score": frontier["score"],
-            "rollouts": frontier["rollouts"], "iterations": done,
+            "rollouts": frontier["rollouts"], "rounds": done,
             "best_series": frontier["best_series"], "proposer": frontier["proposer"]}
 
 
@@ -438,13 +445,11 @@ def main(argv=None):
     rollout.add_sampling_args(p)
     p.add_argument("--seed", type=seed_int, default=0)
     add_args(p)
+    add_sandbox_args(p)
     add_backend_args(p)
     domains.add_args(p)
     add_preset_arg(p)
-    args = p.parse_args(argv)
-    if args.preset:  # the preset's defaults, then the flags given again over them
-        p.set_defaults(**script_defaults(p, args.preset, args.domain, args.data))
-        args = p.parse_args(argv)
+    args = parse_with_preset(p, argv)  # the preset's defaults, any flag given over them
     if args.proposer == "command" and not args.proposer_cmd:
         p.error("--proposer command needs --proposer-cmd 'CLI ... {workdir}' (a command template)")
     if conflicting_flags(args):

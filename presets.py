@@ -3,8 +3,10 @@ the paper and gpu presets' per-domain settings. Why each value is what it is: do
 (cpu), docs/protocol.md and docs/fidelity.md (paper), docs/gpu.md (gpu).
 
     python plan.py --domain math --preset cpu      # what a preset spends, no model loaded
+    args = parse_with_preset(parser, argv)         # every command's parse: the preset's defaults, any flag given wins
 """
 import os
+import sys
 
 from lib.methods import METHODS, table_names
 
@@ -178,29 +180,60 @@ def add_preset_arg(parser):
 
 
 # A preset's setting (whale.py's flag) -> the flag of the same meaning on a script that names it otherwise: the one
-# mapping script_defaults reads. meta_harness.py's search is one harness phase, so the preset's adaptive harness
+# mapping parse_with_preset reads. meta_harness.py's search is one harness phase, so the preset's adaptive harness
 # phase reaches its stop flags (the paper preset: at most 15 rounds, at least 5, patience 2, as the official
 # alternate.sh calls the drivers: --iterations 15 --early-stop-min-iters 5 --early-stop-patience 2). Not mapped,
 # as their units differ: rft.py's --steps and --stop-patience count RSFT steps, the preset's epochs and
 # adaptive_epochs count epochs of the train split (whale.py turns them into steps); rollout.py's --limit and --k
-# depend on its --split (rollout.split_defaults).
+# depend on its --split (split_defaults).
 SCRIPT_FLAGS = {"harness_max_rounds": "rounds", "harness_patience": "patience", "harness_min_rounds": "min_rounds"}
 
 
-def script_defaults(parser, name, domain, data=None):
-    """The defaults preset `name` gives the flags `parser` has, for `domain`: each setting to the flag of its name,
-    or of its SCRIPT_FLAGS name (a preset value for a flag the script lacks, such as whale.py's budgets, is left
-    out); {} without a preset or a domain. The script passes them to parser.set_defaults and parses again, so any
-    flag given wins."""
-    if name is None or domain is None:
-        return {}
+def parse_with_preset(parser, argv=None, card=None):
+    """Every command's parse (whale.py, rft.py, meta_harness.py, rollout.py), in two passes: the first learns
+    --preset, --domain and --data; the preset's defaults for the flags this parser has go in (each setting to the
+    flag of its name or of its SCRIPT_FLAGS name; rollout.py's --split: the preset's sizes of that split), and the
+    second pass lets any flag given win. A preset value for a flag the script lacks (whale.py's budgets on rft.py)
+    is left out. card(first pass) -> the GiB of the card the run trains on, or None: the gpu preset fits its
+    micro-batch to it (whale.py). A domain the preset has no settings for is the parser's one-line error.
+
+        args = parse_with_preset(parser, argv)   # python rollout.py --domain math --preset cpu --split harness ...
+    """
+    first = parser.parse_args(argv)
+    if first.preset is None or first.domain is None:  # the script's own defaults
+        return first
+    card_gib = card(first) if card else None
     try:
-        preset = preset_defaults(name, domain, data)
+        preset = preset_defaults(first.preset, first.domain, first.data, card_gib)
     except ValueError as e:
         parser.error(str(e))
     flags = {action.dest for action in parser._actions}
     named = {key if key in flags else SCRIPT_FLAGS.get(key, key): value for key, value in preset.items()}
-    return {dest: value for dest, value in named.items() if dest in flags}
+    defaults = {dest: value for dest, value in named.items() if dest in flags}
+    if "split" in flags:
+        defaults.update(split_defaults(preset, first.split))
+    parser.set_defaults(**defaults)
+    args = parser.parse_args(argv)
+    bundled = PRESETS[first.preset]["micro_batch"]
+    if preset["micro_batch"] != bundled and args.micro_batch == preset["micro_batch"]:  # a card lowered it, no flag
+        print(f"{first.preset} preset: --micro-batch {args.micro_batch} on this {card_gib:.1f} GiB card, where its "
+              f"{bundled} calls do not fit beside the trainer and the engine (presets.GPU_TWO_CALLS_GIB)",
+              file=sys.stderr)
+    return args
+
+
+def split_defaults(preset, split):
+    """rollout.py's --limit, --k and --test-holdout as the preset's run sizes `split`: the harness set as the search
+    scores a harness (its --harness-tasks, --harness-samples samples: meta_harness.py's default 1 unless the preset
+    says), the test evaluation (its --test-limit past --test-holdout, mean@--k), the train sample (--train-limit,
+    --group samples a task)."""
+    if split == "harness":
+        return {"limit": preset.get("harness_tasks"), "k": preset.get("harness_samples", 1), "test_holdout": 0}
+    if split == "test":
+        return {"limit": preset.get("test_limit"), "k": preset["k"], "test_holdout": preset.get("test_holdout", 0)}
+    # train: as an RSFT step samples a prompt, --group episodes each (the test holdout is the test split's)
+    return {"limit": preset.get("train_limit"), "k": preset.get("group"), "test_holdout": 0}
+
 
 def table_methods(schedule="fixed"):
     """run_all.sh's methods, in the method table's order (lib/methods.py): every method but the experimental rows

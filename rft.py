@@ -47,19 +47,19 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import rollout
-from lib.episodes import sandbox
+from lib.backends import ranks
+from lib.backends.models import load_model, shared_prefix
+from lib.backends.policy import add_backend_args, add_lora, load_lora, load_policy
 from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegative_float,
                      nonnegative_int, one_line_errors, positive_float, positive_int, probability,
                      rsft_config, seed_int)
+from lib.episodes import sandbox
+from lib.episodes.runner import scoring_rule
+from lib.rules import SUCCESS
 from lib.run_folder.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_checkpoint_model, link_tree,
                                   read_json, resolved_path, sha256, stored_path, swap_link, write_json, write_jsonl)
-from lib.backends import ranks
-from lib.backends.models import load_model, shared_prefix
-from lib.episodes.runner import scoring_rule
-from lib.backends.policy import add_backend_args, add_lora, load_lora, load_policy
-from lib.rules import SUCCESS
 from lib.subsets import seeded_sample
-from presets import add_preset_arg, script_defaults
+from presets import add_preset_arg, parse_with_preset
 
 
 def add_args(parser):
@@ -544,10 +544,7 @@ def main(argv=None):
     add_args(p)
     add_backend_args(p)
     domains.add_args(p)
-    args = p.parse_args(argv)
-    if args.preset:  # the preset's defaults, then the flags given again over them
-        p.set_defaults(**script_defaults(p, args.preset, args.domain, args.data))
-        args = p.parse_args(argv)
+    args = parse_with_preset(p, argv)  # the preset's defaults, any flag given over them
     if not (args.domain and args.harness and args.out):
         p.error("--domain, --harness and --out are required")
     if conflicting_flags(args):

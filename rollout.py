@@ -27,16 +27,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from lib.episodes import sandbox
+from lib.backends.policy import add_backend_args, load_policy
 from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int,
                      one_line_errors, positive_float, positive_int, sampling_of, seed_int,
                      share)
-from lib.backends.policy import add_backend_args, load_policy
-from lib.episodes.runner import MAX_PROMPT_TOKENS
+from lib.episodes import sandbox
+from lib.episodes.runner import MAX_PROMPT_TOKENS, Episode, Runner, scoring_rule
 from lib.episodes.sandbox import InfrastructureError
-from lib.episodes.runner import Episode, Runner, scoring_rule
 from lib.subsets import seeded_sample
-from presets import add_preset_arg, preset_defaults, script_defaults
+from presets import add_preset_arg, parse_with_preset
 
 
 # -----------------------------------------------------------------------------
@@ -167,19 +166,6 @@ def evaluate(domain, harness_path, tasks, backend, k=8, **kw):
 # -----------------------------------------------------------------------------
 # CLI
 
-def split_defaults(preset, split):
-    """--limit, --k and --test-holdout as the preset's run sizes `split`: the harness set as the search scores a
-    harness (its --harness-tasks, --harness-samples samples: meta_harness.py's default 1 unless the preset
-    says), the test evaluation (its --test-limit past --test-holdout, mean@--k), the train sample (--train-limit,
-    --group samples a task)."""
-    if split == "harness":
-        return {"limit": preset.get("harness_tasks"), "k": preset.get("harness_samples", 1), "test_holdout": 0}
-    if split == "test":
-        return {"limit": preset.get("test_limit"), "k": preset["k"], "test_holdout": preset.get("test_holdout", 0)}
-    # train: as an RSFT step samples a prompt, --group episodes each (the test holdout is the test split's)
-    return {"limit": preset.get("train_limit"), "k": preset.get("group"), "test_holdout": 0}
-
-
 def adapted_policy(args):
     """The policy for --model with --adapter: the trainer-side model holds it, and the vllm and
     openai engines load it too and pass the canary before the first episode; a bad folder or a
@@ -217,11 +203,7 @@ def main(argv=None):
     add_backend_args(p)
     p.add_argument("--seed", type=seed_int, default=0)
     domains.add_args(p)  # --data paper, --math-test-set ...
-    args = p.parse_args(argv)
-    if args.preset and args.domain:  # the preset's defaults, then the flags given again over them
-        p.set_defaults(**{**script_defaults(p, args.preset, args.domain, args.data),
-                          **split_defaults(preset_defaults(args.preset, args.domain, args.data), args.split)})
-        args = p.parse_args(argv)
+    args = parse_with_preset(p, argv)  # the preset's defaults (its sizes of --split), any flag given over them
     if not args.domain or not args.harness:
         p.error("pass --domain and --harness")
     if args.test_holdout and args.split != "test":

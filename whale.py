@@ -36,27 +36,31 @@ import domains
 import meta_harness
 import rft
 import rollout
-from lib.episodes import sandbox
-from lib.cli import (Parser, check_out, config_hash, conflicting_flags, nonnegative_int, one_line_errors,
-                     positive_float, positive_int, run_config, seed_int)
-from lib.run_folder.files import file_sha, link_file, read_json, stored_path, write_json
 from lib import methods
 from lib.backends import ranks
 from lib.backends.hf_backend import NullModelBackend
+from lib.backends.policy import add_backend_args, load_policy
+from lib.cli import (Parser, check_out, config_hash, conflicting_flags, nonnegative_int, one_line_errors,
+                     positive_float, positive_int, run_config, seed_int)
+from lib.episodes import sandbox
 from lib.episodes.runner import scoring_rule
 from lib.methods import next_phase
+from lib.run_folder import report_to
+from lib.run_folder.files import file_sha, link_file, read_json, stored_path, write_json
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
 from lib.run_folder.store import Store, about
-from lib.run_folder import report_to
-from lib.backends.policy import add_backend_args, load_policy
 from lib.subsets import seeded_sample
-from presets import PRESETS, preset_defaults
-
+from presets import PRESETS, parse_with_preset
 
 
 def parse_args(argv=None, more_args=None, description=__doc__):
-    """-> one Namespace per --method: the preset's defaults, overridden by any flag given. more_args(parser)
-    adds another command's own flags (plan.py's --check)."""
+    """-> one Namespace per --method: the preset's defaults, overridden by any flag given. --help leads with the
+    method's own flags (what to run, budgets, schedule, RSFT, search and proposer, test evaluation), then the
+    engine's, the data's and judge's, the proposer sandbox's and live metrics'. more_args(parser) adds another
+    command's own flags (plan.py's --check), after the method's.
+
+        python whale.py --help
+    """
     p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     if more_args is None and {"--plan", "--check"} & set(sys.argv[1:] if argv is None else argv):
         p.error("--plan and --check are plan.py's: python plan.py with the same flags (the plan without --plan)")
@@ -102,6 +106,8 @@ def parse_args(argv=None, more_args=None, description=__doc__):
     g.add_argument("--harness-max-rounds", "--harness-max-iterations",
                    dest="harness_max_rounds", type=positive_int, default=15,
                    help="proposer rounds a harness phase makes at most")
+    rft.add_args(p)  # RSFT: the rollout step and its sampling, the SFT update, LoRA
+    meta_harness.add_args(p)  # the harness search and its proposer
     g = p.add_argument_group("test evaluation")
     g.add_argument("--k", type=positive_int, default=None, help="samples per test task for mean@k")
     g.add_argument("--test-limit", type=positive_int, default=None,
@@ -115,35 +121,26 @@ def parse_args(argv=None, more_args=None, description=__doc__):
                         "fewer final tasks)")
     if more_args:
         more_args(p)
-    report_to.add_args(p)
-    domains.add_args(p)
+    # below the method's own flags: the engine, the data and the judge, the proposer's sandbox, live metrics
     add_backend_args(p)
-    rft.add_args(p)
-    meta_harness.add_args(p)
-    # two passes: the first learns the preset and domain, the second lets any given flag override it
-    first = p.parse_args(argv)
-    card = card_gib(getattr(first, "card", None)) if first.preset == "gpu" else None
-    try:
-        defaults = preset_defaults(first.preset, first.domain, first.data, card)
-    except ValueError as e:
-        p.error(str(e))
-    p.set_defaults(**defaults)
-    args = p.parse_args(argv)
-    preset_micro_batch = PRESETS[first.preset]["micro_batch"]
-    if defaults["micro_batch"] != preset_micro_batch and args.micro_batch == defaults["micro_batch"]:
-        print(f"{first.preset} preset: --micro-batch {args.micro_batch} on this {card:.1f} GiB card, where its "
-              f"{preset_micro_batch} calls do not fit beside the trainer and the engine (presets.GPU_TWO_CALLS_GIB)",
-              file=sys.stderr)
+    domains.add_args(p)
+    meta_harness.add_sandbox_args(p)
+    report_to.add_args(p)
+    args = parse_with_preset(p, argv, card=card_gib)  # the preset's defaults, any flag given over them
     args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")
     check_args(args, p)
     return [run_args(args, method) for method in dict.fromkeys(args.method)]  # each once, in order
 
 
-def card_gib(named=None):
-    """The GiB of the card the run trains on: `named` (plan.py --check --card: a card class of N GB, which
-    lib/ops/time_model.CARDS takes as N GiB), else this machine's GPU; None without one."""
-    if named:
-        return named
+def card_gib(first):
+    """The GiB of the card a gpu preset run trains on, which presets.parse_with_preset fits the preset's micro-batch
+    to (first: the parse's first pass): plan.py --check --card N (a card class of N GB, which
+    lib/ops/time_model.CARDS takes as N GiB), else this machine's GPU; None without one, and for the other presets,
+    which keep theirs."""
+    if first.preset != "gpu":
+        return None
+    if getattr(first, "card", None):
+        return first.card
     return torch.cuda.mem_get_info()[1] / 2 ** 30 if torch.cuda.is_available() else None
 
 
@@ -314,11 +311,11 @@ def harness_phase(cfg, store, ledger, policy, domain, weights, rounds):
     result = meta_harness.search(policy, domain, ledger.harness, str(folder), cfg.search, cap,
                                  stop=harness_stop(cfg, before))
     item = store.find("search", key)
-    if item is None or about(item)["rounds"] < result["iterations"]:  # a longer search of the same start
+    if item is None or about(item)["rounds"] < result["rounds"]:  # a longer search of the same start
         store.put("search", key, folder, real_copies=True, about={
-            "run": os.path.abspath(cfg.out), "rounds": result["iterations"], "candidates": cfg.search.candidates})
-    return result["winner"], {"iterations": result["iterations"] - before, "archive": archive,
-                              "archive_rounds": result["iterations"], "archive_rollouts": result["rollouts"],
+            "run": os.path.abspath(cfg.out), "rounds": result["rounds"], "candidates": cfg.search.candidates})
+    return result["winner"], {"iterations": result["rounds"] - before, "archive": archive,
+                              "archive_rounds": result["rounds"], "archive_rollouts": result["rollouts"],
                               "harness_score": result["score"],
                               "winner": stored_path(result["winner"], cfg.out)}
 

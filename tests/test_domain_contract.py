@@ -72,7 +72,7 @@ def smoke():
 def test_a_search_from_h0_runs_on_the_smoke_model(tmp_path, smoke, name):
     cfg = search_config(candidates=2, harness_tasks=2, max_new_tokens=8)
     result = meta_harness.search(smoke, domains.get(name), str(h0(name)), tmp_path / "run", cfg, rounds=1)
-    assert result["iterations"] == 1 and Path(result["winner"]).is_file()
+    assert result["rounds"] == 1 and Path(result["winner"]).is_file()
     rows = [json.loads(line) for line in (tmp_path / "run" / "summary.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["valid"] for r in rows), [r["reason"] for r in rows]
 

@@ -155,7 +155,7 @@ def test_mutate_archive_and_resume_never_rescore(fake):
     fr, seed, run_dir = fake
     res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=2), rounds=2)
     assert fr.evaluated == ["h0", "h1_1", "h1_2", "h2_1", "h2_2"]
-    assert res["iterations"] == 2 and len(res["best_series"]) == 3
+    assert res["rounds"] == 2 and len(res["best_series"]) == 3
     assert res["best_series"] == sorted(res["best_series"]) and res["score"] == max(res["best_series"])
     assert res["rollouts"] == 5 * 4 + 4  # 5 scorings of 4 tasks + one smoke episode per proposal
     rows = rows_of(run_dir)
@@ -171,7 +171,7 @@ def test_mutate_archive_and_resume_never_rescore(fake):
     # rerun with one more iteration: nothing already scored is scored again
     fr.evaluated.clear()
     res2 = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=2), rounds=3)
-    assert fr.evaluated and all(n.startswith("h3_") for n in fr.evaluated) and res2["iterations"] == 3
+    assert fr.evaluated and all(n.startswith("h3_") for n in fr.evaluated) and res2["rounds"] == 3
     assert res2["best_series"][:3] == res["best_series"]
     with pytest.raises(ValueError, match="another setup"):  # scores from another harness set would not compare
         mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=2, harness_tasks=2), rounds=3)
@@ -186,10 +186,10 @@ def test_patience_stop_ends_search_early(fake):
     stop = (0, 2, 3)  # from the first round: patience 2, at least 3 rounds (mh.phase_stalled)
     res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=1), rounds=12, stop=stop)
     rows = [r for r in rows_of(run_dir).values() if r["iteration"]]
-    assert all(r["valid"] for r in rows) and res["iterations"] < 12
+    assert all(r["valid"] for r in rows) and res["rounds"] < 12
     series = res["best_series"]
     assert mh.phase_stalled(series, *stop)
-    assert not any(mh.phase_stalled(series[:t + 1], *stop) for t in range(1, res["iterations"]))
+    assert not any(mh.phase_stalled(series[:t + 1], *stop) for t in range(1, res["rounds"]))
 
 
 def test_a_round_without_a_valid_candidate_does_not_stop_the_search(fake):
@@ -202,7 +202,7 @@ def test_a_round_without_a_valid_candidate_does_not_stop_the_search(fake):
     res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=1), rounds=4, stop=stop)
     valid = {r["iteration"]: r["valid"] for r in rows_of(run_dir).values()}
     assert valid[1] and not any(valid[t] for t in (2, 3, 4))
-    assert res["iterations"] == 4
+    assert res["rounds"] == 4
     assert all(mh.phase_stalled(res["best_series"][:t + 1], *stop) for t in (2, 3, 4))
 
 
@@ -238,7 +238,7 @@ def test_command_proposer_and_every_rejection_reason(fake, tmp_path):
     args = make_args(candidates=7, proposer="command", prompt_only=True, proposer_ro=[str(agent)],
                      proposer_cmd=f"{sandbox.python()} {agent} {{workdir}}")
     res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, args, rounds=2)
-    assert res["iterations"] == 2  # the run goes on past rejections
+    assert res["rounds"] == 2  # the run goes on past rejections
     rows = rows_of(run_dir)
     reasons = [rows[f"h1_{j}"]["reason"] or "" for j in range(1, 8)]
     expected = ["", "no code", "syntax error", "no run", "forbidden import", "prompt-only violation",
@@ -492,7 +492,7 @@ def test_failures_count_only_in_a_row(fake, monkeypatch):
     monkeypatch.setattr(proposers, "run_in_sandbox", fake_run)
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)  # meta_harness and lib.proposers
     res = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=1, proposer="claude"), rounds=2)
-    assert res["iterations"] == 2
+    assert res["rounds"] == 2
     assert [c["error"] for c in map(json.loads, open(run_dir / "costs.jsonl"))] == \
         ["API Error: 529 Overloaded"] * 2 + [None] + ["API Error: 529 Overloaded"] * 2 + [None]
 

@@ -23,19 +23,13 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from lib.backends import ranks
-from lib.ops import driver
-
-from lib.backends import models
-
-from lib.paper import paper_data, retriever, web
-
-from lib.run_folder import report_to
-
+from lib.backends import models, ranks
 from lib.episodes import sandbox, worker_pool
 from lib.methods import HARNESS, METHODS, WEIGHTS
-from lib.ops import compiler, time_model
+from lib.ops import compiler, driver, time_model
 from lib.ops.hub import GPU_EXTRA, cached_model_bytes, dataset_status, hub_status, is_local, model_bytes
+from lib.paper import paper_data, retriever, web
+from lib.run_folder import report_to
 
 GiB = 1024 ** 3
 PROJECT = Path(__file__).resolve().parents[2]
