@@ -18,8 +18,10 @@ sequence of phases, each followed by a mean@k evaluation on the test split:
 run() below is the whole loop, top to bottom. The methods and their budget rules are one table, lib/methods.py;
 the budget algebra and the adaptive schedule: docs/design.md section 2; `python plan.py` (whale.py's flags)
 prints a run's phases, steps, rounds and rollouts, no model loaded. Several methods in one command run one
-after another in one process and never compute the same thing twice; rerunning the same command resumes (the
-run folder's ledger, lib/run_folder/ledger.py; what a folder holds: docs/design.md section 8).
+after another in one process. No method and no later command on the same domain, preset and seed computes a phase
+or a test evaluation twice: each is taken from the store beside the run folders (lib/run_folder/store.py) when it
+was made before from the same inputs. Rerunning the same command resumes (a run's rows, lib/run_folder/ledger.py;
+what a folder holds: docs/design.md section 8, the store and its keys: section 9).
 """
 import argparse
 import json
