@@ -48,7 +48,7 @@ from lib.episodes import sandbox
 from lib.episodes.runner import scoring_rule
 from lib.methods import next_phase
 from lib.run_folder import report_to
-from lib.run_folder.files import file_sha, link_file, read_json, stored_path, write_json
+from lib.run_folder.files import file_sha, link_file, link_tree, read_json, stored_path, write_json
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
 from lib.run_folder.store import Store, about
 from lib.subsets import seeded_sample
@@ -292,7 +292,8 @@ def weight_phase(cfg, store, ledger, trainer, n_train, steps):
     while not rft.weight_phase_over(rewards, **rule):
         rewards.append(trainer.step(harness)["reward"])
     if item is None:
-        store.put("weights", key, Path(trainer.out_dir, "ckpt").resolve(), about={"run": os.path.abspath(cfg.out), "step": trainer.step_count})
+        store.put("weights", key, Path(trainer.out_dir, "ckpt").resolve(),
+                  about={"run": os.path.abspath(cfg.out), "step": trainer.step_count})
     return trainer, {"steps": trainer.step_count - start, "epoch": trainer.epoch_progress}
 
 
@@ -306,8 +307,8 @@ def harness_phase(cfg, store, ledger, policy, domain, weights, rounds):
     seed = folder / "candidates" / "h0" / "harness.py" if before else ledger.harness
     key = {"weights": weights, "seed": file_sha(seed), "config": config_hash(cfg.search)}
     item = store.find("search", key) if not folder.exists() else None
-    if item is not None:  # the same search was made before: copied (its index is rewritten), then replayed
-        shutil.copytree(item, folder, copy_function=shutil.copy2)
+    if item is not None:  # the same search was made before: copied whole (its index is rewritten), then replayed
+        link_tree(item, folder, copy_function=shutil.copy2)
         print(f"harness phase: the same search as {item} (the store), copied")
     cap = before + min(harness_phase_cap(cfg), rounds - ledger.rounds)
     result = meta_harness.search(policy, domain, ledger.harness, str(folder), cfg.search, cap,
@@ -328,16 +329,15 @@ def test_evaluation(store, cfg, policy, domain, tag, weights, harness):
     key = {"weights": weights, "harness": file_sha(harness), "config": config_hash(cfg.test)}
     path = Path(cfg.out, "evals", f"{tag}.json")
     traces = path.with_name(f"{tag}.traces.jsonl")
+    path.parent.mkdir(parents=True, exist_ok=True)
     item = store.find("evaluation", key)
     if item is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         traces.unlink(missing_ok=True)  # an evaluation killed midway starts over
         write_json(path, {"key": key, **evaluate_test(policy, domain, harness, cfg.test, traces)})
-        item = store.put("evaluation", key, {"evaluation.json": path, "traces.jsonl": traces},
-                         about={"run": os.path.abspath(cfg.out), "tag": tag})
+        store.put("evaluation", key, {"evaluation.json": path, "traces.jsonl": traces},
+                  about={"run": os.path.abspath(cfg.out), "tag": tag})
     else:
         print(f"test evaluation ({tag}): the same as {item} (the store), taken")
-        path.parent.mkdir(parents=True, exist_ok=True)
         link_file(item / "traces.jsonl", traces)
         link_file(item / "evaluation.json", path)  # last: the run's evaluation is there
     return read_json(path)["stats"]
