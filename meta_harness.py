@@ -62,8 +62,9 @@ from lib.archive import candidate_rows, check_archive, restore_seed, write_index
 from lib.backends.hf_backend import NullModelBackend
 from lib.backends.policy import add_backend_args, load_policy
 from lib.briefs import BRIEFS
-from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegative_int,
-                     one_line_errors, positive_float, positive_int, search_config, seed_int, unit_interval)
+from lib.cli import Parser, check_out, conflicting_flags, inputs_of, one_line_errors, search_config
+from lib.common.argtypes import nonnegative_int, positive_float, positive_int, seed_int, unit_interval
+from lib.common.json_files import read_json, write_json
 from lib.contract import normalized, static_check
 from lib.episodes import sandbox
 from lib.episodes.runner import scoring_rule
@@ -72,7 +73,7 @@ from lib.openai_proposer import propose_openai
 from lib.proposers import (PROPOSER_MAX_FILE_MB, PROPOSER_MAX_PROCS, PROPOSER_MAX_WRITTEN_MB, PROPOSER_MEMORY_MB,
                            failure_advice, propose_agent, propose_in_copy)
 from lib.rules import pick_best
-from lib.run_folder.files import check_run_files, check_same_model, file_sha, read_json, write_json
+from lib.run_folder.files import check_run_files, check_same_model, file_sha
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, parse_with_preset
 

@@ -20,7 +20,8 @@ import domains
 import rft
 import rollout
 import whale
-from lib.cli import one_line_errors, positive_int, sampling_of
+from lib.cli import one_line_errors, sampling_of
+from lib.common.argtypes import positive_int
 from lib.episodes import sandbox
 from lib.methods import HARNESS, METHODS
 from lib.ops import preflight, time_model

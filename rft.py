@@ -50,14 +50,14 @@ import rollout
 from lib.backends import ranks
 from lib.backends.models import load_model, shared_prefix
 from lib.backends.policy import add_backend_args, add_lora, load_lora, load_policy
-from lib.cli import (Parser, check_out, conflicting_flags, inputs_of, nonnegative_float,
-                     nonnegative_int, one_line_errors, positive_float, positive_int, probability,
-                     rsft_config, seed_int)
+from lib.cli import Parser, check_out, conflicting_flags, inputs_of, one_line_errors, rsft_config
+from lib.common.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, probability, seed_int
+from lib.common.json_files import read_json, sha256, write_json, write_jsonl
 from lib.episodes import sandbox
 from lib.episodes.runner import scoring_rule
 from lib.rules import SUCCESS
 from lib.run_folder.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_checkpoint_model, link_tree,
-                                  read_json, resolved_path, sha256, stored_path, swap_link, write_json, write_jsonl)
+                                  resolved_path, stored_path, swap_link)
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, parse_with_preset
 

@@ -28,12 +28,11 @@ import time
 from pathlib import Path
 
 from lib.backends.policy import add_backend_args, load_policy
-from lib.cli import (Parser, check_out, conflicting_flags, nonnegative_float, nonnegative_int,
-                     one_line_errors, positive_float, positive_int, sampling_of, seed_int,
-                     share)
+from lib.cli import Parser, check_out, conflicting_flags, one_line_errors, sampling_of
+from lib.common.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int, share
+from lib.common.errors import InfrastructureError
 from lib.episodes import sandbox
 from lib.episodes.runner import MAX_PROMPT_TOKENS, Episode, Runner, scoring_rule
-from lib.episodes.sandbox import InfrastructureError
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, parse_with_preset
 

@@ -42,13 +42,14 @@ from lib import methods
 from lib.backends import ranks
 from lib.backends.hf_backend import NullModelBackend
 from lib.backends.policy import add_backend_args, load_policy
-from lib.cli import (Parser, check_out, config_hash, conflicting_flags, nonnegative_int, one_line_errors,
-                     positive_float, positive_int, run_config, seed_int)
+from lib.cli import Parser, check_out, config_hash, conflicting_flags, one_line_errors, run_config
+from lib.common.argtypes import nonnegative_int, positive_float, positive_int, seed_int
+from lib.common.json_files import read_json, write_json
 from lib.episodes import sandbox
 from lib.episodes.runner import scoring_rule
 from lib.methods import next_phase
 from lib.run_folder import report_to
-from lib.run_folder.files import file_sha, link_file, link_tree, read_json, stored_path, write_json
+from lib.run_folder.files import file_sha, link_file, link_tree, stored_path
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
 from lib.run_folder.store import Store, about
 from lib.subsets import seeded_sample

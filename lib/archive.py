@@ -10,8 +10,8 @@ import os
 import shutil
 from pathlib import Path
 
-from lib.run_folder.files import (append_jsonl, damaged, json_object, read_json, read_jsonl, sha256, whole_jsonl,
-                                  write_json, write_jsonl)
+from lib.common.json_files import (append_jsonl, damaged, json_object, read_json, read_jsonl, sha256, whole_jsonl,
+                                   write_json, write_jsonl)
 from lib.rules import pick_best
 
 

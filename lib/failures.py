@@ -12,7 +12,7 @@ would change first for each kind."""
 
 from collections import Counter
 
-from lib.run_folder.files import read_jsonl
+from lib.common.json_files import read_jsonl
 from lib.rules import SUCCESS
 
 FAILURE_KINDS = ("erred", "cut", "no_answer", "no_tool", "wrong")

@@ -25,7 +25,7 @@ from lib.episodes import sandbox
 from lib.archive import log_cost
 from lib.briefs import BRIEFS, INSTRUCTIONS, NULL_RULES, llm_interface
 from lib.contract import ALLOWED_IMPORTS, MAX_HARNESS_CHARS
-from lib.run_folder.files import read_json, write_json
+from lib.common.json_files import read_json, write_json
 
 PROJECT = Path(__file__).resolve().parent.parent  # the repository, denied to the claude proposer by name
 # what a proposer sees (a copy) and what the search takes back from it (capped)

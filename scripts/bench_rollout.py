@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rollout  # noqa: E402
 from lib.episodes import sandbox  # noqa: E402
-from lib.cli import Parser, positive_int  # noqa: E402
+from lib.cli import Parser  # noqa: E402
+from lib.common.argtypes import positive_int  # noqa: E402
 from lib.backends.hf_backend import HFBackend  # noqa: E402
 from lib.backends.models import chat_ids, shared_prefix  # noqa: E402
 from lib.backends.policy import add_backend_args  # noqa: E402

@@ -46,7 +46,7 @@ TAUGHT_MODEL = "qwen35-tiny-taught-v2"  # its cache folder: a new name whenever 
 
 def write_rows(path, rows):
     """rows as path.parquet where `datasets` is installed (the hub files' format), else as path.jsonl."""
-    from lib.run_folder.files import write_jsonl
+    from lib.common.json_files import write_jsonl
     try:
         import datasets
         datasets.Dataset.from_list(rows).to_parquet(f"{path}.parquet")
@@ -56,7 +56,7 @@ def write_rows(path, rows):
 
 def searchqa_fixtures(folder):
     """Search-R1's train rows (its verl columns), FlashRAG's nq/test and hotpotqa/dev, and the wiki-18 corpus."""
-    from lib.run_folder.files import write_jsonl
+    from lib.common.json_files import write_jsonl
     questions = [(f"What is the capital of {c}?", a) for c, a in COUNTRIES]
     train = [{"id": f"train_{i}", "question": q, "golden_answers": [a], "data_source": ("nq", "hotpotqa")[i % 2],
               "prompt": [{"role": "user", "content": f"Answer the given question. Question: {q}"}],
@@ -223,7 +223,7 @@ def retriever(corpus, port_file):
 # a coding agent, as a stand-in: one prompt edit per candidate
 
 
-def read_json(path):  # not lib.run_folder.files': the agent runs in the sandbox, which shows it this file only
+def read_json(path):  # not lib.common's: the agent runs in the sandbox, which shows it this file only
     with open(path) as f:
         return json.load(f)
 
@@ -257,7 +257,7 @@ def verify(run_dir, domain, queries=None):
     harness with its re-score and a proposer round, weight, each with a test evaluation) and its RSFT steps
     trained and its test episodes called their tools where the taught model can (searchqa, math); else
     'FAIL DOMAIN why'."""
-    from lib.run_folder.files import read_jsonl
+    from lib.common.json_files import read_jsonl
     evals = [r for r in read_jsonl(f"{run_dir}/metrics.jsonl") if r.get("event") == "eval"]
     steps = read_jsonl(f"{run_dir}/weights/metrics.jsonl")
     archives = sorted(d for d in os.listdir(run_dir) if d.startswith("harness_w"))

@@ -11,7 +11,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from domains import DOMAINS, MATH_TEST_SETS, SPLITS, add_args, data_of, get, read_jsonl  # noqa: E402
-from lib.cli import Parser, one_line_errors, positive_int  # noqa: E402
+from lib.cli import Parser, one_line_errors  # noqa: E402
+from lib.common.argtypes import positive_int  # noqa: E402
 from lib.subsets import seeded_sample  # noqa: E402
 
 

@@ -10,7 +10,7 @@ import pytest
 import domains
 import meta_harness
 import rollout
-from lib.run_folder.files import write_json
+from lib.common.json_files import write_json
 from lib.backends.hf_backend import HFBackend, NullModelBackend
 from lib.backends.models import load_model
 from lib.subsets import seeded_sample

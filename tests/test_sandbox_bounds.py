@@ -19,7 +19,7 @@ import rollout
 from fixtures import stand_ins
 from lib.episodes import sandbox
 from lib.contract import check_harness
-from lib.run_folder.files import read_json
+from lib.common.json_files import read_json
 from lib.episodes.runner import MAX_CHARS, TRACE_RECORD_BYTES
 from test_archive_security import processes_with
 from test_meta_harness import SEED, FakeDomain, FakeRollout, make_args

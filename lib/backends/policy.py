@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from lib.cli import positive_int, unit_interval
+from lib.common.argtypes import positive_int, unit_interval
 
 from lib.backends.canary import PROBE_RANK, probe_engine
 from lib.backends.engines import GDN_PREFILLS, OpenAIBackend, VLLMBackend, engine_lora_rank

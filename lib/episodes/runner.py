@@ -20,7 +20,7 @@ from tqdm import tqdm
 from lib.episodes import sandbox
 from lib.contract import ALLOWED_IMPORTS, check_harness
 from lib.backends.models import chat_ids, thinking_switch
-from lib.episodes.sandbox import InfrastructureError
+from lib.common.errors import InfrastructureError
 from lib.episodes.worker_pool import POOL, WORKER_TASKS, worker_memory_bytes
 
 

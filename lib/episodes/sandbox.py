@@ -55,21 +55,13 @@ import threading
 import time
 from functools import lru_cache
 
+from lib.common.errors import InfrastructureError, SandboxError  # raised here; any tier may catch them
+
 OPT_OUT = "WHALE_UNSAFE_NO_SANDBOX"
 WEAK_BOUNDS = "WHALE_ALLOW_WEAK_BOUNDS"  # no cgroup: per-process limits instead (memory_bound() says which)
 CLONE_THREAD = 0x10000
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 TMP_BYTES = 64 << 20  # every sandbox's /tmp (a proposer's: its own flag)
-
-
-class SandboxError(RuntimeError):
-    pass
-
-
-class InfrastructureError(RuntimeError):
-    """A failure outside the harness's own code: a tool server that did not answer, a sandbox the kernel refused,
-    a run over its error budget. A tool raises it instead of returning an error for the harness to read: the
-    runner ends the episode as the machine's failure, not the candidate's (rollout.INFRA_ERRORS counts them)."""
 
 
 def disabled():

@@ -26,8 +26,8 @@ from functools import lru_cache
 
 import chess
 
-from lib.cli import positive_int
-from lib.run_folder.files import read_jsonl
+from lib.common.argtypes import positive_int
+from lib.common.json_files import read_jsonl
 from lib.subsets import seeded_sample
 
 SEARCHQA_TRAIN = "PeterJinGo/nq_hotpotqa_train"

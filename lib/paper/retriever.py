@@ -13,7 +13,7 @@ import threading
 import time
 
 from lib.paper import web
-from lib.episodes.sandbox import InfrastructureError
+from lib.common.errors import InfrastructureError
 
 
 def passage_text(contents):

@@ -2,7 +2,7 @@
 claims section (HOW says how a verdict is reached)."""
 import os
 
-from lib.run_folder.files import read_jsonl
+from lib.common.json_files import read_jsonl
 from lib.report.intervals import paired_difference, pooled_difference, signed
 from lib.methods import CLAIM_I, CLAIM_II, CLAIM_III, METHODS, method_of, run_names
 from lib.report.runs import FINAL, domains_of, finished, paired_scores, points

@@ -4,7 +4,7 @@ harness archives. It only reads."""
 import os
 import re
 
-from lib.run_folder.files import read_json, read_jsonl
+from lib.common.json_files import read_json, read_jsonl
 from lib.methods import run_names
 
 

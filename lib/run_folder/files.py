@@ -1,7 +1,6 @@
-"""Run-folder files: JSON and JSON Lines written atomically (a kill never leaves half a file) and read back
-with an error that names a damaged file and its fix; hard links; content hashes; and the paths a run folder
-stores, relative to it so that a moved folder resumes; content hashes (file_sha, adapter_id); and the checks that say, before a resume, whether a
-file it reads back (JSON, JSON Lines, safetensors, a torch file, an RSFT checkpoint) is whole."""
+"""Run-folder files: hard links; the paths a run folder stores, relative to it so that a moved folder resumes;
+content hashes (file_sha, adapter_id); and the checks that say, before a resume, whether a file it reads back
+(a JSON file, safetensors, a torch file, an RSFT checkpoint) is whole. JSON and JSON Lines files: lib/common.py."""
 
 import hashlib
 import json
@@ -11,60 +10,7 @@ import struct
 import zipfile
 from pathlib import Path
 
-
-def read_json(path, default=None):
-    """The JSON in path (default when there is none); a damaged file is an error naming it and the fix."""
-    path = Path(path)
-    if not path.exists():
-        return default
-    data = path.read_bytes()
-    try:
-        return json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        why = f"not UTF-8 text: byte {e.start}"
-    except json.JSONDecodeError as e:
-        why = "empty" if not data.strip() else e.msg
-    raise ValueError(f"damaged run file {path} ({why}): restore it, or start this run over in a fresh --out")
-
-
-def write_json(path, obj):
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)  # atomic, so a killed run never leaves half a file behind
-
-
-def read_jsonl(path, what="run file", fix="delete that line and rerun",
-               error="damaged {what} {path}: line {lineno} is not a JSON object: {fix}"):
-    """The JSON objects of a JSON Lines file ([] when there is none; blank lines skipped); a line that is not
-    a JSON object is an error naming the file, the line and the fix (`error` filled with what, path, lineno
-    and fix: a reader whose message reads otherwise passes its own)."""
-    if not os.path.exists(path):
-        return []
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                row = None
-            if not isinstance(row, dict):
-                raise ValueError(error.format(what=what, path=path, lineno=lineno, fix=fix))
-            rows.append(row)
-    return rows
-
-
-def write_jsonl(path, rows):
-    """path holds exactly these rows, swapped in by one rename."""
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
-
-
-def append_jsonl(path, row):
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
+from lib.common.json_files import damaged, json_object, read_json, sha256
 
 
 def swap_link(link, target):
@@ -99,14 +45,6 @@ def link_or_copy(src, dst):
         os.link(src, dst)
     except OSError:  # another file system, or none that has hard links
         shutil.copy2(src, dst)
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def stored_path(path, run_dir):
@@ -159,48 +97,6 @@ def adapter_id(folder):
 
 def start_over(out):
     return f"restore it, or delete {out} to start the run over"
-
-
-def damaged(path, why, fix):
-    return ValueError(f"damaged run file {path} ({why}): {fix}")
-
-
-# -----------------------------------------------------------------------------
-# one file: whole or an error naming it and the fix
-
-def json_object(path, fix, keys=()):
-    """The JSON object in path, holding `keys`; a missing file, bad JSON or another value is the error."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path} is missing: {fix}")
-    try:
-        value = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise damaged(path, "empty" if not path.read_bytes().strip() else f"not JSON: {e}", fix) from None
-    if not isinstance(value, dict):
-        raise damaged(path, f"a JSON {type(value).__name__}, not an object", fix)
-    lacking = [k for k in keys if k not in value]
-    if lacking:
-        raise damaged(path, f"no {', '.join(lacking)}", fix)
-    return value
-
-
-def jsonl_rows(path, fix):
-    """The rows of a JSON Lines file that must exist, each a JSON object."""
-    if not os.path.isfile(path):
-        raise ValueError(f"{path} is missing: {fix}")
-    try:
-        return read_jsonl(path, fix=fix)
-    except UnicodeDecodeError:
-        raise damaged(path, "not UTF-8 text", fix) from None
-
-
-def whole_jsonl(path, rows_expected):
-    """Whether a JSON Lines file exists with exactly `rows_expected` JSON objects (a cut file has fewer)."""
-    try:
-        return os.path.isfile(path) and len(read_jsonl(path)) == rows_expected
-    except (ValueError, OSError):
-        return False
 
 
 def check_safetensors(path, fix):
@@ -258,7 +154,7 @@ def check_same_model(out, model):
 
 
 # -----------------------------------------------------------------------------
-# an RSFT checkpoint and a harness archive, whole
+# an RSFT checkpoint, whole (a harness archive: lib/archive.py's check_archive)
 
 def check_checkpoint(out_dir, start_over=None):
     """A damaged run folder is an error naming the file and the fix (start_over: the caller's words for

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from lib.archive import check_archive
 from lib.cli import NO_RESULT_FLAGS
-from lib.run_folder.files import (append_jsonl, check_checkpoint, check_checkpoint_model, check_run_files, read_json,
-                                  read_jsonl, start_over, stored_path, write_json)
+from lib.common.json_files import append_jsonl, read_json, read_jsonl, write_json
+from lib.run_folder.files import check_checkpoint, check_checkpoint_model, check_run_files, start_over, stored_path
 
 # the row of a phase whose test evaluation the run skips (--test-evals ends: never the first or the last)
 NOT_EVALUATED = {"mean_at_k": None, "test_tasks": 0}

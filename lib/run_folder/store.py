@@ -19,7 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from lib.archive import check_archive
-from lib.run_folder.files import check_checkpoint_files, json_object, link_or_copy, read_json, whole_jsonl, write_json
+from lib.common.json_files import json_object, read_json, whole_jsonl, write_json
+from lib.run_folder.files import check_checkpoint_files, link_or_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMAGED = "it is removed and computed again"
