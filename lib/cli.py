@@ -24,7 +24,7 @@ from pathlib import Path
 
 from lib.methods import METHODS, WEIGHTS
 from lib.episodes.sandbox import InfrastructureError
-from lib.episodes.sandbox import SandboxError
+from lib.episodes.switches import SandboxError
 
 
 class Parser(argparse.ArgumentParser):
