@@ -19,7 +19,7 @@ keeping each `source`'s share, never the first N. The rewards are the official v
 - math: test = the GSM8K originals, or with --math-test-set generated 200 held-out generated
   problems of 1-2 steps; --math-max-steps N keeps only the bundled training problems of at most N
   steps (and so the harness set drawn from them); `python(code)` runs in a fresh OS sandbox
-  (lib/episodes/sandbox.py) with CPU, memory and output limits; reward = the last \\boxed{...} within the
+  (lib/episodes/python_tool.py) with CPU, memory and output limits; reward = the last \\boxed{...} within the
   answer's final 100 characters (nested braces handled) equals the gold answer as a string, white
   space included (math_dapo's strict box check).
 - chess: Lichess puzzles; the line's first move is the opponent's and is played before the agent
@@ -56,7 +56,7 @@ from lib.paper import paper_data
 from lib.paper.retriever import check_flags as check_retriever_flags, shared_retriever
 from lib.contract import check_harness_fits
 from lib.paper.judge import FLAGS as JUDGE_FLAGS, JUDGE_GROUP, judge_from_flags
-from lib.episodes.sandbox import PYTHON_TIMEOUT_S, run_python
+from lib.episodes.python_tool import PYTHON_TIMEOUT_S, run_python
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 SPLITS = ("train", "harness", "test")
@@ -355,7 +355,8 @@ class PythonTools:
         self.timeout_s = timeout_s
 
     def python(self, code):
-        """Run code; return its stdout and stderr (or an error text), cut to lib.episodes.sandbox.MAX_OUTPUT_CHARS."""
+        """Run code; return its stdout and stderr (or an error text), cut to
+        lib.episodes.python_tool.MAX_OUTPUT_CHARS."""
         return run_python(code, timeout_s=self.timeout_s)
 
 

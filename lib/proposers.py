@@ -21,7 +21,8 @@ import threading
 import time
 from pathlib import Path
 
-from lib.episodes import sandbox
+from lib.episodes import cgroups, sandbox, seccomp, switches
+from lib.episodes.egress import Egress, through_egress
 from lib.archive import log_cost
 from lib.briefs import BRIEFS, INSTRUCTIONS, NULL_RULES, llm_interface
 from lib.contract import ALLOWED_IMPORTS, MAX_HARNESS_CHARS
@@ -315,7 +316,7 @@ class Limits:
         size = self.max_file_mb << 20
         resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if not sandbox.cgroup_parents():
+        if not cgroups.cgroup_parents():
             data = self.memory_mb << 20
             resource.setrlimit(resource.RLIMIT_DATA, (data, data))
 
@@ -401,19 +402,19 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
     t0 = time.time()
     limits = Limits(cfg.proposer_memory_mb, cfg.proposer_max_procs, cfg.proposer_max_file_mb,
                     cfg.proposer_max_written_mb, base_bytes=usage(scratch)[0])
-    cgroup = sandbox.Cgroup(cfg.proposer_memory_mb << 20, cfg.proposer_max_procs)
-    fd = sandbox.no_fork_filter(no_fork=False, families=sandbox.HOST_NET_FAMILIES if net == "host" else
-                                sandbox.PROPOSER_FAMILIES)
+    cgroup = cgroups.Cgroup(cfg.proposer_memory_mb << 20, cfg.proposer_max_procs)
+    fd = seccomp.no_fork_filter(no_fork=False, families=seccomp.HOST_NET_FAMILIES if net == "host" else
+                                seccomp.PROPOSER_FAMILIES)
     sockets = tempfile.mkdtemp(prefix="whale-egress-", dir="/tmp")  # short: a socket's path has 107 bytes at most
-    sandboxed = not sandbox.disabled()
+    sandboxed = not switches.disabled()
     back = HandBack(taken_files(names)) if sandboxed else None
     try:
         if net == "endpoint" and sandboxed:
-            egress = sandbox.Egress(sockets, endpoints(cfg))
-            argv, proxy_env, sock = sandbox.through_egress(argv, egress)
+            egress = Egress(sockets, endpoints(cfg))
+            argv, proxy_env, sock = through_egress(argv, egress)
             env, ro = {**env, **proxy_env}, [*ro, sock]
         if sandboxed:  # its folder: a tmpfs of its bound beside the archive copy, filled and handed back by FOLDER
-            weak = not sandbox.cgroup_parents()  # --allow-weak-bounds: rlimits and FOLDER's count of files
+            weak = not cgroups.cgroup_parents()  # --allow-weak-bounds: rlimits and FOLDER's count of files
             argv = back.folder_argv(argv, work, cfg.proposer_max_procs if weak else 0,
                                     PROPOSER_MAX_FILES if weak else 0)
             folder = dict(extra=["--ro-bind", str(work), SEED], sized=[(work, limits.folder_bytes(work))])
@@ -571,8 +572,8 @@ class HandBack:
 
 def network(cfg):
     """none: an empty network namespace (command's default: it edits files); endpoint: that namespace with one
-    way out, sandbox.Egress, to endpoints(cfg) only (claude's default, and command's with --proposer-allow-host);
-    host: the host's network, loopback and private addresses included, only when the user asks for it."""
+    way out, lib/episodes/egress.Egress, to endpoints(cfg) only (claude's default, and command's with
+    --proposer-allow-host); host: the host's network, loopback and private addresses included, only when the user asks for it."""
     if cfg.proposer_network:
         return cfg.proposer_network
     return "endpoint" if cfg.proposer == "claude" or cfg.proposer_allow_host else "none"

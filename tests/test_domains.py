@@ -14,7 +14,7 @@ import chess
 import pytest
 
 import domains
-from lib.episodes import sandbox
+from lib.episodes import python_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALLOWED_IMPORTS = {"re", "json", "math", "random", "string", "collections", "itertools", "functools",
@@ -89,7 +89,7 @@ def test_cli_stats_show_and_errors(tmp_path):
     shutil.copy(os.path.join(ROOT, "domains.py"), tmp_path)
     shutil.copytree(os.path.join(ROOT, "scripts"), tmp_path / "scripts")
     shutil.copytree(os.path.join(ROOT, "lib"),
-                    tmp_path / "lib")  # domains.py imports lib.paper.paper_data and lib.episodes.sandbox
+                    tmp_path / "lib")  # domains.py imports lib.paper.paper_data and lib.episodes.python_tool
     (tmp_path / "data").mkdir()
     out = run_cli("show", "chess", cwd=tmp_path)
     assert out.returncode != 0 and "missing data file" in out.stderr and "python data/build.py" in out.stderr
@@ -336,9 +336,9 @@ def child_pids():
     ("while True:\n    print('x' * 100000)", r"output cut at \d+ chars"),  # the file size limit stops it
 ])
 def test_python_tool_contains_bad_code(code, expected):
-    out = sandbox.run_python(code, timeout_s=3)
+    out = python_tool.run_python(code, timeout_s=3)
     assert re.search(expected, out)
-    assert sandbox.run_python("print(6 * 7)", timeout_s=3) == "42\n"  # the caller is unharmed
+    assert python_tool.run_python("print(6 * 7)", timeout_s=3) == "42\n"  # the caller is unharmed
     assert child_pids() == []  # nothing left running, not even a zombie
 
 
@@ -348,8 +348,8 @@ def test_python_tool_output():
     assert "ZeroDivisionError" in tools.python("print(1 / 0)")
     assert "SyntaxError" in tools.python("print(")
     assert tools.python(12) == "error: code must be a string"
-    assert len(tools.python("print('x' * 100000)")) < sandbox.MAX_OUTPUT_CHARS + 100
-    assert "killed" in sandbox.run_python("import os\nos.abort()", timeout_s=3)
+    assert len(tools.python("print('x' * 100000)")) < python_tool.MAX_OUTPUT_CHARS + 100
+    assert "killed" in python_tool.run_python("import os\nos.abort()", timeout_s=3)
     d = domains.get("math")
     d.python_timeout_s = 3  # how tests and smoke runs shorten the 30 s limit
     assert d.tools({}).timeout_s == 3

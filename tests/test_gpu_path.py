@@ -19,7 +19,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 import domains
 from lib.backends import canary, engines, policy
 from lib.paper import paper_data, retriever
-from lib.episodes import sandbox
+from lib.common.errors import InfrastructureError
 from lib.backends.canary import EngineError
 
 # -----------------------------------------------------------------------------
@@ -767,7 +767,7 @@ def test_a_malformed_retriever_reply_is_infrastructure_after_its_retry():
         client = retriever.RetrieverClient(f"http://127.0.0.1:{server.server_port}/retrieve", retry_wait=0)
         with pytest.raises(retriever.MalformedReply, match=r"malformed reply \(KeyError: 'contents'\)") as e:
             client.search("x")
-        assert isinstance(e.value, sandbox.InfrastructureError) and log == [200, 200]
+        assert isinstance(e.value, InfrastructureError) and log == [200, 200]
     finally:
         server.shutdown()
 

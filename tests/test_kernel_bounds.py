@@ -18,13 +18,13 @@ import meta_harness as mh
 import rollout
 from fixtures import stand_ins
 from lib import proposers
-from lib.episodes import sandbox
+from lib.episodes import cgroups, egress, python_tool, sandbox, seccomp, switches
 from lib.ops import preflight
 from test_archive_security import processes_with
 from test_meta_harness import SEED, FakeDomain, FakeRollout, make_args
 from test_sandbox_bounds import CALLS, EchoDomain, numbers, run_confined
 
-needs_sandbox = pytest.mark.skipif(sandbox.disabled(), reason=f"{sandbox.OPT_OUT}=1: no OS boundary to test")
+needs_sandbox = pytest.mark.skipif(switches.disabled(), reason=f"{switches.OPT_OUT}=1: no OS boundary to test")
 MiB = 1 << 20
 
 
@@ -254,13 +254,13 @@ EAFNOSUPPORT = 97
 @needs_sandbox
 @pytest.mark.parametrize("kind", ["worker", "tool", "proposer"])
 def test_each_sandbox_opens_only_its_socket_families(kind):
-    families = {"worker": sandbox.WORKER_FAMILIES, "tool": sandbox.TOOL_FAMILIES,
-                "proposer": sandbox.PROPOSER_FAMILIES}[kind]
+    families = {"worker": seccomp.WORKER_FAMILIES, "tool": seccomp.TOOL_FAMILIES,
+                "proposer": seccomp.PROPOSER_FAMILIES}[kind]
     script = FAMILIES.replace("SOCKET_NR", str(numbers(["socket"])["socket"]))
     if kind == "tool":  # the python tool itself
-        found = json.loads(sandbox.run_python(script))
+        found = json.loads(python_tool.run_python(script))
     else:
-        fd = sandbox.no_fork_filter(kind != "proposer", families)
+        fd = seccomp.no_fork_filter(kind != "proposer", families)
         try:
             argv = sandbox.wrap([sandbox.python(), "-I", "-c", script], seccomp_fd=fd)
             found = json.loads(subprocess.run(argv, pass_fds=(fd,), capture_output=True, text=True, timeout=60,
@@ -276,8 +276,8 @@ def test_each_sandbox_opens_only_its_socket_families(kind):
 
 @needs_sandbox
 def test_inotify_is_denied_to_workers_and_the_tool():
-    found = json.loads(run_confined(CALLS, json.dumps(numbers(sandbox.NOTIFY_CALLS))).stdout)
-    assert [found[n] for n in sandbox.NOTIFY_CALLS] == [1, 1]  # EPERM
+    found = json.loads(run_confined(CALLS, json.dumps(numbers(seccomp.NOTIFY_CALLS))).stdout)
+    assert [found[n] for n in seccomp.NOTIFY_CALLS] == [1, 1]  # EPERM
 
 
 # -----------------------------------------------------------------------------
@@ -326,9 +326,9 @@ def rss_bytes():
 
 @needs_sandbox
 def test_the_egress_proxy_under_a_flood_stays_within_its_threads_and_memory(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "EGRESS_HEAD_S", 2.0)
+    monkeypatch.setattr(egress, "EGRESS_HEAD_S", 2.0)
     folder = tempfile.mkdtemp(prefix="whale-egress-", dir="/tmp")
-    egress = sandbox.Egress(folder, [])
+    proxy = egress.Egress(folder, [])
     threads0, rss0, peak = threading.active_count(), rss_bytes(), {"threads": 0, "rss": 0}
     done = threading.Event()
 
@@ -340,31 +340,31 @@ def test_the_egress_proxy_under_a_flood_stays_within_its_threads_and_memory(tmp_
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        done_flood = run_confined(FLOOD, egress.path, "5", str(sandbox.EGRESS_HEAD_S + 1), no_fork=False,
-                                  ro=[egress.path])
+        done_flood = run_confined(FLOOD, proxy.path, "5", str(egress.EGRESS_HEAD_S + 1), no_fork=False,
+                                  ro=[proxy.path])
         denied, closed, idle, answered_after = map(int, done_flood.stdout.split() or [0] * 4)
         assert denied > 0 and idle == 1000 and answered_after == 1, (done_flood.stdout, done_flood.stderr[-500:])
     finally:
         done.set()
         sampler.join()
-        egress.close()
+        proxy.close()
     # every connection: its thread and, once through, one more; heads of at most 64 KiB each
-    assert peak["threads"] <= 2 * sandbox.EGRESS_CONNECTIONS + 1, peak
+    assert peak["threads"] <= 2 * egress.EGRESS_CONNECTIONS + 1, peak
     assert peak["rss"] <= 64 * MiB, peak["rss"] / MiB
-    assert len(egress.refused) <= sandbox.EGRESS_REFUSED_KEPT and all(len(r) <= 200 for r in egress.refused)
-    assert egress.refusals >= denied
+    assert len(proxy.refused) <= egress.EGRESS_REFUSED_KEPT and all(len(r) <= 200 for r in proxy.refused)
+    assert proxy.refusals >= denied
 
 
 @pytest.mark.parametrize("address", ["::127.0.0.1", "::ffff:0:7f00:1", "::ffff:127.0.0.1", "64:ff9b::a9fe:a9fe",
                                      "64:ff9b:1::a9fe:a9fe", "2002:7f00:1::1", "2002:a9fe:a9fe::", "fec0::1",
                                      "2001:0:4136:e378:8000:63bf:3fff:fdd2", "::1", "169.254.169.254", "10.0.0.1"])
 def test_public_refuses_every_form_that_embeds_a_private_address(address):
-    assert not sandbox.public(address)
+    assert not egress.public(address)
 
 
 @pytest.mark.parametrize("address", ["8.8.8.8", "2606:4700::1111", "64:ff9b::808:808", "2002:808:808::1"])
 def test_public_keeps_public_addresses(address):
-    assert sandbox.public(address)
+    assert egress.public(address)
 
 
 # -----------------------------------------------------------------------------
@@ -372,10 +372,10 @@ def test_public_keeps_public_addresses(address):
 
 @pytest.fixture
 def no_cgroup(monkeypatch):
-    monkeypatch.setattr(sandbox, "cgroup_parents", lambda: [])
+    monkeypatch.setattr(cgroups, "cgroup_parents", lambda: [])
     # recorded first, so the variable is back as it was after the test (apply_args sets it directly)
-    monkeypatch.setenv(sandbox.WEAK_BOUNDS, "0")
-    monkeypatch.delenv(sandbox.WEAK_BOUNDS)
+    monkeypatch.setenv(switches.WEAK_BOUNDS, "0")
+    monkeypatch.delenv(switches.WEAK_BOUNDS)
     sandbox.check.cache_clear()
     yield monkeypatch
     sandbox.check.cache_clear()
@@ -389,7 +389,7 @@ def test_without_a_cgroup_the_preflight_stops_naming_the_opt_in(no_cgroup):
     assert "\n" not in str(e.value) and "--allow-weak-bounds" in str(e.value) and "Delegate=yes" in str(e.value)
     sandbox.check.cache_clear()
     line = preflight.check_sandbox(SimpleNamespace(unsafe_no_sandbox=False, allow_weak_bounds=True))
-    assert os.environ[sandbox.WEAK_BOUNDS] == "1" and "no writable cgroup (--allow-weak-bounds)" in line
+    assert os.environ[switches.WEAK_BOUNDS] == "1" and "no writable cgroup (--allow-weak-bounds)" in line
 
 
 WEAK = '''"""Undoes the worker's audit hook, then tries each bound a cgroup would hold."""
@@ -430,7 +430,7 @@ def run(task, llm, tools):
 
 @needs_sandbox
 def test_with_the_opt_in_the_fallback_bounds_hold_in_each_sandbox(no_cgroup, search, tmp_path):
-    no_cgroup.setenv(sandbox.WEAK_BOUNDS, "1")
+    no_cgroup.setenv(switches.WEAK_BOUNDS, "1")
     # a harness worker: open files (which bound the bytes it can queue in pipes), no /tmp to fill with inodes,
     # its threads under RLIMIT_NPROC (the kernel exempts only root, whom a laptop run is not)
     harness = tmp_path / "weak.py"
@@ -443,9 +443,10 @@ def test_with_the_opt_in_the_fallback_bounds_hold_in_each_sandbox(no_cgroup, sea
     assert log["tmp_file"].startswith("error OSError: [Errno 30] Read-only file system"), log
     assert log["nproc"] == "(256, 256)", log
     # the python tool: the same, in its own sizes
-    out = sandbox.run_python("import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE)[0], "
-                             "resource.getrlimit(resource.RLIMIT_NPROC)[0])\nopen('/tmp/x', 'w')")
-    assert f"{sandbox.SANDBOX_OPEN_FILES} {sandbox.PYTHON_TASKS}" in out.splitlines() and "Read-only file system" in out
+    out = python_tool.run_python("import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE)[0], "
+                                 "resource.getrlimit(resource.RLIMIT_NPROC)[0])\nopen('/tmp/x', 'w')")
+    assert f"{sandbox.SANDBOX_OPEN_FILES} {python_tool.PYTHON_TASKS}" in out.splitlines()
+    assert "Read-only file system" in out
     # a proposer: 1 GiB into /dev/shm stops at its size; its processes under RLIMIT_NPROC
     run_dir = search("shm", proposer_max_procs=48, proposer_max_file_mb=256)  # the file bound above /dev/shm's
     notes = json.loads((run_dir / "notes.md").read_text())
@@ -455,6 +456,6 @@ def test_with_the_opt_in_the_fallback_bounds_hold_in_each_sandbox(no_cgroup, sea
 
 @needs_sandbox
 def test_with_the_opt_in_a_proposers_empty_files_are_counted_and_stopped(no_cgroup, search):
-    no_cgroup.setenv(sandbox.WEAK_BOUNDS, "1")
+    no_cgroup.setenv(switches.WEAK_BOUNDS, "1")
     with pytest.raises(SystemExit, match=r"last: made more than 65536 files \(its folder, /tmp and /dev/shm\)"):
         search("files", proposer_max_written_mb=64)

@@ -17,7 +17,7 @@ import meta_harness as mh
 from fixtures import stand_ins
 from fixtures.configs import search_config
 from lib import contract, mutate, openai_proposer, proposers
-from lib.episodes import sandbox
+from lib.episodes import sandbox, switches
 
 SEED = textwrap.dedent('''\
     """Fake harness for tests: one model call."""
@@ -434,7 +434,7 @@ CLAUDE_STAND_IN = textwrap.dedent('''\
 
 
 # the stand-in checks that it cannot see the project, which only holds inside the OS sandbox
-needs_sandbox = pytest.mark.skipif(sandbox.disabled(), reason=f"{sandbox.OPT_OUT}=1: no OS boundary to test")
+needs_sandbox = pytest.mark.skipif(switches.disabled(), reason=f"{switches.OPT_OUT}=1: no OS boundary to test")
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ import plan
 import presets
 import whale
 from lib.paper import retriever
-from lib.episodes import sandbox
+from lib.common.errors import SandboxError
+from lib.episodes import sandbox, switches
 from lib.ops import hub, preflight
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -357,7 +358,7 @@ def test_command_proposer_program_as_the_sandbox_finds_it(tmp_path, monkeypatch)
 
 def test_sandbox_refused_is_the_line_naming_the_opt_out(monkeypatch):
     def refused():
-        raise sandbox.SandboxError(sandbox.unavailable("bwrap: setting up uid map: Permission denied"))
+        raise SandboxError(switches.unavailable("bwrap: setting up uid map: Permission denied"))
     monkeypatch.setattr(sandbox, "check", refused)
     ok, line = check(preflight.check_sandbox, run_args())
     assert not ok and "Permission denied" in line and "--unsafe-no-sandbox" in line

@@ -1,5 +1,5 @@
 """Tests for the OS boundary around untrusted code (lib/episodes/sandbox.py, lib/episodes/harness_process.py,
-lib/episodes/worker_pool.py, run_python): one hostile harness or code snippet per attack class of issue 11, each
+lib/episodes/worker_pool.py, lib/episodes/python_tool.py): one hostile harness or code snippet per attack class of issue 11, each
 asserting the real outcome.
 
     python -m pytest -q tests/test_sandbox.py
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import rollout
-from lib.episodes import sandbox, worker_pool
+from lib.common.errors import SandboxError
+from lib.episodes import python_tool, sandbox, switches, worker_pool
 from lib.backends.hf_backend import HFBackend
 from lib.backends.models import load_model
 
@@ -307,7 +308,7 @@ attempt("fork", os.fork)
 open("/tmp/left-behind", "w").write("state")
 '''
     try:
-        out = dict(line.split(" ", 1) for line in sandbox.run_python(code, timeout_s=10).splitlines())
+        out = dict(line.split(" ", 1) for line in python_tool.run_python(code, timeout_s=10).splitlines())
         with pytest.raises(BlockingIOError):
             listener.accept()
     finally:
@@ -317,7 +318,7 @@ open("/tmp/left-behind", "w").write("state")
     assert out["tcp_host"].startswith("error") and out["tcp_internet"].startswith("error"), out
     assert not (REPO / "harnesses" / "evil.py").exists()
     # a fresh sandbox per call: the last call's file is gone
-    assert "FileNotFoundError" in sandbox.run_python("print(open('/tmp/left-behind').read())", timeout_s=10)
+    assert "FileNotFoundError" in python_tool.run_python("print(open('/tmp/left-behind').read())", timeout_s=10)
 
 
 # -----------------------------------------------------------------------------
@@ -348,20 +349,20 @@ time.sleep(60)
 
 
 def test_sandbox_fails_closed_naming_the_opt_out(monkeypatch, capsys):
-    monkeypatch.delenv(sandbox.OPT_OUT, raising=False)
+    monkeypatch.delenv(switches.OPT_OUT, raising=False)
     monkeypatch.setattr(sandbox, "bwrap", lambda: None)
     sandbox.check.cache_clear()
     try:
-        with pytest.raises(sandbox.SandboxError, match="--unsafe-no-sandbox"):
+        with pytest.raises(SandboxError, match="--unsafe-no-sandbox"):
             sandbox.check()
         with pytest.raises(SystemExit, match=r"cannot start here \(no bwrap binary.*--unsafe-no-sandbox"):
             sandbox.apply_args(type("Args", (), {"unsafe_no_sandbox": False})())
         sandbox.check.cache_clear()
         sandbox.apply_args(type("Args", (), {"unsafe_no_sandbox": True})())  # the opt-out: runs, and says so
-        assert os.environ[sandbox.OPT_OUT] == "1" and "WITHOUT the OS sandbox" in capsys.readouterr().err
+        assert os.environ[switches.OPT_OUT] == "1" and "WITHOUT the OS sandbox" in capsys.readouterr().err
         assert sandbox.wrap(["true"])[:2] == ["env", "-i"]
     finally:
-        os.environ.pop(sandbox.OPT_OUT, None)
+        os.environ.pop(switches.OPT_OUT, None)
         sandbox.check.cache_clear()
 
 

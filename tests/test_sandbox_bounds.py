@@ -17,16 +17,16 @@ import pytest
 import meta_harness as mh
 import rollout
 from fixtures import stand_ins
-from lib.episodes import sandbox
+from lib.episodes import cgroups, python_tool, sandbox, seccomp, switches
 from lib.contract import check_harness
 from lib.common.json_files import read_json
 from lib.episodes.runner import MAX_CHARS, TRACE_RECORD_BYTES
 from test_archive_security import processes_with
 from test_meta_harness import SEED, FakeDomain, FakeRollout, make_args
 
-needs_sandbox = pytest.mark.skipif(sandbox.disabled(), reason=f"{sandbox.OPT_OUT}=1: no OS boundary to test")
-needs_cgroup = pytest.mark.skipif(not sandbox.cgroup_parents(), reason="no writable cgroup on this host: "
-                                  "the fallback bounds apply (lib/episodes/sandbox.memory_bound)")
+needs_sandbox = pytest.mark.skipif(switches.disabled(), reason=f"{switches.OPT_OUT}=1: no OS boundary to test")
+needs_cgroup = pytest.mark.skipif(not cgroups.cgroup_parents(), reason="no writable cgroup on this host: "
+                                  "the fallback bounds apply (lib/episodes/cgroups.memory_bound)")
 
 # each call, with zero arguments: the filter answers before the kernel reads them
 CALLS = r"""
@@ -56,7 +56,7 @@ def numbers(names):
 def run_confined(script, *args, no_fork=True, cgroup=None, **wrap_kw):
     """script in a sandbox as a harness worker's (no_fork: its filter, the standard library only, read-only
     /dev) or a proposer's (no_fork=False). -> CompletedProcess."""
-    fd = sandbox.no_fork_filter(no_fork, sandbox.WORKER_FAMILIES if no_fork else sandbox.PROPOSER_FAMILIES)
+    fd = seccomp.no_fork_filter(no_fork, seccomp.WORKER_FAMILIES if no_fork else seccomp.PROPOSER_FAMILIES)
     try:
         argv = sandbox.wrap([sandbox.python(), "-I", "-c", script, *args], seccomp_fd=fd, packages=not no_fork,
                             ro_dev=no_fork, cgroup=cgroup, **wrap_kw)
@@ -68,7 +68,7 @@ def run_confined(script, *args, no_fork=True, cgroup=None, **wrap_kw):
 @needs_sandbox
 @pytest.mark.parametrize("no_fork", [True, False], ids=["worker", "proposer"])
 def test_each_denied_syscall_gets_eperm_inside_the_sandbox(no_fork):
-    names = sandbox.DENIED_CALLS + (sandbox.IPC_CALLS + sandbox.NOTIFY_CALLS if no_fork else ())
+    names = seccomp.DENIED_CALLS + (seccomp.IPC_CALLS + seccomp.NOTIFY_CALLS if no_fork else ())
     done = run_confined(CALLS, json.dumps(numbers(names)), no_fork=no_fork)
     found = json.loads(done.stdout)
     eperm = 1
@@ -126,7 +126,7 @@ def test_shared_memory_is_refused_to_workers():
 def test_shared_memory_past_a_cgroup_bound_kills_the_sandbox_and_is_freed():
     # a proposer's sandbox may use SysV IPC: its cgroup counts it, and the kernel kills the sandbox at the bound
     before = shmem_kib()
-    cgroup = sandbox.Cgroup(256 << 20, 64)
+    cgroup = cgroups.Cgroup(256 << 20, 64)
     try:
         done = run_confined(SHM, "32", no_fork=False, cgroup=cgroup)  # 1 GiB asked under 256 MiB
         events = cgroup.events()
@@ -141,7 +141,7 @@ def test_shared_memory_past_a_cgroup_bound_kills_the_sandbox_and_is_freed():
 def test_the_python_tool_gets_no_shared_memory():
     code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             "print(libc.shmget(0, 1 << 20, 0o1600), ctypes.get_errno(), libc.memfd_create(b'm', 0), ctypes.get_errno())")
-    assert sandbox.run_python(code).split() == ["-1", "1", "-1", "1"]
+    assert python_tool.run_python(code).split() == ["-1", "1", "-1", "1"]
 
 
 @needs_sandbox
@@ -159,9 +159,9 @@ def test_a_workers_sandbox_is_bounded_as_a_whole_and_its_group_goes_with_it():
     w = worker_pool.Worker()
     folders = list(w.cgroup.folders)
     try:
-        assert limits() == [worker_pool.WORKER_MEMORY_MAX + sandbox.CGROUP_SLACK_BYTES]
+        assert limits() == [worker_pool.WORKER_MEMORY_MAX + cgroups.CGROUP_SLACK_BYTES]
         w.limit_memory(256 << 20)  # as the runner does when it sends the episode
-        assert limits() == [(256 << 20) + sandbox.CGROUP_SLACK_BYTES]
+        assert limits() == [(256 << 20) + cgroups.CGROUP_SLACK_BYTES]
         assert worker_pool.readable(w.rfd, 60) and os.read(w.rfd, 100) == b'{"ready": true}\n'
         procs = [open(os.path.join(f, "cgroup.procs")).read().split() for f in folders]
         assert all(str(w.proc.pid) in p and len(p) == 3 for p in procs)  # bwrap, its init, the worker
@@ -176,9 +176,9 @@ def test_tmp_cannot_take_more_than_its_size():
     before = shmem_kib()
     code = ("import os\nn = 0\ntry:\n    for n in range(100_000):\n        os.symlink('x' * 3000, f'/tmp/l{n}')\n"
             "except OSError as e:\n    print(n, e.strerror)\n")
-    out = sandbox.run_python(code, timeout_s=60)
+    out = python_tool.run_python(code, timeout_s=60)
     made, why = out.split(" ", 1)
-    if not sandbox.cgroup_parents():  # --allow-weak-bounds: no cgroup would count its inodes, so no /tmp to write
+    if not cgroups.cgroup_parents():  # --allow-weak-bounds: no cgroup would count its inodes, so no /tmp to write
         assert (made, why.strip()) == ("0", "Read-only file system"), out
     else:
         assert why.strip() == "No space left on device" and int(made) <= sandbox.TMP_BYTES // 4096, out
@@ -407,10 +407,10 @@ def test_a_fifo_or_a_folder_as_harness_is_not_a_regular_file(tmp_path):
 
 @needs_sandbox
 def test_without_a_writable_cgroup_the_fallback_bounds_hold_and_the_preflight_says_so(monkeypatch):
-    monkeypatch.setattr(sandbox, "cgroup_parents", lambda: [])
-    cgroup = sandbox.Cgroup(1 << 30, 64)
+    monkeypatch.setattr(cgroups, "cgroup_parents", lambda: [])
+    cgroup = cgroups.Cgroup(1 << 30, 64)
     assert cgroup.folders == [] and cgroup.enter(["true"]) == ["true"] and cgroup.events() == {}
-    assert sandbox.memory_bound().startswith("no writable cgroup (--allow-weak-bounds): per-process limits")
-    out = sandbox.run_python("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-                             "print(libc.shmget(0, 1 << 20, 0o1600), ctypes.get_errno())\nprint(sum(range(10)))")
+    assert cgroups.memory_bound().startswith("no writable cgroup (--allow-weak-bounds): per-process limits")
+    out = python_tool.run_python("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                                 "print(libc.shmget(0, 1 << 20, 0o1600), ctypes.get_errno())\nprint(sum(range(10)))")
     assert out.split() == ["-1", "1", "45"]  # the tool works; shared memory is still refused by the filter

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lib.episodes import sandbox
+from lib.episodes import cgroups, sandbox, switches
 from lib.contract import ALLOWED_IMPORTS, check_harness
 from lib.backends.models import chat_ids, thinking_switch
 from lib.common.errors import InfrastructureError
@@ -412,7 +412,7 @@ class Runner:
         self.n_workers = min(self.n_workers, len(episodes))
         self.memory_bytes = worker_memory_bytes(self.n_workers)
         # a worker's threads: its cgroup's pids.max, else (--allow-weak-bounds) RLIMIT_NPROC
-        self.weak_tasks = 0 if sandbox.cgroup_parents() or sandbox.disabled() else WORKER_TASKS
+        self.weak_tasks = 0 if cgroups.cgroup_parents() or switches.disabled() else WORKER_TASKS
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         self.wake_lock = threading.Lock()

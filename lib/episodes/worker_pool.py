@@ -19,7 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-from lib.episodes.sandbox import CGROUP_SLACK_BYTES, Cgroup, kill as kill_sandbox, python, start_one_process
+from lib.episodes.cgroups import CGROUP_SLACK_BYTES, Cgroup
+from lib.episodes.sandbox import kill as kill_sandbox, python, start_one_process
 
 WORKER_PY = str(Path(__file__).resolve().with_name("harness_process.py"))
 WORKER_MEMORY_SHARE = 0.25  # of the machine's RAM: one budget for all concurrent harness workers together

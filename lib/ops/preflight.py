@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 
 from lib.backends import models, ranks
-from lib.episodes import sandbox, worker_pool
+from lib.episodes import cgroups, sandbox, switches, worker_pool
 from lib.methods import HARNESS, METHODS, WEIGHTS
 from lib.ops import compiler, driver, time_model
 from lib.ops.hub import GPU_EXTRA, cached_model_bytes, dataset_status, hub_status, is_local, model_bytes
@@ -383,9 +383,9 @@ def check_sandbox(args):
         sandbox.apply_args(args)  # --unsafe-no-sandbox, then one confined interpreter under the no-fork filter
     except SystemExit as e:
         raise Failed(str(e)) from None
-    if sandbox.disabled():
-        return f"OFF ({sandbox.OPT_OUT}=1): harness code runs without the OS sandbox"
-    return f"bubblewrap starts a confined python under the no-fork filter; memory bound: {sandbox.memory_bound()}"
+    if switches.disabled():
+        return f"OFF ({switches.OPT_OUT}=1): harness code runs without the OS sandbox"
+    return f"bubblewrap starts a confined python under the no-fork filter; memory bound: {cgroups.memory_bound()}"
 
 
 def check_open_files(runs):

@@ -1,0 +1,101 @@
+"""
+The kernel calls a sandbox may make: seccomp filters (libseccomp through pyseccomp) that bwrap installs before the
+command's first instruction.
+
+    from lib.episodes.seccomp import no_fork_filter, PROPOSER_FAMILIES
+    fd = no_fork_filter()                                    # a harness worker: one process, no socket
+    fd = no_fork_filter(no_fork=False, families=PROPOSER_FAMILIES)   # a proposer: may start processes
+    argv = sandbox.wrap(argv, seccomp_fd=fd)                 # fd in Popen's pass_fds; close it after the start
+
+Every filter denies the kernel surface no harness needs (DENIED_CALLS: ptrace, io_uring, keyctl, bpf, mounts,
+namespaces, ...: EPERM, and a clone that asks for a namespace) and every socket family the sandbox does not use
+(EAFNOSUPPORT; WORKER_FAMILIES: none; TOOL_FAMILIES; PROPOSER_FAMILIES; HOST_NET_FAMILIES). The no-fork filter, under
+which sandbox.start_one_process starts every harness worker and the python tool, refuses fork, vfork and clone without
+CLONE_THREAD, so each is one process while threads still work, and the calls whose bounds RLIMIT_AS and the user's
+counts would not see: IPC_CALLS (memory outside any address space) and NOTIFY_CALLS (inotify instances).
+"""
+import errno
+import os
+import socket
+import tempfile
+from functools import lru_cache
+
+from lib.common.errors import SandboxError
+from lib.episodes.switches import disabled, unavailable
+
+CLONE_THREAD = 0x10000
+# Kernel surface no harness, tool or proposer needs: each gets EPERM under every filter below. Tracing and reading
+# other processes (the sandbox's own bwrap included), io_uring, the kernel keyring, eBPF, perf, userfaultfd,
+# mounts and namespaces (bwrap's --disable-userns stops nested user namespaces too), kexec and modules, and
+# the rest of the administrator's calls.
+DENIED_CALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "io_uring_setup",
+                "io_uring_enter", "io_uring_register", "keyctl", "add_key", "request_key", "bpf", "perf_event_open",
+                "userfaultfd", "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen",
+                "fsmount", "fspick", "mount_setattr", "unshare", "setns", "kexec_load", "kexec_file_load",
+                "init_module", "finit_module", "delete_module", "open_by_handle_at", "name_to_handle_at",
+                "fanotify_init", "swapon", "swapoff", "reboot", "quotactl", "acct", "syslog", "iopl", "ioperm",
+                "vhangup", "settimeofday", "clock_settime", "adjtimex", "clock_adjtime")
+# Memory held outside any process's address space (SysV shared memory, message queues, semaphores, memfd):
+# denied to harness workers and the python tool, whose RLIMIT_AS would not see it. Proposers keep them (an
+# agent's runtime may use them): their cgroup counts them where the host has one.
+IPC_CALLS = ("shmget", "shmat", "msgget", "semget", "memfd_create", "memfd_secret")
+# Watches on the user's files: inotify instances are counted per user, host and sandbox together, so one sandbox
+# could take them all (a host process of the same user then gets EMFILE). Denied to workers and the tool.
+NOTIFY_CALLS = ("inotify_init", "inotify_init1")
+# The socket families each sandbox may open; socket() and socketpair() of any other fail with EAFNOSUPPORT (vsock,
+# a channel to a VM's host; packet; alg; netlink; ...). Harness workers: none (they talk over pipes); the python
+# tool: AF_UNIX (asyncio's wake-up is a socket pair); proposers: AF_UNIX, AF_INET, AF_INET6 (the bridge to the
+# egress proxy, an agent's own loopback), and AF_NETLINK with the host's network (the C library asks the
+# kernel for the host's addresses there).
+WORKER_FAMILIES = ()
+TOOL_FAMILIES = (socket.AF_UNIX,)
+PROPOSER_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
+HOST_NET_FAMILIES = PROPOSER_FAMILIES + (socket.AF_NETLINK,)
+AF_LIMIT = 64  # above every family Linux has (46 in 6.x): a larger domain argument is refused whatever it is
+# CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
+CLONE_NAMESPACES = (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000)
+
+
+@lru_cache(maxsize=8)
+def filter_program(no_fork=True, families=WORKER_FAMILIES):
+    """A compiled seccomp filter. Every filter: DENIED_CALLS fail with EPERM, and so does a clone that asks for a
+    namespace; socket() and socketpair() only for `families`. no_fork (harness workers, the python tool):
+    IPC_CALLS and NOTIFY_CALLS too, and fork, vfork and clone without CLONE_THREAD fail with EPERM; clone3 says
+    ENOSYS, so the C library falls back to clone and threads still start. (exec stays allowed: bwrap execs the
+    command under the filter, and an exec only replaces the one process, rlimits and all.)"""
+    try:
+        import pyseccomp as seccomp
+        rules = seccomp.SyscallFilter(seccomp.ALLOW)
+        for call in DENIED_CALLS + (IPC_CALLS + NOTIFY_CALLS if no_fork else ()):
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), call)
+        for call in ("socket", "socketpair"):  # one rule a refused family; the whole 64-bit argument is compared
+            refuse = seccomp.ERRNO(errno.EAFNOSUPPORT)
+            for family in sorted(set(range(AF_LIMIT)) - set(families)):
+                rules.add_rule(refuse, call, seccomp.Arg(0, seccomp.EQ, family))
+            rules.add_rule(refuse, call, seccomp.Arg(0, seccomp.GE, AF_LIMIT))
+        for flag in CLONE_NAMESPACES:  # one rule a flag: any of them set is refused
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+        # clone3 passes its flags in memory a filter cannot read: ENOSYS sends the C library to clone
+        rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+        if no_fork:
+            for call in ("fork", "vfork"):
+                rules.add_rule(seccomp.ERRNO(errno.EPERM), call)
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, 0))
+        with tempfile.TemporaryFile() as f:
+            rules.export_bpf(f)
+            f.seek(0)
+            return f.read()
+    except (ImportError, OSError, RuntimeError, ValueError) as e:
+        raise SandboxError(unavailable(f"no seccomp filter: {type(e).__name__}: {e}; pip install pyseccomp and "
+                                       f"the system's libseccomp2")) from None
+
+
+def no_fork_filter(no_fork=True, families=WORKER_FAMILIES):
+    """A fresh pipe's read end holding the filter, for wrap(seccomp_fd=...): bwrap reads it once at start.
+    no_fork=False: the filter for proposers (DENIED_CALLS only; they may start processes). families: the socket
+    families it may open (WORKER_FAMILIES, TOOL_FAMILIES, PROPOSER_FAMILIES)."""
+    program = b"" if disabled() else filter_program(no_fork, tuple(families))
+    r, w = os.pipe()
+    os.write(w, program)  # a few hundred bytes: fits the pipe's buffer
+    os.close(w)
+    return r
