@@ -246,7 +246,7 @@ def run(cfg, domain, policy):
             harness = ledger.harness
         else:  # Meta-Harness rounds from the current harness under the current weights; its winner goes on
             harness, row = harness_phase(cfg, store, ledger, policy, domain, weights_id(trainer), rounds)
-        rounds_done = ledger.rounds + row.get("iterations", 0)
+        rounds_done = ledger.rounds + row.get("rounds", 0)
 
         # the phase's end: its test evaluation (--test-evals ends: the last phase's only), then its row
         stats = NOT_EVALUATED
@@ -318,7 +318,7 @@ def harness_phase(cfg, store, ledger, policy, domain, weights, rounds):
     if item is None or about(item)["rounds"] < result["rounds"]:  # a longer search of the same start
         store.put("search", key, folder, real_copies=True, about={
             "run": os.path.abspath(cfg.out), "rounds": result["rounds"], "candidates": cfg.search.candidates})
-    return result["winner"], {"iterations": result["rounds"] - before, "archive": archive,
+    return result["winner"], {"rounds": result["rounds"] - before, "archive": archive,
                               "archive_rounds": result["rounds"], "archive_rollouts": result["rollouts"],
                               "harness_score": result["score"],
                               "winner": stored_path(result["winner"], cfg.out)}

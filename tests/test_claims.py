@@ -80,7 +80,7 @@ def weight_phases(final, rollouts=200):
 def alternation(final, rollouts, archive_scores, mid=None):
     """WHALE: weight (2 steps), harness (1 round, 10 rollouts), weight (2 steps); an archive of h0 and one round."""
     phases = [("weight", 100, mid, {"step": 2}),
-              ("harness", 110, None, {"step": 2, "iterations": 1, "archive": "harness_w1"}),
+              ("harness", 110, None, {"step": 2, "rounds": 1, "archive": "harness_w1"}),
               ("weight", rollouts, final, {"step": 4})]
     steps = [(1, 50, 0.1), (2, 100, 0.2), (3, 150, 0.3), (4, 200, 0.4)]
     return phases, steps, {"harness_w1": {"h0": (0, NOTHING), "h1_1": (1, archive_scores)}}
@@ -91,7 +91,7 @@ def make_runs(root):
     # searchqa: harness-only reaches weight-only's 0.5 at 100 rollouts (weight-only spends 200) and its search
     # beats h0 under the base weights; WHALE ends at 0.9, above every baseline
     write_run(root, "searchqa", "weight-only", weight_phases(const(0.5)), steps)
-    write_run(root, "searchqa", "harness-only", [("harness", 100, const(0.5), {"iterations": 1,
+    write_run(root, "searchqa", "harness-only", [("harness", 100, const(0.5), {"rounds": 1,
                                                                                "archive": "harness_w0"})],
               archives={"harness_w0": {"h0": (0, NOTHING), "h1_1": (1, EVERYTHING)}})
     write_run(root, "searchqa", "fast-slow", weight_phases(const(0.5)), steps)
@@ -102,7 +102,7 @@ def make_runs(root):
     # harness-only (0.25, never reaching weight-only) and stagewise (0.25) but spends more rollouts than
     # stagewise; fast-slow did not run; only WHALE's search (after a weight phase) beats its h0
     write_run(root, "math", "weight-only", weight_phases(const(0.5)), steps)
-    write_run(root, "math", "harness-only", [("harness", 100, const(0.25), {"iterations": 1,
+    write_run(root, "math", "harness-only", [("harness", 100, const(0.25), {"rounds": 1,
                                                                             "archive": "harness_w0"})],
               archives={"harness_w0": {"h0": (0, NOTHING), "h1_1": (1, NOTHING)}})
     write_run(root, "math", "stagewise", weight_phases(const(0.25)), steps)

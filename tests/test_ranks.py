@@ -19,9 +19,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(ROOT, "tests", "fixtures", "ranks_run.py")
 LAUNCH_S = 240  # the most one launch may take on a busy 2-core machine; a hang shows as this timeout
 # the DP update sums each gradient in another order (its ranks' shares, then the all-reduce), and the shared prompt
-# prefix runs per share: after 8 optimizer steps at lr 1e-4 the LoRA weights agree with one process to this, 1 % of
-# what one AdamW step may move a weight (measured: 8e-8; the lora_B weights have grown to ~6e-4)
-WEIGHT_TOLERANCE = 1e-6
+# prefix runs per share. AdamW divides each gradient by its own running size, so a weight whose gradient is near
+# zero moves by a rounding's whim: after 8 optimizer steps at lr 1e-4, 111 of 65,536 lora_A weights differ by up to
+# 1.9e-5 on an AVX-512 Xeon (8e-8 on another CPU). The update as a whole agrees: measured there, lora_B (which
+# starts at zero, so it is the update itself) to a relative norm of 6e-5, the LoRA weights to 4e-6
+UPDATE_TOLERANCE, WEIGHT_TOLERANCE = 1e-3, 1e-4  # relative norms
 
 
 def torchrun(*args, cwd=ROOT):
@@ -42,6 +44,13 @@ def adapter(out):
     return load_file(os.path.join(out, "ckpt", "adapter", "adapter_model.safetensors"))
 
 
+def relative_gap(mine, theirs, part="lora_"):
+    """||mine - theirs|| / ||theirs|| over the adapter's weights whose names hold `part`."""
+    keys = [k for k in theirs if part in k]
+    gap = torch.cat([(mine[k] - theirs[k]).flatten() for k in keys]).norm()
+    return (gap / torch.cat([theirs[k].flatten() for k in keys]).norm()).item()
+
+
 def losses(out):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [json.loads(line)["loss"] for line in f]
@@ -59,7 +68,7 @@ def test_the_update_over_two_ranks_equals_one_process_and_resumes_exactly_across
     assert [r["optimizer_steps"] for r in rows] == [3, 3, 2] and rows[0]["accept_rate"] == 9 / 12
     assert losses(two) == pytest.approx(losses(one), rel=1e-6)
     mine, theirs = adapter(two), adapter(one)
-    assert max((mine[k] - theirs[k]).abs().max().item() for k in theirs) < WEIGHT_TOLERANCE
+    assert relative_gap(mine, theirs, "lora_B") < UPDATE_TOLERANCE and relative_gap(mine, theirs) < WEIGHT_TOLERANCE
     assert any(not torch.equal(mine[k], theirs[k]) for k in theirs)  # two ranks did sum in another order
     follower = torch.load(os.path.join(two, "rank1.pt"))  # rank 1 took the same steps: the same weights, bit for bit
     assert len(follower) == len(mine) and all(torch.equal(follower[k.replace(".weight", ".default.weight")], mine[k])

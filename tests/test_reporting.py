@@ -77,7 +77,7 @@ def write_run(out, steps=2, half_line=False):
     rows = [{"event": "start", "weight_steps": 4}, {"event": "eval", "phase": 0, "kind": "start", "step": 0,
                                                     "rollouts": 0, "mean_at_k": 0.125, "k": 8},
             {"event": "eval", "phase": 1, "kind": "harness", "step": 0, "rollouts": 16, "mean_at_k": 0.25,
-             "harness_score": 0.5, "iterations": 1, "winner": "x.py"}]
+             "harness_score": 0.5, "rounds": 1, "winner": "x.py"}]
     text = "".join(json.dumps(r) + "\n" for r in rows)
     (out / "metrics.jsonl").write_text(text + ('{"event": "eval", "pha' if half_line else ""))
 
@@ -93,7 +93,7 @@ def test_rows_reads_every_family_and_leaves_a_line_being_written(tmp_path):
     assert rsft == {"rsft/reward": 0.2, "rsft/accept_rate": 0.5, "rsft/prompts_accepted": 2, "rsft/examples": 6,
                     "rsft/rollouts": 16, "rsft/lr": 1e-4}  # loss None and the flag `skipped` left out
     assert got[-1][3] == {"test/mean_at_k": 0.25, "test/step": 0, "test/rollouts": 16, "test/harness_score": 0.5,
-                          "test/iterations": 1}
+                          "test/rounds": 1}
     assert report_to.rows(tmp_path / "nothing yet") == []
 
 

@@ -384,11 +384,11 @@ def test_adaptive_schedule_spends_the_same_budgets_and_each_harness_phase_adds_i
         evals = [r for r in rows(out / "metrics.jsonl") if r["event"] == "eval"]
         assert summary["phases"] == len(evals) - 1
         harness_phases = [r for r in evals if r["kind"] == "harness"]
-        assert sum(r["iterations"] for r in harness_phases) == summary["harness_rounds"]
-        assert all(r["iterations"] >= 1 for r in harness_phases)  # every harness phase adds its own
+        assert sum(r["rounds"] for r in harness_phases) == summary["harness_rounds"]
+        assert all(r["rounds"] >= 1 for r in harness_phases)  # every harness phase adds its own
         for archive in {r["archive"] for r in harness_phases}:
             frontier = json.loads((out / archive / "frontier.json").read_text())
-            assert frontier["iterations"] == sum(r["iterations"] for r in harness_phases if r["archive"] == archive)
+            assert frontier["iterations"] == sum(r["rounds"] for r in harness_phases if r["archive"] == archive)
     stagewise = [r["kind"] for r in rows(tmp_path / "results/smoke/math/stagewise-adaptive/metrics.jsonl")
                  if r["event"] == "eval"][1:]
     assert "harness" in stagewise and stagewise == sorted(stagewise, reverse=True)  # weight phases, then harness
@@ -546,7 +546,7 @@ def test_fast_slow_under_weights_that_never_moved_continues_its_archive_and_char
     whale.main(argv + ["--method", "fast-slow", "--phase-epochs", "0.25", "--out", str(out)])
     evals = [r for r in rows(out / "metrics.jsonl") if r["event"] == "eval"]
     harness = [r for r in evals if r["kind"] == "harness"]
-    assert [r["archive"] for r in harness] == ["harness_w1"] * 3 and [r["iterations"] for r in harness] == [1, 1, 1]
+    assert [r["archive"] for r in harness] == ["harness_w1"] * 3 and [r["rounds"] for r in harness] == [1, 1, 1]
     assert not (out / "harness_w2").exists() and not (out / "harness_w3").exists()
     candidates = sorted((out / "harness_w1" / "candidates").iterdir())
     assert [c.name for c in candidates] == ["h0", "h1_1", "h1_2", "h2_1", "h2_2", "h3_1", "h3_2"]
@@ -613,7 +613,7 @@ def test_a_folder_from_before_weight_steps_resumes_as_rsft(tmp_path, fake):
 
 def test_a_folder_of_an_older_whale_is_refused_and_changes_nothing(tmp_path, fake):
     """A config.json or metrics.jsonl written before a flag or a row key existed (here: --minibatch before it
-    became --micro-batch, phase rows without their weights) is refused in one line, never resumed under a guess."""
+    became --micro-batch, phase rows without their weights, a harness row that counted "iterations") is refused in one line, never resumed under a guess."""
     argv, _ = fake
     out = tmp_path / "run"
     whale.main(argv + ["--method", "weight-only", "--out", str(out)])
@@ -621,8 +621,13 @@ def test_a_folder_of_an_older_whale_is_refused_and_changes_nothing(tmp_path, fak
     older_config = json.loads(config)
     older_config["minibatch"] = older_config.pop("micro_batch")
     older_rows = [{k: v for k, v in r.items() if k != "weights"} for r in rows(out / "metrics.jsonl")]
+    phase_rows = [r for r in rows(out / "metrics.jsonl") if r["event"] == "eval"]  # a harness row that said iterations
+    older_harness = rows(out / "metrics.jsonl") + [{**phase_rows[-1], "phase": len(phase_rows), "kind": "harness",
+                                                   "iterations": 1}]
+    jsonl = lambda rs: "".join(json.dumps(r) + "\n" for r in rs)
     for name, older, lacks in (("config.json", json.dumps(older_config), "--micro-batch"),
-                               ("metrics.jsonl", "".join(json.dumps(r) + "\n" for r in older_rows), "weights")):
+                               ("metrics.jsonl", jsonl(older_rows), "weights"),
+                               ("metrics.jsonl", jsonl(older_harness), "rounds")):
         (out / name).write_text(older)
         before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
         with pytest.raises(SystemExit) as e:

@@ -113,7 +113,7 @@ def round_points(run):
         candidates = run["archives"][row["archive"]][1].values()
         # a new archive's round 0 re-scores its start, then its rounds 1..n; a continued one goes on
         first = done[row["archive"]] + 1 if row["archive"] in done else 0
-        last = done[row["archive"]] = done.get(row["archive"], 0) + row["iterations"]
+        last = done[row["archive"]] = done.get(row["archive"], 0) + row["rounds"]
         spent = start
         for i in range(first, last + 1):
             rows = [r for r in candidates if r.get("iteration") == i]

@@ -32,8 +32,10 @@ class Ledger:
         rows = read_jsonl(path, fix="a run killed while writing it? delete that line and rerun")
         self.start = next((r for r in rows if r.get("event") == "start"), None)
         self.rows = [r for r in rows if r.get("event") == "eval"]
-        if self.rows and "weights" not in self.rows[0]:
-            raise ValueError(f"{path} was written by an older whale.py (it lacks weights): {move_aside(out)}")
+        old = [r for r in self.rows if "weights" not in r or (r["kind"] == "harness" and "rounds" not in r)]
+        if old:  # rows before the store (no weights) or before harness rows counted "rounds" (they said "iterations")
+            lacks = "weights" if "weights" not in old[0] else "rounds"
+            raise ValueError(f"{path} was written by an older whale.py (it lacks {lacks}): {move_aside(out)}")
         if [r["phase"] for r in self.rows] != list(range(len(self.rows))):
             raise ValueError(f"damaged run file {path} (its phase rows are not 0, 1, 2, ...): {start_over(out)}")
 
@@ -62,7 +64,7 @@ class Ledger:
 
     @property
     def rounds(self):
-        return sum(r["iterations"] for r in self.rows if r["kind"] == "harness")
+        return sum(r["rounds"] for r in self.rows if r["kind"] == "harness")
 
     def harness_rollouts(self, row=None):
         """The harness scoring's rollouts over every archive, as of the last row or of `row`, the one of the

@@ -23,7 +23,7 @@ PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard"}  # --report-to: the 
 REPORT_EVERY_S = 30.0
 RSFT_FIELDS = ("reward", "accept_rate", "prompts_accepted", "examples", "accepted_tokens", "loss", "rollouts", "epoch",
                "lr")
-TEST_FIELDS = ("mean_at_k", "step", "rollouts", "harness_score", "iterations", "steps", "test_tasks", "seconds")
+TEST_FIELDS = ("mean_at_k", "step", "rollouts", "harness_score", "rounds", "steps", "test_tasks", "seconds")
 AXES = {"rsft": "rsft/step", "harness": "harness/step", "test": "test/phase"}  # each family's x axis
 
 
