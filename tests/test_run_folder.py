@@ -15,7 +15,6 @@ import shutil
 import pytest
 
 import whale
-from lib.run_folder import files
 from test_whale import HARNESS, Interrupt, fake_episodes, interrupt, record
 
 
