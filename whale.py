@@ -45,13 +45,13 @@ from lib.backends.policy import add_backend_args, load_policy
 from lib.cli import Parser, check_out, config_hash, conflicting_flags, one_line_errors, run_config
 from lib.common.argtypes import nonnegative_int, positive_float, positive_int, seed_int
 from lib.common.json_files import read_json, write_json
-from lib.episodes import sandbox
+from lib.episodes import sandbox, switches
 from lib.episodes.runner import scoring_rule
 from lib.methods import next_phase
 from lib.run_folder import report_to
 from lib.run_folder.files import file_sha, link_file, link_tree, stored_path
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
-from lib.run_folder.store import Store, about
+from lib.run_folder.store import Store, about, code_sha
 from lib.subsets import seeded_sample
 from presets import PRESETS, parse_with_preset
 
@@ -224,6 +224,9 @@ def run(cfg, domain, policy):
     train = seeded_sample(domain.load("train"), cfg.rsft.train_limit)
     steps, rounds = budgets(cfg, len(train))
     store, ledger = Store(store_root(cfg.out)), Ledger(cfg.out, cfg.harness)
+    store.read_only = why_store_nothing(store, ledger)
+    if store.read_only:
+        print(f"store: this run stores nothing ({store.read_only}); it takes what the store holds")
     trainer = None  # the weight step's trainer (its weights, steps and rollouts); none for a run without steps
     if steps:  # RSFT, or the weight step the method's row names (lib/methods.py, rft.WEIGHT_STEPS)
         step_class = rft.WEIGHT_STEPS[cfg.rsft.weight_step]
@@ -231,7 +234,7 @@ def run(cfg, domain, policy):
     errors = rollout.INFRA_ERRORS  # the infrastructure-error budget: counted per phase, its counts in every row
 
     # phase 0: h0 under the base weights
-    ledger.log_start(steps, rounds)
+    ledger.log_start(steps, rounds, store.code)
     if not ledger.rows:
         errors.start_phase("phase 0 (start)")
         stats = test_evaluation(store, cfg, policy, domain, "phase_0", "base", ledger.harness)
@@ -352,6 +355,15 @@ def store_root(out):
     return os.path.join(os.path.dirname(os.path.abspath(out)), "store")
 
 
+def why_store_nothing(store, ledger):
+    """Why this run's work goes into no store item, else None: what it makes would not be what a key says made it."""
+    if switches.disabled():  # harness and proposer code ran unconfined: they could have written what the run keeps
+        return "--unsafe-no-sandbox"
+    if ledger.start and ledger.start.get("code") != store.code:  # a resume under edited code: its phase is mixed
+        return "the code changed since it started: what it makes now is partly the older code's"
+    return None
+
+
 def step_name(weight_step):
     """How the output names a weight step's steps: RSFT steps, or a fork's step by its registered name."""
     return "RSFT" if weight_step == "rsft" else weight_step
@@ -460,6 +472,7 @@ def check_inputs(runs):
     run folder as a whole (a resume with another model or harness set included). -> the domain, its
     data loaded (the paper's sets are slow to load twice)"""
     args = runs[0]
+    code_sha()  # read now, not after the model's minutes of loading: every key of this command's work holds it
     ranks.check_launch(args.backend)
     domain, train = domains.check_inputs(args, "train")
     train = seeded_sample(train, args.train_limit)
@@ -482,7 +495,7 @@ def check_inputs(runs):
         ranks.check_checkpoint(Path(one.out, "weights"))
         check_same_settings(one.out, vars(one))
         setup = meta_harness.search_setup(domain, meta_harness.harness_tasks(domain, search), search)
-        for archive in sorted(Path(one.out).glob("harness_w*")):
+        for archive in sorted(Path(one.out).glob("harness_w*[0-9]")):  # not a copy a kill cut (.tmp)
             meta_harness.check_same_setup(archive, setup)
     return domain
 

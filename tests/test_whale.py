@@ -17,7 +17,9 @@ import rft
 import plan
 import whale
 from fixtures import stand_ins
+from lib.episodes import switches
 from lib.run_folder import files, ledger
+from lib.run_folder import store as store_module
 from lib.cli import run_config
 from lib.backends.hf_backend import NullModelBackend
 from lib.run_folder.ledger import Ledger
@@ -492,6 +494,49 @@ def test_a_damaged_stored_item_is_computed_again_never_used(tmp_path, fake, monk
     assert "test evaluation (phase_0): the same as " not in out
     for kind, item in (("weights", first), ("evaluation", h0)):
         check_item(kind, item)  # stored again, whole
+
+
+def test_a_resume_keeps_the_h0_and_the_code_it_started_with(tmp_path, fake, monkeypatch, capsys):
+    """A run killed midway, resumed: with another h0 content it is refused in one line (phase 0 evaluated the older
+    one); under edited code it goes on but stores nothing more, since its phase in progress is partly the older
+    code's (the store's key would say the new code made it); so does a run under --unsafe-no-sandbox. A copy a
+    kill cut short (a .tmp folder) does not stop the resume."""
+    argv, executed = fake
+    out = tmp_path / "run"
+    h0 = tmp_path / "h0.py"
+    interrupt(monkeypatch, whale.rft.RSFT, "step", 3)  # inside weight-only's second phase, its first step done
+    with pytest.raises(Interrupt):
+        whale.main(argv + ["--method", "weight-only", "--out", str(out)])
+    monkeypatch.undo()  # the real step again (and the fixture's stand-in episodes, set anew)
+    monkeypatch.setattr(whale.rollout, "run_episodes", fake_episodes)
+    store = tmp_path / "store"
+    items = lambda: sorted(p.parent.name for p in store.glob("*/*/key.json"))
+    made = items()
+    assert {p.parent.parent.name for p in store.glob("*/*/key.json")} == {"weights", "evaluation"}  # phase 1's
+
+    source = h0.read_text()
+    h0.write_text(source + "# edited\n")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as e:
+        whale.main(argv + ["--method", "weight-only", "--out", str(out)])
+    assert str(e.value.code) == (f"whale.py: error: {h0} changed since {out} started: restore it, or move {out} "
+                                 f"aside (mv {out} {out}.old) or delete it, and rerun to start it over")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before and items() == made
+    h0.write_text(source)
+
+    cut = out / "harness_w1.tmp"  # a stored search's copy that a kill cut (files.link_tree): never read
+    cut.mkdir()
+    for name in ("setup.json", "frontier.json"):
+        (cut / name).write_text('{"cut')
+    monkeypatch.setattr(store_module, "code_sha", lambda: "edited")
+    capsys.readouterr()
+    whale.main(argv + ["--method", "weight-only", "--out", str(out)])
+    assert "store: this run stores nothing (the code changed since it started" in capsys.readouterr().out
+    assert items() == made and json.loads((out / "summary.json").read_text())["rsft_steps"] == 4  # finished
+
+    monkeypatch.setenv(switches.OPT_OUT, "1")  # the opt-out (its sandbox is not needed: the episodes are made up)
+    whale.main(argv + ["--method", "stagewise", "--out", str(tmp_path / "stagewise")])
+    assert "store: this run stores nothing (--unsafe-no-sandbox)" in capsys.readouterr().out and items() == made
 
 
 def test_a_stored_item_is_whole_or_absent(tmp_path, monkeypatch):

@@ -213,5 +213,6 @@ def check_run_files(folder, skip=()):
     """Every JSON file of a run folder parses (read_json's error otherwise), checked before any work starts;
     skip: folders whose files the caller checks (and rebuilds) itself."""
     for path in sorted(Path(folder).glob("**/*.json")):
-        if path.name != "config.json" and path.parent.name not in skip:  # config.json: rewritten at every start
+        cut = any(part.endswith(".tmp") for part in path.relative_to(folder).parts)  # a copy a kill cut: remade
+        if path.name != "config.json" and path.parent.name not in skip and not cut:  # config.json: rewritten at start
             read_json(path)

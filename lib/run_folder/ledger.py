@@ -8,7 +8,7 @@ The finished work itself lies in the store (lib/run_folder/store.py), which a re
     ledger = Ledger(out, h0)
     ledger.step, ledger.weights, ledger.harness, ledger.rounds    # where the last finished phase left the run
     ledger.archive_for(weights)                                   # (archive, its rounds): continued or new
-    ledger.log_phase(row); ledger.write_summary(about)
+    ledger.log_start(steps, rounds, code); ledger.log_phase(row); ledger.write_summary(about)
 
 Before a rerun resumes a folder, check_run_folder and check_same_settings check its files and its settings."""
 import json
@@ -19,7 +19,8 @@ from pathlib import Path
 from lib.archive import check_archive
 from lib.cli import NO_RESULT_FLAGS
 from lib.common.json_files import append_jsonl, read_json, read_jsonl, write_json
-from lib.run_folder.files import check_checkpoint, check_checkpoint_model, check_run_files, start_over, stored_path
+from lib.run_folder.files import (check_checkpoint, check_checkpoint_model, check_run_files, file_sha, start_over,
+                                  stored_path)
 
 # the row of a phase whose test evaluation the run skips (--test-evals ends: never the first or the last)
 NOT_EVALUATED = {"mean_at_k": None, "test_tasks": 0}
@@ -81,9 +82,12 @@ class Ledger:
         return f"harness_w{sum(r['kind'] == 'weight' for r in self.rows)}", 0
 
     # what the run writes
-    def log_start(self, steps, rounds):
+    def log_start(self, steps, rounds, code):
+        """The start row: the budgets, and what a resume must find unchanged: the code (its sha256, the store's
+        code_sha) and h0's content."""
         if self.start is None:
-            self.start = {"event": "start", "weight_steps": steps, "harness_rounds": rounds, "time": time.time()}
+            self.start = {"event": "start", "weight_steps": steps, "harness_rounds": rounds, "code": code,
+                          "h0": file_sha(self.h0), "time": time.time()}
             append_jsonl(os.path.join(self.out, "metrics.jsonl"), self.start)
 
     def log_phase(self, row):
@@ -111,9 +115,12 @@ class Ledger:
 def check_run_folder(out, model, h0, candidates):
     """The run folder before any work or model: its rows read back, and every file a resume reads after them is
     there and whole (the trainer's checkpoint on the same model, the archives with their rounds, the harness the
-    run goes on with), else one line naming the file and the fix. Deleting the folder is always a cheap fix: a
-    rerun takes every finished phase from the store."""
+    run goes on with), else one line naming the file and the fix. Deleting the folder is a cheap fix: under the
+    same code, a rerun takes every finished phase from the store. h0's content must be the one the run started
+    with (phase 0 evaluated it)."""
     ledger, fix = Ledger(out, h0), start_over(out)
+    if ledger.start and ledger.start.get("h0", file_sha(h0)) != file_sha(h0):
+        raise ValueError(f"{h0} changed since {out} started: restore it, or {move_aside(out)}")
     weights = Path(out, "weights")
     check_checkpoint(weights, fix)
     check_checkpoint_model(weights, model)

@@ -40,9 +40,11 @@ def code_sha():
 class Store:
     def __init__(self, root):
         self.root = Path(root)
+        self.code = code_sha()  # the code as this command found it (whale.main reads it before the model loads)
+        self.read_only = None  # why this run puts nothing (whale.why_store_nothing), else None
 
     def item(self, kind, key):
-        key = json.dumps({**key, "code": code_sha()}, sort_keys=True)
+        key = json.dumps({**key, "code": self.code}, sort_keys=True)
         return self.root / kind / hashlib.sha256(key.encode()).hexdigest()
 
     def find(self, kind, key):
@@ -62,7 +64,9 @@ class Store:
     def put(self, kind, key, work, about, real_copies=False):
         """The item of `kind` under `key`: `work` (a file or folder, or {name in the item: path}) copied in,
         key.json last, renamed into place over any older one (a longer search of the same start). Hard links,
-        or real copies for what a later search rewrites (an archive's index). -> the item's folder"""
+        or real copies for what a later search rewrites (an archive's index). -> the item's folder (None: read_only)"""
+        if self.read_only:
+            return None
         item = self.item(kind, key)
         tmp = item.with_name(f"{item.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -73,7 +77,7 @@ class Store:
                 shutil.copytree(path, tmp / name, copy_function=copy, dirs_exist_ok=True)
             else:
                 copy(path, tmp / name)
-        write_json(tmp / "key.json", {"key": {**key, "code": code_sha()}, "about": about})
+        write_json(tmp / "key.json", {"key": {**key, "code": self.code}, "about": about})
         shutil.rmtree(item, ignore_errors=True)
         os.replace(tmp, item)
         return item
