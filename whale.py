@@ -51,7 +51,7 @@ from lib.methods import next_phase
 from lib.run_folder import report_to
 from lib.run_folder.files import file_sha, link_file, link_tree, stored_path
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
-from lib.run_folder.store import Store, about, code_sha
+from lib.run_folder.store import Store, about, code_sha, only_command
 from lib.subsets import seeded_sample
 from presets import PRESETS, parse_with_preset
 
@@ -460,8 +460,8 @@ def main(argv=None):
         policy = load_policy(runs[0]) if runs[0].backend != "hf" else None
         data_flags = domains.data_flags()
         for args in runs:
-            with report_to.watch(args.report_to, args.out, vars(args)):  # --report-to: its files' rows, live
-                run(run_config(args, data_flags), domain, start_run(args, policy))
+            with only_command(store_root(args.out)), report_to.watch(args.report_to, args.out, vars(args)):
+                run(run_config(args, data_flags), domain, start_run(args, policy))  # --report-to: its rows, live
             # the finished run's optimizer and graphs go before the next run starts
             rft.hand_back_memory()
 

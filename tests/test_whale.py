@@ -539,6 +539,22 @@ def test_a_resume_keeps_the_h0_and_the_code_it_started_with(tmp_path, fake, monk
     assert "store: this run stores nothing (--unsafe-no-sandbox)" in capsys.readouterr().out and items() == made
 
 
+def test_a_store_serves_one_command_at_a_time(tmp_path, fake):
+    """While a command holds the store of a domain, preset and seed, a second one is refused in one line and writes
+    nothing; once the first ends, however it ends, the second runs."""
+    argv, _ = fake
+    out = tmp_path / "run"
+    with store_module.only_command(whale.store_root(out)):  # the first command, still running
+        with pytest.raises(SystemExit) as e:
+            whale.main(argv + ["--method", "weight-only", "--out", str(out)])
+        assert str(e.value.code) == (f"whale.py: error: {tmp_path / 'store'} is in use by another command on the same "
+                                     "domain, preset and seed: wait for it to end, or give this one its own --seed or "
+                                     "--out")
+        assert not (out / "metrics.jsonl").exists()
+    whale.main(argv + ["--method", "weight-only", "--out", str(out)])
+    assert (out / "summary.json").exists()
+
+
 def test_a_stored_item_is_whole_or_absent(tmp_path, monkeypatch):
     """An item is built in a temporary folder and renamed into place: a put killed before the rename leaves no item
     (find: None, so the work is done again), the next put a whole one; an item cut afterwards is removed by find."""

@@ -4,6 +4,7 @@ It lies beside their run folders: results/<preset>[/seed-<n>]/<domain>/store/ (f
 
     item = store.find("weights", key)          # the item's folder, else None (never made, or damaged: removed)
     item = store.put("weights", key, ckpt)     # a copy of a file or folder ({name: path} for several), in place
+    with only_command(root): ...               # one command at a time on a store
 
 An item is store/<kind>/<sha256 of its key>/: the work and key.json (the key in full, and `about`: the run that
 made it), built in a temporary folder and renamed into place, so a kill leaves no item or the whole one. The kinds:
@@ -11,10 +12,12 @@ weights (an RSFT checkpoint at a weight phase's end), search (a harness archive)
 and its traces). What each key holds, and what it does not: docs/design.md section 9. A find checks the item whole
 (check_item); one that fails is removed, said in one line, and computed again by the caller from the same inputs
 (the same seeds give the same result), never used. It runs nothing: whale.py's phases do the work."""
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -35,6 +38,21 @@ def code_sha():
     for path in sorted([*ROOT.glob("*.py"), *ROOT.glob("lib/**/*.py"), *ROOT.glob("data/*.jsonl")]):
         h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+@contextmanager
+def only_command(root):
+    """The store at `root` serves one command at a time (a put replaces a search another command may be copying): a
+    second command on the same domain, preset and seed is refused in one line while the first runs. The lock goes
+    with the process, however it ends."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    with open(Path(root) / "lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"{root} is in use by another command on the same domain, preset and seed: wait for it "
+                             "to end, or give this one its own --seed or --out") from None
+        yield
 
 
 class Store:
