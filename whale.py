@@ -455,15 +455,18 @@ def main(argv=None):
         sandbox.apply_args(runs[0])
         rollout.apply_args(runs[0])
         domain = check_inputs(runs)
-        # an engine keeps its GPU memory until its process ends, so the runs of a command share one
-        # policy (and engine), each starting from the base weights; hf loads a fresh model per run
-        policy = load_policy(runs[0]) if runs[0].backend != "hf" else None
-        data_flags = domains.data_flags()
-        for args in runs:
-            with only_command(store_root(args.out)), report_to.watch(args.report_to, args.out, vars(args)):
-                run(run_config(args, data_flags), domain, start_run(args, policy))  # --report-to: its rows, live
-            # the finished run's optimizer and graphs go before the next run starts
-            rft.hand_back_memory()
+        # the runs of a command share one store (one --out, or results/<preset>/<domain>/<method> side by side),
+        # held for the whole command before any model loads: one command at a time (store.only_command)
+        with only_command(store_root(runs[0].out)):
+            # an engine keeps its GPU memory until its process ends, so the runs of a command share one
+            # policy (and engine), each starting from the base weights; hf loads a fresh model per run
+            policy = load_policy(runs[0]) if runs[0].backend != "hf" else None
+            data_flags = domains.data_flags()
+            for args in runs:
+                with report_to.watch(args.report_to, args.out, vars(args)):  # --report-to: its files' rows, live
+                    run(run_config(args, data_flags), domain, start_run(args, policy))
+                # the finished run's optimizer and graphs go before the next run starts
+                rft.hand_back_memory()
 
 
 def check_inputs(runs):
