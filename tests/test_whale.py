@@ -501,7 +501,7 @@ def test_a_resume_keeps_the_h0_and_the_code_it_started_with(tmp_path, fake, monk
     one); under edited code it goes on but stores nothing more, since its phase in progress is partly the older
     code's (the store's key would say the new code made it); so does a run under --unsafe-no-sandbox. A copy a
     kill cut short (a .tmp folder) does not stop the resume."""
-    argv, executed = fake
+    argv, _ = fake
     out = tmp_path / "run"
     h0 = tmp_path / "h0.py"
     interrupt(monkeypatch, whale.rft.RSFT, "step", 3)  # inside weight-only's second phase, its first step done

@@ -119,7 +119,8 @@ def check_run_folder(out, model, h0, candidates):
     same code, a rerun takes every finished phase from the store. h0's content must be the one the run started
     with (phase 0 evaluated it)."""
     ledger, fix = Ledger(out, h0), start_over(out)
-    if ledger.start and ledger.start.get("h0", file_sha(h0)) != file_sha(h0):
+    h0_now = file_sha(h0)
+    if ledger.start and ledger.start.get("h0", h0_now) != h0_now:
         raise ValueError(f"{h0} changed since {out} started: restore it, or {move_aside(out)}")
     weights = Path(out, "weights")
     check_checkpoint(weights, fix)
