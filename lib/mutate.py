@@ -45,15 +45,12 @@ def propose_mutate(run_dir, names, rows, iteration, cfg):
     gains, improved = best_changes(rows, changes)
     seed_name = next(r["name"] for r in rows if r["parent"] is None)
     order = search_order(sources[seed_name], cfg.seed, cfg.mutate_order)
-    focus = {}  # parent -> (its skill focus, its failure counts): its traces are read once per call
-
-    def read_focus(parent):
-        if parent not in focus:
-            traced = cfg.mutate_order == "traces"
-            focus[parent] = skill_focus(sources[parent], cand_root / parent / "traces.jsonl") if traced else ({}, Counter())
-        return focus[parent]
+    # each ranked candidate's (skill focus, failure counts), from its harness-set traces (--mutate-order traces)
+    traced = cfg.mutate_order == "traces"
+    focus = {r["name"]: skill_focus(sources[r["name"]], cand_root / r["name"] / "traces.jsonl") if traced
+             else ({}, Counter()) for r in ranked}
     for name in names:
-        options = mutate_options(ranked, sources, gains, knob_tries, value_tries, order, read_focus)
+        options = mutate_options(ranked, sources, gains, knob_tries, value_tries, order, focus)
         parent, source = next(((p, s) for p, s in options if normalized(s) not in seen
                                and static_check(s, sources[p], cfg.prompt_only) is None), (None, None))
         prepare(run_dir, [name], parent or ranked[0]["name"], iteration, "mutate")
@@ -71,7 +68,7 @@ def propose_mutate(run_dir, names, rows, iteration, cfg):
         what = "; ".join(f"{knob} = {value!r} instead of {old.get(knob)!r}" for knob, value in change.items())
         why = " (each of these raised a score on its own)" if improved else " (together: alone each left it equal)"
         finish(run_dir, name, parent=parent, changed=changed, hypothesis=f"{what} raises the harness-set score of "
-               f"{parent}" + (why if len(change) > 1 else read_why(read_focus(parent), change)))
+               f"{parent}" + (why if len(change) > 1 else read_why(focus[parent], change)))
     log_cost(run_dir, {"iteration": iteration, "proposer": "mutate", "candidates": names, "seconds": 0.0})
 
 
@@ -116,10 +113,10 @@ def read_why(focus_counts, change):
             f"(lib/failures.py), and its SKILL lists {knob} for {kind}")
 
 
-def mutate_options(ranked, sources, gains, knob_tries, value_tries, order, read_focus):
+def mutate_options(ranked, sources, gains, knob_tries, value_tries, order, focus):
     """(parent, source) in mutate's order of preference: the best with all of `gains`, then one-knob steps from the best
-    (the knob least tried from it, then the knobs for its most frequent failure kind (read_focus; none unless
-    --mutate-order traces), then its least-tried value, ties in `order`), then from the next best..."""
+    (the knob least tried from it, then the knobs for its most frequent failure kind (focus: {parent: skill_focus};
+    none unless --mutate-order traces), then its least-tried value, ties in `order`), then from the next best..."""
     best = ranked[0]["name"]
     composed, knobs = sources[best], knob_values(sources[best])
     for knob, value in gains.items():
@@ -127,9 +124,9 @@ def mutate_options(ranked, sources, gains, knob_tries, value_tries, order, read_
     yield best, composed
     for r in ranked:
         parent = r["name"]
-        focus, counts = read_focus(parent)
+        knob_kinds, counts = focus[parent]
         kinds = kinds_by_frequency(counts)
-        kind_rank = lambda knob: kinds.index(focus[knob]) if knob in focus else len(FAILURE_KINDS)
+        kind_rank = lambda knob: kinds.index(knob_kinds[knob]) if knob in knob_kinds else len(FAILURE_KINDS)
         options = sorted(knob_options(sources[parent]),  # stable: a knob h0 lacks keeps its own listed place
                          key=lambda o: (knob_tries[parent, o[0]], kind_rank(o[0]), value_tries[parent, o[0], repr(o[2])],
                                         order.get((o[0], repr(o[2])), len(order))))

@@ -1,6 +1,7 @@
 """The code's shape as README "Files" and docs/design.md describe it, checked on the source: the method scripts import
 no operation, whale.run drives its phases itself and the ledger runs nothing, no function below a script's CLI layer
-takes the whole argparse Namespace, and one RSFT step runs at most 13 lib/ modules."""
+takes the whole argparse Namespace, one RSFT step runs at most 13 lib/ modules, and docs/design.md's reading path
+names functions that exist."""
 import ast
 import subprocess
 import sys
@@ -241,3 +242,18 @@ def test_every_flag_reaches_the_reuse_key_or_cannot_change_a_result(monkeypatch)
         assert missing == own.get(name, set()), (f"{name}: {sorted(missing)} reach no config: add each to its "
                                                  "config (lib/cli.py) or, if it cannot change a result, to "
                                                  "NO_RESULT_FLAGS")
+
+
+def test_the_reading_path_names_functions_that_exist():
+    """docs/design.md section 9's reading path names each function by its file: renamed or moved code would leave
+    a reader at a name that is not there."""
+    doc = (ROOT / "docs" / "design.md").read_text()
+    table = doc.split("<!-- reading path -->")[1].split("<!-- end reading path -->")[0]
+    rows = [line.split("|")[1:3] for line in table.strip().splitlines()[2:]]
+    assert len(rows) >= 10
+    for path, names in rows:
+        defined = {n.name for n in tree(path.strip()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        methods = {f"{c.name}.{f.name}" for c in tree(path.strip()).body if isinstance(c, ast.ClassDef)
+                   for f in c.body if isinstance(f, ast.FunctionDef)}
+        for name in names.replace("`", "").split(","):
+            assert name.strip() in defined | methods, f"{path.strip()} has no {name.strip()}"
