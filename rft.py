@@ -406,9 +406,13 @@ class RSFT:
         folder = self.out_dir / f"ckpt-{state['step']:06d}"
         shutil.rmtree(folder, ignore_errors=True)
         link_tree(item, folder)
-        # the history names harness files in the run that made it: they stay that run's files here
-        for row in state["history"]:
+        # the steps before the phase are this run's own (weights still "base" after steps that trained nothing
+        # are the same whichever harness sampled them); the phase's steps name harness files in the run that made
+        # them: they stay that run's files here
+        taken = [row for row in state["history"] if row["step"] > self.step_count]
+        for row in taken:
             row["harness"] = stored_path(resolved_path(row["harness"], run), self.run_dir)
+        state["history"] = self.history + taken
         write_json(folder / "state.json", state)  # a new file, not the store's hard link
         switch_checkpoint(self.out_dir, folder, state["history"])
         # the new trainer loads the checkpoint's adapter onto the base model

@@ -272,6 +272,23 @@ def test_resume_matches_an_uninterrupted_run_and_counts_accepted_rollouts(tmp_pa
     assert [json.loads(r)["loss"] for r in metrics] == [r["loss"] for r in rows]
 
 
+def test_adopted_weights_keep_this_runs_own_steps_before_the_phase(tmp_path):
+    """A weight phase taken from the store (RSFT.adopt, whale.weight_phase) brings that phase's step rows, never the
+    earlier rows of the run that made it: weights still "base" after steps that trained nothing are one key
+    whichever harness sampled those steps, so the two runs' earlier rows may differ."""
+    (tmp_path / "other.py").write_text(HARNESS + "# another harness file: the same replies\n")
+    made = smoke_trainer(tmp_path, "made", "never a reply")
+    made.step(tmp_path / "other.py")  # its step 1 under other.py
+    taken = made.step(tmp_path / "h.py")  # step 2: the phase the other run takes
+    here = smoke_trainer(tmp_path, "here", "never a reply")
+    own = here.step(tmp_path / "h.py")  # this run's step 1, under h.py
+    assert made.weights_id == here.weights_id == "base"
+    adopted = here.adopt((tmp_path / "made" / "ckpt").resolve(), tmp_path / "made")
+    rows = [json.loads(line) for line in (tmp_path / "here" / "metrics.jsonl").read_text().splitlines()]
+    assert rows == adopted.history == [own, taken]  # h.py is outside both run folders: stored as its full path
+    assert adopted.step_count == 2 and adopted.rollouts == 32 and adopted.weights_id == "base"
+
+
 class RecordingBackend(HFBackend):
     """The hf backend, noting every adapter sync (the engine backends load the adapter and run the canary there)."""
 
