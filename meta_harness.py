@@ -317,8 +317,8 @@ def harness_tasks(domain, cfg):
     return seeded_sample(tasks, cfg.harness_tasks or None)
 
 
-def add_seed(run_dir, seed_harness, seed_name):
-    d = Path(run_dir) / "candidates" / seed_name
+def add_seed(run_dir, seed_harness):
+    d = Path(run_dir) / "candidates" / "h0"
     if (d / "meta.json").exists():
         return
     if not Path(seed_harness).is_file():
@@ -383,8 +383,7 @@ def check_and_score(run_dir, name, backend, domain, tasks, cfg, policy_kw, run_e
         print(f"  {name}: rejected, {meta['reason']}")
 
 
-def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_name="h0",
-           run_episodes=None, evaluate=None):
+def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, run_episodes=None, evaluate=None):
     """Meta-Harness under fixed weights, `rounds` proposer rounds (an archive that holds some already
     replays them). stop: (rounds before, patience, min rounds) ends the search early (phase_stalled), None never.
     cfg: a cli.SearchConfig. run_episodes and evaluate run a candidate's smoke episode and score it
@@ -402,9 +401,9 @@ def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, seed_n
           f"{(rounds * M + 1) * len(tasks) * cfg.harness_samples + rounds * M} rollouts "
           f"(scoring plus one smoke episode per candidate) -> {run_dir}")
     check_setup(run_dir, domain, tasks, cfg)
-    add_seed(run_dir, seed_harness, seed_name)
-    if not (run_dir / "candidates" / seed_name / "scores.json").exists():
-        score(run_dir / "candidates" / seed_name, policy, domain, tasks, cfg, kw, evaluate)
+    add_seed(run_dir, seed_harness)
+    if not (run_dir / "candidates" / "h0" / "scores.json").exists():
+        score(run_dir / "candidates" / "h0", policy, domain, tasks, cfg, kw, evaluate)
     rows, frontier = write_index(run_dir, 0)
     done = failures = 0
     for it in range(1, rounds + 1):

@@ -278,6 +278,9 @@ class RSFT:
         if resume:
             state = json.loads((ckpt / "state.json").read_text())
             policy.load_adapter(ckpt / "adapter")
+            # the step rows as the checkpoint has them: a kill between its switch and metrics.jsonl's rewrite
+            # (switch_checkpoint) left the file a row short
+            write_jsonl(self.out_dir / "metrics.jsonl", state["history"])
         else:
             state = {"step": 0, "rollouts": 0, "sampler": {}, "history": []}
             torch.manual_seed(cfg.seed)  # the LoRA init
@@ -380,20 +383,23 @@ class RSFT:
         return losses
 
     def save(self):
-        """Write the checkpoint into a fresh folder, then switch to it, so a kill at any moment
-        leaves the previous or the new checkpoint, never a broken one."""
+        """Write the checkpoint into a temporary folder, rename it ckpt-<step>, then switch to it, so a kill at any
+        moment leaves the previous or the new checkpoint, never a broken one (a cut ckpt-<step>.tmp is never read)."""
         folder = self.out_dir / f"ckpt-{self.step_count:06d}"
-        shutil.rmtree(folder, ignore_errors=True)
-        self.policy.save_adapter(folder / "adapter")
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.policy.save_adapter(tmp / "adapter")
         torch.save({"optimizer": self.optimizer.state_dict(),
                     "scheduler": self.scheduler.state_dict(), "rng": get_rng_state()},
-                    folder / "optimizer.pt")
+                    tmp / "optimizer.pt")
         state = {"model": self.cfg.model, "weight_step": self.cfg.weight_step, "step": self.step_count,
                  "rollouts": self.rollouts, "sampler": self.sampler.state_dict(), "history": self.history,
                  "ranks": ranks.count()}  # a resume with another count is refused (ranks.check_checkpoint)
         # what a resume checks
-        state["sha256"] = {name: sha256(folder / name) for name in CHECKPOINT_FILES}
-        (folder / "state.json").write_text(json.dumps(state))
+        state["sha256"] = {name: sha256(tmp / name) for name in CHECKPOINT_FILES}
+        (tmp / "state.json").write_text(json.dumps(state))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
         switch_checkpoint(self.out_dir, folder, self.history)
         for old in self.out_dir.glob("ckpt-*"):
             if old != folder:

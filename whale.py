@@ -224,7 +224,9 @@ def run(cfg, domain, policy):
     train = seeded_sample(domain.load("train"), cfg.rsft.train_limit)
     steps, rounds = budgets(cfg, len(train))
     store, ledger = Store(store_root(cfg.out)), Ledger(cfg.out, cfg.harness)
-    store.read_only = why_store_nothing(store, ledger)
+    # what this start's work is made under: a resume may change each, and the store then keeps none of it
+    attempt = {"code": store.code, "unconfined": switches.disabled(), "workers": cfg.rsft.sampling.workers}
+    store.read_only = why_store_nothing(ledger.attempts, attempt)
     if store.read_only:
         print(f"store: this run stores nothing ({store.read_only}); it takes what the store holds")
     trainer = None  # the weight step's trainer (its weights, steps and rollouts); none for a run without steps
@@ -234,7 +236,7 @@ def run(cfg, domain, policy):
     errors = rollout.INFRA_ERRORS  # the infrastructure-error budget: counted per phase, its counts in every row
 
     # phase 0: h0 under the base weights
-    ledger.log_start(steps, rounds, store.code)
+    ledger.log_start(steps, rounds, attempt)
     if not ledger.rows:
         errors.start_phase("phase 0 (start)")
         stats = test_evaluation(store, cfg, policy, domain, "phase_0", "base", ledger.harness)
@@ -355,12 +357,18 @@ def store_root(out):
     return os.path.join(os.path.dirname(os.path.abspath(out)), "store")
 
 
-def why_store_nothing(store, ledger):
-    """Why this run's work goes into no store item, else None: what it makes would not be what a key says made it."""
-    if switches.disabled():  # harness and proposer code ran unconfined: they could have written what the run keeps
+def why_store_nothing(attempts, attempt):
+    """Why this run's work goes into no store item, else None: what it makes would not be what a key says made it.
+    attempt: what this start's work is made under; attempts: the run's earlier starts (ledger.attempts), since a
+    phase in progress may have begun in any of them."""
+    if attempt["unconfined"]:  # harness and proposer code ran unconfined: they could have written what the run keeps
         return "--unsafe-no-sandbox"
-    if ledger.start and ledger.start.get("code") != store.code:  # a resume under edited code: its phase is mixed
+    if any(a.get("unconfined") for a in attempts):
+        return "an earlier start of this run was under --unsafe-no-sandbox"
+    if any(a.get("code") != attempt["code"] for a in attempts):  # a resume under edited code: its phase is mixed
         return "the code changed since it started: what it makes now is partly the older code's"
+    if any(a.get("workers") != attempt["workers"] for a in attempts):  # the weights' and search's keys hold it
+        return "--workers changed since it started: what it makes now was partly made at another width"
     return None
 
 

@@ -13,6 +13,7 @@ from fixtures.configs import rsft_config
 from lib.backends.hf_backend import HFBackend
 from lib.backends.models import chat_ids, load_model
 from lib.backends.policy import Policy, add_lora
+from lib.run_folder.files import check_run_files
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -287,6 +288,30 @@ def test_adopted_weights_keep_this_runs_own_steps_before_the_phase(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "here" / "metrics.jsonl").read_text().splitlines()]
     assert rows == adopted.history == [own, taken]  # h.py is outside both run folders: stored as its full path
     assert adopted.step_count == 2 and adopted.rollouts == 32 and adopted.weights_id == "base"
+
+
+def test_a_kill_inside_a_save_or_before_the_step_rows_leaves_a_folder_that_resumes(tmp_path, monkeypatch):
+    """A kill inside RSFT.save (here: while the optimizer is written, and a cut state.json beside it) leaves only a
+    ckpt-<step>.tmp that nothing reads: the run folder's check passes and the step is made again. A kill between the
+    checkpoint's switch and metrics.jsonl's rewrite leaves the file a row short: the resumed trainer writes it whole."""
+    trainer = smoke_trainer(tmp_path, "out", "never a reply")
+    first = trainer.step(tmp_path / "h.py")
+    real_save = rft.torch.save
+    monkeypatch.setattr(rft.torch, "save", lambda *a, **kw: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        trainer.step(tmp_path / "h.py")
+    monkeypatch.setattr(rft.torch, "save", real_save)
+    cut = tmp_path / "out" / "ckpt-000002.tmp"
+    (cut / "state.json").write_text('{"model": "smo')
+    check_run_files(tmp_path / "out")  # the cut copy is not read
+    resumed = smoke_trainer(tmp_path, "out", "never a reply")
+    assert resumed.step_count == 1 and resumed.history == [first]
+    second = resumed.step(tmp_path / "h.py")
+    assert not cut.exists() and sorted(p.name for p in (tmp_path / "out").glob("ckpt-*")) == ["ckpt-000002"]
+    metrics = tmp_path / "out" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().splitlines(keepends=True)[0])  # killed before the rewrite
+    smoke_trainer(tmp_path, "out", "never a reply")
+    assert [json.loads(line) for line in metrics.read_text().splitlines()] == [first, second]
 
 
 class RecordingBackend(HFBackend):

@@ -539,6 +539,42 @@ def test_a_resume_keeps_the_h0_and_the_code_it_started_with(tmp_path, fake, monk
     assert "store: this run stores nothing (--unsafe-no-sandbox)" in capsys.readouterr().out and items() == made
 
 
+def test_a_resume_stores_nothing_after_a_start_unconfined_or_at_another_width(tmp_path, fake, monkeypatch, capsys):
+    """A phase in progress may have begun in any earlier start of its run: one killed under --unsafe-no-sandbox and
+    resumed in the sandbox stores nothing (harness code ran unconfined in it), and so does one killed at --workers 2
+    and resumed at 3 (the weights' and the search's keys hold the width). Each such start is a "resume" row of
+    metrics.jsonl; rerunning a run as its last start was adds none."""
+    argv, _ = fake
+    store = tmp_path / "store"
+    items = lambda: sorted(p.parent.name for p in store.glob("*/*/key.json"))
+    starts = lambda out: [r["event"] for r in rows(out / "metrics.jsonl") if r["event"] != "eval"]
+
+    def killed_then_resumed(out, first, then, unconfined=False):
+        if unconfined:
+            monkeypatch.setenv(switches.OPT_OUT, "1")  # the opt-out (the episodes are made up: no sandbox needed)
+        interrupt(monkeypatch, whale.rft.RSFT, "step", 3)  # inside weight-only's second phase
+        with pytest.raises(Interrupt):
+            whale.main(argv + ["--method", "weight-only", "--out", str(out), *first])
+        monkeypatch.undo()  # the real step, the sandbox again (and the fixture's stand-in episodes, set anew)
+        monkeypatch.setattr(whale.rollout, "run_episodes", fake_episodes)
+        made = items()
+        capsys.readouterr()
+        whale.main(argv + ["--method", "weight-only", "--out", str(out), *then])
+        assert items() == made and json.loads((out / "summary.json").read_text())["rsft_steps"] == 4  # finished
+        return capsys.readouterr().out
+
+    printed = killed_then_resumed(tmp_path / "unconfined", [], [], unconfined=True)
+    assert "store: this run stores nothing (an earlier start of this run was under --unsafe-no-sandbox)" in printed
+    assert items() == [] and starts(tmp_path / "unconfined") == ["start", "resume"]
+    out = tmp_path / "width"
+    printed = killed_then_resumed(out, ["--workers", "2"], ["--workers", "3"])
+    assert "store: this run stores nothing (--workers changed since it started" in printed
+    assert items() and starts(out) == ["start", "resume"]  # the first start stored phase 1's work
+    before = (out / "metrics.jsonl").read_bytes()
+    whale.main(argv + ["--method", "weight-only", "--out", str(out), "--workers", "3"])
+    assert (out / "metrics.jsonl").read_bytes() == before
+
+
 def test_a_store_serves_one_command_at_a_time(tmp_path, fake):
     """While a command holds the store of a domain, preset and seed, a second one is refused in one line and writes
     nothing; once the first ends, however it ends, the second runs."""
@@ -557,7 +593,8 @@ def test_a_store_serves_one_command_at_a_time(tmp_path, fake):
 
 def test_a_stored_item_is_whole_or_absent(tmp_path, monkeypatch):
     """An item is built in a temporary folder and renamed into place: a put killed before the rename leaves no item
-    (find: None, so the work is done again), the next put a whole one; an item cut afterwards is removed by find."""
+    (find: None, so the work is done again) and its folder goes when the next command takes the store; the next put
+    makes a whole one; an item cut afterwards is removed by find."""
     (tmp_path / "evaluation.json").write_text(json.dumps({"stats": {"test_rollouts": 2}, "per_task": {"a": 1.0}}))
     (tmp_path / "traces.jsonl").write_text('{"task_id": "a"}\n' * 2)
     parts = {name: tmp_path / name for name in ("evaluation.json", "traces.jsonl")}
@@ -570,6 +607,9 @@ def test_a_stored_item_is_whole_or_absent(tmp_path, monkeypatch):
         with pytest.raises(Interrupt):
             store.put("evaluation", key, parts, about={"tag": "phase_0"})
     assert store.find("evaluation", key) is None and not store.item("evaluation", key).exists()
+    [cut] = (tmp_path / "store" / "evaluation").glob("*.tmp-*")  # the killed put's folder, until the next command
+    with store_module.only_command(tmp_path / "store"):
+        assert not cut.exists()
     item = store.put("evaluation", key, parts, about={"tag": "phase_0"})
     assert store.find("evaluation", key) == item and json.loads((item / "key.json").read_text())["key"]["code"]
     (item / "traces.jsonl").write_text('{"task_id": "a"}\n')  # the stored one cut

@@ -8,7 +8,7 @@ The finished work itself lies in the store (lib/run_folder/store.py), which a re
     ledger = Ledger(out, h0)
     ledger.step, ledger.weights, ledger.harness, ledger.rounds    # where the last finished phase left the run
     ledger.archive_for(weights)                                   # (archive, its rounds): continued or new
-    ledger.log_start(steps, rounds, code); ledger.log_phase(row); ledger.write_summary(about)
+    ledger.log_start(steps, rounds, attempt); ledger.log_phase(row); ledger.write_summary(about)
 
 Before a rerun resumes a folder, check_run_folder and check_same_settings check its files and its settings."""
 import json
@@ -32,6 +32,8 @@ class Ledger:
         path = os.path.join(out, "metrics.jsonl")
         rows = read_jsonl(path, fix="a run killed while writing it? delete that line and rerun")
         self.start = next((r for r in rows if r.get("event") == "start"), None)
+        # every start of the run that changed what its work is made under: the first, then such resumes (log_start)
+        self.attempts = [r for r in rows if r.get("event") in ("start", "resume")]
         self.rows = [r for r in rows if r.get("event") == "eval"]
         old = [r for r in self.rows if "weights" not in r or (r["kind"] == "harness" and "rounds" not in r)]
         if old:  # rows before the store (no weights) or before harness rows counted "rounds" (they said "iterations")
@@ -67,10 +69,10 @@ class Ledger:
     def rounds(self):
         return sum(r["rounds"] for r in self.rows if r["kind"] == "harness")
 
-    def harness_rollouts(self, row=None):
-        """The harness scoring's rollouts over every archive, as of the last row or of `row`, the one of the
-        phase ending now (each harness row holds its archive's rollouts so far)."""
-        rows = self.rows + [row or {}]
+    def harness_rollouts(self, row):
+        """The harness scoring's rollouts over every archive as of `row`, the one of the phase ending now (each
+        harness row holds its archive's rollouts so far)."""
+        rows = self.rows + [row]
         return sum({r["archive"]: r["archive_rollouts"] for r in rows if "archive" in r}.values())
 
     def archive_for(self, weights):
@@ -82,13 +84,20 @@ class Ledger:
         return f"harness_w{sum(r['kind'] == 'weight' for r in self.rows)}", 0
 
     # what the run writes
-    def log_start(self, steps, rounds, code):
-        """The start row: the budgets, and what a resume must find unchanged: the code (its sha256, the store's
-        code_sha) and h0's content."""
+    def log_start(self, steps, rounds, attempt):
+        """The start row: the budgets, h0's content (a resume must find it unchanged) and `attempt`, what this start's
+        work is made under (the code's sha256, store.code_sha; whether harness and proposer code ran unconfined;
+        --workers). A resume under another attempt appends a row of its own ("resume"), so whale.why_store_nothing
+        sees every start a phase in progress may have run in."""
         if self.start is None:
-            self.start = {"event": "start", "weight_steps": steps, "harness_rounds": rounds, "code": code,
-                          "h0": file_sha(self.h0), "time": time.time()}
-            append_jsonl(os.path.join(self.out, "metrics.jsonl"), self.start)
+            self.start = row = {"event": "start", "weight_steps": steps, "harness_rounds": rounds,
+                                "h0": file_sha(self.h0), **attempt, "time": time.time()}
+        elif any(self.attempts[-1].get(k) != v for k, v in attempt.items()):
+            row = {"event": "resume", **attempt, "time": time.time()}
+        else:
+            return
+        append_jsonl(os.path.join(self.out, "metrics.jsonl"), row)
+        self.attempts.append(row)
 
     def log_phase(self, row):
         """A finished phase's row, its test evaluation done: from now on the run goes on from it."""

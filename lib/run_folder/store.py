@@ -44,7 +44,7 @@ def code_sha():
 def only_command(root):
     """The store at `root` serves one command at a time (a put replaces a search another command may be copying): a
     second command on the same domain, preset and seed is refused in one line while the first runs. The lock goes
-    with the process, however it ends."""
+    with the process, however it ends; the items a killed command was building go when the next one takes it."""
     Path(root).mkdir(parents=True, exist_ok=True)
     with open(Path(root) / "lock", "w") as lock:
         try:
@@ -52,6 +52,8 @@ def only_command(root):
         except BlockingIOError:
             raise ValueError(f"{root} is in use by another command on the same domain, preset and seed: wait for it "
                              "to end, or give this one its own --seed or --out") from None
+        for cut in Path(root).glob("*/*.tmp-*"):  # Store.put's, cut by a kill: no command builds them now
+            shutil.rmtree(cut, ignore_errors=True)
         yield
 
 
