@@ -31,7 +31,6 @@ class Ledger:
         self.out, self.h0 = out, os.path.abspath(h0)
         path = os.path.join(out, "metrics.jsonl")
         rows = read_jsonl(path, fix="a run killed while writing it? delete that line and rerun")
-        self.start = next((r for r in rows if r.get("event") == "start"), None)
         # every start of the run that changed what its work is made under: the first, then such resumes (log_start)
         self.attempts = [r for r in rows if r.get("event") in ("start", "resume")]
         self.rows = [r for r in rows if r.get("event") == "eval"]
@@ -41,6 +40,11 @@ class Ledger:
             raise ValueError(f"{path} was written by an older whale.py (it lacks {lacks}): {move_aside(out)}")
         if [r["phase"] for r in self.rows] != list(range(len(self.rows))):
             raise ValueError(f"damaged run file {path} (its phase rows are not 0, 1, 2, ...): {start_over(out)}")
+
+    @property
+    def start(self):
+        """The start row (the budgets, h0's content, the first start's attempt), None before the run's first start."""
+        return self.attempts[0] if self.attempts else None
 
     # where the last finished phase left the run
     @property
@@ -90,8 +94,8 @@ class Ledger:
         --workers). A resume under another attempt appends a row of its own ("resume"), so whale.why_store_nothing
         sees every start a phase in progress may have run in."""
         if self.start is None:
-            self.start = row = {"event": "start", "weight_steps": steps, "harness_rounds": rounds,
-                                "h0": file_sha(self.h0), **attempt, "time": time.time()}
+            row = {"event": "start", "weight_steps": steps, "harness_rounds": rounds, "h0": file_sha(self.h0),
+                   **attempt, "time": time.time()}
         elif any(self.attempts[-1].get(k) != v for k, v in attempt.items()):
             row = {"event": "resume", **attempt, "time": time.time()}
         else:
