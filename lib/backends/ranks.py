@@ -146,7 +146,7 @@ def following(prog, model, out):
         raise SystemExit(f"{prog}: error: trainer rank {rank()}: {error_line(e)}") from None
     finally:
         if active():
-            dist.destroy_process_group()
+            leave()
 
 
 def error_line(e):
@@ -161,7 +161,16 @@ def stop(error):
         broadcast(("stop", error))
     except RankLost:
         pass
+    leave()
+
+
+def leave():
+    """Leave the process groups, the commands' gloo group freed now: a group the module still held was destroyed only
+    at the interpreter's exit, where joining its threads could abort the process ("terminate called without an
+    active exception", exit status -6 after a finished run)."""
+    global _commands
     dist.destroy_process_group()
+    _commands = None
 
 
 def tell(command, payload=None):
