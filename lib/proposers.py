@@ -399,7 +399,9 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
         env = {k: os.environ[k] for k in [cfg.proposer_key_env] if k in os.environ}
     net, egress = network(cfg), None
     shown = f"{net}: {', '.join(endpoints(cfg))}" if net == "endpoint" else net
-    print(f"proposer {cfg.proposer} (sandboxed, network {shown}, in {work}): {shlex.join(argv)}")
+    sandboxed = not switches.disabled()
+    how = f"sandboxed, network {shown}" if sandboxed else "UNCONFINED: --unsafe-no-sandbox, as you, on the host"
+    print(f"proposer {cfg.proposer} ({how}, in {work}): {shlex.join(argv)}")
     t0 = time.time()
     limits = Limits(cfg.proposer_memory_mb, cfg.proposer_max_procs, cfg.proposer_max_file_mb,
                     cfg.proposer_max_written_mb, base_bytes=usage(scratch)[0])
@@ -407,7 +409,6 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
     fd = seccomp.no_fork_filter(no_fork=False, families=seccomp.HOST_NET_FAMILIES if net == "host" else
                                 seccomp.PROPOSER_FAMILIES)
     sockets = tempfile.mkdtemp(prefix="whale-egress-", dir="/tmp")  # short: a socket's path has 107 bytes at most
-    sandboxed = not switches.disabled()
     back = HandBack(taken_files(names)) if sandboxed else None
     try:
         if net == "endpoint" and sandboxed:
