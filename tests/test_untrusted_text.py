@@ -59,8 +59,8 @@ class RealSmoke(FakeRollout):
     the model, so a backend without one will do); scores by the fake."""
 
     def run_episodes(self, domain, path, tasks, backend, **kw):
-        return rollout.run_episodes(RunnableDomain(), path, tasks, SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None)),
-                                    **kw)
+        no_model = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None))
+        return rollout.run_episodes(RunnableDomain(), path, tasks, no_model, **kw)
 
 
 def test_a_harness_error_with_a_lone_surrogate_is_that_candidates_reason(fake, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Run-folder files: copies made whole in one rename; the paths a run folder stores, relative to it so that a moved
-folder resumes; content hashes (file_sha, adapter_id); and the checks that say, before a resume, whether a file it
-reads back (a JSON file, safetensors, a torch file, an RSFT checkpoint) is whole. JSON and JSON Lines files: lib/common.py."""
+folder resumes; content hashes (file_sha, adapter_id); and the checks that say, before a resume, whether a file
+it reads back (a JSON file, safetensors, a torch file, an RSFT checkpoint) is whole. JSON and JSON Lines files:
+lib/common/json_files.py."""
 
 import hashlib
 import json
