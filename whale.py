@@ -229,8 +229,8 @@ def run(cfg, domain, policy):
     if attempt["unconfined"]:  # its harness and proposer code could write what the store serves, or read it
         store.unused = "--unsafe-no-sandbox: harness and proposer code run unconfined"
         print(f"store: this run neither reads nor writes the store ({store.unused}); it computes everything")
-    store.read_only = why_store_nothing(ledger.attempts, attempt)
-    if store.read_only and not store.unused:
+    store.read_only = None if store.unused else why_store_nothing(ledger.attempts, attempt)
+    if store.read_only:
         print(f"store: this run stores nothing ({store.read_only}); it takes what the store holds")
     trainer = None  # the weight step's trainer (its weights, steps and rollouts); none for a run without steps
     if steps:  # RSFT, or the weight step the method's row names (lib/methods.py, rft.WEIGHT_STEPS)
@@ -363,9 +363,7 @@ def store_root(out):
 def why_store_nothing(attempts, attempt):
     """Why this run's work goes into no store item, else None: what it makes would not be what a key says made it.
     attempt: what this start's work is made under; attempts: the run's earlier starts (ledger.attempts), since a
-    phase in progress may have begun in any of them."""
-    if attempt["unconfined"]:  # harness and proposer code ran unconfined: they could have written what the run keeps
-        return "--unsafe-no-sandbox"
+    phase in progress may have begun in any of them (a start under --unsafe-no-sandbox itself: Store.unused)."""
     if any(a.get("unconfined") for a in attempts):
         return "an earlier start of this run was under --unsafe-no-sandbox"
     if any(a.get("code") != attempt["code"] for a in attempts):  # a resume under edited code: its phase is mixed
