@@ -56,7 +56,7 @@ from lib.common.json_files import read_json, sha256, write_json, write_jsonl
 from lib.episodes import sandbox
 from lib.episodes.runner import scoring_rule
 from lib.rules import SUCCESS
-from lib.run_folder.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_checkpoint_model, link_tree,
+from lib.run_folder.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_checkpoint_model, copy_tree,
                                   resolved_path, stored_path, swap_link)
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, parse_with_preset
@@ -411,7 +411,7 @@ class RSFT:
         state = read_json(item / "state.json")
         folder = self.out_dir / f"ckpt-{state['step']:06d}"
         shutil.rmtree(folder, ignore_errors=True)
-        link_tree(item, folder)
+        copy_tree(item, folder)
         # the steps before the phase are this run's own (weights still "base" after steps that trained nothing
         # are the same whichever harness sampled them); the phase's steps name harness files in the run that made
         # them: they stay that run's files here
@@ -419,7 +419,7 @@ class RSFT:
         for row in taken:
             row["harness"] = stored_path(resolved_path(row["harness"], run), self.run_dir)
         state["history"] = self.history + taken
-        write_json(folder / "state.json", state)  # a new file, not the store's hard link
+        write_json(folder / "state.json", state)
         switch_checkpoint(self.out_dir, folder, state["history"])
         # the new trainer loads the checkpoint's adapter onto the base model
         self.policy.drop_adapter()

@@ -49,7 +49,7 @@ from lib.episodes import sandbox, switches
 from lib.episodes.runner import scoring_rule
 from lib.methods import next_phase
 from lib.run_folder import report_to
-from lib.run_folder.files import file_sha, link_file, link_tree, stored_path
+from lib.run_folder.files import copy_file, copy_tree, file_sha, stored_path
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
 from lib.run_folder.store import Store, about, code_sha, only_command
 from lib.subsets import seeded_sample
@@ -226,7 +226,10 @@ def run(cfg, domain, policy):
     store, ledger = Store(store_root(cfg.out)), Ledger(cfg.out, cfg.harness)
     # what this start's work is made under: a resume may change each, and the store then keeps none of it
     attempt = {"code": store.code, "unconfined": switches.disabled(), "workers": cfg.rsft.sampling.workers}
-    store.read_only = why_store_nothing(ledger.attempts, attempt)
+    if attempt["unconfined"]:  # its harness and proposer code could write what the store serves, or read it
+        store.unused = "--unsafe-no-sandbox: harness and proposer code run unconfined"
+        print(f"store: this run neither reads nor writes the store ({store.unused}); it computes everything")
+    store.read_only = None if store.unused else why_store_nothing(ledger.attempts, attempt)
     if store.read_only:
         print(f"store: this run stores nothing ({store.read_only}); it takes what the store holds")
     trainer = None  # the weight step's trainer (its weights, steps and rollouts); none for a run without steps
@@ -314,14 +317,14 @@ def harness_phase(cfg, store, ledger, policy, domain, weights, rounds):
     key = {"weights": weights, "seed": file_sha(seed), "config": config_hash(cfg.search)}
     item = store.find("search", key) if not folder.exists() else None
     if item is not None:  # the same search was made before: copied whole (its index is rewritten), then replayed
-        link_tree(item, folder, copy_function=shutil.copy2)
+        copy_tree(item, folder)
         print(f"harness phase: the same search as {item} (the store), copied")
     cap = before + min(harness_phase_cap(cfg), rounds - ledger.rounds)
     result = meta_harness.search(policy, domain, ledger.harness, str(folder), cfg.search, cap,
                                  stop=harness_stop(cfg, before))
     item = store.find("search", key)
     if item is None or about(item)["rounds"] < result["rounds"]:  # a longer search of the same start
-        store.put("search", key, folder, real_copies=True, about={
+        store.put("search", key, folder, about={
             "run": os.path.abspath(cfg.out), "rounds": result["rounds"], "candidates": cfg.search.candidates})
     return result["winner"], {"rounds": result["rounds"] - before, "archive": archive,
                               "archive_rounds": result["rounds"], "archive_rollouts": result["rollouts"],
@@ -344,8 +347,8 @@ def test_evaluation(store, cfg, policy, domain, tag, weights, harness):
                   about={"run": os.path.abspath(cfg.out), "tag": tag})
     else:
         print(f"test evaluation ({tag}): the same as {item} (the store), taken")
-        link_file(item / "traces.jsonl", traces)
-        link_file(item / "evaluation.json", path)  # last: the run's evaluation is there
+        copy_file(item / "traces.jsonl", traces)
+        copy_file(item / "evaluation.json", path)  # last: the run's evaluation is there
     return read_json(path)["stats"]
 
 
@@ -360,9 +363,7 @@ def store_root(out):
 def why_store_nothing(attempts, attempt):
     """Why this run's work goes into no store item, else None: what it makes would not be what a key says made it.
     attempt: what this start's work is made under; attempts: the run's earlier starts (ledger.attempts), since a
-    phase in progress may have begun in any of them."""
-    if attempt["unconfined"]:  # harness and proposer code ran unconfined: they could have written what the run keeps
-        return "--unsafe-no-sandbox"
+    phase in progress may have begun in any of them (a start under --unsafe-no-sandbox itself: Store.unused)."""
     if any(a.get("unconfined") for a in attempts):
         return "an earlier start of this run was under --unsafe-no-sandbox"
     if any(a.get("code") != attempt["code"] for a in attempts):  # a resume under edited code: its phase is mixed

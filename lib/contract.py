@@ -51,8 +51,9 @@ def check_harness(path):
         raise ValueError(f"{path}: cannot read the harness ({why}): pass a readable Python file") from None
     try:
         tree = ast.parse(source, str(path))
-    except SyntaxError as e:
-        raise ValueError(f"{path}:{e.lineno}: syntax error: {e.msg}; fix the harness so that it compiles") from None
+    except (SyntaxError, ValueError) as e:  # a NUL byte: SyntaxError without a line, ValueError on Python 3.11.2
+        where = f"{path}:{e.lineno}" if getattr(e, "lineno", None) else str(path)
+        raise ValueError(f"{where}: {parse_failure(e)}; fix the harness so that it compiles") from None
     for node in ast.walk(tree):
         bad = forbidden_import(node)
         if bad:
@@ -175,6 +176,15 @@ def not_an_answer(value):
     return None
 
 
+def parse_failure(e):
+    """One line for a source that does not parse, whatever ast.parse raised."""
+    if isinstance(e, SyntaxError) and e.lineno:
+        return f"syntax error: line {e.lineno}: {e.msg}"
+    if isinstance(e, (SyntaxError, ValueError)):  # no line: the whole source (Python 3.11.2: ValueError)
+        return f"syntax error: {e.msg if isinstance(e, SyntaxError) else e}"
+    return f"syntax error: {type(e).__name__}: {e}"
+
+
 def static_check(source, parent_source=None, prompt_only=False, domain=None):
     """None when the candidate may be run, else the reason it is rejected (domain: its domain, whose
     BANNED_IMPORTS are refused with its own reason)."""
@@ -184,8 +194,10 @@ def static_check(source, parent_source=None, prompt_only=False, domain=None):
         return f"too large: {len(source)} characters (max {MAX_HARNESS_CHARS})"
     try:
         tree = ast.parse(source)
-    except SyntaxError as e:
-        return f"syntax error: line {e.lineno}: {e.msg}"
+    except RecursionError:
+        raise  # meta_harness.validate's own reason: too deeply nested
+    except Exception as e:  # any parse failure is the candidate's (a NUL byte: SyntaxError, ValueError on 3.11.2)
+        return parse_failure(e)
     runs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
     if not runs or [a.arg for a in runs[-1].args.args] != ["task", "llm", "tools"] or runs[-1].args.vararg \
             or runs[-1].args.kwonlyargs or runs[-1].args.kwarg or runs[-1].args.posonlyargs:
@@ -220,7 +232,7 @@ def owned_change(tree, parent_source):
     when the parent lists none or does not parse."""
     try:
         parent = ast.parse(parent_source or "")
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         return None
     owned = [n.value for n in parent.body if isinstance(n, ast.Assign) and len(n.targets) == 1
              and isinstance(n.targets[0], ast.Name) and n.targets[0].id == RUNNER_OWNS]
@@ -274,5 +286,5 @@ def normalized(source):
     """The code without formatting and comments, for duplicate checks (None when it does not parse)."""
     try:
         return ast.dump(ast.parse(source))
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         return None

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from lib.paper import web
 from lib.archive import log_cost
+from lib.common.text import valid_text
 from lib.proposers import ProposalFailed, finish
 from lib.rules import SUCCESS, rank
 
@@ -55,8 +56,9 @@ def propose_openai(work, run_dir, names, rows, parent, iteration, cfg):
         code, d = python_block(reply), work / "candidates" / name
         if code is None:
             (d / "harness.py").unlink()
-        else:
-            (d / "harness.py").write_text(code)
+        else:  # as bytes: a lone surrogate stays one that no text holds, and take_candidates rejects the file
+            (d / "harness.py").write_bytes(code.encode("utf-8", "surrogatepass"))  # (not UTF-8 text), this one's error
+        reply = valid_text(reply)  # its fields are printed and kept
         claimed = field(reply, "parent")
         finish(work, name, hypothesis=field(reply, "hypothesis"), changed=field(reply, "changed"),
                parent=claimed if claimed in {r["name"] for r in rows} else parent)
@@ -95,7 +97,7 @@ def api_message(err):
         body = json.loads(text)
         inner = body.get("error", body) if isinstance(body, dict) else {}
         message = inner.get("message") if isinstance(inner, dict) else inner
-        return str(message or text)[:300].strip()
+        return valid_text(str(message or text)[:300].strip())
     except (ValueError, RecursionError):
         return text[:300].strip() or err.reason
 

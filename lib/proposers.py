@@ -27,6 +27,7 @@ from lib.archive import log_cost
 from lib.briefs import BRIEFS, INSTRUCTIONS, NULL_RULES, llm_interface
 from lib.contract import ALLOWED_IMPORTS, MAX_HARNESS_CHARS
 from lib.common.json_files import read_json, write_json
+from lib.common.text import valid_text
 
 PROJECT = Path(__file__).resolve().parent.parent  # the repository, denied to the claude proposer by name
 # what a proposer sees (a copy) and what the search takes back from it (capped)
@@ -110,7 +111,7 @@ def propose_in_copy(run_dir, names, rows, parent, iteration, domain, cfg, ask):
         try:
             handed = ask(work, scratch)
         except ProposalFailed as e:
-            return str(e)
+            return valid_text(str(e))  # what a CLI or a server said: printed and kept
         take_candidates(work, handed, run_dir, names, parent, iteration, cfg.proposer)
         take_notes(work, handed, run_dir)
         return None
@@ -192,7 +193,7 @@ def untrusted_fields(work, handed, name):
     if not isinstance(meta, dict):
         return {}
     caps = {"parent": 100, "hypothesis": MAX_FIELD_CHARS, "changed": MAX_FIELD_CHARS}
-    return {k: meta[k].strip()[:cap] for k, cap in caps.items() if isinstance(meta.get(k), str)}
+    return {k: valid_text(meta[k]).strip()[:cap] for k, cap in caps.items() if isinstance(meta.get(k), str)}
 
 
 def take_notes(work, handed, run_dir):
@@ -398,7 +399,9 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
         env = {k: os.environ[k] for k in [cfg.proposer_key_env] if k in os.environ}
     net, egress = network(cfg), None
     shown = f"{net}: {', '.join(endpoints(cfg))}" if net == "endpoint" else net
-    print(f"proposer {cfg.proposer} (sandboxed, network {shown}, in {work}): {shlex.join(argv)}")
+    sandboxed = not switches.disabled()
+    how = f"sandboxed, network {shown}" if sandboxed else "UNCONFINED: --unsafe-no-sandbox, as you, on the host"
+    print(f"proposer {cfg.proposer} ({how}, in {work}): {shlex.join(argv)}")
     t0 = time.time()
     limits = Limits(cfg.proposer_memory_mb, cfg.proposer_max_procs, cfg.proposer_max_file_mb,
                     cfg.proposer_max_written_mb, base_bytes=usage(scratch)[0])
@@ -406,7 +409,6 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
     fd = seccomp.no_fork_filter(no_fork=False, families=seccomp.HOST_NET_FAMILIES if net == "host" else
                                 seccomp.PROPOSER_FAMILIES)
     sockets = tempfile.mkdtemp(prefix="whale-egress-", dir="/tmp")  # short: a socket's path has 107 bytes at most
-    sandboxed = not switches.disabled()
     back = HandBack(taken_files(names)) if sandboxed else None
     try:
         if net == "endpoint" and sandboxed:
@@ -453,6 +455,7 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
         error = None if rc == 0 else f"exit {rc}: {(err or out).strip()[-300:] or 'no output'}"
     if not error and isinstance(handed, str):  # what its sandbox handed back is not what FOLDER writes
         error = handed
+    error = valid_text(error)  # its output's tail, or claude's message
     log_cost(run_dir, {**cost, "error": error})
     if error:
         raise ProposalFailed(error)
@@ -651,7 +654,7 @@ def claude_result(stdout):
               "turns": number(res.get("num_turns")),
               "permission_denials": len(res["permission_denials"]) if isinstance(res.get("permission_denials"),
                                                                                 list) else 0,
-              "models": sorted(res["modelUsage"]) if isinstance(res.get("modelUsage"), dict) else []}
+              "models": sorted(map(valid_text, res["modelUsage"])) if isinstance(res.get("modelUsage"), dict) else []}
     result = res.get("result") if isinstance(res.get("result"), str) else ""
     errors = res["errors"] if isinstance(res.get("errors"), list) else []  # only its strings: never str() of a
     message = (result or "; ".join(e for e in errors if isinstance(e, str)))[:500] or "no message"  # deep value

@@ -252,8 +252,8 @@ def test_every_engine_keyword_exists_in_the_pinned_engine_args(vllm, vision, cud
 
 
 def test_the_engine_copy_is_written_fresh(tmp_path):
-    """An adapter folder's files may be hard links of a stored snapshot's (lib/run_folder/files.link_tree): the copy the
-    engine loads is written as new files, so a later sync never changes a snapshot's."""
+    """An adapter folder's files may be hard links of a snapshot's (a user's own copy, say): the copy the engine
+    loads is written as new files, so a later sync never changes a snapshot's."""
     from safetensors.torch import load_file, save_file
     adapter = tmp_path / "adapter"
     adapter.mkdir()

@@ -21,6 +21,7 @@ from lib.episodes import cgroups, sandbox, switches
 from lib.contract import ALLOWED_IMPORTS, check_harness
 from lib.backends.models import chat_ids, thinking_switch
 from lib.common.errors import InfrastructureError
+from lib.common.text import valid_text
 from lib.episodes.worker_pool import POOL, WORKER_TASKS, worker_memory_bytes
 
 
@@ -508,7 +509,7 @@ class Runner:
                 if not isinstance(msg, dict):
                     raise ValueError("not an object")
                 check_depth(msg)
-                self.on_message(w, msg, time.time())
+                self.on_message(w, valid_text(msg), time.time())  # a lone surrogate becomes '?' here, once
             except Exception as e:  # a harness can write to its pipe directly: forged messages cost its episode
                 return self.fail(w.episode, f"protocol violation: {type(e).__name__}: {e}"[:500], w) if w.episode \
                     else self.retire(w)

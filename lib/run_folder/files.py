@@ -1,6 +1,7 @@
-"""Run-folder files: hard links; the paths a run folder stores, relative to it so that a moved folder resumes;
-content hashes (file_sha, adapter_id); and the checks that say, before a resume, whether a file it reads back
-(a JSON file, safetensors, a torch file, an RSFT checkpoint) is whole. JSON and JSON Lines files: lib/common.py."""
+"""Run-folder files: copies made whole in one rename; the paths a run folder stores, relative to it so that a moved
+folder resumes; content hashes (file_sha, adapter_id); and the checks that say, before a resume, whether a file
+it reads back (a JSON file, safetensors, a torch file, an RSFT checkpoint) is whole. JSON and JSON Lines files:
+lib/common/json_files.py."""
 
 import hashlib
 import json
@@ -22,29 +23,21 @@ def swap_link(link, target):
     os.replace(tmp, link)
 
 
-def link_tree(src, dst, copy_function=None):
-    """dst as a copy of the folder src, made of hard links (files are never rewritten in place here; pass
-    copy_function=shutil.copy2 for real copies), in a temporary folder renamed at the end, so a kill leaves
-    either nothing or the whole copy."""
+def copy_tree(src, dst):
+    """dst as a copy of the folder src (real copies: an edit of either never reaches the other), in a temporary
+    folder renamed at the end, so a kill leaves either nothing or the whole copy."""
     tmp = Path(str(dst) + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, copy_function=copy_function or link_or_copy)
+    shutil.copytree(src, tmp)
     os.replace(tmp, dst)
 
 
-def link_file(src, dst):
-    """dst as a hard link of (or a copy of) src, put in place in one rename."""
+def copy_file(src, dst):
+    """dst as a copy of src, put in place in one rename."""
     tmp = Path(str(dst) + ".tmp")
     tmp.unlink(missing_ok=True)
-    link_or_copy(src, tmp)
+    shutil.copy2(src, tmp)
     os.replace(tmp, dst)
-
-
-def link_or_copy(src, dst):
-    try:
-        os.link(src, dst)
-    except OSError:  # another file system, or none that has hard links
-        shutil.copy2(src, dst)
 
 
 def stored_path(path, run_dir):

@@ -6,12 +6,15 @@ It lies beside their run folders: results/<preset>[/seed-<n>]/<domain>/store/ (f
     item = store.put("weights", key, ckpt)     # a copy of a file or folder ({name: path} for several), in place
     with only_command(root): ...               # one command at a time on a store
 
-An item is store/<kind>/<sha256 of its key>/: the work and key.json (the key in full, and `about`: the run that
-made it), built in a temporary folder and renamed into place, so a kill leaves no item or the whole one. The kinds:
-weights (an RSFT checkpoint at a weight phase's end), search (a harness archive) and evaluation (evaluation.json
-and its traces). What each key holds, and what it does not: docs/design.md section 9. A find checks the item whole
-(check_item); one that fails is removed, said in one line, and computed again by the caller from the same inputs
-(the same seeds give the same result), never used. It runs nothing: whale.py's phases do the work."""
+An item is store/<kind>/<sha256 of its key>/: a copy of the work and key.json (the key in full, `about`: the run
+that made it, and the sha256 of every file as it was put), built in a temporary folder and renamed into place, so a
+kill leaves no item or the whole one. The kinds: weights (an RSFT checkpoint at a weight phase's end), search (a
+harness archive) and evaluation (evaluation.json and its traces). What each key holds, and what it does not:
+docs/design.md section 9. A find serves only what was stored: key.json's key is the key looked up, every file
+hashes as it did at put, none was added (check_stored), and the item is whole (check_item); one that fails is
+removed, said in one line, and computed again by the caller from the same inputs (the same seeds give the same
+result), never used. Items and runs hold copies, never hard links, so editing a run's files never edits the store.
+It runs nothing: whale.py's phases do the work."""
 import fcntl
 import hashlib
 import json
@@ -22,8 +25,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from lib.archive import check_archive
-from lib.common.json_files import json_object, read_json, whole_jsonl, write_json
-from lib.run_folder.files import check_checkpoint_files, link_or_copy
+from lib.common.json_files import json_object, read_json, sha256, whole_jsonl, write_json
+from lib.run_folder.files import check_checkpoint_files
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMAGED = "it is removed and computed again"
@@ -61,19 +64,25 @@ class Store:
     def __init__(self, root):
         self.root = Path(root)
         self.code = code_sha()  # the code as this command found it (whale.main reads it before the model loads)
+        self.unused = None  # why this run neither reads nor writes the store (--unsafe-no-sandbox), else None
         self.read_only = None  # why this run puts nothing (whale.why_store_nothing), else None
 
+    def full_key(self, key):
+        return {**key, "code": self.code}
+
     def item(self, kind, key):
-        key = json.dumps({**key, "code": self.code}, sort_keys=True)
+        key = json.dumps(self.full_key(key), sort_keys=True)
         return self.root / kind / hashlib.sha256(key.encode()).hexdigest()
 
     def find(self, kind, key):
         """The folder of the finished item of `kind` under `key`, else None: none made, or one that fails its
-        check, removed (the caller computes it again)."""
+        check (another key, a file added, removed or edited since its put, or not whole), removed (the caller
+        computes it again)."""
         item = self.item(kind, key)
-        if not (item / "key.json").exists():
+        if self.unused or not (item / "key.json").exists():
             return None
         try:
+            check_stored(item, self.full_key(key))
             check_item(kind, item)
         except ValueError as e:
             print(f"{item}: damaged ({e}): computed again from the same inputs")
@@ -81,26 +90,53 @@ class Store:
             return None
         return item
 
-    def put(self, kind, key, work, about, real_copies=False):
-        """The item of `kind` under `key`: `work` (a file or folder, or {name in the item: path}) copied in,
-        key.json last, renamed into place over any older one (a longer search of the same start). Hard links,
-        or real copies for what a later search rewrites (an archive's index). -> the item's folder (None: read_only)"""
-        if self.read_only:
+    def put(self, kind, key, work, about):
+        """The item of `kind` under `key`: `work` (a file or folder, or {name in the item: path}) copied in (real
+        copies: a later edit of the run's files never reaches the item), then key.json (the key, `about`, and the
+        sha256 of every file), renamed into place over any older one (a longer search of the same start).
+        -> the item's folder (None: unused or read_only)"""
+        if self.unused or self.read_only:
             return None
         item = self.item(kind, key)
         tmp = item.with_name(f"{item.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        copy = shutil.copy2 if real_copies else link_or_copy
         for name, path in (work if isinstance(work, dict) else {"": work}).items():
             if Path(path).is_dir():
-                shutil.copytree(path, tmp / name, copy_function=copy, dirs_exist_ok=True)
+                shutil.copytree(path, tmp / name, dirs_exist_ok=True)
             else:
-                copy(path, tmp / name)
-        write_json(tmp / "key.json", {"key": {**key, "code": self.code}, "about": about})
+                shutil.copy2(path, tmp / name)
+        write_json(tmp / "key.json", {"key": self.full_key(key), "about": about, "files": file_hashes(tmp)})
         shutil.rmtree(item, ignore_errors=True)
         os.replace(tmp, item)
         return item
+
+
+def file_hashes(item):
+    """{path in the item: sha256} of every file in it but key.json (a symlink or another kind of file: ValueError)."""
+    hashes = {}
+    for path in sorted(Path(item).rglob("*")):
+        rel = str(path.relative_to(item))
+        if path.is_symlink() or not (path.is_file() or path.is_dir()):
+            raise ValueError(f"{rel} is not a regular file or folder")
+        if path.is_file() and rel != "key.json":
+            hashes[rel] = sha256(path)
+    return hashes
+
+
+def check_stored(item, key):
+    """The item is what its put stored under `key`, else ValueError naming what is not: key.json holds this very
+    key (an item renamed or its key.json edited is another key's), and every file the put hashed is there, as it
+    was, with nothing beside it."""
+    stored = json_object(item / "key.json", DAMAGED, keys=("key", "about", "files"))
+    if stored["key"] != json.loads(json.dumps(key)):
+        raise ValueError(f"{item / 'key.json'} holds another key")
+    hashes = file_hashes(item)
+    if not isinstance(stored["files"], dict) or set(hashes) != set(stored["files"]):
+        raise ValueError("its files are not the ones it stored")
+    edited = [rel for rel, sha in hashes.items() if stored["files"][rel] != sha]
+    if edited:
+        raise ValueError(f"{edited[0]} was edited since it was stored")
 
 
 def about(item):
