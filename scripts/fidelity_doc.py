@@ -5,6 +5,7 @@ official and stated. tests/test_fidelity.py fails when the committed page is not
     python scripts/fidelity_doc.py           # writes docs/fidelity.md
     python scripts/fidelity_doc.py --check   # exit 1 when docs/fidelity.md is not what the table makes
 """
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -85,16 +86,19 @@ def render(table):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    text = render(json.loads(TABLE.read_text()))
-    if argv == ["--check"]:
+    parser = argparse.ArgumentParser(description="write docs/fidelity.md from docs/fidelity.json")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when the page is not the table's")
+    args = parser.parse_args(argv)
+    table = json.loads(TABLE.read_text())
+    text = render(table)
+    if args.check:
         if PAGE.read_text() != text:
             print("docs/fidelity.md is not what docs/fidelity.json makes: run python scripts/fidelity_doc.py",
                   file=sys.stderr)
             return 1
         return 0
     PAGE.write_text(text)
-    print(f"wrote {PAGE.relative_to(ROOT)}: {counts(json.loads(TABLE.read_text())['settings'])}")
+    print(f"wrote {PAGE.relative_to(ROOT)}: {counts(table['settings'])}")
     return 0
 
 
