@@ -78,8 +78,8 @@ def render(table):
     out += setting_rows(table)
     out += ["", "## Constants that change no result", "",
             "Every other upper-case constant of the run's modules (`tests/test_fidelity.py` lists them from the "
-            "code), and why it cannot change a result (`module.*`: a whole package; `module:*`: a whole module). The h0 "
-            "files' constants (harnesses/paper/) are the `harness` row's: each file is the port of the official h0 "
+            "code), and why it cannot change a result (`module.*`: a whole package; `module:*`: a whole module). "
+            "The h0 files' constants (harnesses/paper/) are the `harness` row's: each file is the port of the official h0 "
             "(settings 2 and 11), and a candidate may change them.", "",
             "| constant | why no result |", "|---|---|"]
     out += [f"| {cell(name)} | {cell(why)} |" for name, why in table["result_free"].items()]

@@ -452,7 +452,8 @@ def constant_value(name):
 def result_free(name, free):
     """The reason `name` changes no result: its own entry, its module's ('module:*') or a package's ('pkg.*')."""
     module = name.split(":")[0]
-    for key in (name, module + ":*", *(".".join(module.split(".")[:i]) + ".*" for i in range(1, module.count(".") + 1))):
+    packages = [".".join(module.split(".")[:i]) + ".*" for i in range(1, module.count(".") + 1)]
+    for key in (name, module + ":*", *packages):
         if key in free:
             return free[key]
     return None
