@@ -56,7 +56,7 @@ from lib.paper import paper_data
 from lib.paper.retriever import check_flags as check_retriever_flags, shared_retriever
 from lib.contract import check_harness_fits
 from lib.paper.judge import FLAGS as JUDGE_FLAGS, JUDGE_GROUP, judge_from_flags
-from lib.episodes.python_tool import PYTHON_TIMEOUT_S, run_python
+from lib.episodes.python_tool import MAX_OUTPUT_CHARS, PYTHON_TIMEOUT_S, run_python
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 SPLITS = ("train", "harness", "test")
@@ -114,6 +114,13 @@ class Domain:
     # docs/fidelity.md setting 4); these, the project's own, hold for any other domain
     SKILL_RULES = ("; the round's candidates test different mechanisms, each a falsifiable hypothesis tied to failures "
                    "seen in the traces. Do not stop early or call the current best optimal.")
+    # the brief's words for what a proposer notes of the traces (step 2) and puts in a candidate's `hypothesis`
+    # (step 3), and the `axis` it records where its skill names lettered axes (searchqa, math: pending_eval.json's
+    # "axis", which evolution_summary.jsonl keeps and their axis rules read); chess's skill asks for failures and
+    # one mechanism, never for hypotheses or an axis (docs/fidelity.json: brief_chess_wording, candidate_axis)
+    NOTES_RULE = "falsifiable hypotheses about why episodes fail"
+    HYPOTHESIS_RULE = "falsifiable: what will change in the score and why"
+    AXIS_RULE = ""
     # what judges an answer, in words: summary.json records it and the report's table header shows it (None: a
     # domain with one verifier and nothing to tell apart says none)
     VERIFIER = None
@@ -290,6 +297,7 @@ tool schema (`TOOLS`), keep its name and its first parameter: the weights are tr
     SKILL_RULES = ("; each tests one falsifiable hypothesis tied to a failure seen in the traces, and the round's "
                    "candidates test distinct hypotheses on different axes (A-F below). Do not stop early or call the "
                    "current best optimal.")
+    AXIS_RULE = ", `axis` (the letter, A-F, of the axis below it explores)"
     judge = None  # lib.paper.judge.Judge with --judge-url, else exact match
 
     def verifier(self):
@@ -350,14 +358,21 @@ tool schema (`TOOLS`), keep its name and its first parameter: the weights are tr
 # Math
 
 
+# the python tool's output with the paper's data: whole up to this many characters (a message's cap,
+# lib/episodes/runner.py MAX_CHARS 32,000, less room for the cut's marker), so the paper h0 cuts it as the official
+# training does (4,096 characters, head and tail: harnesses/paper/math.py MAX_OUTPUT_CHARS) and a candidate may keep
+# more, as the official harness scoring does (every call's whole output); the bundled data keeps
+# lib.episodes.python_tool.MAX_OUTPUT_CHARS (2,000), as its h0s were calibrated
+PAPER_TOOL_OUTPUT_CHARS = 30_000
+
+
 class PythonTools:
-    def __init__(self, timeout_s=PYTHON_TIMEOUT_S):
-        self.timeout_s = timeout_s
+    def __init__(self, timeout_s=PYTHON_TIMEOUT_S, max_chars=MAX_OUTPUT_CHARS):
+        self.timeout_s, self.max_chars = timeout_s, max_chars
 
     def python(self, code):
-        """Run code; return its stdout and stderr (or an error text), cut to
-        lib.episodes.python_tool.MAX_OUTPUT_CHARS."""
-        return run_python(code, timeout_s=self.timeout_s)
+        """Run code; return its stdout and stderr (or an error text), cut to max_chars."""
+        return run_python(code, timeout_s=self.timeout_s, max_chars=self.max_chars)
 
 
 def last_boxed(text):
@@ -403,6 +418,7 @@ the model a tool schema (`TOOLS`), keep its name and its first parameter (`code`
     # and "Do not stop early"; it has no rule on axes or on how a round's candidates differ
     SKILL_RULES = ("; each tests one falsifiable hypothesis tied to a failure seen in the traces. Do not stop early "
                    "or call the current best optimal.")
+    AXIS_RULE = ", `axis` (the letter, A-F, of the axis below it explores)"
     python_timeout_s = PYTHON_TIMEOUT_S  # tests and quick runs may lower it on the instance
     # bundled test split: GSM8K originals, or "generated" (1-2 steps, held out from train)
     test_set = "gsm8k"
@@ -425,7 +441,7 @@ the model a tool schema (`TOOLS`), keep its name and its first parameter (`code`
         return {"question": task["question"]}
 
     def tools(self, task):
-        return PythonTools(self.python_timeout_s)
+        return PythonTools(self.python_timeout_s, MAX_OUTPUT_CHARS if self.data is None else PAPER_TOOL_OUTPUT_CHARS)
 
     def reward(self, task, answer, tools=None):
         if not isinstance(answer, str):
@@ -545,6 +561,11 @@ MAX_TURNS are yours."""
     # parser ambiguity), then "Choose one concrete mechanism"; it has no rule on axes, hypotheses or stopping early
     SKILL_RULES = ("; each is one concrete mechanism chosen from the failures the traces show (malformed or illegal "
                    "output, legal wrong moves, the token budget, an ambiguous parse).")
+    # the skill's workflow, step 2: "Separate failures caused by malformed output, illegal output, legal wrong moves,
+    # token budget, and parser ambiguity"; step 3: "Choose one concrete mechanism" (no hypotheses asked)
+    NOTES_RULE = ("which failures the traces show (malformed output, illegal output, legal wrong moves, the token "
+                  "budget, an ambiguous parse)")
+    HYPOTHESIS_RULE = "the one mechanism and the failures it should reduce"
     san_marks = False  # --chess-san-marks: SAN with + and # (the paper and gpu presets)
 
     def public(self, task):

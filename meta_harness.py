@@ -32,14 +32,14 @@ copy of the harness-set material (code, meta, scores, traces, summary, frontier,
 folder outside the run folder, runs there in its own session inside the OS sandbox (lib/episodes/sandbox.py:
 it sees that folder and nothing of the project, the data or the run's evals/), and afterwards the
 search takes back only each new candidate's harness.py (size-capped, no symlinks), its parent /
-hypothesis / changed as short text, and notes.md. Validity and scores are always the search's own. A
+hypothesis / axis / changed as short text, and notes.md. Validity and scores are always the search's own. A
 proposer call that fails (the CLI reports an error, a timeout, an API error after retries) is
 retried; --proposer-max-failures in a row stop the search. (Officially math retries too, while
 searchqa spends the iteration and chess aborts the run: here every domain retries, so a method's
 rounds never depend on how often the proposer's service failed.)
     INSTRUCTIONS.md                  what the proposer was asked to do this iteration
     candidates/<name>/harness.py     the candidate (h0 is the seed; h<iteration>_<j> the proposals)
-    candidates/<name>/meta.json      parent, hypothesis, change, proposer, iteration, valid, reason
+    candidates/<name>/meta.json      parent, hypothesis, axis, change, proposer, iteration, valid, reason
     candidates/<name>/scores.json    harness-set score, mean turns, tokens, rollouts, errors, time
     candidates/<name>/traces.jsonl   the harness-set episodes (messages, completions, tools, reward)
     summary.jsonl                    one row per candidate

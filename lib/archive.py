@@ -32,7 +32,8 @@ def candidate_rows(run_dir):
                      "score": scores.get("score"), "mean_turns": scores.get("mean_turns"),
                      "tokens": scores.get("tokens"), "errors": scores.get("errors"),
                      "rollouts": scores.get("rollouts", 0) + meta.get("smoke_rollouts", 0),
-                     "hypothesis": meta.get("hypothesis", ""), "changed": meta.get("changed", "")})
+                     "hypothesis": meta.get("hypothesis", ""), "axis": meta.get("axis", ""),
+                     "changed": meta.get("changed", "")})
     return sorted(rows, key=lambda r: (r["iteration"], len(r["name"]), r["name"]))
 
 

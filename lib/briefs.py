@@ -19,7 +19,7 @@ are fixed during this search. Each candidate is scored on a fixed harness set dr
 split (1 rollout per task); """ + WINNER_RULE + """.
 
 ## The archive (this folder, a copy made for this iteration)
-- `summary.jsonl`: one row per candidate (name, iteration, parent, hypothesis, what changed, valid,
+- `summary.jsonl`: one row per candidate (name, iteration, parent, hypothesis, axis, what changed, valid,
   rejection reason, score, mean turns, tokens, rollouts).
 - `frontier.json`: the best candidate so far, its lineage and the best-score series per iteration.
 - `candidates/<name>/harness.py`: every candidate's code; `meta.json`: its parent and hypothesis;
@@ -48,17 +48,17 @@ split (1 rollout per task); """ + WINNER_RULE + """.
 1. Read the archive first: `summary.jsonl`, `frontier.json`, and traces of recent failures and
    successes (reward 0 and 1) of the best candidates.
 2. Append to `notes.md` a section `## iteration {iteration}`: what the last iteration taught, and
-   falsifiable hypotheses about why episodes fail.
+   {notes_rule}.
 3. Write the candidates below. Each starts as a copy of `{parent}` (the current best); edit it in
    place, or replace it with another candidate's code and set `parent` accordingly. Each candidate
    changes ONE mechanism (a prompt strategy, a parser fix, a retry policy, a context or tool-result
    format, a turn budget), not a sweep of constants{round_rule}{skill_rules}
-   In its `meta.json`, fill `hypothesis` (falsifiable: what will change in the score and why) and
+   In its `meta.json`, fill `hypothesis` ({hypothesis_rule}){axis_rule} and
    `changed` (what you changed); keep the other fields.
 4. General changes only: never mention, special-case or guess dataset items or gold answers; never
    change the model, the data, the reward or what a tool does. Touch no file other than the ones
    named here and `notes.md`, and read nothing outside this folder.
-5. Only the candidates' `harness.py`, the `parent`, `hypothesis` and `changed` of their `meta.json`,
+5. Only the candidates' `harness.py`, the `parent`, `hypothesis`, `axis` and `changed` of their `meta.json`,
    and `notes.md` are read back. The search validates and scores every candidate itself; anything
    else written here is discarded.
 

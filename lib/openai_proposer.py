@@ -149,7 +149,7 @@ def openai_prompt(run_dir, rows, instructions, name, made, budget_tokens):
     if made:
         ask += "Already proposed this iteration (pick a different mechanism):\n" + "\n".join(made) + "\n"
     summary = "\n".join(json.dumps({k: r[k] for k in ("name", "parent", "valid", "reason", "score", "mean_turns",
-                                                          "hypothesis", "changed")}) for r in rows)
+                                                          "hypothesis", "axis", "changed")}) for r in rows)
     parts = [instructions, ask, "## summary.jsonl\n" + summary[-budget // 4:]]
     for r in ranked[:2]:
         parts.append(f"## candidates/{r['name']}/harness.py (score {r['score']})\n```python\n"

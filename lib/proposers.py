@@ -2,8 +2,8 @@
 folders (a copy of the parent to edit), and the untrusted ones' confinement. An untrusted proposer (the
 agent CLIs `command` and `claude` here, `openai` in lib/openai_proposer.py) never works in the run folder:
 propose_in_copy gives it a copy of the harness-set material in a fresh folder and takes back only each new
-candidate's harness.py (size-capped, no symlinks), its parent / hypothesis / changed as short text, and
-notes.md. The agent CLIs run in the OS sandbox (lib/episodes/sandbox.py), where that folder is a file system of
+candidate's harness.py (size-capped, no symlinks), its parent / hypothesis / axis / changed as short text,
+and notes.md. The agent CLIs run in the OS sandbox (lib/episodes/sandbox.py), where that folder is a file system of
 its own (a tmpfs of --proposer-max-written-mb beside the archive copy: the kernel refuses what goes past it), filled
 from the copy before the command starts; only the files the search takes come back out (FOLDER, HandBack)."""
 
@@ -61,6 +61,8 @@ def write_instructions(run_dir, domain, names, parent, iteration, cfg):
                                tool_methods=", ".join(f"`{m}`" for m in domain.TOOL_METHODS),
                                allowed=", ".join(ALLOWED_IMPORTS), caps=domain.CAPS, domain_brief=domain.BRIEF,
                                scoring=domain.scoring_brief(), skill_rules=domain.SKILL_RULES,
+                               notes_rule=domain.NOTES_RULE, hypothesis_rule=domain.HYPOTHESIS_RULE,
+                               axis_rule=domain.AXIS_RULE,
                                prompt_only=prompt_only, llm_interface=llm_interface(), **BRIEFS[cfg.proposer_brief],
                                null_rule=NULL_RULES[cfg.null_check].format(margin=cfg.null_margin),
                                iteration=iteration,
@@ -77,8 +79,9 @@ def prepare(run_dir, names, parent, iteration, proposer):
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         shutil.copy(Path(run_dir) / "candidates" / parent / "harness.py", d / "harness.py")
-        write_json(d / "meta.json", {"parent": parent, "hypothesis": "", "changed": "", "proposer": proposer,
-                                     "iteration": iteration, "proposed": False, "valid": None, "reason": None})
+        write_json(d / "meta.json", {"parent": parent, "hypothesis": "", "axis": "", "changed": "",
+                                     "proposer": proposer, "iteration": iteration, "proposed": False, "valid": None,
+                                     "reason": None})
 
 
 def finish(run_dir, name, **fields):
@@ -179,20 +182,21 @@ def take_candidates(work, handed, run_dir, names, parent, iteration, proposer):
         if source is not None:
             (d / "harness.py").write_text(source)
         write_json(d / "meta.json", {"parent": fields.get("parent") or parent,
-                                     "hypothesis": fields.get("hypothesis", ""), "changed": fields.get("changed", ""),
+                                     "hypothesis": fields.get("hypothesis", ""), "axis": fields.get("axis", ""),
+                                     "changed": fields.get("changed", ""),
                                      "proposer": proposer, "iteration": iteration, "proposed": True,
                                      "valid": None if reason is None else False, "reason": reason})
 
 
 def untrusted_fields(work, handed, name):
-    """parent / hypothesis / changed from the proposer's meta.json, as short strings (anything else: absent)."""
+    """parent / hypothesis / axis / changed from the proposer's meta.json, as short strings (anything else: absent)."""
     try:
         meta = json.loads(read_left(work, handed, f"candidates/{name}/meta.json", MAX_META_BYTES))
     except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(meta, dict):
         return {}
-    caps = {"parent": 100, "hypothesis": MAX_FIELD_CHARS, "changed": MAX_FIELD_CHARS}
+    caps = {"parent": 100, "hypothesis": MAX_FIELD_CHARS, "axis": 100, "changed": MAX_FIELD_CHARS}
     return {k: valid_text(meta[k]).strip()[:cap] for k, cap in caps.items() if isinstance(meta.get(k), str)}
 
 
