@@ -552,12 +552,12 @@ def row_of(table, name):
     return next(r for r in table["settings"] if r["setting"] == name)
 
 
-@pytest.mark.parametrize("change", ["lora_alpha", "top_p", "harness_set_seed", "reason", "line", "config_key",
-                                    "constant", "doc"])
+@pytest.mark.parametrize("change", ["lora_alpha", "top_p", "harness_set_seed", "retry_wait", "reason", "line",
+                                    "config_key", "constant", "doc"])
 def test_the_fidelity_check_fails_naming_the_setting(monkeypatch, change):
-    """One value changed in the code (rft.py's LoRA alpha default, the engines' top-p, math's harness-set seed), a
-    stated row's reason emptied, an official row's line dropped, a config key or a constant without a row, or the
-    page edited: the check names it."""
+    """One value changed in the code (rft.py's LoRA alpha default, the engines' top-p, math's harness-set seed, the
+    retriever's retry wait), a stated row's reason emptied, an official row's line dropped, a config key or a
+    constant without a row, or the page edited: the check names it."""
     import rft
     from lib.backends import engines
     doc = (ROOT / "docs" / "fidelity.md").read_text()
@@ -579,6 +579,11 @@ def test_the_fidelity_check_fails_naming_the_setting(monkeypatch, change):
         problems = fidelity_problems()
         assert problems == [f"domains:HARNESS_SET_SEED ({d}): the code has 42, docs/fidelity.json 0"
                             for d in PAPER_DOMAINS]
+    elif change == "retry_wait":  # the table's prose says "sent once more after 5 s": the value is a row's, checked
+        from lib.paper import retriever
+        monkeypatch.setattr(retriever, "RETRY_WAIT_S", 10.0)
+        assert fidelity_problems() == [f"lib.paper.retriever:RETRY_WAIT_S ({d}): the code has 10.0, docs/fidelity.json "
+                                       "5.0" for d in PAPER_DOMAINS]
     elif change == "reason":
         table = table_with(lambda t: row_of(t, "lora_alpha").update(reason=" "))
         assert fidelity_problems(table, doc)[0] == "lora_alpha: status stated, but no reason in docs/fidelity.json"
