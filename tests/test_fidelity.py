@@ -449,6 +449,25 @@ def constant_value(name):
     return value
 
 
+# a constant a row covers has its value in the row's `values` when its JSON is at most this long (a number, a flag,
+# a dataset's name, a short rule); longer ones (the briefs, FOLDER's script, the presets' whole table) are what the
+# row's text describes. The worker's script runs at import: its constants (the sandbox's guards, a machine's path)
+# stay names under harness_contract.
+SHORT_VALUE = 200
+WORKER_SCRIPT = "lib.episodes.harness_process:"
+
+
+def covered_values(row):
+    """{constant the row covers: its value now} for those short enough to be in the row."""
+    values = {}
+    for name in row.get("covers", ()):
+        if not name.startswith(WORKER_SCRIPT):
+            value = plain(constant_value(name))
+            if len(json.dumps(value)) <= SHORT_VALUE:
+                values[name] = value
+    return values
+
+
 def result_free(name, free):
     """The reason `name` changes no result: its own entry, its module's ('module:*') or a package's ('pkg.*')."""
     module = name.split(":")[0]
@@ -510,6 +529,12 @@ def fidelity_problems(table=None, doc=None):
                 problems.append(f"{name}: status stated, but no reason in docs/fidelity.json")
         else:
             problems.append(f"{name}: status {row['status']!r} is neither official nor stated")
+        values, kept = covered_values(row), row.get("values", {})
+        for covered in sorted(set(values) | set(kept)):
+            now, table_value = values.get(covered, "no value"), kept.get(covered, "no value")
+            if now != table_value:
+                problems.append(f"{covered} (covered by {name}): the code has {now!r}, docs/fidelity.json "
+                                f"{table_value!r}")
         if row.get("doc") and row["doc"] not in deviations:
             problems.append(f"{name}: doc {row['doc']!r} names no deviation of docs/fidelity.json")
         problems += [p for p in (source_problem(name, s) for s in row["source"]) if p]
@@ -552,12 +577,12 @@ def row_of(table, name):
     return next(r for r in table["settings"] if r["setting"] == name)
 
 
-@pytest.mark.parametrize("change", ["lora_alpha", "top_p", "harness_set_seed", "reason", "line", "config_key",
-                                    "constant", "doc"])
+@pytest.mark.parametrize("change", ["lora_alpha", "top_p", "harness_set_seed", "retry_wait", "covered", "reason",
+                                    "line", "config_key", "constant", "doc"])
 def test_the_fidelity_check_fails_naming_the_setting(monkeypatch, change):
-    """One value changed in the code (rft.py's LoRA alpha default, the engines' top-p, math's harness-set seed), a
-    stated row's reason emptied, an official row's line dropped, a config key or a constant without a row, or the
-    page edited: the check names it."""
+    """One value changed in the code (rft.py's LoRA alpha default, the engines' top-p, math's harness-set seed, the
+    retriever's retry wait, a constant a row covers), a stated row's reason emptied, an official row's line
+    dropped, a config key or a constant without a row, or the page edited: the check names it."""
     import rft
     from lib.backends import engines
     doc = (ROOT / "docs" / "fidelity.md").read_text()
@@ -579,6 +604,15 @@ def test_the_fidelity_check_fails_naming_the_setting(monkeypatch, change):
         problems = fidelity_problems()
         assert problems == [f"domains:HARNESS_SET_SEED ({d}): the code has 42, docs/fidelity.json 0"
                             for d in PAPER_DOMAINS]
+    elif change == "retry_wait":  # the table's prose says "sent once more after 5 s": the value is a row's, checked
+        from lib.paper import retriever
+        monkeypatch.setattr(retriever, "RETRY_WAIT_S", 10.0)
+        assert fidelity_problems() == [f"lib.paper.retriever:RETRY_WAIT_S ({d}): the code has 10.0, docs/fidelity.json "
+                                       "5.0" for d in PAPER_DOMAINS]
+    elif change == "covered":  # a constant a row covers (chess: a reply cut by the token budget scores 0)
+        monkeypatch.setattr(domains.Chess, "OUT_OF_TOKENS_SCORES_ZERO", False)
+        assert fidelity_problems() == ["domains:Chess.OUT_OF_TOKENS_SCORES_ZERO (covered by episode_tokens): the code "
+                                       "has False, docs/fidelity.json True"]
     elif change == "reason":
         table = table_with(lambda t: row_of(t, "lora_alpha").update(reason=" "))
         assert fidelity_problems(table, doc)[0] == "lora_alpha: status stated, but no reason in docs/fidelity.json"

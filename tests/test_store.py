@@ -119,8 +119,24 @@ def test_find_checks_the_key_and_every_files_hash(tmp_path):
     for damage in (lambda item: edit_json(item / "key.json", lambda k: k["key"].update(harness="other")),
                    lambda item: (item / "notes.txt").write_text("added"),
                    lambda item: (item / "traces.jsonl").write_text('{"task_id": "b"}\n'),
-                   lambda item: edit_json(item / "key.json", lambda k: k.pop("files"))):
+                   lambda item: edit_json(item / "key.json", lambda k: k.pop("files")),
+                   lambda item: edit_json(item / "key.json", lambda k: k["about"].update(run="/elsewhere"))):
         item = store.put("evaluation", key, parts, about={"tag": "phase_0"})
         assert store.find("evaluation", key) == item
         damage(item)
         assert store.find("evaluation", key) is None and not item.exists()
+
+
+def test_a_search_items_about_edited_is_computed_again_not_a_crash(tmp_path):
+    """key.json's `about` is read back (a search's rounds bound its check, a checkpoint's run names its harness
+    files): an edit of it is a damaged item, removed and computed again, never a KeyError that stops every command."""
+    archive = tmp_path / "archive" / "candidates" / "h0"
+    archive.mkdir(parents=True)
+    (archive / "harness.py").write_text("def run(task, llm, tools):\n    return {}\n")
+    (archive / "meta.json").write_text(json.dumps({"valid": False, "proposer": "seed", "reason": "x"}))
+    store, key = Store(tmp_path / "store"), {"weights": "base", "seed": "s", "config": "c"}
+    for damage in (lambda about: about.pop("rounds"), lambda about: about.update(rounds="0")):
+        item = store.put("search", key, tmp_path / "archive", about={"run": "/r", "rounds": 0, "candidates": 1})
+        assert store.find("search", key) == item
+        edit_json(item / "key.json", lambda k: damage(k["about"]))
+        assert store.find("search", key) is None and not item.exists()

@@ -7,13 +7,14 @@ It lies beside their run folders: results/<preset>[/seed-<n>]/<domain>/store/ (f
     with only_command(root): ...               # one command at a time on a store
 
 An item is store/<kind>/<sha256 of its key>/: a copy of the work and key.json (the key in full, `about`: the run
-that made it, and the sha256 of every file as it was put), built in a temporary folder and renamed into place, so a
-kill leaves no item or the whole one. The kinds: weights (an RSFT checkpoint at a weight phase's end), search (a
-harness archive) and evaluation (evaluation.json and its traces). What each key holds, and what it does not:
-docs/design.md section 9. A find serves only what was stored: key.json's key is the key looked up, every file
-hashes as it did at put, none was added (check_stored), and the item is whole (check_item); one that fails is
-removed, said in one line, and computed again by the caller from the same inputs (the same seeds give the same
-result), never used. Items and runs hold copies, never hard links, so editing a run's files never edits the store.
+that made it, the sha256 of every file as it was put, and the sha256 of those three), built in a temporary folder
+and renamed into place, so a kill leaves no item or the whole one. The kinds: weights (an RSFT checkpoint at a
+weight phase's end), search (a harness archive) and evaluation (evaluation.json and its traces). What each key
+holds, and what it does not: docs/design.md section 9. A find serves only what was stored: key.json is as put wrote
+it, its key the key looked up, every file hashes as it did at put, none was added (check_stored), and the item is
+whole (check_item); one that fails is removed, said in one line, and computed again by the caller from the same
+inputs (the same seeds give the same result), never used. Items and runs hold copies, never hard links, so editing a
+run's files never edits the store.
 It runs nothing: whale.py's phases do the work."""
 import fcntl
 import hashlib
@@ -106,7 +107,8 @@ class Store:
                 shutil.copytree(path, tmp / name, dirs_exist_ok=True)
             else:
                 shutil.copy2(path, tmp / name)
-        write_json(tmp / "key.json", {"key": self.full_key(key), "about": about, "files": file_hashes(tmp)})
+        record = {"key": self.full_key(key), "about": about, "files": file_hashes(tmp)}
+        write_json(tmp / "key.json", {**record, "sha256": record_sha(record)})
         shutil.rmtree(item, ignore_errors=True)
         os.replace(tmp, item)
         return item
@@ -124,11 +126,19 @@ def file_hashes(item):
     return hashes
 
 
+def record_sha(record):
+    """The sha256 of key.json's record (key, about, files) as sorted JSON: `about` is read back too (the search's
+    rounds, the run a checkpoint's harness paths name), so an edit of it is seen like an edit of a file."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
 def check_stored(item, key):
     """The item is what its put stored under `key`, else ValueError naming what is not: key.json holds this very
-    key (an item renamed or its key.json edited is another key's), and every file the put hashed is there, as it
-    was, with nothing beside it."""
-    stored = json_object(item / "key.json", DAMAGED, keys=("key", "about", "files"))
+    key (an item renamed or its key.json edited is another key's) and its record as put wrote it, and every file
+    the put hashed is there, as it was, with nothing beside it."""
+    stored = json_object(item / "key.json", DAMAGED, keys=("key", "about", "files", "sha256"))
+    if stored["sha256"] != record_sha({k: stored[k] for k in ("key", "about", "files")}):
+        raise ValueError(f"{item / 'key.json'} was edited since it was stored")
     if stored["key"] != json.loads(json.dumps(key)):
         raise ValueError(f"{item / 'key.json'} holds another key")
     hashes = file_hashes(item)
