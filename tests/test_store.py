@@ -140,3 +140,17 @@ def test_a_search_items_about_edited_is_computed_again_not_a_crash(tmp_path):
         assert store.find("search", key) == item
         edit_json(item / "key.json", lambda k: damage(k["about"]))
         assert store.find("search", key) is None and not item.exists()
+
+
+def test_an_item_that_is_a_symlink_is_damaged_not_a_crash(tmp_path):
+    """A damaged item whose folder is a symlink (to an edited copy of itself) is removed and computed again, as
+    any damaged one is, not an OSError from removing it that stops every command."""
+    (tmp_path / "evaluation.json").write_text(json.dumps({"stats": {"test_rollouts": 1}, "per_task": {"a": 1.0}}))
+    (tmp_path / "traces.jsonl").write_text('{"task_id": "a"}\n')
+    parts = {name: tmp_path / name for name in ("evaluation.json", "traces.jsonl")}
+    store, key = Store(tmp_path / "store"), {"weights": "base", "harness": "h", "config": "c"}
+    item = store.put("evaluation", key, parts, about={"tag": "phase_0"})
+    item.rename(tmp_path / "elsewhere")
+    item.symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere" / "traces.jsonl").write_text('{"task_id": "b"}\n')
+    assert store.find("evaluation", key) is None and not item.is_symlink() and (tmp_path / "elsewhere").exists()

@@ -85,9 +85,9 @@ class Store:
         try:
             check_stored(item, self.full_key(key))
             check_item(kind, item)
-        except ValueError as e:
+        except (ValueError, OSError) as e:  # OSError: a file it cannot read, an item that is a symlink
             print(f"{item}: damaged ({e}): computed again from the same inputs")
-            shutil.rmtree(item)
+            item.unlink() if item.is_symlink() else shutil.rmtree(item)
             return None
         return item
 
