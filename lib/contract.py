@@ -182,7 +182,7 @@ def parse_failure(e):
         return f"syntax error: line {e.lineno}: {e.msg}"
     if isinstance(e, (SyntaxError, ValueError)):  # no line: the whole source (Python 3.11.2: ValueError)
         return f"syntax error: {e.msg if isinstance(e, SyntaxError) else e}"
-    return f"syntax error: {type(e).__name__}: {e}"
+    return f"syntax error: {type(e).__name__}" + (f": {e}" if str(e) else " (the parser gave up: too deeply nested?)")
 
 
 def static_check(source, parent_source=None, prompt_only=False, domain=None):
