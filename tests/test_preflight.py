@@ -626,3 +626,48 @@ def test_plan_check_names_a_card_without_a_gpu(capsys):
     assert check(preflight.check_gpu, [args]) == (True, "a 80 GiB card (--card, not this machine's): these runs' "
                                                         "engine and trainer fit; trainer: chess --micro-batch 2 (at "
                                                         "most 9 fit)")
+
+
+REPLICA_FLAGS = ["--preset", "paper", "--domain", "chess", "--backend", "openai", "--gpu-memory", "0.5",
+                 "--micro-batch", "2"]
+REPLICA_REFUSED = ("FAIL gpu: chess: Qwen3.5-4B's SFT micro-batch of 2 calls of 32,768 tokens (8,129 trained) needs "
+                   "about 75.9 GiB, more than the 49.4 GiB the trainer's weights and the engine's --gpu-memory 0.5 "
+                   "leave of 141.0 GiB: the first RSFT step would run out of memory: pass --micro-batch 1 or "
+                   "--gpu-memory 0.31 (the engine's share of this card)")
+
+
+def test_a_server_replica_on_the_trainers_card_is_counted_by_plan_check(capsys):
+    """The paper preset's chess at --micro-batch 2 beside a vllm serve replica at 0.5 of a 141 GB card (--backend
+    openai, --gpu-memory: the replica's --gpu-memory-utilization): refused, naming the micro-batch and the share that
+    fit; with the server on other cards (--gpu-memory 0) the trainer has the card and fits."""
+    with pytest.raises(SystemExit) as e:
+        plan.main(["--check", *REPLICA_FLAGS, "--card", "141", "--data", "bundled", "--method", "weight-only"])
+    assert e.value.code == 1 and REPLICA_REFUSED in capsys.readouterr().err.splitlines()
+    [args] = plan.parse_args(["--check", *REPLICA_FLAGS, "--card", "141", "--gpu-memory", "0"])
+    assert check(preflight.check_gpu, [args]) == (True, "a 141 GiB card (--card, not this machine's): these runs' "
+                                                        "engine and trainer fit; trainer: chess --micro-batch 2 (at "
+                                                        "most 3 fit)")
+
+
+def test_a_direct_whale_launch_runs_the_preflight_on_its_own_card_before_any_model_loads(monkeypatch, offline_hub,
+                                                                                          tmp_path, capsys):
+    """`python whale.py ...` (what torchrun runs on each rank) checks what plan.py --check checks, before any model
+    loads: on a (stand-in) 141 GiB card, set as this rank's device first, beside a replica of 0.5, the same line."""
+    model = tmp_path / "Qwen3.5-4B"  # a local copy: the model is not read before the preflight
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    GiB, calls = preflight.GiB, []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.append(("set_device", i)))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "Stand-in H200")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: calls.append("mem_get_info") or (140 * GiB, 141 * GiB))
+    monkeypatch.setattr(preflight, "check_gated_deltanet_backward", lambda: "stand-in probe")
+    monkeypatch.setattr(preflight, "check_compiler", lambda: "stand-in compiler")
+    monkeypatch.setattr(whale, "load_policy", lambda args: pytest.fail("a model loaded before the preflight"))
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    with pytest.raises(SystemExit) as e:
+        whale.main([*REPLICA_FLAGS, "--data", "bundled", "--method", "weight-only", "--model", str(model),
+                    "--out", str(tmp_path / "run")])
+    assert str(e.value.code).startswith("whale.py: error: the preflight refused this launch")
+    assert REPLICA_REFUSED in capsys.readouterr().err.splitlines()
+    assert calls[0] == ("set_device", 3) and "mem_get_info" in calls  # the card read after the rank's device is set

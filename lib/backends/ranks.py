@@ -73,14 +73,21 @@ def check_launch(backend, n=None):
 # -----------------------------------------------------------------------------
 # the launch: the process group, rank 0's lead, the followers' loop
 
+def set_device():
+    """This rank's card (torchrun's LOCAL_RANK; 0 without torchrun) as the current CUDA device, before anything reads
+    or allocates on a card: the card's size the gpu preset fits its micro-batch to (whale.card_gib), the preflight,
+    the model. Without a GPU: nothing."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
 def start(folder):
     """Join torchrun's process group (nccl on GPUs, each rank on its LOCAL_RANK card; gloo on CPU), the commands'
     gloo group, and check that every rank sees `folder` (the run folder) as rank 0 writes it. After the model cache is
     built (models.model_path): once a group exists, transformers' save_pretrained writes no weights on ranks other
     than 0, so a cache a follower built would hold a tokenizer only."""
     global _commands
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    set_device()
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=STEP_TIMEOUT)
     _commands = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
     check_shared_folder(folder)

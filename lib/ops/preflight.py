@@ -11,6 +11,7 @@ its first searchqa rollout for want of a server, or at its first RSFT step for w
 All pass: one "ok" line per check, and 0. Otherwise: one "FAIL" line per failing check, each naming its fix,
 and 1 (the ok lines are left out, so the fix is what you read).
 """
+import copy
 import importlib
 import importlib.util
 import json
@@ -47,12 +48,14 @@ class Failed(Exception):
 # the plan: which checks these runs need, each once
 
 
-def plan(runs, check_harness=None, domain_of=None):
+def plan(runs, check_harness=None, domain_of=None, card_only=False):
     """[(name, check)] in a fixed order; a resource shared by several runs (the sandbox, one model for two
     domains) is checked once. check_harness: whale.py's domains.check_harness (the runs' own check of the
-    harness against its domain); domain_of: its domains.from_args (the bundled data read by the domain)."""
+    harness against its domain); domain_of: its domains.from_args (the bundled data read by the domain).
+    card_only: the checks of the card this process trains on only (gpu, compiler, the Gated DeltaNet kernel), as a
+    trainer rank other than 0 runs them (launch)."""
     checks = {}
-    for args in runs:
+    for args in [] if card_only else runs:
         paper = args.data == "paper"
         if check_harness:
             checks[("harness", args.domain, args.harness)] = (f"harness ({args.domain})",
@@ -69,13 +72,14 @@ def plan(runs, check_harness=None, domain_of=None):
         if METHODS[args.method].budgets != WEIGHTS:  # a method with proposer rounds
             key = ("proposer", args.proposer, args.proposer_cmd, args.proposer_url, args.proposer_model)
             checks[key] = (f"proposer ({args.proposer})", partial(check_proposer, args))
-        if args.report_to:
+        if getattr(args, "report_to", None):
             checks[("report", args.report_to)] = (f"report-to ({args.report_to})",
                                                    partial(check_report, args.report_to))
-    checks[("sandbox",)] = ("sandbox", partial(check_sandbox, runs[0]))
-    checks[("files",)] = ("open files", partial(check_open_files, runs))
+    if not card_only:
+        checks[("sandbox",)] = ("sandbox", partial(check_sandbox, runs[0]))
+        checks[("files",)] = ("open files", partial(check_open_files, runs))
     checks[("gpu",)] = ("gpu", partial(check_gpu, runs))
-    if getattr(runs[0], "ranks", 1) > 1:
+    if getattr(runs[0], "ranks", 1) > 1 and not card_only:
         checks[("ranks",)] = ("trainer ranks", partial(check_ranks, runs))
     trains_qwen35 = any(time_model.model_name(args.model) and METHODS[args.method].budgets != HARNESS for args in runs)
     if trains_qwen35 or any(args.backend == "vllm" for args in runs):  # Triton kernels, vLLM's torch.compile
@@ -87,10 +91,12 @@ def plan(runs, check_harness=None, domain_of=None):
     return [checks[k] for k in sorted(checks, key=lambda k: order.index(k[0]))]
 
 
-def main(runs, check_harness=None, domain_of=None):
-    """Run every check; print the ok lines (all passed, -> 0) or the FAIL lines (-> 1)."""
+def main(runs, check_harness=None, domain_of=None, card_only=False, label=""):
+    """Run every check; print the ok lines (all passed, -> 0) or the FAIL lines (-> 1). label: what starts each line
+    (a trainer rank's, under torchrun)."""
     oks, fails = [], []
-    for name, check in plan(runs, check_harness, domain_of):
+    for name, check in plan(runs, check_harness, domain_of, card_only):
+        name = label + name
         try:
             oks.append(f"ok   {name}: {check()}")
         except Failed as e:
@@ -100,6 +106,23 @@ def main(runs, check_harness=None, domain_of=None):
     for line in fails or oks:
         print(line, file=sys.stderr if fails else sys.stdout, flush=True)
     return 1 if fails else 0
+
+
+def launch(runs, prog, check_harness=None, domain_of=None):
+    """The preflight of a whale.py or rft.py launch, on every trainer rank before any model loads, after the rank's
+    card is set (ranks.set_device): rank 0 runs every check plan.py --check runs for these runs (one per method),
+    each other rank those of the card it trains on. A failure ends the launch in one line under the FAIL lines
+    (torchrun then stops the other ranks)."""
+    n = ranks.count()
+    nodes = max(1, n // int(os.environ.get("LOCAL_WORLD_SIZE", n)))
+    runs = [copy.copy(args) for args in runs]  # the runs' own flags stay as given (config.json holds them)
+    for args in runs:  # what plan.py --check --ranks N --nodes M is told, from torchrun's variables
+        args.ranks, args.nodes = n, nodes
+    rank = ranks.rank()
+    label = f"rank {rank}: " if n > 1 else ""
+    if main(runs, check_harness, domain_of, card_only=rank > 0, label=label):
+        raise SystemExit(f"{prog}: error: {label}the preflight refused this launch (the FAIL lines above name each "
+                         "fix; python plan.py --check with the same flags says the same)")
 
 
 # -----------------------------------------------------------------------------
@@ -513,7 +536,7 @@ def check_ranks(runs):
     """A launch of --ranks trainer ranks (torchrun, lib/backends/ranks.py): the backend it cannot run with, and on
     more than one node, the run folders on a file system the nodes share (as far as its type tells: the launch
     itself checks that every rank reads what rank 0 writes)."""
-    n, nodes = runs[0].ranks, runs[0].nodes
+    n, nodes = runs[0].ranks, getattr(runs[0], "nodes", 1)
     for args in runs:
         try:
             ranks.check_launch(args.backend, n)
