@@ -572,7 +572,11 @@ def main(argv=None):
 
 def preflight(args, domains=None):
     """What plan.py --check checks for this launch, as a weight-only run of whale.py (lib/ops/preflight.launch): on rank
-    0 (given `domains`) everything, on the other ranks the card each trains on; before any model loads."""
+    0 (given `domains`) everything, on the other ranks the card each trains on; before any model loads. One process
+    on a machine without a GPU has no card to check, and its own checks (domains.check_inputs) read the inputs the
+    preflight reads: it runs none."""
+    if not (torch.cuda.is_available() or ranks.count() > 1):
+        return
     from lib.ops import preflight
     run = argparse.Namespace(**vars(args), method="weight-only")
     if domains is None:

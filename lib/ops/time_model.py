@@ -356,7 +356,7 @@ def trainer_shortfall(name, card_bytes, micro_batch, gpu_memory, context, comple
               else f"the trainer's weights and the engine's --gpu-memory {gpu_memory:g}")
     fixes = [f"--micro-batch {mem['largest']}"] if mem["largest"] else []
     if gpu_memory and not sleep:  # an engine awake beside the trainer: the share at which this micro-batch fits
-        share = math.floor((mem["max_gpu_memory"] * card_bytes - mem["act"]) / card_bytes * 100) / 100
+        share = replica_share(name, card_bytes, micro_batch, context, completion)
         if share > 0:
             fixes.append(f"--gpu-memory {share:.2f} (the engine's share of this card)")
     fix = " or ".join(fixes) or "a lower --max-model-len or --max-new-tokens, or a larger card"
@@ -364,6 +364,15 @@ def trainer_shortfall(name, card_bytes, micro_batch, gpu_memory, context, comple
             f"({completion:,d} trained) needs about {mem['act'] / GiB:.1f} GiB, more than the "
             f"{max(mem['train_room'], 0) / GiB:.1f} GiB {beside} leave of {card}: the first RSFT step would run out "
             f"of memory: pass {fix}")
+
+
+def replica_share(name, card_bytes, micro_batch, context, completion):
+    """The largest engine share (two decimals; 0 or less where none) an awake engine, a server replica, can take of
+    the card beside a trainer whose SFT micro-batch of `micro_batch` calls must fit (scripts/node.py: the share of
+    vllm serve's --gpu-memory-utilization, trainer_shortfall's fix)."""
+    mem = memory(name, None, gpu_memory=None, context=context, completion=completion, micro_batch=micro_batch,
+                 card_bytes=card_bytes)
+    return math.floor((mem["max_gpu_memory"] * card_bytes - mem["act"]) / card_bytes * 100) / 100
 
 
 def kv_shortfall(name, card_bytes, gpu_memory, model_len):
