@@ -55,14 +55,18 @@ def run_of(preset, domain, extra):
 
 def replica_share(args, card_gib, extra):
     """The replica's --gpu-memory-utilization on a card of card_gib: --gpu-memory where given, else the run's
-    (the preset's) lowered to the share beside which the trainer's --micro-batch fits (a model the time model knows)."""
+    (the preset's) lowered to the share beside which the trainer's --micro-batch fits (a model the time model knows),
+    where the replica's KV cache still holds a sequence of --max-model-len; else the run's, which the preflight then
+    refuses in a line naming the micro-batch that fits."""
     name = time_model.model_name(args.model)
     if "--gpu-memory" in extra or name is None:
         return args.gpu_memory
-    flags = time_model.trainer_flags(args)
-    fits = time_model.replica_share(name, card_gib * time_model.GiB, args.micro_batch, flags["context"],
-                                    flags["completion"])
-    return min(args.gpu_memory, fits) if fits > 0 else args.gpu_memory  # none fits: the preflight says so
+    card, flags = card_gib * time_model.GiB, time_model.trainer_flags(args)
+    fits = min(args.gpu_memory, time_model.replica_share(name, card, args.micro_batch, flags["context"],
+                                                         flags["completion"]))
+    if fits <= 0 or time_model.kv_shortfall(name, card, fits, args.max_model_len):
+        return args.gpu_memory
+    return fits
 
 
 def serve_command(args, share, where):
@@ -81,12 +85,14 @@ def serve_command(args, share, where):
         if value is False:
             continue
         argv += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
-    argv += ["--data-parallel-size", str(where["replicas"]), "--api-server-count", "1", "--port", str(PORT)]
+    argv += ["--data-parallel-size", str(where["replicas"])]
     if where["nodes"] > 1:
         argv += ["--data-parallel-size-local", str(where["gpus"]), "--data-parallel-address", where["head"],
                  "--data-parallel-rpc-port", str(RPC_PORT)]
-        if where["node_rank"]:
-            argv += ["--headless", "--data-parallel-start-rank", str(where["node_rank"] * where["gpus"])]
+    if where["node_rank"]:  # the head serves the API; this node's replicas only take its requests
+        argv += ["--headless", "--data-parallel-start-rank", str(where["node_rank"] * where["gpus"])]
+    else:  # one API server: vLLM refuses adapters loaded at run time behind more (its default: one per replica)
+        argv += ["--api-server-count", "1", "--port", str(PORT)]
     return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}, argv
 
 
@@ -148,14 +154,15 @@ def shell_line(argv, env=None, width=112):
     """argv (after env's VAR=value words) as one shell command, broken past `width` characters (never between a flag
     and its first value)."""
     words = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()] + [shlex.quote(a) for a in argv]
-    lines, line, last = [], "", ""
-    for word in words:
-        if line and not last.startswith("--") and len(line) + 1 + len(word) > width:
+    lines, line = [], ""
+    for i, word in enumerate(words):
+        after = words[i + 1] if i + 1 < len(words) else "--"
+        unit = word + (" " + after if word.startswith("--") and not after.startswith("--") else "")
+        if line and not words[i - 1].startswith("--") and len(line) + 1 + len(unit) > width:
             lines.append(line + " \\")
             line = "    " + word
         else:
             line = f"{line} {word}" if line else word
-        last = word
     return "\n".join(lines + [line])
 
 
@@ -222,6 +229,21 @@ def done(preset, seed, domain, method):
     return os.path.isfile(os.path.join(folder, "summary.json"))
 
 
+def run_command(argv):
+    """argv to its end -> its exit status. If this script stops first (an error, a signal), the command gets SIGTERM,
+    which torchrun passes on to its ranks, then SIGKILL; a kill -9 of this script sends it SIGTERM too."""
+    proc = subprocess.Popen(argv, preexec_fn=die_with_parent)
+    try:
+        return proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 def run_night(steps, where, preset):
     failed = []
     for domain, (env, serve), check, trains in steps:
@@ -229,11 +251,11 @@ def run_night(steps, where, preset):
         server = start_server(env, serve, log)
         try:
             wait_until_serves(where["url"], server, log)
-            if subprocess.run(check).returncode:
+            if run_command(check):
                 failed.append(f"{domain}: the preflight refused it (its FAIL lines above)")
                 continue
             for train in trains:
-                code = subprocess.run(train).returncode
+                code = run_command(train)
                 if code:
                     failed.append(f"{domain}: exit {code}: {shlex.join(train[-8:])}")
         finally:
