@@ -34,7 +34,6 @@ atomically to OUT/ckpt, rewrites OUT/metrics.jsonl and has the policy serve the 
 rerunning the same command resumes after the last finished step. The update's speed against a bare
 HF loop: scripts/bench_rft.py.
 """
-import argparse
 import gc
 import json
 import os
@@ -571,18 +570,18 @@ def main(argv=None):
 
 
 def preflight(args, domains=None):
-    """What plan.py --check checks for this launch, as a weight-only run of whale.py (lib/ops/preflight.launch): on rank
-    0 (given `domains`) everything, on the other ranks the card each trains on; before any model loads. One process
+    """What plan.py --check checks for this launch, as for a run of whale.py that trains weights only
+    (lib/ops/preflight.launch): on rank 0 (given `domains`) everything, on the other ranks the card each trains on;
+    before any model loads. One process
     on a machine without a GPU has no card to check, and its own checks (domains.check_inputs) read the inputs the
     preflight reads: it runs none."""
     if not (torch.cuda.is_available() or ranks.count() > 1):
         return
     from lib.ops import preflight
-    run = argparse.Namespace(**vars(args), method="weight-only")
     if domains is None:
-        preflight.launch([run], "rft.py")
+        preflight.launch([args], "rft.py")
     else:
-        preflight.launch([run], "rft.py", domains.check_harness, domains.from_args)
+        preflight.launch([args], "rft.py", domains.check_harness, domains.from_args)
 
 
 def train_cli(args):

@@ -671,3 +671,24 @@ def test_a_direct_whale_launch_runs_the_preflight_on_its_own_card_before_any_mod
     assert str(e.value.code).startswith("whale.py: error: the preflight refused this launch")
     assert REPLICA_REFUSED in capsys.readouterr().err.splitlines()
     assert calls[0] == ("set_device", 3) and "mem_get_info" in calls  # the card read after the rank's device is set
+
+
+def test_a_direct_rft_launch_runs_the_same_preflight_before_any_model_loads(monkeypatch, offline_hub, tmp_path, capsys):
+    """rft.py on a (stand-in) GPU: the same checks, the same line, before the policy loads."""
+    import rft
+    model = tmp_path / "Qwen3.5-4B"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    GiB = preflight.GiB
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "Stand-in H200")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (140 * GiB, 141 * GiB))
+    monkeypatch.setattr(preflight, "check_gated_deltanet_backward", lambda: "stand-in probe")
+    monkeypatch.setattr(preflight, "check_compiler", lambda: "stand-in compiler")
+    monkeypatch.setattr(rft, "load_policy", lambda args: pytest.fail("a model loaded before the preflight"))
+    with pytest.raises(SystemExit) as e:
+        rft.main([*REPLICA_FLAGS, "--data", "bundled", "--harness", "harnesses/paper/chess.py", "--model", str(model),
+                  "--out", str(tmp_path / "rft")])
+    assert str(e.value.code).startswith("rft.py: error: the preflight refused this launch")
+    assert REPLICA_REFUSED in capsys.readouterr().err.splitlines()

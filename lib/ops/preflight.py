@@ -48,6 +48,12 @@ class Failed(Exception):
 # the plan: which checks these runs need, each once
 
 
+def budgets(args):
+    """What a run spends its budget on (lib/methods.py): its method's; rft.py's runs, which name none, train weights."""
+    method = getattr(args, "method", None)
+    return METHODS[method].budgets if method else WEIGHTS
+
+
 def plan(runs, check_harness=None, domain_of=None, card_only=False):
     """[(name, check)] in a fixed order; a resource shared by several runs (the sandbox, one model for two
     domains) is checked once. check_harness: whale.py's domains.check_harness (the runs' own check of the
@@ -69,7 +75,7 @@ def plan(runs, check_harness=None, domain_of=None, card_only=False):
         checks[("model", args.model)] = (f"model ({args.model})", partial(check_model, args.model))
         served = (args.openai_url, args.openai_model or args.model) if args.backend == "openai" else None
         checks[("engine", args.backend, served)] = (f"engine ({args.backend})", partial(check_engine, args))
-        if METHODS[args.method].budgets != WEIGHTS:  # a method with proposer rounds
+        if budgets(args) != WEIGHTS:  # a method with proposer rounds
             key = ("proposer", args.proposer, args.proposer_cmd, args.proposer_url, args.proposer_model)
             checks[key] = (f"proposer ({args.proposer})", partial(check_proposer, args))
         if getattr(args, "report_to", None):
@@ -81,7 +87,7 @@ def plan(runs, check_harness=None, domain_of=None, card_only=False):
     checks[("gpu",)] = ("gpu", partial(check_gpu, runs))
     if getattr(runs[0], "ranks", 1) > 1 and not card_only:
         checks[("ranks",)] = ("trainer ranks", partial(check_ranks, runs))
-    trains_qwen35 = any(time_model.model_name(args.model) and METHODS[args.method].budgets != HARNESS for args in runs)
+    trains_qwen35 = any(time_model.model_name(args.model) and budgets(args) != HARNESS for args in runs)
     if trains_qwen35 or any(args.backend == "vllm" for args in runs):  # Triton kernels, vLLM's torch.compile
         checks[("compiler",)] = ("compiler", check_compiler)
     if trains_qwen35:
@@ -500,7 +506,7 @@ def check_gpu(runs):
         if why:
             raise Failed(f"{args.domain}: {why}")
         name = time_model.model_name(args.model)
-        if name and METHODS[args.method].budgets != HARNESS:
+        if name and budgets(args) != HARNESS:
             largest = time_model.memory(name, None, card_bytes=total, **time_model.trainer_flags(args))["largest"]
             fitted.append(f"{args.domain} --micro-batch {args.micro_batch} (at most {largest} fit)")
     fits = f"; trainer: {', '.join(dict.fromkeys(fitted))}" if fitted else ""
@@ -527,7 +533,7 @@ def card_shortfall(args, total):
                or time_model.block_shortfall(name, total, args.gpu_memory, engine_seqs(args.workers), prefill))
         if why:
             return why
-    if METHODS[args.method].budgets == HARNESS:
+    if budgets(args) == HARNESS:
         return None
     return time_model.trainer_shortfall(name, total, args.micro_batch, **time_model.trainer_flags(args))
 
