@@ -33,7 +33,7 @@ import presets  # noqa: E402
 import whale  # noqa: E402
 from lib.backends import engines  # noqa: E402
 from lib.backends.policy import engine_seqs, max_lora_rank  # noqa: E402
-from lib.ops import time_model  # noqa: E402
+from lib.ops import preflight, time_model  # noqa: E402
 
 PORT, RPC_PORT, RDZV_PORT = 8000, 13345, 29400
 SERVE_WAIT_S = 1800  # a server's start: the model load, torch.compile and CUDA graphs on every replica (minutes)
@@ -63,7 +63,7 @@ def replica_share(args, card_gib, extra):
         return args.gpu_memory
     card, flags = card_gib * time_model.GiB, time_model.trainer_flags(args)
     fits = min(args.gpu_memory, time_model.replica_share(name, card, args.micro_batch, flags["context"],
-                                                         flags["completion"]))
+                                                         flags["completion"], preflight.retriever_on_card(args, card)))
     if fits <= 0 or time_model.kv_shortfall(name, card, fits, args.max_model_len):
         return args.gpu_memory
     return fits

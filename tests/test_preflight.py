@@ -692,3 +692,17 @@ def test_a_direct_rft_launch_runs_the_same_preflight_before_any_model_loads(monk
                   "--out", str(tmp_path / "rft")])
     assert str(e.value.code).startswith("rft.py: error: the preflight refused this launch")
     assert REPLICA_REFUSED in capsys.readouterr().err.splitlines()
+
+
+def test_searchqas_retriever_on_the_trainers_card_is_counted():
+    """Search-R1's index served from this machine (a localhost --retriever-url: scripts/search_r1_retriever.sh puts
+    it on the GPU) takes its ~32 GiB of the trainer's card: the paper preset's 2 calls beside a 0.41 replica fit on a
+    141 GB card without it and not with it, the line naming the index and the share that fits."""
+    flags = ["--check", "--preset", "paper", "--domain", "searchqa", "--card", "141", "--backend", "openai",
+             "--gpu-memory", "0.41"]
+    [elsewhere] = plan.parse_args([*flags, "--retriever-url", "http://10.0.0.9:8010/retrieve"])
+    assert check(preflight.check_gpu, [elsewhere])[0]
+    [here] = plan.parse_args([*flags, "--retriever-url", "http://127.0.0.1:8010/retrieve"])
+    ok, line = check(preflight.check_gpu, [here])
+    assert not ok and "the trainer's weights, Search-R1's index and the engine's --gpu-memory 0.41 leave" in line \
+        and line.endswith("pass --micro-batch 1 or --gpu-memory 0.18 (the engine's share of this card)"), line

@@ -507,7 +507,8 @@ def check_gpu(runs):
             raise Failed(f"{args.domain}: {why}")
         name = time_model.model_name(args.model)
         if name and budgets(args) != HARNESS:
-            largest = time_model.memory(name, None, card_bytes=total, **time_model.trainer_flags(args))["largest"]
+            largest = time_model.memory(name, None, card_bytes=total, retriever=retriever_on_card(args, total),
+                                        **time_model.trainer_flags(args))["largest"]
             fitted.append(f"{args.domain} --micro-batch {args.micro_batch} (at most {largest} fit)")
     fits = f"; trainer: {', '.join(dict.fromkeys(fitted))}" if fitted else ""
     if free is None:
@@ -535,7 +536,21 @@ def card_shortfall(args, total):
             return why
     if budgets(args) == HARNESS:
         return None
-    return time_model.trainer_shortfall(name, total, args.micro_batch, **time_model.trainer_flags(args))
+    return time_model.trainer_shortfall(name, total, args.micro_batch, retriever=retriever_on_card(args, total),
+                                        **time_model.trainer_flags(args))
+
+
+def retriever_on_card(args, total):
+    """"gpu" where Search-R1's index sits on the card this run trains on, as far as its flags tell: searchqa on the
+    paper's data with its server on this machine (--retriever-url on localhost: scripts/search_r1_retriever.sh serves
+    it with --faiss_gpu) and a card of 80 GB or more (time_model.CARD_RETRIEVER: on a smaller one the index cannot
+    sit beside the run, so it is elsewhere); None otherwise. On several cards faiss shards it over all of them: this
+    counts it whole on each, the safe side."""
+    from urllib.parse import urlparse
+    url = getattr(args, "retriever_url", None)
+    local = bool(url) and urlparse(url).hostname in ("localhost", "127.0.0.1", "::1")
+    on_card = args.domain == "searchqa" and args.data == "paper" and local and total >= 80 * GiB
+    return "gpu" if on_card else None
 
 
 def check_ranks(runs):
