@@ -232,6 +232,7 @@ def done(preset, seed, domain, method):
 def run_command(argv):
     """argv to its end -> its exit status. If this script stops first (an error, a signal), the command gets SIGTERM,
     which torchrun passes on to its ranks, then SIGKILL; a kill -9 of this script sends it SIGTERM too."""
+    print(f"node.py: {shell_line(argv)}", flush=True)
     proc = subprocess.Popen(argv, preexec_fn=die_with_parent)
     try:
         return proc.wait()
@@ -248,6 +249,7 @@ def run_night(steps, where, preset):
     failed = []
     for domain, (env, serve), check, trains in steps:
         log = os.path.join("results", preset, "logs", f"vllm-{domain}.log")
+        print(f"node.py: {domain}: {shell_line(serve, env)}\n  (its log: {log})", flush=True)
         server = start_server(env, serve, log)
         try:
             wait_until_serves(where["url"], server, log)
