@@ -706,3 +706,14 @@ def test_searchqas_retriever_on_the_trainers_card_is_counted():
     ok, line = check(preflight.check_gpu, [here])
     assert not ok and "the trainer's weights, Search-R1's index and the engine's --gpu-memory 0.41 leave" in line \
         and line.endswith("pass --micro-batch 1 or --gpu-memory 0.18 (the engine's share of this card)"), line
+
+
+def test_plan_check_checks_every_method_of_each_check_domain(capsys):
+    """`--check chess` with `--method harness-only weight-only`: chess's weight-only trainer is checked too, not only
+    its first method (harness-only, which trains nothing)."""
+    with pytest.raises(SystemExit):
+        plan.main(["--check", "chess", "--preset", "gpu", "--domain", "math", "--method", "harness-only",
+                   "weight-only", "--card", "24", "--micro-batch", "2", "--data",
+                   "bundled", "--workers", "120"])
+    assert any(line.startswith("FAIL gpu: chess: Qwen3.5-4B's SFT micro-batch of 2 calls")
+               for line in capsys.readouterr().err.splitlines())
