@@ -215,9 +215,9 @@ def main(argv=None):
                   f"--workers {each * engines} gives each its {each} (docs/gpu.md, several GPUs)")
         print_plan(runs, args.card or 80, gpus, args.ranks)
         return
-    # each --check domain parsed as its own run, with the same flags
+    # each --check domain parsed as its own runs (every --method), with the same flags
     argv = sys.argv[1:] if argv is None else list(argv)
-    runs += [parse_args([*argv, "--domain", d])[0] for d in runs[0].check]
+    runs += [run for d in runs[0].check for run in parse_args([*argv, "--domain", d])]
     code = preflight.main(runs, check_harness=domains.check_harness, domain_of=domains.from_args)
     if code == 0:
         with one_line_errors("plan.py"):

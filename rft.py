@@ -532,6 +532,7 @@ def set_rng_state(state):
 def main(argv=None):
     # here, not at the top: the SFT update (scripts/gpu_check.sh) needs no domain, nor python-chess
     import domains
+    ranks.set_device()  # this rank's card before anything reads one (the preflight, the model)
     p = Parser(description="Online RSFT with LoRA (the weight phase of WHALE).")
     # run
     p.add_argument("--domain", choices=list(domains.DOMAINS))
@@ -560,11 +561,27 @@ def main(argv=None):
     if conflicting_flags(args):
         p.error(conflicting_flags(args))
     if ranks.rank():  # under torchrun, a rank other than 0: its share of every update
+        preflight(args)  # its card's checks, before the model loads
         with ranks.following("rft.py", args.model, args.out):
             follow(args.model, args.bf16)
         return
     with one_line_errors("rft.py"), ranks.leading(args.model, args.out):  # rank 0 of torchrun: the steps as one process
         train_cli(args)
+
+
+def preflight(args, domains=None):
+    """What plan.py --check checks for this launch, as for a run of whale.py that trains weights only
+    (lib/ops/preflight.launch): on rank 0 (given `domains`) everything, on the other ranks the card each trains on;
+    before any model loads. One process
+    on a machine without a GPU has no card to check, and its own checks (domains.check_inputs) read the inputs the
+    preflight reads: it runs none."""
+    if not (torch.cuda.is_available() or ranks.count() > 1):
+        return
+    from lib.ops import preflight
+    if domains is None:
+        preflight.launch([args], "rft.py")
+    else:
+        preflight.launch([args], "rft.py", domains.check_harness, domains.from_args)
 
 
 def train_cli(args):
@@ -584,6 +601,7 @@ def train_cli(args):
     check_batch(args.batch, len(train), domain.name)
     check_weight_step(args.weight_step)
     check_checkpoint_step(args.out, args.weight_step)
+    preflight(args, domains)
     cfg = rsft_config(args, inputs_of(args, domains.data_flags()))
     trainer = WEIGHT_STEPS[cfg.weight_step](cfg, load_policy(args), domain, args.out, train=train)
     with open(os.path.join(args.out, "config.json"), "w") as f:

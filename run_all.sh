@@ -46,6 +46,17 @@ case $PRESET in  # on the 2-core machine with the default DOMAINS (the measureme
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu, gpu or paper" >&2; exit 2 ;;
 esac
 
+# -- a node of several GPUs (NODE_GPUS: this node's cards, default nvidia-smi's; 1 keeps the one-card night below):
+# scripts/node.py runs the night there, each domain's vllm serve over the cards beside torchrun's trainer ranks
+# (docs/gpu.md, several GPUs; NNODES, NODE_RANK and NODE_HEAD for several nodes, the same command on each)
+if [[ "$PRESET" = gpu || "$PRESET" = paper ]]; then
+  NODE_GPUS=${NODE_GPUS:-$(python scripts/node.py --count-gpus)}
+  if [ "$NODE_GPUS" -gt 1 ] || [ "${NNODES:-1}" -gt 1 ]; then
+    DOMAINS=$DOMAINS SEEDS=$SEEDS ADAPTIVE=$ADAPTIVE exec python scripts/node.py --gpus "$NODE_GPUS" --preset "$PRESET" "$@"
+  fi
+fi
+# -- end of the node block
+
 # the preflight, before any run: every resource these runs need (retriever, data, model, engine, proposer, sandbox,
 # GPU memory) in seconds, before any model loads; a failure is one line naming its fix, and the table does not start
 check_domains=($DOMAINS)

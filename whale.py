@@ -48,6 +48,7 @@ from lib.common.json_files import read_json, write_json
 from lib.episodes import sandbox, switches
 from lib.episodes.runner import scoring_rule
 from lib.methods import next_phase
+from lib.ops import preflight
 from lib.run_folder import report_to
 from lib.run_folder.files import copy_file, copy_tree, file_sha, stored_path
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
@@ -138,8 +139,8 @@ def parse_args(argv=None, more_args=None, description=__doc__):
 def card_gib(first):
     """The GiB of the card a gpu preset run trains on, which presets.parse_with_preset fits the preset's micro-batch
     to (first: the parse's first pass): plan.py --check --card N (a card class of N GB, which
-    lib/ops/time_model.CARDS takes as N GiB), else this machine's GPU; None without one, and for the other presets,
-    which keep theirs."""
+    lib/ops/time_model.CARDS takes as N GiB), else this process's current GPU (a trainer rank's own: main sets it
+    first, ranks.set_device); None without one, and for the other presets, which keep theirs."""
     if first.preset != "gpu":
         return None
     if getattr(first, "card", None):
@@ -454,8 +455,10 @@ def evaluate_test(policy, domain, harness, test, traces):
 # before the run: its inputs checked, its folder repaired, its model loaded
 
 def main(argv=None):
+    ranks.set_device()  # this rank's card before anything reads one: the preset's fit to it (card_gib), the preflight
     runs = parse_args(argv)
     if ranks.rank():  # under torchrun, a rank other than 0: its share of every RSFT update (lib/backends/ranks.py)
+        preflight.launch(runs, "whale.py")  # its card's checks, before the model loads
         with ranks.following("whale.py", runs[0].model, runs[0].out):
             rft.follow(runs[0].model, runs[0].bf16, runs[0].threads)
         return
@@ -464,6 +467,9 @@ def main(argv=None):
         sandbox.apply_args(runs[0])
         rollout.apply_args(runs[0])
         domain = check_inputs(runs)
+        # what plan.py --check checks, for every method of this command, before any model loads: the engine's server,
+        # the proposer, the card the trainer trains on beside whatever shares it
+        preflight.launch(runs, "whale.py", domains.check_harness, domains.from_args)
         # the runs of a command share one store (one --out, or results/<preset>/<domain>/<method> side by side),
         # held for the whole command before any model loads: one command at a time (store.only_command)
         with only_command(store_root(runs[0].out)):

@@ -1,6 +1,9 @@
 """The Gated DeltaNet probe's comparison (lib/ops/gdn_probe.py), on the CPU: a kernel against transformers' fp32 torch
 reference on the same inputs passes when it is the reference (in bf16) and fails when its backward is wrong, as the
 preflight's probe does on the GPU with fla-core's kernel. Small head shapes here; the probe runs the 2B model's."""
+import sys
+import types
+
 import pytest
 import torch
 
@@ -87,3 +90,56 @@ def test_a_gradient_that_is_not_finite_fails(kernels):
     errors = gdn_probe.relative_errors(wrong_backward(reference, scale("v", float("nan"))), reference, "cpu",
                                        shape=SHAPE)
     assert not gdn_probe.verdict(errors, "a wrong kernel")[0]
+
+
+def hub_wrapped(monkeypatch, fla):
+    """transformers' own wrapper (hub_kernels.use_kernel_func_from_hub_with_fallback, as modeling_qwen3_5 applies it)
+    around a torch function, with `fla` standing in for fla-core's package (a module object, or None for none)."""
+    from transformers.integrations.hub_kernels import use_kernel_func_from_hub_with_fallback
+    if fla is not None:
+        monkeypatch.setitem(sys.modules, "fla", fla)
+    monkeypatch.setattr(gdn_probe.importlib.util, "find_spec", lambda name: object() if fla is not None else None)
+
+    def torch_chunk_gated_delta_rule(q, k, v, g=None, beta=None, use_qk_l2norm_in_kernel=False):
+        return q, None
+    fast = use_kernel_func_from_hub_with_fallback("chunk_gated_delta_rule", "fla")(torch_chunk_gated_delta_rule)
+    return fast, torch_chunk_gated_delta_rule
+
+
+def test_the_probe_names_the_function_transformers_bound_by_its_module(monkeypatch):
+    """fla-core's kernel where transformers bound it; where fla-core is installed but its kernel did not import,
+    transformers' wrapper falls back to its torch loop without a word: the probe names that loop and fails (main's
+    exit 1, before any kernel runs), naming the import error; without fla-core the torch loop is what trains."""
+    fla, ops, gdr = (types.ModuleType(n) for n in ("fla", "fla.ops", "fla.ops.gated_delta_rule"))
+    def chunk_gated_delta_rule(q, k, v, g=None, beta=None, use_qk_l2norm_in_kernel=False):
+        return q, None
+    chunk_gated_delta_rule.__module__ = "fla.ops.gated_delta_rule.chunk"
+    gdr.chunk_gated_delta_rule, ops.gated_delta_rule, fla.ops, fla.__path__ = chunk_gated_delta_rule, gdr, ops, []
+    for name, module in (("fla.ops", ops), ("fla.ops.gated_delta_rule", gdr)):
+        monkeypatch.setitem(sys.modules, name, module)
+    fast, reference = hub_wrapped(monkeypatch, fla)
+    assert gdn_probe.bound_kernel(fast) is chunk_gated_delta_rule
+    assert gdn_probe.fallback_line(fast, reference) is None
+    # fla-core installed, its kernel's import broken (a triton it was not built for, say)
+    broken = types.ModuleType("fla")
+    for name in ("fla.ops", "fla.ops.gated_delta_rule"):
+        monkeypatch.delitem(sys.modules, name)
+    fast, reference = hub_wrapped(monkeypatch, broken)
+    assert gdn_probe.bound_kernel(fast) is reference
+    line = gdn_probe.fallback_line(fast, reference)
+    assert line.startswith("fla-core is installed, but transformers runs its torch loop for the Gated DeltaNet "
+                           "layers: fla.ops.gated_delta_rule does not import (ModuleNotFoundError: No module named "
+                           "'fla.ops'"), line
+    name = f"{reference.__module__}.{reference.__qualname__}"
+    monkeypatch.setattr(gdn_probe, "kernels", lambda: (fast, reference, name))
+    assert gdn_probe.main() == 1
+    # no fla-core at all: the torch loop, named as such, and no failure for it
+    monkeypatch.delitem(sys.modules, "fla")
+    fast, reference = hub_wrapped(monkeypatch, None)
+    assert gdn_probe.bound_kernel(fast) is reference and gdn_probe.fallback_line(fast, reference) is None
+
+
+def test_the_probe_names_what_this_machine_binds(kernels):
+    """Here (no fla-core): transformers' own torch loop, by its module and name."""
+    fast, reference, name = kernels
+    assert name == "transformers.models.qwen3_5.modeling_qwen3_5.torch_chunk_gated_delta_rule"

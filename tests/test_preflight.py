@@ -626,3 +626,94 @@ def test_plan_check_names_a_card_without_a_gpu(capsys):
     assert check(preflight.check_gpu, [args]) == (True, "a 80 GiB card (--card, not this machine's): these runs' "
                                                         "engine and trainer fit; trainer: chess --micro-batch 2 (at "
                                                         "most 9 fit)")
+
+
+REPLICA_FLAGS = ["--preset", "paper", "--domain", "chess", "--backend", "openai", "--gpu-memory", "0.5",
+                 "--micro-batch", "2"]
+REPLICA_REFUSED = ("FAIL gpu: chess: Qwen3.5-4B's SFT micro-batch of 2 calls of 32,768 tokens (8,129 trained) needs "
+                   "about 75.9 GiB, more than the 49.4 GiB the trainer's weights and the engine's --gpu-memory 0.5 "
+                   "leave of 141.0 GiB: the first RSFT step would run out of memory: pass --micro-batch 1 or "
+                   "--gpu-memory 0.31 (the engine's share of this card)")
+
+
+def test_a_server_replica_on_the_trainers_card_is_counted_by_plan_check(capsys):
+    """The paper preset's chess at --micro-batch 2 beside a vllm serve replica at 0.5 of a 141 GB card (--backend
+    openai, --gpu-memory: the replica's --gpu-memory-utilization): refused, naming the micro-batch and the share that
+    fit; with the server on other cards (--gpu-memory 0) the trainer has the card and fits."""
+    with pytest.raises(SystemExit) as e:
+        plan.main(["--check", *REPLICA_FLAGS, "--card", "141", "--data", "bundled", "--method", "weight-only"])
+    assert e.value.code == 1 and REPLICA_REFUSED in capsys.readouterr().err.splitlines()
+    [args] = plan.parse_args(["--check", *REPLICA_FLAGS, "--card", "141", "--gpu-memory", "0"])
+    assert check(preflight.check_gpu, [args]) == (True, "a 141 GiB card (--card, not this machine's): these runs' "
+                                                        "engine and trainer fit; trainer: chess --micro-batch 2 (at "
+                                                        "most 3 fit)")
+
+
+def test_a_direct_whale_launch_runs_the_preflight_on_its_own_card_before_any_model_loads(monkeypatch, offline_hub,
+                                                                                          tmp_path, capsys):
+    """`python whale.py ...` (what torchrun runs on each rank) checks what plan.py --check checks, before any model
+    loads: on a (stand-in) 141 GiB card, set as this rank's device first, beside a replica of 0.5, the same line."""
+    model = tmp_path / "Qwen3.5-4B"  # a local copy: the model is not read before the preflight
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    GiB, calls = preflight.GiB, []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.append(("set_device", i)))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "Stand-in H200")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: calls.append("mem_get_info") or (140 * GiB, 141 * GiB))
+    monkeypatch.setattr(preflight, "check_gated_deltanet_backward", lambda: "stand-in probe")
+    monkeypatch.setattr(preflight, "check_compiler", lambda: "stand-in compiler")
+    monkeypatch.setattr(whale, "load_policy", lambda args: pytest.fail("a model loaded before the preflight"))
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    with pytest.raises(SystemExit) as e:
+        whale.main([*REPLICA_FLAGS, "--data", "bundled", "--method", "weight-only", "--model", str(model),
+                    "--out", str(tmp_path / "run")])
+    assert str(e.value.code).startswith("whale.py: error: the preflight refused this launch")
+    assert REPLICA_REFUSED in capsys.readouterr().err.splitlines()
+    assert calls[0] == ("set_device", 3) and "mem_get_info" in calls  # the card read after the rank's device is set
+
+
+def test_a_direct_rft_launch_runs_the_same_preflight_before_any_model_loads(monkeypatch, offline_hub, tmp_path, capsys):
+    """rft.py on a (stand-in) GPU: the same checks, the same line, before the policy loads."""
+    import rft
+    model = tmp_path / "Qwen3.5-4B"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    GiB = preflight.GiB
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "Stand-in H200")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (140 * GiB, 141 * GiB))
+    monkeypatch.setattr(preflight, "check_gated_deltanet_backward", lambda: "stand-in probe")
+    monkeypatch.setattr(preflight, "check_compiler", lambda: "stand-in compiler")
+    monkeypatch.setattr(rft, "load_policy", lambda args: pytest.fail("a model loaded before the preflight"))
+    with pytest.raises(SystemExit) as e:
+        rft.main([*REPLICA_FLAGS, "--data", "bundled", "--harness", "harnesses/paper/chess.py", "--model", str(model),
+                  "--out", str(tmp_path / "rft")])
+    assert str(e.value.code).startswith("rft.py: error: the preflight refused this launch")
+    assert REPLICA_REFUSED in capsys.readouterr().err.splitlines()
+
+
+def test_searchqas_retriever_on_the_trainers_card_is_counted():
+    """Search-R1's index served from this machine (a localhost --retriever-url: scripts/search_r1_retriever.sh puts
+    it on the GPU) takes its ~32 GiB of the trainer's card: the paper preset's 2 calls beside a 0.41 replica fit on a
+    141 GB card without it and not with it, the line naming the index and the share that fits."""
+    flags = ["--check", "--preset", "paper", "--domain", "searchqa", "--card", "141", "--backend", "openai",
+             "--gpu-memory", "0.41"]
+    [elsewhere] = plan.parse_args([*flags, "--retriever-url", "http://10.0.0.9:8010/retrieve"])
+    assert check(preflight.check_gpu, [elsewhere])[0]
+    [here] = plan.parse_args([*flags, "--retriever-url", "http://127.0.0.1:8010/retrieve"])
+    ok, line = check(preflight.check_gpu, [here])
+    assert not ok and "the trainer's weights, Search-R1's index and the engine's --gpu-memory 0.41 leave" in line \
+        and line.endswith("pass --micro-batch 1 or --gpu-memory 0.18 (the engine's share of this card)"), line
+
+
+def test_plan_check_checks_every_method_of_each_check_domain(capsys):
+    """`--check chess` with `--method harness-only weight-only`: chess's weight-only trainer is checked too, not only
+    its first method (harness-only, which trains nothing)."""
+    with pytest.raises(SystemExit):
+        plan.main(["--check", "chess", "--preset", "gpu", "--domain", "math", "--method", "harness-only",
+                   "weight-only", "--card", "24", "--micro-batch", "2", "--data",
+                   "bundled", "--workers", "120"])
+    assert any(line.startswith("FAIL gpu: chess: Qwen3.5-4B's SFT micro-batch of 2 calls")
+               for line in capsys.readouterr().err.splitlines())

@@ -106,6 +106,15 @@ def test_rank_0_failing_tells_the_followers_to_stop(tmp_path):
     assert "trainer rank 1" not in done.stderr  # the follower stopped without a second line
 
 
+def test_rank_0_failing_inside_an_update_ends_the_followers_within_a_minute(tmp_path):
+    """Rank 0 fails in its own share of an update the follower has entered: the follower, waiting in the gradient sum
+    that rank 0 will never join, stops within ranks.ABORT_POLL_S (not at STEP_TIMEOUT's 30 minutes), silently."""
+    done = torchrun(RUN, str(tmp_path / "out"), "--steps", "3", "--fail-rank", "0", "--fail-in-update")
+    assert done.returncode != 0 and done.seconds < 60, (done.seconds, done.stderr[-3000:])
+    assert "ranks_run.py: error: an injected failure" in done.stderr.splitlines(), done.stderr[-3000:]
+    assert "trainer rank 1" not in done.stderr
+
+
 def test_whale_runs_two_methods_on_two_ranks_and_its_summary_says_so(tmp_path):
     """weight-only, then whale: whale's first weight phase is weight-only's (the same RSFT steps under h0), adopted
     from its snapshot, which rank 1 loads from the shared run folder."""

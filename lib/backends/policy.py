@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from lib.common.argtypes import positive_int, unit_interval
+from lib.common.argtypes import positive_int, share
 
 from lib.backends.canary import PROBE_RANK, probe_engine
 from lib.backends.engines import GDN_PREFILLS, OpenAIBackend, VLLMBackend, engine_lora_rank
@@ -29,9 +29,11 @@ def add_backend_args(parser):
     p = parser.add_argument_group("policy backend (the engine that samples the model)")
     p.add_argument("--backend", default="hf", choices=("hf", "vllm", "openai"),
                    help="hf: transformers in process; vllm: colocated vLLM engine; openai: a remote server")
-    p.add_argument("--gpu-memory", type=unit_interval, default=0.45,
+    p.add_argument("--gpu-memory", type=share, default=0.45,
                    help="vllm: share of GPU memory for the engine (weights + KV cache; on CPU its KV-cache share "
-                        "of RAM); the trainer uses the rest")
+                        "of RAM); the trainer uses the rest. openai: the share a server replica holds of the "
+                        "trainer's card (its --gpu-memory-utilization; 0 where the server runs on other cards), "
+                        "which the preflight checks the trainer beside")
     p.add_argument("--vllm-sleep", action=argparse.BooleanOptionalAction, default=False,
                    help="vllm: offload the engine's weights and drop its KV cache while the trainer runs "
                         "(the gpu and paper presets; --no-vllm-sleep where the platform cannot, as on CPU)")
@@ -55,6 +57,9 @@ def check_backend(args):
     """--backend names an engine this machine has, before any model loads (vllm is the GPU extra)."""
     if args.model == "null" and args.backend != "hf":
         raise ValueError(f"--model null replies '' without any engine: use --backend hf, not --backend {args.backend}")
+    if args.backend == "vllm" and not args.gpu_memory:
+        raise ValueError("--backend vllm --gpu-memory 0 leaves the engine no memory: pass its share, e.g. "
+                         "--gpu-memory 0.45 (0 is for --backend openai with the server on other cards)")
     if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ValueError("--backend vllm: the vllm package is not installed here: bash install.sh --gpu (or pip "
                          "install -r requirements-gpu.txt) on a CUDA machine, or use --backend hf")

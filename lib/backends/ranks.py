@@ -16,13 +16,16 @@ and the head directly, and DDP reduces only what runs through its own forward (p
 
 No hang: the gradient sum has a timeout (STEP_TIMEOUT); a follower that fails prints one line naming its rank and
 exits, and rank 0's next collective fails at once (gloo sees the closed connection; torchrun also stops the others);
-rank 0's error path tells the followers to stop (leading).
+rank 0's error path tells the followers to stop (leading), those inside a gradient sum through the launch's store
+(announce_failure, wait_or_leave): an NCCL sum rank 0 never joins would wait out STEP_TIMEOUT.
 """
 import contextlib
 import datetime
 import json
 import os
 import socket
+import sys
+import time
 import traceback
 import uuid
 from pathlib import Path
@@ -37,6 +40,8 @@ STEP_TIMEOUT = datetime.timedelta(minutes=30)
 # a follower waits for the next command through rank 0's rollouts, harness phases and test evaluations (hours); rank
 # 0's death ends the wait at once (its closed connection), so this bounds only a node that vanishes from the network
 COMMAND_TIMEOUT = datetime.timedelta(days=7)
+# rank 0's failure, as the followers inside a gradient sum learn it: a key in the launch's store, looked for each second
+ABORT_KEY, ABORT_POLL_S = "whale/rank-0-failed", 1.0
 PROBE = ".trainer-ranks"  # the file rank 0 writes in the run folder, every rank reads: one file system for all
 
 _commands = None  # the gloo group of the commands (the gradients go over the default group: nccl on GPUs)
@@ -73,14 +78,21 @@ def check_launch(backend, n=None):
 # -----------------------------------------------------------------------------
 # the launch: the process group, rank 0's lead, the followers' loop
 
+def set_device():
+    """This rank's card (torchrun's LOCAL_RANK; 0 without torchrun) as the current CUDA device, before anything reads
+    or allocates on a card: the card's size the gpu preset fits its micro-batch to (whale.card_gib), the preflight,
+    the model. Without a GPU: nothing."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
 def start(folder):
     """Join torchrun's process group (nccl on GPUs, each rank on its LOCAL_RANK card; gloo on CPU), the commands'
     gloo group, and check that every rank sees `folder` (the run folder) as rank 0 writes it. After the model cache is
     built (models.model_path): once a group exists, transformers' save_pretrained writes no weights on ranks other
     than 0, so a cache a follower built would hold a tokenizer only."""
     global _commands
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    set_device()
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=STEP_TIMEOUT)
     _commands = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
     check_shared_folder(folder)
@@ -124,6 +136,7 @@ def leading(model, out):
         yield
     except BaseException as e:
         if active():
+            announce_failure()
             stop(error_line(e))
         raise
     stop(None)
@@ -234,7 +247,10 @@ def sum_gradients(params, loss):
     parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
     flat = torch.cat(parts + [torch.tensor([loss], dtype=parts[0].dtype, device=parts[0].device)])
     try:
-        dist.all_reduce(flat)
+        work = dist.all_reduce(flat, async_op=True)
+        if rank():
+            wait_or_leave(work)
+        work.wait()
     except RuntimeError as e:
         raise RankLost(f"a trainer rank stopped during the SFT update (its own line says why): {error_line(e)}") \
             from None
@@ -243,6 +259,29 @@ def sum_gradients(params, loss):
         p.grad = flat[at:at + p.numel()].view_as(p)
         at += p.numel()
     return flat[-1].item()
+
+
+def wait_or_leave(work):
+    """A follower's wait for a gradient sum, which ends within ABORT_POLL_S of rank 0's failure: rank 0 then never joins
+    the sum (it failed in its own share, or after it), and an NCCL collective would wait out STEP_TIMEOUT. Rank 0's
+    error path sets ABORT_KEY in the launch's store (announce_failure); the follower exits at once, status 1, without a
+    line of its own (rank 0's says why), and without leaving the group, which would wait on the pending sum."""
+    store = dist.distributed_c10d._get_default_store()
+    while not work.is_completed():
+        if store.check([ABORT_KEY]):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        time.sleep(ABORT_POLL_S)
+
+
+def announce_failure():
+    """Rank 0 failed: a follower inside a gradient sum stops (wait_or_leave), as one waiting for a command stops at
+    the "stop" that follows."""
+    try:
+        dist.distributed_c10d._get_default_store().set(ABORT_KEY, "1")
+    except (RuntimeError, ValueError):  # the store is gone: the launcher is stopping every rank already
+        pass
 
 
 def same_weights(params):

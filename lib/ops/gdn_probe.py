@@ -7,7 +7,9 @@ several 64-token chunks, so an error in the state carried from chunk to chunk sh
 kernel family has shipped wrong but finite gradients on Hopper (fla-core issues #640, #984, #1241), on which LoRA
 would train all night.
 
-    python -m lib.ops.gdn_probe       # prints the kernel and its largest relative error; exit 1 above BOUND
+    python -m lib.ops.gdn_probe       # prints the kernel (the function transformers calls, by its module) and its
+                                      # largest relative error; exit 1 above BOUND, or where fla-core is installed
+                                      # but transformers fell back to its torch loop
 
     errors = relative_errors(kernel, reference, device="cpu")   # {"out": e, "q": e, ...}: what the test calls
 """
@@ -26,12 +28,45 @@ BOUND = 0.05
 NAMES = ("q", "k", "v", "g", "beta")
 
 
+FLA_MODULE = "fla.ops.gated_delta_rule"  # where transformers imports fla-core's kernel from (hub_kernels' mapping)
+
+
 def kernels():
-    """(the kernel transformers runs, its torch reference, the kernel's name)."""
+    """(the kernel transformers runs, its torch reference, the name of the function it actually calls: its own
+    module's)."""
     from transformers.models.qwen3_5 import modeling_qwen3_5
     fast = modeling_qwen3_5.torch_chunk_gated_delta_rule
-    name = "fla-core's chunk_gated_delta_rule" if importlib.util.find_spec("fla") else "transformers' torch loop"
-    return fast, inspect.unwrap(fast), name
+    bound = bound_kernel(fast)
+    return fast, inspect.unwrap(fast), f"{bound.__module__}.{bound.__qualname__}"
+
+
+def bound_kernel(fast):
+    """The function transformers' wrapper calls: transformers 5.20.2's use_kernel_func_from_hub_with_fallback
+    (integrations/hub_kernels.py) binds fla-core's where `fla.ops.gated_delta_rule` imports and its own torch function
+    where the import fails, without a word, and keeps it in the wrapper's closure as `implementation`."""
+    f, seen = fast, set()
+    while f is not None and id(f) not in seen:
+        seen.add(id(f))
+        cells = dict(zip(f.__code__.co_freevars, (c.cell_contents for c in f.__closure__ or ())))
+        if callable(cells.get("implementation")):
+            return cells["implementation"]
+        f = getattr(f, "__wrapped__", None)
+    return fast
+
+
+def fallback_line(fast, reference):
+    """The line that fails the probe where fla-core is installed but transformers bound its torch loop (the probe would
+    compare torch with torch, and the trainer run the slow loop all night); None otherwise (without fla-core the torch
+    loop is what trains, knowingly)."""
+    if bound_kernel(fast) is not reference or importlib.util.find_spec("fla") is None:
+        return None
+    try:
+        importlib.import_module(FLA_MODULE)
+        why = "it imports now, but did not when transformers bound the kernel"
+    except Exception as e:  # what transformers swallowed
+        why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+    return (f"fla-core is installed, but transformers runs its torch loop for the Gated DeltaNet layers: {FLA_MODULE} "
+            f"does not import ({why})")
 
 
 def probe_inputs(shape, device, seed=0):
@@ -79,6 +114,10 @@ def verdict(errors, name, tokens=SHAPE[1]):
 
 def main():
     fast, reference, name = kernels()
+    fallback = fallback_line(fast, reference)
+    if fallback:
+        print(fallback, file=sys.stderr)
+        return 1
     ok, line = verdict(relative_errors(fast, reference, "cuda"), name)
     torch.cuda.synchronize()
     print(line, file=sys.stdout if ok else sys.stderr)

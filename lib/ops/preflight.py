@@ -11,6 +11,7 @@ its first searchqa rollout for want of a server, or at its first RSFT step for w
 All pass: one "ok" line per check, and 0. Otherwise: one "FAIL" line per failing check, each naming its fix,
 and 1 (the ok lines are left out, so the fix is what you read).
 """
+import copy
 import importlib
 import importlib.util
 import json
@@ -47,12 +48,20 @@ class Failed(Exception):
 # the plan: which checks these runs need, each once
 
 
-def plan(runs, check_harness=None, domain_of=None):
+def budgets(args):
+    """What a run spends its budget on (lib/methods.py): its method's; rft.py's runs, which name none, train weights."""
+    method = getattr(args, "method", None)
+    return METHODS[method].budgets if method else WEIGHTS
+
+
+def plan(runs, check_harness=None, domain_of=None, card_only=False):
     """[(name, check)] in a fixed order; a resource shared by several runs (the sandbox, one model for two
     domains) is checked once. check_harness: whale.py's domains.check_harness (the runs' own check of the
-    harness against its domain); domain_of: its domains.from_args (the bundled data read by the domain)."""
+    harness against its domain); domain_of: its domains.from_args (the bundled data read by the domain).
+    card_only: the checks of the card this process trains on only (gpu, compiler, the Gated DeltaNet kernel), as a
+    trainer rank other than 0 runs them (launch)."""
     checks = {}
-    for args in runs:
+    for args in [] if card_only else runs:
         paper = args.data == "paper"
         if check_harness:
             checks[("harness", args.domain, args.harness)] = (f"harness ({args.domain})",
@@ -66,18 +75,19 @@ def plan(runs, check_harness=None, domain_of=None):
         checks[("model", args.model)] = (f"model ({args.model})", partial(check_model, args.model))
         served = (args.openai_url, args.openai_model or args.model) if args.backend == "openai" else None
         checks[("engine", args.backend, served)] = (f"engine ({args.backend})", partial(check_engine, args))
-        if METHODS[args.method].budgets != WEIGHTS:  # a method with proposer rounds
+        if budgets(args) != WEIGHTS:  # a method with proposer rounds
             key = ("proposer", args.proposer, args.proposer_cmd, args.proposer_url, args.proposer_model)
             checks[key] = (f"proposer ({args.proposer})", partial(check_proposer, args))
-        if args.report_to:
+        if getattr(args, "report_to", None):
             checks[("report", args.report_to)] = (f"report-to ({args.report_to})",
                                                    partial(check_report, args.report_to))
-    checks[("sandbox",)] = ("sandbox", partial(check_sandbox, runs[0]))
-    checks[("files",)] = ("open files", partial(check_open_files, runs))
+    if not card_only:
+        checks[("sandbox",)] = ("sandbox", partial(check_sandbox, runs[0]))
+        checks[("files",)] = ("open files", partial(check_open_files, runs))
     checks[("gpu",)] = ("gpu", partial(check_gpu, runs))
-    if getattr(runs[0], "ranks", 1) > 1:
+    if getattr(runs[0], "ranks", 1) > 1 and not card_only:
         checks[("ranks",)] = ("trainer ranks", partial(check_ranks, runs))
-    trains_qwen35 = any(time_model.model_name(args.model) and METHODS[args.method].budgets != HARNESS for args in runs)
+    trains_qwen35 = any(time_model.model_name(args.model) and budgets(args) != HARNESS for args in runs)
     if trains_qwen35 or any(args.backend == "vllm" for args in runs):  # Triton kernels, vLLM's torch.compile
         checks[("compiler",)] = ("compiler", check_compiler)
     if trains_qwen35:
@@ -87,10 +97,12 @@ def plan(runs, check_harness=None, domain_of=None):
     return [checks[k] for k in sorted(checks, key=lambda k: order.index(k[0]))]
 
 
-def main(runs, check_harness=None, domain_of=None):
-    """Run every check; print the ok lines (all passed, -> 0) or the FAIL lines (-> 1)."""
+def main(runs, check_harness=None, domain_of=None, card_only=False, label=""):
+    """Run every check; print the ok lines (all passed, -> 0) or the FAIL lines (-> 1). label: what starts each line
+    (a trainer rank's, under torchrun)."""
     oks, fails = [], []
-    for name, check in plan(runs, check_harness, domain_of):
+    for name, check in plan(runs, check_harness, domain_of, card_only):
+        name = label + name
         try:
             oks.append(f"ok   {name}: {check()}")
         except Failed as e:
@@ -100,6 +112,23 @@ def main(runs, check_harness=None, domain_of=None):
     for line in fails or oks:
         print(line, file=sys.stderr if fails else sys.stdout, flush=True)
     return 1 if fails else 0
+
+
+def launch(runs, prog, check_harness=None, domain_of=None):
+    """The preflight of a whale.py or rft.py launch, on every trainer rank before any model loads, after the rank's
+    card is set (ranks.set_device): rank 0 runs every check plan.py --check runs for these runs (one per method),
+    each other rank those of the card it trains on. A failure ends the launch in one line under the FAIL lines
+    (torchrun then stops the other ranks)."""
+    n = ranks.count()
+    nodes = max(1, n // int(os.environ.get("LOCAL_WORLD_SIZE", n)))
+    runs = [copy.copy(args) for args in runs]  # the runs' own flags stay as given (config.json holds them)
+    for args in runs:  # what plan.py --check --ranks N --nodes M is told, from torchrun's variables
+        args.ranks, args.nodes = n, nodes
+    rank = ranks.rank()
+    label = f"rank {rank}: " if n > 1 else ""
+    if main(runs, check_harness, domain_of, card_only=rank > 0, label=label):
+        raise SystemExit(f"{prog}: error: {label}the preflight refused this launch (the FAIL lines above name each "
+                         "fix; python plan.py --check with the same flags says the same)")
 
 
 # -----------------------------------------------------------------------------
@@ -477,8 +506,9 @@ def check_gpu(runs):
         if why:
             raise Failed(f"{args.domain}: {why}")
         name = time_model.model_name(args.model)
-        if name and METHODS[args.method].budgets != HARNESS:
-            largest = time_model.memory(name, None, card_bytes=total, **time_model.trainer_flags(args))["largest"]
+        if name and budgets(args) != HARNESS:
+            largest = time_model.memory(name, None, card_bytes=total, retriever=retriever_on_card(args, total),
+                                        **time_model.trainer_flags(args))["largest"]
             fitted.append(f"{args.domain} --micro-batch {args.micro_batch} (at most {largest} fit)")
     fits = f"; trainer: {', '.join(dict.fromkeys(fitted))}" if fitted else ""
     if free is None:
@@ -504,16 +534,30 @@ def card_shortfall(args, total):
                or time_model.block_shortfall(name, total, args.gpu_memory, engine_seqs(args.workers), prefill))
         if why:
             return why
-    if METHODS[args.method].budgets == HARNESS:
+    if budgets(args) == HARNESS:
         return None
-    return time_model.trainer_shortfall(name, total, args.micro_batch, **time_model.trainer_flags(args))
+    return time_model.trainer_shortfall(name, total, args.micro_batch, retriever=retriever_on_card(args, total),
+                                        **time_model.trainer_flags(args))
+
+
+def retriever_on_card(args, total):
+    """"gpu" where Search-R1's index sits on the card this run trains on, as far as its flags tell: searchqa on the
+    paper's data with its server on this machine (--retriever-url on localhost: scripts/search_r1_retriever.sh serves
+    it with --faiss_gpu) and a card of 80 GB or more (time_model.CARD_RETRIEVER: on a smaller one the index cannot
+    sit beside the run, so it is elsewhere); None otherwise. On several cards faiss shards it over all of them: this
+    counts it whole on each, the safe side."""
+    from urllib.parse import urlparse
+    url = getattr(args, "retriever_url", None)
+    local = bool(url) and urlparse(url).hostname in ("localhost", "127.0.0.1", "::1")
+    on_card = args.domain == "searchqa" and args.data == "paper" and local and total >= 80 * GiB
+    return "gpu" if on_card else None
 
 
 def check_ranks(runs):
     """A launch of --ranks trainer ranks (torchrun, lib/backends/ranks.py): the backend it cannot run with, and on
     more than one node, the run folders on a file system the nodes share (as far as its type tells: the launch
     itself checks that every rank reads what rank 0 writes)."""
-    n, nodes = runs[0].ranks, runs[0].nodes
+    n, nodes = runs[0].ranks, getattr(runs[0], "nodes", 1)
     for args in runs:
         try:
             ranks.check_launch(args.backend, n)

@@ -326,23 +326,26 @@ def block_shortfall(name, card_bytes, gpu_memory, seqs, prefill="triton"):
 
 
 def trainer_flags(args):
-    """memory()'s and trainer_shortfall()'s keywords from a whale.py run's flags: the engine's share where it runs on
-    this card (--backend vllm; None: no engine here) and whether it sleeps while the trainer trains, and the
-    longest call RSFT can be handed: --max-model-len tokens, of them the most one call generates trained
-    (--max-new-tokens, within --episode-tokens)."""
-    vllm = args.backend == "vllm"
+    """memory()'s and trainer_shortfall()'s keywords from a whale.py run's flags: the engine's share on the trainer's
+    card (--gpu-memory: the in-process engine's under --backend vllm, which sleeps while the trainer trains with
+    --vllm-sleep; under --backend openai a server replica's --gpu-memory-utilization on this card, always awake, 0 where
+    the server runs on other cards; None: no engine here) and whether it sleeps, and the longest call RSFT can be
+    handed: --max-model-len tokens, of them the most one call generates trained (--max-new-tokens, within
+    --episode-tokens)."""
+    share = args.gpu_memory if args.backend in ("vllm", "openai") and args.gpu_memory else None
+    sleep = share is None or (args.backend == "vllm" and bool(args.vllm_sleep))
     completion = min(args.max_new_tokens, getattr(args, "episode_tokens", None) or args.max_new_tokens)
-    return dict(gpu_memory=args.gpu_memory if vllm else None, sleep=bool(args.vllm_sleep) or not vllm,
-                context=args.max_model_len, completion=completion)
+    return dict(gpu_memory=share, sleep=sleep, context=args.max_model_len, completion=completion)
 
 
-def trainer_shortfall(name, card_bytes, micro_batch, gpu_memory, context, completion, sleep=True):
+def trainer_shortfall(name, card_bytes, micro_batch, gpu_memory, context, completion, sleep=True, retriever=None):
     """The one line that refuses a trainer that would run out of memory at its first RSFT step on this card, or None:
     an engine share (--gpu-memory; None: no engine on the card) the trainer cannot wake beside, or a micro-batch
     (--micro-batch calls of `context` tokens, `completion` of them trained) whose SFT peak passes what the trainer's
-    weights, LoRA and Adam state and the engine (asleep with --vllm-sleep, else awake) leave of the card."""
+    weights, LoRA and Adam state and the engine (asleep with --vllm-sleep, else awake) leave of the card, and
+    Search-R1's index where it sits on it (retriever "gpu")."""
     mem = memory(name, None, gpu_memory=gpu_memory, context=context, completion=completion, micro_batch=micro_batch,
-                 sleep=sleep, card_bytes=card_bytes)
+                 sleep=sleep, card_bytes=card_bytes, retriever=retriever)
     card = f"{card_bytes / GiB:.1f} GiB"
     if gpu_memory and mem["engine"] > mem["max_gpu_memory"] * card_bytes:
         return (f"{name}'s trainer ({(mem['weights'] + mem['lora_opt']) / GiB:.1f} GiB of weights, LoRA and Adam "
@@ -352,16 +355,27 @@ def trainer_shortfall(name, card_bytes, micro_batch, gpu_memory, context, comple
         return None
     beside = ("the trainer's weights" if not gpu_memory else "the trainer's weights and the sleeping engine" if sleep
               else f"the trainer's weights and the engine's --gpu-memory {gpu_memory:g}")
-    if mem["largest"]:
-        fix = f"--micro-batch {mem['largest']}"
-    elif sleep or not gpu_memory:
-        fix = "a lower --max-model-len or --max-new-tokens, or a larger card"
-    else:
-        fix = "--vllm-sleep (the engine frees its share while the trainer trains), or a larger card"
+    if retriever == "gpu":
+        beside = beside.replace("the trainer's weights", "the trainer's weights, Search-R1's index", 1)
+    fixes = [f"--micro-batch {mem['largest']}"] if mem["largest"] else []
+    if gpu_memory and not sleep:  # an engine awake beside the trainer: the share at which this micro-batch fits
+        share = replica_share(name, card_bytes, micro_batch, context, completion, retriever)
+        if share > 0:
+            fixes.append(f"--gpu-memory {share:.2f} (the engine's share of this card)")
+    fix = " or ".join(fixes) or "a lower --max-model-len or --max-new-tokens, or a larger card"
     return (f"{name}'s SFT micro-batch of {micro_batch} call{'s' * (micro_batch > 1)} of {context:,d} tokens "
             f"({completion:,d} trained) needs about {mem['act'] / GiB:.1f} GiB, more than the "
             f"{max(mem['train_room'], 0) / GiB:.1f} GiB {beside} leave of {card}: the first RSFT step would run out "
             f"of memory: pass {fix}")
+
+
+def replica_share(name, card_bytes, micro_batch, context, completion, retriever=None):
+    """The largest engine share (two decimals; 0 or less where none) an awake engine, a server replica, can take of
+    the card beside a trainer whose SFT micro-batch of `micro_batch` calls must fit (scripts/node.py: the share of
+    vllm serve's --gpu-memory-utilization, trainer_shortfall's fix)."""
+    mem = memory(name, None, gpu_memory=None, context=context, completion=completion, micro_batch=micro_batch,
+                 card_bytes=card_bytes, retriever=retriever)
+    return math.floor((mem["max_gpu_memory"] * card_bytes - mem["act"]) / card_bytes * 100) / 100
 
 
 def kv_shortfall(name, card_bytes, gpu_memory, model_len):
