@@ -55,17 +55,19 @@ class Card:
 
     @contextmanager
     def away(self, policy):
-        """The card given back for the block (the proposer's wait): the engine sleeps first (vllm --vllm-sleep frees
-        its memory; hf and an engine without sleep keep theirs), and wakes at its next generate, after the take."""
+        """The card given back for the block (the proposer's wait): the policy leaves it first (the engine asleep
+        under --vllm-sleep, the trainer's weights in host memory: Policy.leave_card) and comes back after the take
+        (the engine wakes at its next generate)."""
         if self.lock is None:
             yield
             return
-        policy.free_memory()
+        policy.leave_card()
         self.give()
         try:
             yield
         finally:
             self.take()
+            policy.back_on_card()
 
     def record(self, event):
         row = {"event": event, "time": time.time(), "pid": os.getpid(), "domain": self.domain,
