@@ -122,6 +122,8 @@ START_S = 180         # per process: trainer model load, vLLM start (profiling, 
 PROPOSER_S = 1200     # per proposer round: one Claude Code session (--effort max) reading the archive and
                       # writing M candidates with file tools; the official timeout is 2,400 s (docs/protocol.md
                       # section 7): half of it stated, scripts/memory_plan.py also prints 10 and 40 min
+SWITCH_S = 15         # per turn on the card (run_all.sh's TURNS=1, lib/run_folder/card.py), one a proposer round: the
+                      # engine's sleep and wake and the trainer's weights to host memory and back, over PCIe (stated)
 NO_FLA_SFT_FACTOR = 3.0  # SFT time without fla-core: transformers' torch path for the chunked gated delta rule
                          # (a Python loop over 64-token chunks in fp32) in 3 of every 4 layers
 
@@ -505,6 +507,20 @@ def hours(name, domain, counts, card_gb=80, max_new_tokens=1024, workers=None, g
              "engine": counts["steps"] * SYNC_S + counts["starts"] * START_S, "proposer": counts["rounds"] * proposer_s}
     parts = {k: v / 3600 for k, v in parts.items()}
     return {**parts, "total": sum(parts.values()), "counts": counts, "gpus": gpus, "ranks": ranks}
+
+
+def night(processes, switch_s=SWITCH_S):
+    """Hours of run_all.sh's night on one card, processes: [[estimate of each run of one process chain (a domain's
+    runs: its process, then its adaptive one)], ...]. Without turns (TURNS=0) the chains run one after another: every
+    hour of every run. With turns they run side by side and hold the card for their own work only, so the card's work
+    is one chain's after another's, plus a switch (switch_s) per proposer round; a chain's own card work and its
+    proposer's time cannot overlap each other, so the night is at least the longest chain's (where the others have
+    nothing left to do, its proposer's share shows). -> {"without", "with", "card", "switches", "longest"} in hours"""
+    card = [sum(e["total"] - e["proposer"] for e in chain) for chain in processes]
+    own = [sum(e["total"] for e in chain) for chain in processes]
+    switches = sum(e["counts"]["rounds"] for chain in processes for e in chain) * switch_s / 3600
+    return {"without": sum(own), "with": max(sum(card) + switches, max(own)), "card": sum(card),
+            "switches": switches, "longest": max(own)}
 
 
 def model_name(model):
