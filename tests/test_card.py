@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from lib.report.plots import plot_card
 from lib.run_folder.card import Card, holdings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +55,8 @@ def test_two_processes_take_turns_and_never_hold_the_card_together(tmp_path):
         assert a["end"] <= b["start"], f"{a} and {b} held the card at once"
     domains = [h["domain"] for h in held]
     assert sum(x != y for x, y in zip(domains, domains[1:])) >= 3, f"no turns taken: {domains}"
+    plot_card(held, tmp_path / "card.png")  # the report's figure of who held the card when
+    assert (tmp_path / "card.png").stat().st_size > 0
 
 
 def test_a_killed_holder_gives_the_card_to_the_waiting_process(tmp_path):
