@@ -8,6 +8,7 @@ scripts/memory_plan.py (the tables of docs/gpu.md) call in here; nothing here im
     shared = shared_phases([("weight-only", [("weight", 2)] * 2), ("whale", [("weight", 2), ("harness", 1)])])
     est = hours("Qwen3.5-2B", "searchqa", counts, card_gb=80)   # {"rollouts": h, ..., "total": h, "counts": ...}
     est = estimate(args, phases, n_harness, n_test)             # the same from a whale.py run's flags
+    h = night([[est, ...], ...])    # run_all.sh's night, a list per domain's process chain: {"with": h, "without": h, ...}
     half = interval_halfwidth(n_test, 8, p=0.4)                 # 95 % half-width of one cell's mean@8
 
 Setting: one card holds the trainer (transformers + peft: bf16 base weights, fp32 LoRA weights and AdamW),
@@ -25,7 +26,8 @@ the model load and engine start + per proposer round the coding agent's own time
 methods in one whale.py process with one engine, and whale.py's reuse (lib/run_folder/ledger.py) takes a phase that
 an earlier run of the process already made (the same steps under the same harnesses, the same search from
 the same harness under the same weights) and its test evaluation: shared_phases() counts those, and a run's
-estimate is its own work only.
+estimate is its own work only. run_all.sh's domain processes take turns on the card (TURNS=1, lib/run_folder/card.py):
+night() gives the night with them, the card's own work with the proposers' waits hidden, and without.
 Every constant below is a stated assumption (with its source where there is one), not a measurement: the
 plan is to be checked against scripts/gpu_check.sh and the first real run's metrics.jsonl.
 """
