@@ -18,8 +18,12 @@ from lib.run_folder.card import Card
 class Policy:  # the engine and trainer a real process moves off the card
     def leave_card(self): pass
     def back_on_card(self): pass
+import os
 lock, domain, rounds, work, wait = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
 card = Card(lock, domain)
+open(lock + "." + domain + ".ready", "w").close()
+while not os.path.exists(lock + ".go"):  # every stand-in started (its Python up) before any takes the card
+    time.sleep(0.01)
 with card.held():
     open(lock + "." + domain + ".holds", "w").close()
     for i in range(rounds):
@@ -47,7 +51,10 @@ def test_two_processes_take_turns_and_never_hold_the_card_together(tmp_path):
     """Two processes whose proposer waits are longer than their work: each takes the card while the other waits on
     its proposer (the holdings interleave), and the lease's record shows no two holdings at once."""
     lock = tmp_path / "card.lock"
-    procs = [stand_in(lock, domain, 3, 0.1, 0.3) for domain in ("searchqa", "math")]
+    procs = [stand_in(lock, domain, 3, 0.1, 0.5) for domain in ("searchqa", "math")]
+    for domain in ("searchqa", "math"):
+        wait_for(Path(f"{lock}.{domain}.ready"))
+    Path(f"{lock}.go").touch()
     assert [p.wait(timeout=30) for p in procs] == [0, 0]
     held = sorted(holdings(lock), key=lambda h: h["start"])
     assert len(held) == 2 * 4 and all(h["end"] is not None for h in held)  # 3 proposer waits: 4 holdings each
@@ -63,6 +70,7 @@ def test_a_killed_holder_gives_the_card_to_the_waiting_process(tmp_path):
     """The holder is killed (SIGKILL: no cleanup of its own) while the other waits for the card: the kernel drops its
     lock, the other takes the card and finishes, and the record shows the dead holding ended at that take."""
     lock = tmp_path / "card.lock"
+    Path(f"{lock}.go").touch()
     holder = stand_in(lock, "chess", 1, 3600, 0)  # holds the card for an hour
     wait_for(Path(f"{lock}.chess.holds"))
     waiting = stand_in(lock, "math", 1, 0.05, 0.05)
