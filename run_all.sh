@@ -8,7 +8,7 @@
 # a three-seed one. Finished runs are skipped, killed ones resume. Arguments go to every whale.py call, e.g. searchqa's
 # retriever on the paper's data: PRESET=gpu bash run_all.sh --retriever-url http://127.0.0.1:8010/retrieve (or
 # --wiki FILE). A finished run is skipped whatever they are; one that resumes refuses settings that changed.
-# A failed process (an OOM, a retriever outage) does not stop the night: the next domain starts, the report holds
+# A failed process (an OOM, a retriever outage) does not stop the night: the other domains go on, the report holds
 # what finished, and the end lists each failure with its last line and its log (results/<preset>/[seed-<n>/]logs/
 # <domain>.log, every process's output beside the terminal's); the exit status is then 1 and a rerun resumes only
 # what did not finish.
