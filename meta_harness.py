@@ -73,6 +73,7 @@ from lib.openai_proposer import propose_openai
 from lib.proposers import (PROPOSER_MAX_FILE_MB, PROPOSER_MAX_PROCS, PROPOSER_MAX_WRITTEN_MB, PROPOSER_MEMORY_MB,
                            failure_advice, propose_agent, propose_in_copy)
 from lib.rules import pick_best
+from lib.run_folder.card import NO_TURNS
 from lib.run_folder.files import check_run_files, check_same_model, file_sha
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, parse_with_preset
@@ -383,11 +384,13 @@ def check_and_score(run_dir, name, backend, domain, tasks, cfg, policy_kw, run_e
         print(f"  {name}: rejected, {meta['reason']}")
 
 
-def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, run_episodes=None, evaluate=None):
+def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, run_episodes=None, evaluate=None,
+           card=NO_TURNS):
     """Meta-Harness under fixed weights, `rounds` proposer rounds (an archive that holds some already
     replays them). stop: (rounds before, patience, min rounds) ends the search early (phase_stalled), None never.
     cfg: a cli.SearchConfig. run_episodes and evaluate run a candidate's smoke episode and score it
-    (rollout's unless given others). -> {"winner", "score", "rollouts", "rounds" (those the archive holds now),
+    (rollout's unless given others). card: the lease on the GPU (lib/run_folder/card.py), given back while the
+    proposer writes. -> {"winner", "score", "rollouts", "rounds" (those the archive holds now),
     "best_series", "proposer"}"""
     run_episodes, evaluate = run_episodes or rollout.run_episodes, evaluate or rollout.evaluate
     check_proposer(cfg)
@@ -408,7 +411,8 @@ def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, run_ep
     done = failures = 0
     for it in range(1, rounds + 1):
         names = [f"h{it}_{j}" for j in range(1, M + 1)]
-        failures = propose_iteration(run_dir, names, rows, it, domain, cfg, failures)  # propose
+        with card.away(policy):  # the proposer needs no card: another process's turn on it, this engine asleep
+            failures = propose_iteration(run_dir, names, rows, it, domain, cfg, failures)  # propose
         for name in names:  # validate, score
             check_and_score(run_dir, name, policy, domain, tasks, cfg, kw, run_episodes, evaluate)
         check_without_model(run_dir, it, policy, domain, tasks, cfg, kw, evaluate)

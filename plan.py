@@ -106,6 +106,11 @@ def print_plan(runs, card_gb=80, gpus=1, ranks=1):
     if len(runs) > 1 and all(estimates):
         print(f"estimated {sum(e['total'] for e in estimates):.2f} h for these {len(runs)} runs in one "
               f"process (reused: {sum(shared)} of their phases and {len(runs) - 1} start evaluations)")
+    if all(estimates):  # run_all.sh's turns: the proposer's hours are another domain's time on the card
+        card = sum(e["total"] - e["proposer"] for e in estimates)
+        print(f"of them {card:.2f} h on the card and {sum(e['proposer'] for e in estimates):.2f} h of proposer "
+              "waits, which run_all.sh's turns give to the other domains' processes (the night with and without "
+              "them: python scripts/memory_plan.py)")
     return estimates
 
 

@@ -20,7 +20,8 @@ each method's search found a harness better than the one it started from, and wh
 searches did. Under the paper preset the paper's numbers stand beside ours. Plots: curves.png (test
 mean@k against cumulative rollouts, a panel per domain, a line per method and seed, its 95 %
 interval over test tasks as a band), timeline.png (each WHALE run's phases along the rollout axis,
-with mean@k where it was tested) and per domain and seed alternation-<domain>[-seed-<n>].png (a panel
+with mean@k where it was tested), card.png (run_all.sh's turns: which domain's process held the card when,
+from results/<preset>/card.jsonl) and per domain and seed alternation-<domain>[-seed-<n>].png (a panel
 per method: its phases, the training reward of every RSFT step, the harness-set score of every search
 round, the test points with their intervals; lib/report/plots.py).
 """
@@ -37,7 +38,8 @@ from lib.report.claims import claims_section
 from lib.cli import Parser, one_line_errors
 from lib.report.intervals import (benchmarks_ci, hierarchical_ci, paired_difference, percent, pooled_difference,
                                   seeds_interval, signed)
-from lib.report.plots import plot_alternation, plot_curves, plot_timeline
+from lib.report.plots import plot_alternation, plot_card, plot_curves, plot_timeline
+from lib.run_folder import card
 from lib.methods import ADAPTIVE, METHODS, method_of, run_names
 from lib.report.runs import BEST, FINAL, domains_of, finished, paired_scores, points  # noqa: F401
 
@@ -427,6 +429,10 @@ def write_report(args):
     plot_curves(runs, os.path.join(root, "curves.png"), columns(runs), run_names())
     plot_timeline(runs, os.path.join(root, "timeline.png"))
     figures = write_alternation(runs, root)
+    held = card.holdings(os.path.join(root, "card.lock"))  # run_all.sh's turns on the card, where it took them
+    if held:
+        plot_card(held, os.path.join(root, "card.png"))
+        figures.append("card.png")
     print(table)
     print(f"wrote {root}/tables.md, curves.png, timeline.png, {', '.join(figures)}")
     for folder, why in run_folders.skipped_folders(root, runs, list(domains.DOMAINS)):

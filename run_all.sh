@@ -8,7 +8,7 @@
 # a three-seed one. Finished runs are skipped, killed ones resume. Arguments go to every whale.py call, e.g. searchqa's
 # retriever on the paper's data: PRESET=gpu bash run_all.sh --retriever-url http://127.0.0.1:8010/retrieve (or
 # --wiki FILE). A finished run is skipped whatever they are; one that resumes refuses settings that changed.
-# A failed process (an OOM, a retriever outage) does not stop the night: the next domain starts, the report holds
+# A failed process (an OOM, a retriever outage) does not stop the night: the other domains go on, the report holds
 # what finished, and the end lists each failure with its last line and its log (results/<preset>/[seed-<n>/]logs/
 # <domain>.log, every process's output beside the terminal's); the exit status is then 1 and a rerun resumes only
 # what did not finish.
@@ -41,7 +41,7 @@ ADAPTIVE_METHODS=$(python -c "import presets; print(*presets.table_methods('adap
 case $PRESET in  # on the 2-core machine with the default DOMAINS (the measurements: README, docs/cpu-run/README.md)
   smoke) eta="about 2 min" ;;
   cpu)   eta="about 21 min (measured idle with 2 torch threads)" ;;
-  gpu)   eta="about 12.5 h on one 80 GB card (estimated: python scripts/memory_plan.py)" ;;
+  gpu)   eta="about 7.6 h on one 80 GB card with turns, 12.6 h with TURNS=0 (estimated: python scripts/memory_plan.py)" ;;
   paper) eta="GPU-days: hours per run (docs/gpu.md)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu, gpu or paper" >&2; exit 2 ;;
 esac
@@ -77,44 +77,64 @@ needs_run() {  # needs_run SEED DOMAIN RUN_DIR: false (and says so) when the run
   fi
 }
 
-failed=()  # one line per failed process: what it ran, its exit status, its last line, its log
+# the failed processes, one line each (what it ran, its exit status, its last line, its log): a file, since with
+# turns each domain's processes run in a background shell of their own
+failures=$(mktemp)
 run_logged() {  # run_logged LABEL LOG COMMAND...: the command's output to the terminal and LOG; a failure is noted
   local label=$1 log=$2 rc=0
   shift 2
   mkdir -p "$(dirname "$log")"
   echo "== run_all.sh $(date '+%F %T'): $*" >> "$log"
   PYTHONUNBUFFERED=1 "$@" 2>&1 | tee -a "$log" || rc=$?  # unbuffered: the log keeps the terminal's order
-  [ "$rc" = 0 ] || failed+=("$label: exit $rc: $(tail -n 1 "$log") (log: $log)")
+  [ "$rc" = 0 ] || echo "$label: exit $rc: $(tail -n 1 "$log") (log: $log)" >> "$failures"
 }
-# Ctrl-C stops the night, not only the run in progress
-trap 'echo "run_all.sh: interrupted; rerun the same command to resume" >&2; exit 130' INT
+
+run_domain() {  # run_domain SEED DOMAIN LOGS: the domain's methods in one process, then its adaptive WHALE runs
+  local seed=$1 domain=$2 logs=$3 method todo=() adaptive=()
+  for method in $METHODS; do
+    if needs_run "$seed" "$domain" "$method"; then todo+=("$method"); fi
+  done
+  # the methods of a domain share one process: the model and engine load once, and the phases and evaluations
+  # they have in common are computed once (lib/run_folder/ledger.py)
+  local run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed" "${ARGS[@]}")
+  if [ ${#todo[@]} -gt 0 ]; then
+    run_logged "seed $seed, $domain, ${todo[*]}" "$logs/$domain.log" "${run[@]}" --method "${todo[@]}"
+  fi
+  if [ "$ADAPTIVE" = 1 ] && adaptive_here "$domain"; then
+    for method in $ADAPTIVE_METHODS; do
+      if needs_run "$seed" "$domain" "$method-adaptive"; then adaptive+=("$method"); fi
+    done
+  fi
+  if [ ${#adaptive[@]} -gt 0 ]; then
+    run_logged "seed $seed, $domain, ${adaptive[*]/%/-adaptive}" "$logs/$domain-adaptive.log" \
+      "${run[@]}" --method "${adaptive[@]}" --schedule adaptive
+  fi
+}
+ARGS=("$@")
+
+# --- turns on the card (issue 69) ---
+# TURNS=1 (the default): a seed's domain processes start together and take turns on the one GPU, each holding it
+# (the lease WHALE_CARD, lib/run_folder/card.py) while it samples, trains or evaluates and giving it back while its
+# proposer writes, so the card never waits for a proposer; the rows of who held it when: results/<preset>/card.jsonl.
+# Each process's order and seeds are its own: the same results as TURNS=0, one domain after another.
+TURNS=${TURNS:-1}
+case $TURNS in 0|1) ;; *) echo "run_all.sh: TURNS=$TURNS: write TURNS=0 or TURNS=1" >&2; exit 2 ;; esac
+[ "$TURNS" = 0 ] || export WHALE_CARD="$PWD/results/$PRESET/card.lock"
+# Ctrl-C stops the night, not only the runs in progress: background processes ignore the terminal's SIGINT, so
+# the whole process group (this script, its domains' shells, their whale.py and tee) is sent a TERM
+trap 'echo "run_all.sh: interrupted; rerun the same command to resume" >&2; trap "" TERM; kill -TERM 0; exit 130' INT
 
 for seed in $SEEDS; do
   logs="results/$PRESET/logs"
   [ "$seed" = 0 ] || logs="results/$PRESET/seed-$seed/logs"
   for domain in $DOMAINS; do
-    todo=()
-    for method in $METHODS; do
-      if needs_run "$seed" "$domain" "$method"; then todo+=("$method"); fi
-    done
-    # the methods of a domain share one process: the model and engine load once, and the phases and evaluations
-    # they have in common are computed once (lib/run_folder/ledger.py)
-    run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed" "$@")
-    if [ ${#todo[@]} -gt 0 ]; then
-      run_logged "seed $seed, $domain, ${todo[*]}" "$logs/$domain.log" "${run[@]}" --method "${todo[@]}"
-    fi
-    adaptive=()
-    if [ "$ADAPTIVE" = 1 ] && adaptive_here "$domain"; then
-      for method in $ADAPTIVE_METHODS; do
-        if needs_run "$seed" "$domain" "$method-adaptive"; then adaptive+=("$method"); fi
-      done
-    fi
-    if [ ${#adaptive[@]} -gt 0 ]; then
-      run_logged "seed $seed, $domain, ${adaptive[*]/%/-adaptive}" "$logs/$domain-adaptive.log" \
-        "${run[@]}" --method "${adaptive[@]}" --schedule adaptive
-    fi
+    if [ "$TURNS" = 1 ]; then run_domain "$seed" "$domain" "$logs" & else run_domain "$seed" "$domain" "$logs"; fi
   done
+  wait  # every domain of this seed, before the next seed's
 done
+mapfile -t failed < "$failures"
+rm -f "$failures"
+# --- end of turns on the card ---
 reported=1
 python report.py --preset "$PRESET" || reported=0
 if [ ${#failed[@]} -gt 0 ]; then

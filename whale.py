@@ -50,6 +50,7 @@ from lib.episodes.runner import scoring_rule
 from lib.methods import next_phase
 from lib.ops import preflight
 from lib.run_folder import report_to
+from lib.run_folder.card import Card
 from lib.run_folder.files import copy_file, copy_tree, file_sha, stored_path
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
 from lib.run_folder.store import Store, about, code_sha, only_command
@@ -216,12 +217,13 @@ def fixed_phases(cfg, n_train):
 # -----------------------------------------------------------------------------
 # the run: phase after phase, each followed by a test evaluation
 
-def run(cfg, domain, policy):
+def run(cfg, domain, policy, card):
     """One method's run, as the method reads: h0's test evaluation, then phase after phase by the method table
     (lib/methods.next_phase), each followed by its test evaluation and its row. weight_phase, harness_phase and
     test_evaluation each look their work up in the store (lib/run_folder/store.py: what any run on this domain,
     preset and seed made from the same inputs), else do it and store it. The ledger (lib/run_folder/ledger.py) is
-    this run's rows: a killed run enters the phase it was in again, and that phase resumes inside itself."""
+    this run's rows: a killed run enters the phase it was in again, and that phase resumes inside itself. card: the
+    lease on the GPU this process holds (lib/run_folder/card.py), given back while a search's proposer writes."""
     train = seeded_sample(domain.load("train"), cfg.rsft.train_limit)
     steps, rounds = budgets(cfg, len(train))
     store, ledger = Store(store_root(cfg.out)), Ledger(cfg.out, cfg.harness)
@@ -241,6 +243,7 @@ def run(cfg, domain, policy):
 
     # phase 0: h0 under the base weights
     ledger.log_start(steps, rounds, attempt)
+    card.method, card.phase = method_name(cfg), "0 start"  # what the lease's rows say this process holds it for
     if not ledger.rows:
         errors.start_phase("phase 0 (start)")
         stats = test_evaluation(store, cfg, policy, domain, "phase_0", "base", ledger.harness)
@@ -249,12 +252,13 @@ def run(cfg, domain, policy):
     while kind := next_phase(cfg.method, ledger.last_kind, steps - ledger.step, rounds - ledger.rounds):
         i = ledger.phase + 1
         errors.start_phase(f"phase {i} ({kind})")
+        card.phase = f"{i} {kind}"
         started = time.time()
         if kind == "weight":  # RSFT steps under the current harness, until the schedule ends the phase
             trainer, row = weight_phase(cfg, store, ledger, trainer, len(train), steps)
             harness = ledger.harness
         else:  # Meta-Harness rounds from the current harness under the current weights; its winner goes on
-            harness, row = harness_phase(cfg, store, ledger, policy, domain, weights_id(trainer), rounds)
+            harness, row = harness_phase(cfg, store, ledger, policy, domain, weights_id(trainer), rounds, card)
         rounds_done = ledger.rounds + row.get("rounds", 0)
 
         # the phase's end: its test evaluation (--test-evals ends: the last phase's only), then its row
@@ -307,11 +311,12 @@ def weight_phase(cfg, store, ledger, trainer, n_train, steps):
     return trainer, {"steps": trainer.step_count - start, "epoch": trainer.epoch_progress}
 
 
-def harness_phase(cfg, store, ledger, policy, domain, weights, rounds):
+def harness_phase(cfg, store, ledger, policy, domain, weights, rounds, card):
     """Meta-Harness rounds from the current harness under the current weights. A new archive starts as the store's
     archive of the same start (the weights, the seed harness's content, the search settings), copied, and replayed
     as far as this phase needs; weights unchanged since the last search continue its archive; a search killed
-    midway resumes from the archive's own index. The archive is stored after. -> (its winner, the row's detail)"""
+    midway resumes from the archive's own index. The archive is stored after. The search gives the card back while
+    its proposer writes (card.away). -> (its winner, the row's detail)"""
     archive, before = ledger.archive_for(weights)  # unchanged weights continue the last archive
     folder = Path(cfg.out, archive)
     seed = folder / "candidates" / "h0" / "harness.py" if before else ledger.harness
@@ -322,7 +327,7 @@ def harness_phase(cfg, store, ledger, policy, domain, weights, rounds):
         print(f"harness phase: the same search as {item} (the store), copied")
     cap = before + min(harness_phase_cap(cfg), rounds - ledger.rounds)
     result = meta_harness.search(policy, domain, ledger.harness, str(folder), cfg.search, cap,
-                                 stop=harness_stop(cfg, before))
+                                 stop=harness_stop(cfg, before), card=card)
     item = store.find("search", key)
     if item is None or about(item)["rounds"] < result["rounds"]:  # a longer search of the same start
         store.put("search", key, folder, about={
@@ -472,14 +477,17 @@ def main(argv=None):
         preflight.launch(runs, "whale.py", domains.check_harness, domains.from_args)
         # the runs of a command share one store (one --out, or results/<preset>/<domain>/<method> side by side),
         # held for the whole command before any model loads: one command at a time (store.only_command)
-        with only_command(store_root(runs[0].out)):
+        # WHALE_CARD (run_all.sh's turns): the lease on the GPU that the night's domain processes share, held from
+        # before the model loads to the end but for the proposer's waits (lib/run_folder/card.py); unset: no turns
+        card = Card(os.environ.get("WHALE_CARD"), domain.name)
+        with only_command(store_root(runs[0].out)), card.held():
             # an engine keeps its GPU memory until its process ends, so the runs of a command share one
             # policy (and engine), each starting from the base weights; hf loads a fresh model per run
             policy = load_policy(runs[0]) if runs[0].backend != "hf" else None
             data_flags = domains.data_flags()
             for args in runs:
                 with report_to.watch(args.report_to, args.out, vars(args)):  # --report-to: its files' rows, live
-                    run(run_config(args, data_flags), domain, start_run(args, policy))
+                    run(run_config(args, data_flags), domain, start_run(args, policy), card)
                 # the finished run's optimizer and graphs go before the next run starts
                 rft.hand_back_memory()
 

@@ -104,15 +104,22 @@ def run_rows(rows):
     return head, out + [["all", f"{len(rows)} runs", steps, "", *sums, f"**{total(rows):.1f}**"]]
 
 
+def chains(rows):
+    """run_all.sh's process chains of a table's estimates: a domain's runs (its process, then its adaptive one)."""
+    return [[e for d, _, e in rows if d == domain] for domain in g.DOMAIN_MODEL if any(d == domain for d, _, _ in rows)]
+
+
 def domain_rows(cards, preset, extra=(), **kw):
-    """Hours per domain (its runs of the table) and in all, on each card."""
+    """Hours per domain (its runs of the table) and in all, on each card: one domain after another (TURNS=0), and
+    with turns on the card (run_all.sh's default: time_model.night)."""
     per = {card: table_estimates(preset, card, extra, **kw) for card in cards}
-    head = ["card"] + list(g.DOMAIN_MODEL) + ["all (h)", "days"]
+    head = ["card"] + list(g.DOMAIN_MODEL) + ["all (h)", "days", "with turns (h)", "days"]
     out = []
     for card, rows in per.items():
         sums = [sum(e["total"] for d, _, e in rows if d == domain) for domain in g.DOMAIN_MODEL]
+        turns = g.night(chains(rows))["with"]
         out.append([f"{card} GB ({g.CARDS[card][0]})", *(f"{s:.1f}" for s in sums), f"{sum(sums):.1f}",
-                    f"{sum(sums) / 24:.1f}"])
+                    f"{sum(sums) / 24:.1f}", f"**{turns:.1f}**", f"{turns / 24:.1f}"])
     return head, out
 
 
@@ -180,11 +187,17 @@ def main():
         adaptive.append(est["total"])
     print(f"ADAPTIVE=1 adds adaptive WHALE on {' and '.join(d for d, _, _ in g.ADAPTIVE)}: "
           f"{' + '.join(f'{h:.1f}' for h in adaptive)} h")
-    fast, slow = (total(table_estimates("gpu", 80, proposer_s=s)) for s in (g.PROPOSER_S / 2, 2 * g.PROPOSER_S))
+    fast, slow = (table_estimates("gpu", 80, proposer_s=s) for s in (g.PROPOSER_S / 2, 2 * g.PROPOSER_S))
     no_fla = total(table_estimates("gpu", 80, fla=False))
     print(f"with {g.PROPOSER_S // 120:.0f} or {2 * g.PROPOSER_S // 60} min a proposer round instead of "
-          f"{g.PROPOSER_S // 60}: {fast:.1f} or {slow:.1f} h; without fla-core (SFT x {g.NO_FLA_SFT_FACTOR:g}): "
-          f"{no_fla:.1f} h\n")
+          f"{g.PROPOSER_S // 60}: {total(fast):.1f} or {total(slow):.1f} h; without fla-core (SFT x "
+          f"{g.NO_FLA_SFT_FACTOR:g}): {no_fla:.1f} h")
+    night = g.night(chains(rows))
+    print(f"with turns on the card (run_all.sh's default, TURNS=1: the domains' processes side by side, each holding "
+          f"the card but for its proposer's waits): {night['with']:.1f} h, the card's own work {night['card']:.1f} h "
+          f"+ {night['switches']:.2f} h of switches ({g.SWITCH_S} s a proposer round), the longest domain alone "
+          f"{night['longest']:.1f} h; with {g.PROPOSER_S // 120:.0f} or {2 * g.PROPOSER_S // 60} min a round: "
+          f"{g.night(chains(fast))['with']:.1f} or {g.night(chains(slow))['with']:.1f} h\n")
     print("the gpu preset on each card, hours per domain (run_all.sh's runs of it):")
     print_table(*domain_rows(g.CARDS, "gpu"), md)
     for card in (24, 48):

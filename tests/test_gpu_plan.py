@@ -238,7 +238,7 @@ def methods_of(call):
 
 def test_run_all_picks_gpu_when_cuda_is_visible(tmp_path):
     out, runs = run_all_preset(tmp_path, cuda=True, DOMAINS="", ADAPTIVE="")  # run_all.sh's defaults
-    assert "preset gpu" in out and "about 12.5 h" in out
+    assert "preset gpu" in out and "about 7.6 h" in out
     assert runs and all("--preset gpu" in r for r in runs)
     # one process a domain, the table's methods on one engine; adaptive WHALE only with ADAPTIVE=1
     assert [methods_of(r) for r in runs] == [table_names()] * 3 and not any("adaptive" in r for r in runs)
@@ -290,3 +290,25 @@ def test_the_gpu_preset_fits_its_micro_batch_to_the_card():
         assert preset_defaults("gpu", domain)["micro_batch"] == 2
     assert preset_defaults("gpu", "chess", card_gib=24)["micro_batch"] == 1
     assert preset_defaults("paper", "chess", card_gib=24)["micro_batch"] == 2  # the official 2: the preflight decides
+
+
+def test_the_night_with_turns_is_the_cards_work_unless_one_domain_alone_is_longer():
+    """time_model.night by hand: without turns every hour of every run; with turns the card's own work (each run's
+    hours less its proposer's) one process after another plus a switch per proposer round, unless one chain of
+    runs alone (its card work and its proposer's, which never overlap) is longer."""
+    est = lambda total, proposer, rounds: {"total": total, "proposer": proposer, "counts": {"rounds": rounds}}
+    chains = [[est(2.0, 1.0, 3), est(1.0, 0.0, 0)], [est(1.5, 0.5, 1)]]
+    night = time_model.night(chains, switch_s=36)  # 4 rounds x 36 s = 0.04 h
+    assert night["without"] == 4.5 and night["card"] == (2.0 - 1.0 + 1.0) + (1.5 - 0.5)
+    assert night["with"] == pytest.approx(3.0 + 0.04) and night["longest"] == 3.0
+    waits = time_model.night([[est(5.0, 4.5, 9)], [est(1.0, 0.0, 0)]], switch_s=36)  # one proposer-bound chain
+    assert waits["card"] + waits["switches"] == pytest.approx(0.5 + 1.0 + 0.09) and waits["with"] == 5.0
+
+
+def test_the_gpu_table_with_turns_fits_8_and_a_half_hours_on_80_gb(capsys):
+    """run_all.sh's default on one 80 GB card, the domains' processes taking turns: the card's own work, under
+    8.5 h by the estimate, against the 12 h and more of one domain after another."""
+    chains = [domain_plan(capsys, domain)[1] for domain in time_model.DOMAIN_MODEL]
+    night = time_model.night(chains)
+    assert night["with"] <= 8.5 < 12 <= night["without"], night
+    assert night["with"] == pytest.approx(night["card"] + night["switches"])  # the card, not a proposer, bounds it

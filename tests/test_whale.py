@@ -22,6 +22,7 @@ from lib.run_folder import files, ledger
 from lib.run_folder import store as store_module
 from lib.cli import run_config
 from lib.backends.hf_backend import NullModelBackend
+from lib.run_folder.card import NO_TURNS
 from lib.run_folder.ledger import Ledger
 from lib.run_folder.store import Store, check_item
 from lib.methods import METHODS
@@ -293,7 +294,7 @@ def test_runs_on_one_policy_compute_what_they_compute_on_fresh_ones(tmp_path, fa
     policy.backend.serve_base = lambda: served_base.append(policy.has_adapter)
     domain = whale.domains.get("math")
     for args in runs:  # each run computes all of its own phases
-        whale.run(run_config(args, whale.domains.data_flags()), domain, whale.start_run(args, policy))
+        whale.run(run_config(args, whale.domains.data_flags()), domain, whale.start_run(args, policy), NO_TURNS)
     assert served_base == [False, False]  # at each start, after the adapter was dropped
     for method in methods:
         assert_same_record(record(tmp_path / "results" / "smoke" / "math" / method),

@@ -164,6 +164,20 @@ class Policy:
         if hasattr(self.backend, "sleep"):
             self.backend.sleep()
 
+    def leave_card(self):
+        """Another process's turn on the GPU (lib/run_folder/card.py): the engine asleep, the trainer's weights in
+        host memory (copied exactly, bf16 and fp32 alike; the optimizer's LoRA state, small, stays), the cache
+        emptied, so the next process wakes into the card this one held. On CPU it does nothing."""
+        self.free_memory()
+        if torch.cuda.is_available():
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    def back_on_card(self):
+        """This process's turn again: the trainer's weights back on the GPU; the engine wakes at its next generate."""
+        if torch.cuda.is_available():
+            self.model.to("cuda")
+
 
 def add_lora(model, lora):
     """Wrap `model` with a fresh, trainable LoRA adapter from the flags."""

@@ -8,6 +8,7 @@ scripts/memory_plan.py (the tables of docs/gpu.md) call in here; nothing here im
     shared = shared_phases([("weight-only", [("weight", 2)] * 2), ("whale", [("weight", 2), ("harness", 1)])])
     est = hours("Qwen3.5-2B", "searchqa", counts, card_gb=80)   # {"rollouts": h, ..., "total": h, "counts": ...}
     est = estimate(args, phases, n_harness, n_test)             # the same from a whale.py run's flags
+    h = night([[est, ...], ...])    # run_all.sh's night, a list per domain's process chain: {"with": h, "without": h, ...}
     half = interval_halfwidth(n_test, 8, p=0.4)                 # 95 % half-width of one cell's mean@8
 
 Setting: one card holds the trainer (transformers + peft: bf16 base weights, fp32 LoRA weights and AdamW),
@@ -25,7 +26,8 @@ the model load and engine start + per proposer round the coding agent's own time
 methods in one whale.py process with one engine, and whale.py's reuse (lib/run_folder/ledger.py) takes a phase that
 an earlier run of the process already made (the same steps under the same harnesses, the same search from
 the same harness under the same weights) and its test evaluation: shared_phases() counts those, and a run's
-estimate is its own work only.
+estimate is its own work only. run_all.sh's domain processes take turns on the card (TURNS=1, lib/run_folder/card.py):
+night() gives the night with them, the card's own work with the proposers' waits hidden, and without.
 Every constant below is a stated assumption (with its source where there is one), not a measurement: the
 plan is to be checked against scripts/gpu_check.sh and the first real run's metrics.jsonl.
 """
@@ -122,6 +124,8 @@ START_S = 180         # per process: trainer model load, vLLM start (profiling, 
 PROPOSER_S = 1200     # per proposer round: one Claude Code session (--effort max) reading the archive and
                       # writing M candidates with file tools; the official timeout is 2,400 s (docs/protocol.md
                       # section 7): half of it stated, scripts/memory_plan.py also prints 10 and 40 min
+SWITCH_S = 15         # per turn on the card (run_all.sh's TURNS=1, lib/run_folder/card.py), one a proposer round: the
+                      # engine's sleep and wake and the trainer's weights to host memory and back, over PCIe (stated)
 NO_FLA_SFT_FACTOR = 3.0  # SFT time without fla-core: transformers' torch path for the chunked gated delta rule
                          # (a Python loop over 64-token chunks in fp32) in 3 of every 4 layers
 
@@ -519,6 +523,20 @@ def hours(name, domain, counts, card_gb=80, max_new_tokens=1024, workers=None, g
              "engine": counts["steps"] * SYNC_S + counts["starts"] * START_S, "proposer": counts["rounds"] * proposer_s}
     parts = {k: v / 3600 for k, v in parts.items()}
     return {**parts, "total": sum(parts.values()), "counts": counts, "gpus": gpus, "ranks": ranks}
+
+
+def night(processes, switch_s=SWITCH_S):
+    """Hours of run_all.sh's night on one card, processes: [[estimate of each run of one process chain (a domain's
+    runs: its process, then its adaptive one)], ...]. Without turns (TURNS=0) the chains run one after another: every
+    hour of every run. With turns they run side by side and hold the card for their own work only, so the card's work
+    is one chain's after another's, plus a switch (switch_s) per proposer round; a chain's own card work and its
+    proposer's time cannot overlap each other, so the night is at least the longest chain's (where the others have
+    nothing left to do, its proposer's share shows). -> {"without", "with", "card", "switches", "longest"} in hours"""
+    card = [sum(e["total"] - e["proposer"] for e in chain) for chain in processes]
+    own = [sum(e["total"] for e in chain) for chain in processes]
+    switches = sum(e["counts"]["rounds"] for chain in processes for e in chain) * switch_s / 3600
+    return {"without": sum(own), "with": max(sum(card) + switches, max(own)), "card": sum(card),
+            "switches": switches, "longest": max(own)}
 
 
 def model_name(model):

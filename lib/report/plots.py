@@ -73,6 +73,27 @@ def plot_timeline(runs, path):
     plt.close(fig)
 
 
+def plot_card(holdings, path):
+    """Who held the card when (run_all.sh's turns, lib/run_folder/card.holdings): a row per domain, a bar per
+    holding along the night's wall clock, a gap where its proposer wrote; a holding cut by its process's death
+    hatched, one still open (the night goes on) drawn to the last row's time."""
+    domains = sorted({h["domain"] for h in holdings})
+    t0 = min(h["start"] for h in holdings)
+    last = max(h["end"] or h["start"] for h in holdings)
+    unit, name = (3600, "hours") if last - t0 > 7200 else (60, "minutes")
+    fig, ax = plt.subplots(figsize=(10, 0.6 + 0.5 * len(domains)))
+    for row, domain in enumerate(domains):
+        for h in (h for h in holdings if h["domain"] == domain):
+            span = ((h["start"] - t0) / unit, ((h["end"] or last) - h["start"]) / unit)
+            ax.broken_barh([span], (row - 0.4, 0.8), facecolors=f"C{row}", hatch="//" if h.get("died") else None)
+    ax.set_yticks(range(len(domains)), domains)
+    ax.set_xlabel(f"{name} since the first process took the card")
+    ax.set_title("who held the card when (a gap: its proposer writing, the card another domain's)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # -----------------------------------------------------------------------------
 # the alternation figure
 
