@@ -42,6 +42,14 @@ elif [ -z "${PRESET:-}" ]; then
   # torch) is one line naming the cause, never a silent cpu night
   PRESET=$(python lib/ops/driver.py preset) || exit 1
 fi
+# torch threads, where the preset leaves them to the machine (cpu: --threads auto): chosen once, here, from the cores
+# this run may use and how busy they are (presets.choose_threads), and given to every command; --threads N wins
+threads=()
+if [[ " $* " != *" --threads"* ]] && python -c "import presets, sys; sys.exit(presets.PRESETS[sys.argv[1]].get('threads') != 'auto')" "$PRESET" 2> /dev/null; then
+  read -r n why < <(python -c "import presets; print(*presets.choose_threads())")
+  echo "run_all.sh: torch threads $n ($why; --threads N sets it)"
+  threads=(--threads "$n")
+fi
 # the preset's table (presets.py table_domains: cpu leaves chess out) and where adaptive WHALE runs
 DOMAINS=${DOMAINS:-$(python -c "import presets, sys; print(*presets.table_domains(sys.argv[1]))" "$PRESET")}
 ADAPTIVE_DOMAINS=$(python -c "import presets; print(*presets.ADAPTIVE_DOMAINS)")
@@ -66,7 +74,7 @@ esac
 # the preflight, before any run: every resource these runs need (retriever, data, model, engine, proposer, sandbox,
 # GPU memory) in seconds, before any model loads; a failure is one line naming its fix, and the table does not start
 check_domains=($DOMAINS)
-python plan.py --check "${check_domains[@]}" --preset "$PRESET" --domain "${check_domains[0]}" "$@" || exit 1
+python plan.py --check "${check_domains[@]}" --preset "$PRESET" --domain "${check_domains[0]}" "${threads[@]}" "$@" || exit 1
 n_adaptive=0
 for domain in $DOMAINS; do if adaptive_here "$domain"; then n_adaptive=$((n_adaptive + 1)); fi; done
 n_runs=$(( $(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") + ADAPTIVE * n_adaptive * $(wc -w <<< "$ADAPTIVE_METHODS") ))
@@ -105,7 +113,7 @@ for seed in $SEEDS; do
     done
     # the methods of a domain share one process: the model and engine load once, and the phases and evaluations
     # they have in common are computed once (lib/run_folder/ledger.py)
-    run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed" "$@")
+    run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed" "${threads[@]}" "$@")
     if [ ${#todo[@]} -gt 0 ]; then
       run_logged "seed $seed, $domain, ${todo[*]}" "$logs/$domain.log" "${run[@]}" --method "${todo[@]}"
     fi
