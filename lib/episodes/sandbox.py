@@ -76,7 +76,7 @@ def add_args(p):
 def apply_args(args):
     """--unsafe-no-sandbox and --allow-weak-bounds reach every subprocess through the environment, then check()
     once: a CLI stops with the one-line reason (and the flag) before any work starts. A run whose --proposer
-    writes no code (mutate, or a command without one) accepts the per-process limits by itself (switches.BUILTIN):
+    writes no code (mutate, or a CLI without --proposer: rft.py, rollout.py) accepts the per-process limits by itself (switches.BUILTIN):
     its harness files are the project's own; one whose proposer writes code needs the flag where no cgroup is."""
     if getattr(args, "unsafe_no_sandbox", False):
         os.environ[OPT_OUT] = "1"
