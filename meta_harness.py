@@ -464,8 +464,8 @@ def main(argv=None):
 
 def search_cli(args):
     """meta_harness.py's run: every check before the model loads (bad input, a damaged archive), then the search."""
+    rollout.apply_args(args)  # first: --threads auto's choice is the run's first line
     sandbox.apply_args(args)
-    rollout.apply_args(args)
     check_out(args.out)
     domain, _ = domains.check_inputs(args, "harness")
     cfg = search_config(args, inputs_of(args, domains.data_flags()))

@@ -7,19 +7,55 @@ the paper and gpu presets' per-domain settings. Why each value is what it is: do
 """
 import os
 import sys
+import time
 
 from lib.methods import METHODS, table_names
 
+SAMPLE_S = 0.5  # how long choose_threads watches the cores
 
-def cpu_threads():
-    """The cpu preset's torch threads: half the cores this process may use (os.sched_getaffinity: a container's or
-    taskset's share, not the machine's), at least one, so one on a 2-core machine. The other half is left to the
-    harness workers and whatever else runs beside it: two intra-op threads on two busy cores spin against each
-    other (tests/test_rft.py: 10-50x slower). Measured on the project's 2-core machine (README, the commands
-    table): with one busy loop beside it a test evaluation took 14.4 s at 1 thread and 20.7 s at 2; idle, searchqa's
-    seed 0 took 17 min 9 s at 1 and 12 min 45 s at 2 (--threads 2), with the same results."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // 2)
+
+# -----------------------------------------------------------------------------
+# the cpu preset's torch threads (--threads auto): what the machine is doing when the process starts
+
+
+def cpu_threads(cores, busy):
+    """One torch thread for each core this process may use that no other process keeps busy, at least one: on an
+    idle machine every core speeds the forwards up, while an intra-op thread on a core another process holds spins
+    against it (the measurements: README, the commands table). busy: cores' worth of other processes' time."""
+    return max(1, cores - round(busy))
+
+
+def cpu_times(cores, stat="/proc/stat"):
+    """(busy, total) clock ticks the given cores have spent since boot (/proc/stat's cpuN lines; idle and iowait
+    are the idle time)."""
+    busy = total = 0
+    for line in open(stat):
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+            ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal (guest is in user)
+            busy, total = busy + sum(ticks) - ticks[3] - ticks[4], total + sum(ticks)
+    return busy, total
+
+
+def busy_cores(before, after, own_ticks, cores):
+    """How many of `cores` cores other processes kept busy between two cpu_times readings: the cores' busy ticks
+    less this process's own (own_ticks), over the ticks that passed on one core."""
+    elapsed = (after[1] - before[1]) / cores
+    return max(0.0, (after[0] - before[0] - own_ticks) / elapsed) if elapsed > 0 else 0.0
+
+
+def choose_threads():
+    """--threads auto: (threads, why in words) from the cores this process may use (os.sched_getaffinity: a
+    container's or taskset's share, not the machine's) and how busy they are over SAMPLE_S seconds."""
+    if not hasattr(os, "sched_getaffinity") or not os.path.exists("/proc/stat"):
+        return 1, "one: this system does not say which cores are free"
+    cores = os.sched_getaffinity(0)
+    own = lambda: sum(os.times()[:2]) * os.sysconf("SC_CLK_TCK")  # noqa: E731: this process's CPU time, in ticks
+    before, own_before = cpu_times(cores), own()
+    time.sleep(SAMPLE_S)
+    busy = busy_cores(before, cpu_times(cores), own() - own_before, len(cores))
+    threads = cpu_threads(len(cores), busy)
+    return threads, f"{len(cores)} cores this process may use, {busy:.1f} of them busy with other processes"
 
 
 # Named bundles of defaults; any flag given on the command line wins. I (--harness-iterations)
@@ -44,7 +80,7 @@ PRESETS = {
                   harness_tasks=2, max_new_tokens=8, deadline=60.0, adaptive_epochs=0.5,
                   harness_patience=1, harness_min_rounds=1, harness_max_rounds=2,
                   proposer_brief="small-model"),
-    "cpu": dict(model="cpu", threads=cpu_threads(), epochs=1.0, phase_epochs=0.375, harness_iterations=2,
+    "cpu": dict(model="cpu", threads="auto", epochs=1.0, phase_epochs=0.375, harness_iterations=2,
                 train_limit=64, test_limit=50, test_holdout=50, test_evals="ends", k=4, batch=8,
                 group=4, micro_batch=8, lr=3e-4, warmup=2, weight_decay=0.0, candidates=3,
                 harness_tasks=24, max_new_tokens=32, temperature=0.6, deadline=300.0,

@@ -588,8 +588,8 @@ def train_cli(args):
     """rft.py's run: every check before the model loads (the first thing to hear about is a bad
     input or a damaged run folder), then RSFT steps until --steps or the early stop."""
     import domains
+    rollout.apply_args(args)  # first: --threads auto's choice is the run's first line
     sandbox.apply_args(args)
-    rollout.apply_args(args)
     check_out(args.out)
     check_checkpoint(args.out)
     check_checkpoint_model(args.out, args.model)

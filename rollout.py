@@ -34,7 +34,7 @@ from lib.common.errors import InfrastructureError
 from lib.episodes import sandbox
 from lib.episodes.runner import MAX_PROMPT_TOKENS, Episode, Runner, scoring_rule
 from lib.subsets import seeded_sample
-from presets import add_preset_arg, parse_with_preset
+from presets import add_preset_arg, choose_threads, parse_with_preset
 
 
 # -----------------------------------------------------------------------------
@@ -65,16 +65,24 @@ def add_sampling_args(p):
                    help="stop the run when more than this share of a phase's episodes failed "
                         "outside the harness (a worker that did not start, a tool server that did "
                         "not answer)")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch CPU threads (default: torch's own; the cpu preset: half the cores this process may "
-                        "use, 1 on a 2-core machine, where the harness workers need the other core)")
+    p.add_argument("--threads", type=threads_arg, default=None,
+                   help="torch CPU threads, or auto: one for each core this process may use that no other process "
+                        "keeps busy, at least one (default: torch's own; the cpu preset: auto)")
     sandbox.add_args(p)
+
+
+def threads_arg(text):
+    return text if text == "auto" else positive_int(text)
 
 
 def apply_args(args):
     """--infra-budget for every run_episodes call of this process (not a sampling setting: results
-    never depend on it, so it is not part of what a resumed or reused run must match)."""
+    never depend on it, so it is not part of what a resumed or reused run must match), and --threads: auto is
+    chosen here, at the start, from what the machine is doing (presets.choose_threads), and said in one line."""
     INFRA_ERRORS.share = args.infra_budget
+    if getattr(args, "threads", None) == "auto":
+        args.threads, why = choose_threads()
+        print(f"torch threads: {args.threads} ({why}; --threads N sets it)", flush=True)
     if getattr(args, "threads", None):
         import torch  # here: rollout.py's own import stays light (report.py and domains.py import it)
         torch.set_num_threads(args.threads)

@@ -18,12 +18,37 @@ cd "$(dirname "$0")"
 if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] && [ -x .venv/bin/python ]; then PATH="$PWD/.venv/bin:$PATH"; fi
 python -c "import torch" 2> /dev/null || { echo "run_all.sh: no environment with torch here: run bash install.sh first" >&2; exit 1; }
 
+# the sandbox's cgroups (lib/episodes/cgroups.py): where this user can make none but systemd's user manager can
+# delegate the memory and pids controllers, the night reruns itself inside a delegated scope (the README's recipe,
+# 'A cgroup of your own'): its processes move to a leaf `main`, so the scope hands both controllers to the run's
+# groups. Elsewhere the run goes on as it is: the preflight's sandbox line says which bounds hold.
+user_manager=/sys/fs/cgroup/user.slice/user-$(id -u).slice/user@$(id -u).service
+if [ -z "${WHALE_IN_SCOPE:-}" ] && [ "${WHALE_UNSAFE_NO_SANDBOX:-}" != 1 ] && command -v systemd-run > /dev/null \
+    && controllers=" $(cat "$user_manager/cgroup.controllers" 2> /dev/null) " \
+    && [[ $controllers == *" memory "* && $controllers == *" pids "* ]] \
+    && ! python -c "from lib.episodes import cgroups; raise SystemExit(0 if cgroups.cgroup_parents() else 1)" \
+    && systemd-run --user --scope -q -p Delegate=yes true 2> /dev/null; then
+  echo "run_all.sh: no cgroup of its own here; systemd's user manager delegates one: rerunning inside" \
+    "systemd-run --user --scope -p Delegate=yes"
+  exec systemd-run --user --scope -q -p Delegate=yes env WHALE_IN_SCOPE=1 bash -c \
+    'g=/sys/fs/cgroup$(sed -n "s/^0:://p" /proc/self/cgroup); mkdir -p "$g/main" && echo $$ > "$g/main/cgroup.procs" &&
+     echo "+memory +pids" > "$g/cgroup.subtree_control"; exec bash run_all.sh "$@"' run_all.sh "$@"
+fi
+
 if [ "${SMOKE:-0}" = "1" ]; then
   PRESET=smoke
 elif [ -z "${PRESET:-}" ]; then
   # gpu where torch sees a GPU, cpu where there is none; a GPU that only nvidia-smi sees (an old driver, a CPU
   # torch) is one line naming the cause, never a silent cpu night
   PRESET=$(python lib/ops/driver.py preset) || exit 1
+fi
+# torch threads, where the preset leaves them to the machine (cpu: --threads auto): chosen once, here, from the cores
+# this run may use and how busy they are (presets.choose_threads), and given to every command; --threads N wins
+threads=()
+if [[ " $* " != *" --threads"* ]] && python -c "import presets, sys; sys.exit(presets.PRESETS[sys.argv[1]].get('threads') != 'auto')" "$PRESET" 2> /dev/null; then
+  read -r n why < <(python -c "import presets; print(*presets.choose_threads())")
+  echo "run_all.sh: torch threads $n ($why; --threads N sets it)"
+  threads=(--threads "$n")
 fi
 # the preset's table (presets.py table_domains: cpu leaves chess out) and where adaptive WHALE runs
 DOMAINS=${DOMAINS:-$(python -c "import presets, sys; print(*presets.table_domains(sys.argv[1]))" "$PRESET")}
@@ -60,7 +85,7 @@ fi
 # the preflight, before any run: every resource these runs need (retriever, data, model, engine, proposer, sandbox,
 # GPU memory) in seconds, before any model loads; a failure is one line naming its fix, and the table does not start
 check_domains=($DOMAINS)
-python plan.py --check "${check_domains[@]}" --preset "$PRESET" --domain "${check_domains[0]}" "$@" || exit 1
+python plan.py --check "${check_domains[@]}" --preset "$PRESET" --domain "${check_domains[0]}" "${threads[@]}" "$@" || exit 1
 n_adaptive=0
 for domain in $DOMAINS; do if adaptive_here "$domain"; then n_adaptive=$((n_adaptive + 1)); fi; done
 n_runs=$(( $(wc -w <<< "$DOMAINS") * $(wc -w <<< "$METHODS") + ADAPTIVE * n_adaptive * $(wc -w <<< "$ADAPTIVE_METHODS") ))
@@ -96,7 +121,7 @@ run_domain() {  # run_domain SEED DOMAIN LOGS: the domain's methods in one proce
   done
   # the methods of a domain share one process: the model and engine load once, and the phases and evaluations
   # they have in common are computed once (lib/run_folder/ledger.py)
-  local run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed" "${ARGS[@]}")
+  local run=(python whale.py --preset "$PRESET" --domain "$domain" --seed "$seed" "${threads[@]}" "${ARGS[@]}")
   if [ ${#todo[@]} -gt 0 ]; then
     run_logged "seed $seed, $domain, ${todo[*]}" "$logs/$domain.log" "${run[@]}" --method "${todo[@]}"
   fi

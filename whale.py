@@ -465,12 +465,15 @@ def main(argv=None):
     if ranks.rank():  # under torchrun, a rank other than 0: its share of every RSFT update (lib/backends/ranks.py)
         preflight.launch(runs, "whale.py")  # its card's checks, before the model loads
         with ranks.following("whale.py", runs[0].model, runs[0].out):
+            rollout.apply_args(runs[0])  # --threads (auto: this rank's own choice)
             rft.follow(runs[0].model, runs[0].bf16, runs[0].threads)
         return
     # bad input, a damaged run folder, a refused engine: one line; rank 0 of torchrun runs the loop as one process does
     with one_line_errors("whale.py"), ranks.leading(runs[0].model, runs[0].out):
+        rollout.apply_args(runs[0])  # first: --threads auto's choice is the run's first line
+        for args in runs[1:]:
+            args.threads = runs[0].threads  # one choice for the process's runs
         sandbox.apply_args(runs[0])
-        rollout.apply_args(runs[0])
         domain = check_inputs(runs)
         # what plan.py --check checks, for every method of this command, before any model loads: the engine's server,
         # the proposer, the card the trainer trains on beside whatever shares it

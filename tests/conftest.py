@@ -83,3 +83,14 @@ def fresh_error_budget():
     rollout = sys.modules.get("rollout")  # not imported here: tests that never run episodes need not pay for it
     if rollout is not None:
         rollout.INFRA_ERRORS.start_phase("the test")
+
+
+@pytest.fixture(autouse=True)
+def weak_bounds_switch_as_given(monkeypatch):
+    """A CLI a test runs in process sets WHALE_ALLOW_WEAK_BOUNDS for its process (sandbox.apply_args: `builtin` for
+    a run whose proposer writes no code): each test starts with the value the suite started with."""
+    name = "WHALE_ALLOW_WEAK_BOUNDS"
+    given = os.environ.get(name)
+    monkeypatch.setenv(name, given or "0")  # recorded, so the value is back as it was after the test
+    if given is None:
+        monkeypatch.delenv(name)

@@ -381,15 +381,34 @@ def no_cgroup(monkeypatch):
     sandbox.check.cache_clear()
 
 
+def sandbox_args(proposer, allow_weak_bounds=False):
+    return SimpleNamespace(unsafe_no_sandbox=False, allow_weak_bounds=allow_weak_bounds, proposer=proposer)
+
+
 @needs_sandbox
-def test_without_a_cgroup_the_preflight_stops_naming_the_opt_in(no_cgroup):
-    args = SimpleNamespace(unsafe_no_sandbox=False, allow_weak_bounds=False)
+@pytest.mark.parametrize("proposer", ["command", "claude", "openai"])
+def test_without_a_cgroup_a_proposer_that_writes_code_stops_naming_the_opt_in(no_cgroup, proposer):
     with pytest.raises(preflight.Failed) as e:
-        preflight.check_sandbox(args)
+        preflight.check_sandbox(sandbox_args(proposer))
     assert "\n" not in str(e.value) and "--allow-weak-bounds" in str(e.value) and "Delegate=yes" in str(e.value)
     sandbox.check.cache_clear()
-    line = preflight.check_sandbox(SimpleNamespace(unsafe_no_sandbox=False, allow_weak_bounds=True))
+    line = preflight.check_sandbox(sandbox_args(proposer, allow_weak_bounds=True))
     assert os.environ[switches.WEAK_BOUNDS] == "1" and "no writable cgroup (--allow-weak-bounds)" in line
+
+
+@needs_sandbox
+def test_without_a_cgroup_the_built_in_proposer_runs_under_per_process_limits_and_says_so(no_cgroup, capfd):
+    line = preflight.check_sandbox(sandbox_args("mutate"))  # the smoke and cpu presets' proposer: writes no code
+    assert os.environ[switches.WEAK_BOUNDS] == switches.BUILTIN
+    assert "no writable cgroup (the built-in proposer writes no code" in line and "RLIMIT_AS" in line
+    assert "delegated cgroup (README, 'A cgroup of your own')" in line
+    # the one line every process of the run prints on its start
+    warned = capfd.readouterr().err.strip()
+    assert warned.count("\n") == 0 and warned.startswith("WARNING: sandbox: no writable cgroup (the built-in")
+    # a process that inherits the choice but runs a proposer that writes code still stops
+    sandbox.check.cache_clear()
+    with pytest.raises(preflight.Failed, match="--allow-weak-bounds"):
+        preflight.check_sandbox(sandbox_args("command"))
 
 
 WEAK = '''"""Undoes the worker's audit hook, then tries each bound a cgroup would hold."""

@@ -73,8 +73,8 @@ def test_rft_and_meta_harness_take_the_preset_for_the_flags_they_have(tmp_path, 
     assert {k: seen["mh"][k] for k in ("model", "harness_tasks", "mutate_order", "max_new_tokens", "candidates")} == \
         dict(model="cpu", harness_tasks=24, mutate_order="traces", max_new_tokens=32, candidates=2)
     assert "epochs" not in seen["rft"] and "epochs" not in seen["mh"]  # whale.py's own flags stay whale.py's
-    # --threads is every CLI's: the preset's choice (presets.cpu_threads) reaches each
-    assert seen["rft"]["threads"] == seen["mh"]["threads"] == presets.cpu_threads()
+    # --threads is every CLI's: the preset's (auto: chosen at the start, rollout.apply_args) reaches each
+    assert seen["rft"]["threads"] == seen["mh"]["threads"] == "auto"
 
 
 def test_a_preset_without_settings_for_the_domain_is_one_line(capsys):

@@ -53,3 +53,18 @@ def test_a_failed_domain_leaves_the_others_to_finish_and_the_rerun_does_only_it(
     starts = lambda domain: sum(line.startswith("== run_all.sh ") for line in
                                 (repo / f"results/smoke/logs/{domain}.log").read_text().splitlines())
     assert (starts("math"), starts("searchqa")) == (2, 1)  # a process's log keeps its earlier attempts
+
+
+def test_the_cpu_presets_thread_count_is_the_nights_first_line_and_a_flag_wins():
+    """run_all.sh chooses --threads auto once (presets.choose_threads) and says so first; stopped right after, in the
+    preflight, by a flag plan.py does not know (so no model loads)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PRESET": "cpu",
+           "DOMAINS": "math"}
+    auto = subprocess.run(["bash", "run_all.sh", "--no-such-flag"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    first = auto.stdout.splitlines()[0]
+    assert first.startswith("run_all.sh: torch threads ") and "cores this process may use" in first, auto.stdout
+    assert "unrecognized arguments: --no-such-flag" in auto.stderr and auto.returncode == 1
+    given = subprocess.run(["bash", "run_all.sh", "--threads", "2", "--no-such-flag"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert "torch threads" not in given.stdout and "unrecognized arguments: --no-such-flag" in given.stderr

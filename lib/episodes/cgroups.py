@@ -11,7 +11,8 @@ no swap; tasks: every process and thread), which no process's RLIMIT_AS sees.
 
 cgroup_parents() finds where this process can make one (v2 where memory and pids are delegated to it, else the v1
 memory and pids hierarchies), by making and removing a child. Where it can make none (most laptops), every Cgroup
-does nothing: sandbox.check() stops the run unless WHALE_ALLOW_WEAK_BOUNDS=1 (per-process limits instead), and
+does nothing: sandbox.check() stops a run whose proposer writes code unless WHALE_ALLOW_WEAK_BOUNDS=1 (per-process
+limits instead; a run with the built-in proposer takes them by itself, sandbox.apply_args), and
 memory_bound() says which bound holds on this host. Callers reach cgroup_parents through the module (a test swaps
 it for a host without one).
 """
@@ -23,7 +24,7 @@ import sys
 import time
 from functools import lru_cache
 
-from lib.episodes.switches import disabled
+from lib.episodes.switches import builtin_code_only, disabled
 
 CGROUP_SLACK_BYTES = 64 << 20  # beside a sandbox's address-space limit: bwrap, page tables, the kernel's share
 
@@ -105,6 +106,11 @@ def memory_bound():
         kind = "v2" if len(folders) == 1 else "v1"
         return (f"cgroup {kind} per sandbox (under {', '.join(folders)}): memory incl. shared memory and tmpfs, "
                 f"and processes, bounded by the kernel")
+    if builtin_code_only():  # the line a run with mutate prints where it gets no cgroup: which bounds, the fix
+        return ("no writable cgroup (the built-in proposer writes no code, so the harness files are the project's "
+                "own): per-process limits: harness workers and the python tool RLIMIT_AS, RLIMIT_NOFILE and "
+                "RLIMIT_NPROC, the filter's IPC and socket denials, a read-only /tmp; the kernel's bound on their "
+                "memory and processes as a whole needs a delegated cgroup (README, 'A cgroup of your own')")
     return ("no writable cgroup (--allow-weak-bounds): per-process limits: harness workers and the python tool "
             "RLIMIT_AS, RLIMIT_NOFILE and RLIMIT_NPROC, the filter's IPC and socket denials, a read-only /tmp; "
             "proposers RLIMIT_DATA and RLIMIT_NPROC, sized tmpfs for their folder, /tmp and /dev/shm, their "

@@ -33,9 +33,11 @@ tmpfs (a worker's /tmp is read-only). The sandbox's other bounds, each in a file
 Where the kernel refuses namespaces (some GPU hosts do), check() stops the run with one line that names the
 opt-out: WHALE_UNSAFE_NO_SANDBOX=1 (the CLIs' --unsafe-no-sandbox sets it) runs the same commands without the
 sandbox, with the in-process checks only, and says so on every start. Where this process can make no cgroup
-(most laptops: cgroup v2 not delegated to the user), check() stops likewise, naming the opt-in
-WHALE_ALLOW_WEAK_BOUNDS=1 (--allow-weak-bounds): per-process limits instead (RLIMIT_NOFILE, RLIMIT_NPROC, a
-read-only /tmp for the tool too; docs/design.md's table says which bound holds where). Never a silent downgrade.
+(most laptops: cgroup v2 not delegated to the user), a run whose proposer writes no code (mutate: the smoke and cpu
+presets) takes per-process limits instead (RLIMIT_NOFILE, RLIMIT_NPROC, a read-only /tmp for the tool too;
+docs/design.md's table says which bound holds where) and says so in one line; one whose proposer writes code
+(claude, openai, command) stops likewise, naming the opt-in WHALE_ALLOW_WEAK_BOUNDS=1 (--allow-weak-bounds). Never
+a silent downgrade.
 
 The harness workers built on it: lib/episodes/worker_pool.py; the proposers: lib/proposers.py.
 """
@@ -51,7 +53,8 @@ from functools import lru_cache
 from lib.common.errors import SandboxError  # raised here; any tier may catch it
 from lib.episodes import cgroups
 from lib.episodes.seccomp import WORKER_FAMILIES, no_fork_filter
-from lib.episodes.switches import NO_CGROUP, OPT_OUT, WEAK_BOUNDS, disabled, unavailable, weak_bounds_allowed
+from lib.episodes.switches import (BUILTIN, NO_CGROUP, OPT_OUT, WEAK_BOUNDS, WRITES_CODE, disabled, unavailable,
+                                   weak_bounds_allowed)
 
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 TMP_BYTES = 64 << 20  # every sandbox's /tmp (a proposer's: its own flag)
@@ -72,11 +75,18 @@ def add_args(p):
 
 def apply_args(args):
     """--unsafe-no-sandbox and --allow-weak-bounds reach every subprocess through the environment, then check()
-    once: a CLI stops with the one-line reason (and the flag) before any work starts."""
+    once: a CLI stops with the one-line reason (and the flag) before any work starts. A run whose --proposer
+    writes no code (mutate, or a CLI without --proposer: rft.py, rollout.py) accepts the per-process limits by itself (switches.BUILTIN):
+    its harness files are the project's own; one whose proposer writes code needs the flag where no cgroup is."""
     if getattr(args, "unsafe_no_sandbox", False):
         os.environ[OPT_OUT] = "1"
     if getattr(args, "allow_weak_bounds", False):
         os.environ[WEAK_BOUNDS] = "1"
+    elif getattr(args, "proposer", None) in WRITES_CODE:
+        if os.environ.get(WEAK_BOUNDS) == BUILTIN:  # inherited from a parent whose proposer wrote none
+            del os.environ[WEAK_BOUNDS]
+    elif os.environ.get(WEAK_BOUNDS) != "1":
+        os.environ[WEAK_BOUNDS] = BUILTIN
     try:
         check()
     except SandboxError as e:
@@ -279,4 +289,4 @@ def check():
     if not cgroups.cgroup_parents() and not weak_bounds_allowed():
         raise SandboxError(NO_CGROUP)
     if not cgroups.cgroup_parents():
-        print(f"WARNING: {WEAK_BOUNDS}=1: {cgroups.memory_bound()}", file=sys.stderr)
+        print(f"WARNING: sandbox: {cgroups.memory_bound()}", file=sys.stderr)
