@@ -50,6 +50,11 @@ MAP_SHARED = 0x01
 # socket memory. (level SOL_SOCKET = 1; SO_SNDBUF 7, SO_RCVBUF 8, SO_SNDBUFFORCE 32, SO_RCVBUFFORCE 33)
 SOL_SOCKET = 1
 INT_BITS = 0xFFFFFFFF
+# The same sandboxes open stream sockets only, and listen on none: a unix listener queues up to somaxconn
+# connections not yet accepted, each holding what its client sent before it closed (910 MiB on one listener here,
+# no descriptor of the sandbox's own counting them), and a datagram socket queues what any sender sent it. Stream
+# socket pairs (asyncio's wake-up, a parent and its child) are all they keep.
+SOCK_STREAM, SOCK_TYPE_BITS = 1, 0xF
 BUFFER_OPTIONS = (7, 8, 32, 33)
 # Watches on the user's files: inotify instances are counted per user, host and sandbox together, so one sandbox
 # could take them all (a host process of the same user then gets EMFILE). Denied to workers and the tool.
@@ -75,11 +80,11 @@ CLONE_NAMESPACES = (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x2000
 def filter_program(no_fork=True, families=WORKER_FAMILIES, weak=False):
     """A compiled seccomp filter. Every filter: DENIED_CALLS fail with EPERM, and so does a clone that asks for a
     namespace; socket() and socketpair() only for `families`. no_fork (harness workers, the python tool):
-    IPC_CALLS and NOTIFY_CALLS too, and setsockopt of BUFFER_OPTIONS, and fork, vfork and clone without
-    CLONE_THREAD fail with EPERM; clone3 says ENOSYS, so the C library falls back to clone and threads still
+    IPC_CALLS and NOTIFY_CALLS too, setsockopt of BUFFER_OPTIONS, listen, sockets of a type other than
+    SOCK_STREAM, and fork, vfork and clone without CLONE_THREAD fail with EPERM; clone3 says ENOSYS, so the C library falls back to clone and threads still
     start. (exec stays allowed: bwrap execs the command under the filter, and an exec only replaces the one
     process, rlimits and all.) weak (a proposer where no cgroup counts its memory): IPC_CALLS, mmap with
-    MAP_SHARED and setsockopt of BUFFER_OPTIONS fail with EPERM."""
+    MAP_SHARED, setsockopt of BUFFER_OPTIONS, listen and sockets other than SOCK_STREAM fail with EPERM."""
     try:
         import pyseccomp as seccomp
         rules = seccomp.SyscallFilter(seccomp.ALLOW)
@@ -90,6 +95,11 @@ def filter_program(no_fork=True, families=WORKER_FAMILIES, weak=False):
                 rules.add_rule(seccomp.ERRNO(errno.EPERM), "setsockopt",
                                seccomp.Arg(1, seccomp.MASKED_EQ, INT_BITS, SOL_SOCKET),
                                seccomp.Arg(2, seccomp.MASKED_EQ, INT_BITS, option))
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), "listen")
+            for call in ("socket", "socketpair") if socket.AF_UNIX in families else ():  # the type's low 4 bits
+                for kind in sorted(set(range(SOCK_TYPE_BITS + 1)) - {SOCK_STREAM}):  # (the rest: NONBLOCK, CLOEXEC)
+                    rules.add_rule(seccomp.ERRNO(errno.EPERM), call, seccomp.Arg(0, seccomp.EQ, socket.AF_UNIX),
+                                   seccomp.Arg(1, seccomp.MASKED_EQ, SOCK_TYPE_BITS, kind))
         if weak:
             rules.add_rule(seccomp.ERRNO(errno.EPERM), "mmap", seccomp.Arg(3, seccomp.MASKED_EQ, MAP_SHARED,
                                                                            MAP_SHARED))
