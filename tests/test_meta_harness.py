@@ -484,6 +484,7 @@ def test_claude_failures_are_read_and_stop_the_search(fake, claude_stand_in, cap
     assert fr.evaluated == ["h0"] and not (run_dir / "candidates" / "h1_1").exists()
 
 
+@needs_cgroup
 def test_failures_count_only_in_a_row(fake, monkeypatch):
     """fail, fail, success, fail, fail, success with a limit of 3: the search runs to its end."""
     fr, seed, run_dir = fake
