@@ -71,7 +71,7 @@ from lib.episodes.runner import scoring_rule
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
 from lib.proposers import (PROPOSER_MAX_FILE_MB, PROPOSER_MAX_PROCS, PROPOSER_MAX_WRITTEN_MB, PROPOSER_MEMORY_MB,
-                           failure_advice, propose_agent, propose_in_copy)
+                           failure_advice, propose_agent, propose_in_copy, refuse_weak_network)
 from lib.rules import pick_best
 from lib.run_folder.files import check_run_files, check_same_model, file_sha
 from lib.subsets import seeded_sample
@@ -365,6 +365,7 @@ def check_proposer(cfg):
                          "openai")
     if cfg.proposer in ("command", "claude"):
         sandbox.check()  # these proposers run only inside it (or with the documented opt-out)
+        refuse_weak_network(cfg)  # no cgroup: a proposer with a network has no bound on its TCP buffers
 
 
 def check_and_score(run_dir, name, backend, domain, tasks, cfg, policy_kw, run_episodes, evaluate):

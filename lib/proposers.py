@@ -409,10 +409,7 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
     net, egress = network(cfg), None
     sandboxed = not switches.disabled()
     weak = sandboxed and not cgroups.cgroup_parents()  # --allow-weak-bounds: what the kernel bounds without a cgroup
-    if weak and net != "none":
-        raise SandboxError(f"proposer {cfg.proposer} with network {net}: under --allow-weak-bounds no per-process "
-                           f"limit bounds its TCP buffers (tcp_wmem and tcp_rmem a connection): run where a cgroup "
-                           f"can be made (README), or use --proposer openai")
+    refuse_weak_network(cfg)
     shown = f"{net}: {', '.join(endpoints(cfg))}" if net == "endpoint" else net
     print(f"proposer {cfg.proposer} (sandboxed, network {shown}, in {work}): {shlex.join(argv)}")
     t0 = time.time()
@@ -623,6 +620,16 @@ class HandBack:
             else:
                 return f"its sandbox handed back an unexpected line: {raw[:100]!r}", None
         return handed, stopped
+
+
+def refuse_weak_network(cfg):
+    """Under --allow-weak-bounds a proposer runs with AF_UNIX only (seccomp.WEAK_PROPOSER_FAMILIES): one that needs
+    a network is refused before any work, in one line."""
+    net = network(cfg)
+    if net != "none" and not switches.disabled() and not cgroups.cgroup_parents():
+        raise SandboxError(f"proposer {cfg.proposer} with network {net}: under --allow-weak-bounds no per-process "
+                           f"limit bounds its TCP buffers (tcp_wmem and tcp_rmem a connection): run where a cgroup "
+                           f"can be made (README), or use --proposer openai")
 
 
 def network(cfg):

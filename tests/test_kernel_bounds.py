@@ -598,10 +598,11 @@ def wmem_default():
 
 
 @needs_sandbox
-def test_with_the_opt_in_a_proposer_with_a_network_is_refused(no_cgroup, search):
+def test_with_the_opt_in_a_proposer_with_a_network_is_refused(no_cgroup, search, tmp_path):
     no_cgroup.setenv(switches.WEAK_BOUNDS, "1")
     with pytest.raises(SandboxError, match=r"proposer command with network endpoint: under --allow-weak-bounds"):
         search("files", proposer_allow_host=["127.0.0.1:9"])
+    assert not (tmp_path / "run" / "candidates" / "h0" / "scores.json").exists()  # before any work
 
 
 TOOL_SOCKETS = r"""
