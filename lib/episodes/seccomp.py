@@ -12,7 +12,10 @@ namespaces, ...: EPERM, and a clone that asks for a namespace) and every socket 
 (EAFNOSUPPORT; WORKER_FAMILIES: none; TOOL_FAMILIES; PROPOSER_FAMILIES; HOST_NET_FAMILIES). The no-fork filter, under
 which sandbox.start_one_process starts every harness worker and the python tool, refuses fork, vfork and clone without
 CLONE_THREAD, so each is one process while threads still work, and the calls whose bounds RLIMIT_AS and the user's
-counts would not see: IPC_CALLS (memory outside any address space) and NOTIFY_CALLS (inotify instances).
+counts would not see: IPC_CALLS (memory outside any address space) and NOTIFY_CALLS (inotify instances), and
+the socket calls whose memory no descriptor count bounds (BUFFER_OPTIONS, listen, socket types other than
+SOCK_STREAM). A proposer under weak bounds (no cgroup counts its memory: weak=True) gets those socket denials and
+IPC_CALLS too, every shared mapping refused (MAP_SHARED), and AF_UNIX only (WEAK_PROPOSER_FAMILIES).
 """
 import errno
 import os
