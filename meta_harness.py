@@ -141,7 +141,7 @@ def add_sandbox_args(parser):
     p.add_argument("--proposer-allow-host", action="append", default=[], metavar="HOST[:PORT]",
                    help="an endpoint the proposer may reach (port 443 unless given); repeatable")
     p.add_argument("--proposer-memory-mb", type=positive_int, default=PROPOSER_MEMORY_MB,
-                   help="memory of the proposer's whole sandbox (a cgroup; else RLIMIT_DATA per process)")
+                   help="memory of the proposer's whole sandbox (a cgroup; else RLIMIT_AS per process)")
     p.add_argument("--proposer-max-procs", type=positive_int, default=PROPOSER_MAX_PROCS,
                    help="tasks (processes and threads) of its sandbox (a cgroup's pids.max)")
     p.add_argument("--proposer-max-file-mb", type=positive_int, default=PROPOSER_MAX_FILE_MB,

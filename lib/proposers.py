@@ -309,7 +309,7 @@ def run_in_sandbox(argv, cwd, out_dir, timeout, limits=None, cgroup=None, pass_f
 class Limits:
     """A proposer's bounds (flags --proposer-memory-mb, --proposer-max-procs, --proposer-max-file-mb,
     --proposer-max-written-mb). Memory and processes: its sandbox's cgroup, where the host has one (else, with
-    --allow-weak-bounds, memory is RLIMIT_DATA, open files RLIMIT_NOFILE and processes RLIMIT_NPROC, set by
+    --allow-weak-bounds, memory is RLIMIT_AS, open files RLIMIT_NOFILE and processes RLIMIT_NPROC, set by
     FOLDER); file size: RLIMIT_FSIZE;
     what it writes: its folder's size (folder_bytes, a tmpfs the kernel fills no further). On the host, its stdout
     and stderr (and, without the sandbox, its folder) are measured every WATCH_S, the sandbox killed past a bound."""
@@ -325,8 +325,10 @@ class Limits:
         resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if not cgroups.cgroup_parents():
-            data = self.memory_mb << 20
-            resource.setrlimit(resource.RLIMIT_DATA, (data, data))
+            # its address space, not RLIMIT_DATA: a MAP_GROWSDOWN mapping (1 GiB touched under a 256 MiB
+            # RLIMIT_DATA), a raised stack and the page tables of a huge read-only mapping are no data
+            memory = self.memory_mb << 20
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
             resource.setrlimit(resource.RLIMIT_NOFILE, (PROPOSER_OPEN_FILES, PROPOSER_OPEN_FILES))
 
     def folder_bytes(self, work):

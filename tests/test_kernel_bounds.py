@@ -111,7 +111,7 @@ elif attack == "stopped":  # stops every other process of its sandbox (a counter
         f.write(json.dumps(made))
     for pid in others:
         os.kill(pid, signal.SIGCONT)
-elif attack == "memory":  # shared memory four ways, descriptors, socket buffers (set large, filled, in flight)
+elif attack == "memory":  # shared memory four ways, a stack mapping, descriptors, socket buffers (set large, filled, in flight)
     import ctypes, mmap, socket
     libc, MiB, found = ctypes.CDLL(None, use_errno=True), 1 << 20, {}
 
@@ -126,6 +126,8 @@ elif attack == "memory":  # shared memory four ways, descriptors, socket buffers
             found[name] = e.strerror
     shared("anonymous", lambda: mmap.mmap(-1, 512 * MiB, flags=mmap.MAP_SHARED))
     shared("dev_zero", lambda: mmap.mmap(os.open("/dev/zero", os.O_RDWR), 512 * MiB, flags=mmap.MAP_SHARED))
+    # private, but stack to the kernel (MAP_GROWSDOWN): no data, so only its address space bounds it
+    shared("growsdown", lambda: mmap.mmap(-1, 512 * MiB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x100))
     try:
         os.memfd_create("m")
         found["memfd"] = "ok"
@@ -583,6 +585,7 @@ def test_with_the_opt_in_a_proposers_shared_memory_descriptors_and_socket_buffer
     found = json.loads((search("memory", proposer_memory_mb=256) / "notes.md").read_text())
     denied = "Operation not permitted"
     assert [found[k] for k in ("anonymous", "dev_zero", "memfd", "shmget")] == [denied] * 4, found
+    assert found["growsdown"] == "Cannot allocate memory", found  # RLIMIT_AS; RLIMIT_DATA let 1 GiB through
     assert found["descriptors"] < proposers.PROPOSER_OPEN_FILES, found
     assert found["setsockopt"] == denied, found
     # 256 descriptors, and as many in flight, at net.core.wmem_default each (111 MiB measured with 212,992)

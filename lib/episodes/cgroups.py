@@ -107,7 +107,7 @@ def memory_bound():
                 f"and processes, bounded by the kernel")
     return ("no writable cgroup (--allow-weak-bounds): per-process limits: harness workers and the python tool "
             "RLIMIT_AS, RLIMIT_NOFILE and RLIMIT_NPROC, the filter's IPC and socket denials, a read-only /tmp; "
-            "proposers RLIMIT_DATA, RLIMIT_NOFILE and RLIMIT_NPROC, no shared memory, socket buffer size nor "
+            "proposers RLIMIT_AS, RLIMIT_NOFILE and RLIMIT_NPROC, no shared memory, socket buffer size nor "
             "network, a tmpfs of a size and an inode count for their folder, /tmp and /dev/shm")
 
 

@@ -43,9 +43,9 @@ DENIED_CALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"
 # cgroup counts them; under weak bounds (no cgroup) they are denied too, with shared mappings (below).
 IPC_CALLS = ("shmget", "shmat", "msgget", "semget", "memfd_create", "memfd_secret")
 # mmap's MAP_SHARED bit (MAP_SHARED_VALIDATE has it too): a shared anonymous mapping, or a shared one of /dev/zero,
-# is shared memory no RLIMIT_DATA counts (a proposer's only memory bound without a cgroup): denied to a
-# proposer under weak bounds, whatever the file (a filter cannot tell /dev/zero from a file; the kernel bounds a
-# tmpfs file's pages by its size anyway, so only programs that map files shared lose, and fall back to read()).
+# is shared memory, which a proposer under weak bounds gets none of, as workers and the tool get none (its
+# RLIMIT_AS would count it only per process). Denied whatever the file (a filter cannot tell /dev/zero from a
+# file; a tmpfs file's pages are bounded by its size anyway): programs that map files shared fall back to read().
 MAP_SHARED = 0x01
 # A socket's buffer sizes: SO_SNDBUF and SO_RCVBUF go up to twice net.core.wmem_max / rmem_max (8 MiB each here),
 # the FORCE forms past them. Denied to the python tool and to a proposer under weak bounds, so each socket keeps
