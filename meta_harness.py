@@ -71,7 +71,7 @@ from lib.episodes.runner import scoring_rule
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
 from lib.proposers import (PROPOSER_MAX_FILE_MB, PROPOSER_MAX_PROCS, PROPOSER_MAX_WRITTEN_MB, PROPOSER_MEMORY_MB,
-                           failure_advice, propose_agent, propose_in_copy)
+                           failure_advice, propose_agent, propose_in_copy, refuse_weak_network)
 from lib.rules import pick_best
 from lib.run_folder.card import NO_TURNS
 from lib.run_folder.files import check_run_files, check_same_model, file_sha
@@ -142,7 +142,7 @@ def add_sandbox_args(parser):
     p.add_argument("--proposer-allow-host", action="append", default=[], metavar="HOST[:PORT]",
                    help="an endpoint the proposer may reach (port 443 unless given); repeatable")
     p.add_argument("--proposer-memory-mb", type=positive_int, default=PROPOSER_MEMORY_MB,
-                   help="memory of the proposer's whole sandbox (a cgroup; else RLIMIT_DATA per process)")
+                   help="memory of the proposer's whole sandbox (a cgroup; else RLIMIT_AS per process)")
     p.add_argument("--proposer-max-procs", type=positive_int, default=PROPOSER_MAX_PROCS,
                    help="tasks (processes and threads) of its sandbox (a cgroup's pids.max)")
     p.add_argument("--proposer-max-file-mb", type=positive_int, default=PROPOSER_MAX_FILE_MB,
@@ -366,6 +366,7 @@ def check_proposer(cfg):
                          "openai")
     if cfg.proposer in ("command", "claude"):
         sandbox.check()  # these proposers run only inside it (or with the documented opt-out)
+        refuse_weak_network(cfg)  # no cgroup: a proposer with a network has no bound on its TCP buffers
 
 
 def check_and_score(run_dir, name, backend, domain, tasks, cfg, policy_kw, run_episodes, evaluate):

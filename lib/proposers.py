@@ -27,6 +27,7 @@ from lib.archive import log_cost
 from lib.briefs import BRIEFS, INSTRUCTIONS, NULL_RULES, llm_interface
 from lib.contract import ALLOWED_IMPORTS, MAX_HARNESS_CHARS
 from lib.common.json_files import read_json, write_json
+from lib.common.errors import SandboxError
 from lib.common.text import valid_text
 
 PROJECT = Path(__file__).resolve().parent.parent  # the repository, denied to the claude proposer by name
@@ -44,7 +45,13 @@ PROPOSER_MEMORY_MB = 8192
 PROPOSER_MAX_PROCS = 512
 PROPOSER_MAX_FILE_MB = 64
 PROPOSER_MAX_WRITTEN_MB = 1024
-PROPOSER_MAX_FILES = 65_536  # new files and folders, only where no cgroup counts their kernel memory (~1 KiB each)
+# Only where no cgroup counts a proposer (--allow-weak-bounds), each a bound the kernel keeps per process or per
+# file system: new files and folders in its folder (~1 KiB of kernel memory each), and in /tmp and in /dev/shm each
+# (the nr_inodes of tmpfs mounted by MOUNT); its open files (RLIMIT_NOFILE: what bounds the bytes its unix
+# sockets can queue, each at net.core.wmem_default since the filter refuses SO_SNDBUF; macOS's own default too)
+PROPOSER_MAX_FILES = 65_536
+PROPOSER_TMP_FILES = 4_096
+PROPOSER_OPEN_FILES = 256
 # Claude Code: file tools only (no shell, no web); the variables its login may come from
 CLAUDE_TOOLS = "Read,Write,Edit,Glob,Grep"
 CLAUDE_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "CLAUDE_CODE_OAUTH_TOKEN")
@@ -307,7 +314,8 @@ def run_in_sandbox(argv, cwd, out_dir, timeout, limits=None, cgroup=None, pass_f
 class Limits:
     """A proposer's bounds (flags --proposer-memory-mb, --proposer-max-procs, --proposer-max-file-mb,
     --proposer-max-written-mb). Memory and processes: its sandbox's cgroup, where the host has one (else, with
-    --allow-weak-bounds, memory is RLIMIT_DATA and processes RLIMIT_NPROC, set by FOLDER); file size: RLIMIT_FSIZE;
+    --allow-weak-bounds, memory is RLIMIT_AS, open files RLIMIT_NOFILE and processes RLIMIT_NPROC, set by
+    FOLDER); file size: RLIMIT_FSIZE;
     what it writes: its folder's size (folder_bytes, a tmpfs the kernel fills no further). On the host, its stdout
     and stderr (and, without the sandbox, its folder) are measured every WATCH_S, the sandbox killed past a bound."""
 
@@ -322,8 +330,11 @@ class Limits:
         resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if not cgroups.cgroup_parents():
-            data = self.memory_mb << 20
-            resource.setrlimit(resource.RLIMIT_DATA, (data, data))
+            # its address space, not RLIMIT_DATA: a MAP_GROWSDOWN mapping (1 GiB touched under a 256 MiB
+            # RLIMIT_DATA), a raised stack and the page tables of a huge read-only mapping are no data
+            memory = self.memory_mb << 20
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (PROPOSER_OPEN_FILES, PROPOSER_OPEN_FILES))
 
     def folder_bytes(self, work):
         """The size of a proposer's folder (a tmpfs in its sandbox): the archive copy, and the bound beside it."""
@@ -336,7 +347,7 @@ class Limits:
             return f"killed at its memory bound (--proposer-memory-mb {self.memory_mb})"
         if events.get("pids_max"):
             return f"tried to run more than {self.max_procs} processes (--proposer-max-procs)"
-        written, largest = usage(scratch)
+        written, largest, _ = usage(scratch)
         if largest >= self.max_file_mb << 20:
             return f"a file reached its size bound (--proposer-max-file-mb {self.max_file_mb})"
         if written - self.base_bytes > self.max_written_mb << 20:
@@ -362,9 +373,9 @@ def watch(proc, scratch, limits, cgroup, deadline):
 
 
 def usage(root):
-    """(bytes on disk under root, the largest file's size), symlinks not followed; a loop over a list of
-    folders, never recursion, so no depth breaks it (a folder it cannot read is skipped)."""
-    total = largest = 0
+    """(bytes on disk under root, the largest file's size, the number of entries), symlinks not followed; a loop
+    over a list of folders, never recursion, so no depth breaks it (a folder it cannot read is skipped)."""
+    total = largest = count = 0
     folders = [root]
     while folders:
         try:
@@ -378,11 +389,12 @@ def usage(root):
             except OSError:  # gone meanwhile
                 continue
             total += st.st_blocks * 512
+            count += 1
             if stat.S_ISREG(st.st_mode):
                 largest = max(largest, st.st_size)
             elif stat.S_ISDIR(st.st_mode):
                 folders.append(entry.path)
-    return total, largest
+    return total, largest, count
 
 
 def tail(path, limit=MAX_OUTPUT_BYTES):
@@ -402,16 +414,19 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
         argv, ro = ["/bin/sh", "-c", cmd], cfg.proposer_ro
         env = {k: os.environ[k] for k in [cfg.proposer_key_env] if k in os.environ}
     net, egress = network(cfg), None
-    shown = f"{net}: {', '.join(endpoints(cfg))}" if net == "endpoint" else net
     sandboxed = not switches.disabled()
+    weak = sandboxed and not cgroups.cgroup_parents()  # --allow-weak-bounds: what the kernel bounds without a cgroup
+    refuse_weak_network(cfg)
+    shown = f"{net}: {', '.join(endpoints(cfg))}" if net == "endpoint" else net
     how = f"sandboxed, network {shown}" if sandboxed else "UNCONFINED: --unsafe-no-sandbox, as you, on the host"
     print(f"proposer {cfg.proposer} ({how}, in {work}): {shlex.join(argv)}")
     t0 = time.time()
     limits = Limits(cfg.proposer_memory_mb, cfg.proposer_max_procs, cfg.proposer_max_file_mb,
                     cfg.proposer_max_written_mb, base_bytes=usage(scratch)[0])
     cgroup = cgroups.Cgroup(cfg.proposer_memory_mb << 20, cfg.proposer_max_procs)
-    fd = seccomp.no_fork_filter(no_fork=False, families=seccomp.HOST_NET_FAMILIES if net == "host" else
-                                seccomp.PROPOSER_FAMILIES)
+    families = seccomp.WEAK_PROPOSER_FAMILIES if weak else \
+        seccomp.HOST_NET_FAMILIES if net == "host" else seccomp.PROPOSER_FAMILIES
+    fd = seccomp.no_fork_filter(no_fork=False, families=families, weak=weak)
     sockets = tempfile.mkdtemp(prefix="whale-egress-", dir="/tmp")  # short: a socket's path has 107 bytes at most
     back = HandBack(taken_files(names)) if sandboxed else None
     try:
@@ -420,15 +435,18 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
             argv, proxy_env, sock = through_egress(argv, egress)
             env, ro = {**env, **proxy_env}, [*ro, sock]
         if sandboxed:  # its folder: a tmpfs of its bound beside the archive copy, filled and handed back by FOLDER
-            weak = not cgroups.cgroup_parents()  # --allow-weak-bounds: rlimits and FOLDER's count of files
-            argv = back.folder_argv(argv, work, cfg.proposer_max_procs if weak else 0,
-                                    PROPOSER_MAX_FILES if weak else 0)
+            argv = back.folder_argv(argv, work, cfg.proposer_max_procs if weak else 0)
             folder = dict(extra=["--ro-bind", str(work), SEED], sized=[(work, limits.folder_bytes(work))])
         else:
             folder = dict(rw=[work])
+        sizes = {str(work): limits.folder_bytes(work), "/tmp": cfg.proposer_max_written_mb << 20,
+                 "/dev/shm": sandbox.TMP_BYTES}
+        mounts = weak_mounts(work, scratch, sizes) if weak else None
         argv = sandbox.wrap(argv, ro=ro, net=net == "host", cwd=str(work), env=env, seccomp_fd=fd, cgroup=cgroup,
-                            tmp_bytes=cfg.proposer_max_written_mb << 20, ro_dev=True, shm_bytes=sandbox.TMP_BYTES,
-                            **folder)
+                            tmp_bytes=sizes["/tmp"], ro_dev=True, shm_bytes=sizes["/dev/shm"],
+                            mounted={place: path for place, (path, _, _) in (mounts or {}).items()}, **folder)
+        if mounts:
+            argv = [sandbox.python(), "-I", "-c", MOUNT, json.dumps(list(mounts.values())), "--", *argv]
         rc, bound, out, err = run_in_sandbox(argv, work, scratch, cfg.proposer_timeout, limits, cgroup,
                                              pass_fds=(fd, *([back.write_fd] if back else [])))
     finally:
@@ -440,8 +458,8 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
         shutil.rmtree(sockets, ignore_errors=True)
     bound = bound or {"folder": f"filled its folder: wrote {cfg.proposer_max_written_mb} MiB "
                                 "(--proposer-max-written-mb)",
-                      "files": f"made more than {PROPOSER_MAX_FILES} files (its folder, /tmp and /dev/shm) where no "
-                               f"cgroup counts them"}.get(stopped)
+                      "files": f"made {PROPOSER_MAX_FILES} files in its folder (or {PROPOSER_TMP_FILES} in /tmp or "
+                               f"/dev/shm), all the kernel allows where no cgroup counts them"}.get(stopped)
     cost = {"iteration": iteration, "proposer": cfg.proposer, "candidates": names,
             "rc": "timeout" if bound == "timeout" else rc, "seconds": round(time.time() - t0, 2)}
     if egress and egress.refused:  # what it tried to reach beside its endpoints (the first few, and how often)
@@ -466,9 +484,49 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
     return handed
 
 
+def weak_mounts(work, scratch, sizes):
+    """{place: (host folder, bytes, inodes)}: under weak bounds a proposer's folder, /tmp and /dev/shm are each a
+    tmpfs that MOUNT makes with nr_inodes (bwrap 0.11 sets no such option), so the kernel refuses a file past
+    PROPOSER_MAX_FILES new ones in its folder, past PROPOSER_TMP_FILES in the others: a bound the proposer
+    cannot stop, unlike a count."""
+    inodes = {str(work): usage(work)[2] + 1 + PROPOSER_MAX_FILES, "/tmp": PROPOSER_TMP_FILES,
+              "/dev/shm": PROPOSER_TMP_FILES}
+    mounts = {}
+    for place, name in ((str(work), "fs-folder"), ("/tmp", "fs-tmp"), ("/dev/shm", "fs-shm")):
+        (scratch / name).mkdir()  # empty on the host: the tmpfs is mounted on it in MOUNT's namespace only
+        mounts[place] = (str(scratch / name), sizes[place], inodes[place])
+    return mounts
+
+
+# Runs on the host before bwrap, under weak bounds: in a user and mount namespace of its own (the sandbox's
+# parent's, invisible to the host and gone with the sandbox) it mounts a tmpfs with size and nr_inodes on each
+# folder it is given, [[path, bytes, inodes], ...], then execs the sandbox's command (bwrap, which binds them).
+MOUNT = r"""
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+uid, gid = os.getuid(), os.getgid()
+
+
+def fail(what):
+    sys.exit(f"whale: {what}: {os.strerror(ctypes.get_errno())} (a proposer's file systems, --allow-weak-bounds)")
+
+
+if libc.unshare(0x10000000 | 0x20000) != 0:  # CLONE_NEWUSER | CLONE_NEWNS
+    fail("unshare")
+for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+    with open(f"/proc/self/{name}", "w") as f:
+        f.write(text)
+for path, size, inodes in json.loads(sys.argv[1]):
+    options = f"size={size},nr_inodes={inodes},mode=0755".encode()
+    if libc.mount(b"tmpfs", path.encode(), b"tmpfs", 2 | 4, options) != 0:  # MS_NOSUID | MS_NODEV
+        fail(f"mount {path}")
+os.execv(sys.argv[3], sys.argv[3:])
+"""
+
+
 # Runs inside a proposer's sandbox as the command's parent, its folder a fresh tmpfs of the bound's size: it fills
 # the folder from the archive copy (bound read-only at SEED), runs the command, stops it when the folder is
-# (nearly) full (or, without a cgroup, past PROPOSER_MAX_FILES new files), then kills whatever the command left
+# (nearly) full (or out of inodes: under weak bounds MOUNT's nr_inodes), then kills whatever the command left
 # running and hands back on a pipe only the files the search takes, one JSON line each: {"path", "text"},
 # {"path", "error"} or {"path", "absent"}, read as read_untrusted reads (READ stands for its source: the script runs
 # where this module cannot be imported), then {"stopped": "folder" or "files"} if it stopped the command. The search trusts none of it (HandBack reads it with a cap, line by line). Whatever
@@ -476,27 +534,23 @@ def propose_agent(work, scratch, run_dir, names, iteration, cfg):
 FOLDER = r"""
 import json, os, shutil, signal, stat, subprocess, sys, resource
 from pathlib import Path
-seed, work, out, tasks, files, wanted, argv = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
-    int(sys.argv[5]), json.loads(sys.argv[6]), sys.argv[8:]
+seed, work, out, tasks, wanted, argv = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
+    json.loads(sys.argv[5]), sys.argv[7:]
 PLACES = (work, "/tmp", "/dev/shm")  # its writable file systems, each a tmpfs
 
 READ
 
 
 
-def inodes():
-    return sum(s.f_files - s.f_ffree for s in map(os.statvfs, PLACES))
-
-
-def why_stop():  # its folder (nearly) full; past `files` new inodes (no cgroup counts them, bwrap sets no nr_inodes)
+def why_stop():  # its folder (nearly) full; a file system out of inodes (under weak bounds: MOUNT's nr_inodes)
     st = os.statvfs(work)
     if st.f_bavail * st.f_frsize < max(size // 32, 1 << 20):
         return "folder"
-    return "files" if files and inodes() - base > files else None
+    return "files" if any(os.statvfs(place).f_ffree == 0 for place in PLACES) else None
 
 
 shutil.copytree(seed, work, dirs_exist_ok=True)
-size, base = os.statvfs(work).f_blocks * os.statvfs(work).f_frsize, inodes()
+size = os.statvfs(work).f_blocks * os.statvfs(work).f_frsize
 if tasks:  # no cgroup counts its processes: RLIMIT_NPROC, which the kernel counts in this user namespace
     resource.setrlimit(resource.RLIMIT_NPROC, (tasks, tasks))
 proc, stop = subprocess.Popen(argv, cwd=work), None
@@ -544,9 +598,9 @@ class HandBack:
         self.thread = threading.Thread(target=self.drain, daemon=True, name="whale-hand-back")
         self.thread.start()
 
-    def folder_argv(self, argv, work, tasks, files):
+    def folder_argv(self, argv, work, tasks):
         script = FOLDER.replace("\nREAD\n", "\n" + inspect.getsource(read_untrusted))
-        return [sandbox.python(), "-I", "-c", script, SEED, str(work), str(self.write_fd), str(tasks), str(files),
+        return [sandbox.python(), "-I", "-c", script, SEED, str(work), str(self.write_fd), str(tasks),
                 json.dumps(list(self.wanted.items())), "--", *argv]
 
     def drain(self):
@@ -575,6 +629,16 @@ class HandBack:
             else:
                 return f"its sandbox handed back an unexpected line: {raw[:100]!r}", None
         return handed, stopped
+
+
+def refuse_weak_network(cfg):
+    """Under --allow-weak-bounds a proposer runs with AF_UNIX only (seccomp.WEAK_PROPOSER_FAMILIES): one that needs
+    a network is refused before any work, in one line."""
+    net = network(cfg)
+    if net != "none" and not switches.disabled() and not cgroups.cgroup_parents():
+        raise SandboxError(f"proposer {cfg.proposer} with network {net}: under --allow-weak-bounds no per-process "
+                           f"limit bounds its TCP buffers (tcp_wmem and tcp_rmem a connection): run where a cgroup "
+                           f"can be made (README), or use --proposer openai")
 
 
 def network(cfg):

@@ -20,6 +20,7 @@ from fixtures import stand_ins
 from lib import proposers
 from lib.episodes import cgroups, egress, python_tool, sandbox, seccomp, switches
 from lib.ops import preflight
+from lib.common.errors import SandboxError
 from test_archive_security import processes_with
 from test_meta_harness import SEED, FakeDomain, FakeRollout, make_args
 from test_sandbox_bounds import CALLS, EchoDomain, numbers, run_confined
@@ -81,9 +82,114 @@ elif attack == "deep":  # its candidate's harness.py a folder 1,200 deep, locked
     os.chdir("..")
     os.chmod("d", 0)
 elif attack == "files":  # 200,000 empty files in /tmp: no size, but ~1 KiB of kernel memory each
-    for i in range(200_000):
-        open(f"/tmp/e{i}", "w").close()
+    try:
+        for i in range(200_000):
+            open(f"/tmp/e{i}", "w").close()
+    except OSError:  # where the kernel refuses the next one: it waits, as a command that goes on would
+        pass
     time.sleep(30)
+elif attack == "stopped":  # stops every other process of its sandbox (a counter among them), then makes empty
+    # files in its folder and in /tmp until refused (100,000 at most), removes them, and says how many it made
+    import signal
+    others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
+    for pid in others:
+        os.kill(pid, signal.SIGSTOP)
+    made = {}
+    for name, place in (("folder", f"{work}/many"), ("tmp", "/tmp/many")):
+        os.mkdir(place)
+        n, why = 0, None
+        try:
+            while n < 100_000:
+                open(f"{place}/{n}", "w").close()
+                n += 1
+        except OSError as e:
+            why = e.strerror
+        made[name] = [n, why]
+        for i in range(n):
+            os.remove(f"{place}/{i}")
+    with open(f"{work}/notes.md", "w") as f:
+        f.write(json.dumps(made))
+    for pid in others:
+        os.kill(pid, signal.SIGCONT)
+elif attack == "memory":  # shared memory four ways, a stack mapping, descriptors, socket buffers (set large, filled, in flight)
+    import ctypes, mmap, socket
+    libc, MiB, found = ctypes.CDLL(None, use_errno=True), 1 << 20, {}
+
+    def shared(name, make):  # 512 MiB, twice a 256 MiB bound, touched in full
+        try:
+            m = make()
+            for i in range(0, 512 * MiB, 4096):
+                m[i] = 1
+            m.close()
+            found[name] = "touched 512 MiB"
+        except OSError as e:
+            found[name] = e.strerror
+    shared("anonymous", lambda: mmap.mmap(-1, 512 * MiB, flags=mmap.MAP_SHARED))
+    shared("dev_zero", lambda: mmap.mmap(os.open("/dev/zero", os.O_RDWR), 512 * MiB, flags=mmap.MAP_SHARED))
+    # private, but stack to the kernel (MAP_GROWSDOWN): no data, so only its address space bounds it
+    shared("growsdown", lambda: mmap.mmap(-1, 512 * MiB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x100))
+    try:
+        os.memfd_create("m")
+        found["memfd"] = "ok"
+    except OSError as e:
+        found["memfd"] = e.strerror
+    found["shmget"] = "ok" if libc.shmget(0, 512 * MiB, 0o1600) >= 0 else os.strerror(ctypes.get_errno())
+    fds = []
+    try:
+        while len(fds) < 100_000:
+            fds.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    found["descriptors"] = len(fds)
+    for fd in fds:
+        os.close(fd)
+    queued, (carrier, far) = 0, socket.socketpair()
+    carrier.setblocking(False)  # full: the in-flight round ends
+
+    def fill(s):
+        nonlocal_queued = 0
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * MiB)
+            found["setsockopt"] = "ok"
+        except OSError as e:
+            found["setsockopt"] = e.strerror
+        s.setblocking(False)
+        try:
+            while nonlocal_queued < 32 * MiB:
+                nonlocal_queued += s.send(b"x" * 65536)
+        except BlockingIOError:
+            pass
+        return nonlocal_queued
+    for round in range(2):  # pairs until out of descriptors; then in flight through carrier, and again
+        pairs = []
+        try:
+            while queued < 512 * MiB:
+                a, b = socket.socketpair()
+                pairs.append((a, b))
+                queued += fill(a) + fill(b)
+        except OSError:
+            pass
+        for a, b in pairs if round == 0 else ():
+            try:
+                socket.send_fds(carrier, [b"."], [a.fileno(), b.fileno()])
+            except OSError:
+                break
+            a.close()
+            b.close()
+    found["queued_mib"] = queued // MiB
+    for a, b in pairs:  # descriptors for what follows
+        a.close()
+        b.close()
+    for name, make in (("tcp", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM)),
+                       ("datagram", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)),
+                       ("listener", lambda: socket.socket(socket.AF_UNIX).listen(4096))):
+        try:  # a listener queues connections nobody accepted, each with what its closed client sent
+            make()
+            found[name] = "ok"
+        except OSError as e:
+            found[name] = e.strerror
+    with open(f"{work}/notes.md", "w") as f:
+        f.write(json.dumps(found))
 elif attack == "shm":  # 1 GiB into /dev/shm, then what the kernel let it write, in notes.md
     written, chunk, why = 0, b"x" * (1 << 20), None
     try:
@@ -177,7 +283,7 @@ def test_a_1200_deep_locked_tree_is_measured_and_removed_without_recursion(tmp_p
     os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
     os.chmod(f"/proc/self/fd/{fd}", 0)
     os.close(fd)
-    total, _ = proposers.usage(path)
+    total = proposers.usage(path)[0]
     assert total > 0
     proposers.remove_tree(path)
     assert not path.exists()
@@ -474,7 +580,107 @@ def test_with_the_opt_in_the_fallback_bounds_hold_in_each_sandbox(no_cgroup, sea
 
 
 @needs_sandbox
-def test_with_the_opt_in_a_proposers_empty_files_are_counted_and_stopped(no_cgroup, search):
+def test_with_the_opt_in_a_proposers_empty_files_are_stopped_at_the_kernels_bound(no_cgroup, search):
     no_cgroup.setenv(switches.WEAK_BOUNDS, "1")
-    with pytest.raises(SystemExit, match=r"last: made more than 65536 files \(its folder, /tmp and /dev/shm\)"):
+    with pytest.raises(SystemExit, match=r"last: made 65536 files in its folder \(or 4096 in /tmp or /dev/shm\)"):
         search("files", proposer_max_written_mb=64)
+
+
+@needs_sandbox
+def test_with_the_opt_in_a_proposer_that_stops_its_sandbox_still_gets_no_more_files(no_cgroup, search):
+    # its folder, /tmp and /dev/shm are tmpfs with nr_inodes (proposers.MOUNT): the kernel refuses the next file,
+    # whatever the proposer stops; a count inside its sandbox was stopped with SIGSTOP and let 400,000 through
+    no_cgroup.setenv(switches.WEAK_BOUNDS, "1")
+    made = json.loads((search("stopped", proposer_max_written_mb=64) / "notes.md").read_text())
+    # (beside many/ itself, and in /tmp the mount points bwrap made there)
+    assert made["folder"][1] == made["tmp"][1] == "No space left on device", made
+    assert proposers.PROPOSER_MAX_FILES - 10 <= made["folder"][0] < proposers.PROPOSER_MAX_FILES, made
+    assert proposers.PROPOSER_TMP_FILES - 100 <= made["tmp"][0] < proposers.PROPOSER_TMP_FILES, made
+
+
+@needs_sandbox
+def test_with_the_opt_in_a_proposers_shared_memory_descriptors_and_socket_buffers_stay_within_its_flags(
+        no_cgroup, search):
+    no_cgroup.setenv(switches.WEAK_BOUNDS, "1")
+    found = json.loads((search("memory", proposer_memory_mb=256, proposer_timeout=60) / "notes.md").read_text())
+    denied = "Operation not permitted"
+    assert [found[k] for k in ("anonymous", "dev_zero", "memfd", "shmget")] == [denied] * 4, found
+    assert found["growsdown"] == "Cannot allocate memory", found  # RLIMIT_AS; RLIMIT_DATA let 1 GiB through
+    assert found["descriptors"] < proposers.PROPOSER_OPEN_FILES, found
+    assert found["setsockopt"] == denied, found
+    # 256 descriptors, and as many in flight, at net.core.wmem_default each (111 MiB measured with 212,992)
+    assert found["queued_mib"] <= 2 * proposers.PROPOSER_OPEN_FILES * wmem_default() * 1.5 / MiB, found
+    assert found["queued_mib"] < 256, found
+    assert found["tcp"] == "Address family not supported by protocol", found
+    assert found["datagram"] == found["listener"] == denied, found
+
+
+def wmem_default():
+    with open("/proc/sys/net/core/wmem_default") as f:
+        return int(f.read())
+
+
+@needs_sandbox
+def test_with_the_opt_in_a_proposer_with_a_network_is_refused(no_cgroup, search, tmp_path):
+    no_cgroup.setenv(switches.WEAK_BOUNDS, "1")
+    with pytest.raises(SandboxError, match=r"proposer command with network endpoint: under --allow-weak-bounds"):
+        search("files", proposer_allow_host=["127.0.0.1:9"])
+    assert not (tmp_path / "run" / "candidates" / "h0" / "scores.json").exists()  # before any work
+
+
+TOOL_SOCKETS = r"""
+import socket
+queued, refused = 0, None
+
+
+def fill(s):
+    global queued, refused
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 20)
+    except OSError as e:
+        refused = e.strerror
+    s.setblocking(False)
+    try:
+        while True:
+            queued += s.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+
+
+carrier, far = socket.socketpair()
+carrier.setblocking(False)  # full: the in-flight round ends
+for round in range(2):  # pairs until out of descriptors; then in flight through carrier, and again
+    pairs = []
+    try:
+        while True:
+            pairs.append(socket.socketpair())
+            fill(pairs[-1][0])
+            fill(pairs[-1][1])
+    except OSError:
+        pass
+    for a, b in pairs if round == 0 else ():
+        try:
+            socket.send_fds(carrier, [b"."], [a.fileno(), b.fileno()])
+        except OSError:
+            break
+        a.close()
+        b.close()
+try:  # a listener: up to somaxconn connections nobody accepted, each with what its closed client sent
+    socket.socket(socket.AF_UNIX).listen(4096)
+except OSError as e:
+    refused += ", " + e.strerror
+try:
+    socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+except OSError as e:
+    refused += ", " + e.strerror
+print(queued >> 20, refused)
+"""
+
+
+@needs_sandbox
+def test_with_the_opt_in_the_python_tools_sockets_queue_what_the_table_says(no_cgroup):
+    # 64 descriptors and as many in flight, each socket at wmem_default: 25 MiB measured (910 MiB with SO_SNDBUF)
+    no_cgroup.setenv(switches.WEAK_BOUNDS, "1")
+    queued, refused = python_tool.run_python(TOOL_SOCKETS, timeout_s=30).split(maxsplit=1)
+    assert refused.strip() == ", ".join(["Operation not permitted"] * 3)  # SO_SNDBUF, listen, SOCK_DGRAM
+    assert int(queued) <= 2 * sandbox.SANDBOX_OPEN_FILES * wmem_default() * 1.5 / MiB

@@ -17,7 +17,7 @@ import meta_harness as mh
 from fixtures import stand_ins
 from fixtures.configs import search_config
 from lib import contract, mutate, openai_proposer, proposers
-from lib.episodes import sandbox, switches
+from lib.episodes import cgroups, sandbox, switches
 
 SEED = textwrap.dedent('''\
     """Fake harness for tests: one model call."""
@@ -435,6 +435,9 @@ CLAUDE_STAND_IN = textwrap.dedent('''\
 
 # the stand-in checks that it cannot see the project, which only holds inside the OS sandbox
 needs_sandbox = pytest.mark.skipif(switches.disabled(), reason=f"{switches.OPT_OUT}=1: no OS boundary to test")
+# claude has a network (its API): refused under --allow-weak-bounds (tests/test_kernel_bounds.py shows it)
+needs_cgroup = pytest.mark.skipif(not switches.disabled() and not cgroups.cgroup_parents(),
+                                  reason="no writable cgroup: a proposer with a network is refused")
 
 
 @pytest.fixture
@@ -449,6 +452,7 @@ def claude_stand_in(tmp_path, monkeypatch):
 
 
 @needs_sandbox
+@needs_cgroup
 def test_claude_success_takes_the_candidate_and_records_usage(fake, claude_stand_in):
     fr, seed, run_dir = fake
     claude_stand_in("success")
@@ -466,6 +470,7 @@ def test_claude_success_takes_the_candidate_and_records_usage(fake, claude_stand
     ("max_turns", r"error_max_turns: Reached maximum number of turns \(30\)"),
     ("empty", "empty result"),
     ("crash", "output is not JSON: \"TypeError: Cannot read properties")])
+@needs_cgroup
 def test_claude_failures_are_read_and_stop_the_search(fake, claude_stand_in, capsys, mode, message):
     fr, seed, run_dir = fake
     claude_stand_in(mode)
@@ -479,6 +484,7 @@ def test_claude_failures_are_read_and_stop_the_search(fake, claude_stand_in, cap
     assert fr.evaluated == ["h0"] and not (run_dir / "candidates" / "h1_1").exists()
 
 
+@needs_cgroup
 def test_failures_count_only_in_a_row(fake, monkeypatch):
     """fail, fail, success, fail, fail, success with a limit of 3: the search runs to its end."""
     fr, seed, run_dir = fake
@@ -498,6 +504,7 @@ def test_failures_count_only_in_a_row(fake, monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("claude") is None, reason="Claude Code is not installed")
+@needs_cgroup
 def test_real_claude_cli_without_login_ends_the_search_with_its_message(fake, tmp_path, monkeypatch):
     fr, seed, run_dir = fake
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no login, whatever the machine has
@@ -579,6 +586,7 @@ class FakeAnthropicApi(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.skipif(shutil.which("claude") is None, reason="Claude Code is not installed")
+@needs_cgroup
 def test_real_claude_cli_tools_stay_in_the_proposer_folder(fake, tmp_path, monkeypatch):
     """The real CLI, its settings and flags as the search passes them, against a scripted model: file tools work
     in its folder; reads and writes elsewhere, and a shell, are refused; the search takes the edited candidate."""

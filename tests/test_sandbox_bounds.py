@@ -340,6 +340,7 @@ def proposer(tmp_path, monkeypatch):
 
 
 @needs_sandbox
+@needs_cgroup  # under --allow-weak-bounds a proposer with a network is refused (test_kernel_bounds.py)
 def test_a_proposer_reaches_no_host_loopback_and_only_its_allowed_endpoint(proposer):
     host, allowed = Listener(), Listener()
     try:

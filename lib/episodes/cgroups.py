@@ -113,8 +113,8 @@ def memory_bound():
                 "memory and processes as a whole needs a delegated cgroup (README, 'A cgroup of your own')")
     return ("no writable cgroup (--allow-weak-bounds): per-process limits: harness workers and the python tool "
             "RLIMIT_AS, RLIMIT_NOFILE and RLIMIT_NPROC, the filter's IPC and socket denials, a read-only /tmp; "
-            "proposers RLIMIT_DATA and RLIMIT_NPROC, sized tmpfs for their folder, /tmp and /dev/shm, their "
-            "files counted")
+            "proposers RLIMIT_AS, RLIMIT_NOFILE and RLIMIT_NPROC, no shared memory, socket buffer size nor "
+            "network, a tmpfs of a size and an inode count for their folder, /tmp and /dev/shm")
 
 
 class Cgroup:

@@ -1,6 +1,6 @@
 """
 The python tool (math's tools.python): the model's own code, one process in a fresh sandbox under the no-fork filter
-(AF_UNIX sockets only: TOOL_FAMILIES), bounded in CPU time, memory (its own cgroup, and RLIMIT_AS), output
+(AF_UNIX stream sockets only, no listener, each at its default buffer: TOOL_FAMILIES), bounded in CPU time, memory (its own cgroup, and RLIMIT_AS), output
 (RLIMIT_FSIZE on a file, then cut at max_chars), open files, tasks and wall time; a fresh sandbox per call, so
 nothing carries over.
 

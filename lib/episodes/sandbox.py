@@ -130,7 +130,8 @@ def package_dirs():
 
 
 def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, seccomp_fd=None, packages=True,
-         tmp_bytes=TMP_BYTES, ro_tmp=False, ro_dev=False, shm_bytes=None, sized=(), cgroup=None, extra=()):
+         tmp_bytes=TMP_BYTES, ro_tmp=False, ro_dev=False, shm_bytes=None, sized=(), cgroup=None, extra=(),
+         mounted=None):
     """argv inside a fresh sandbox. files / ro: paths visible read-only at the same path; rw: writable;
     env: the only environment variables (PATH and HOME=/tmp by default); seccomp_fd: a filter from
     no_fork_filter() (pass it in the caller's pass_fds, close it after the start); packages=False: the
@@ -140,7 +141,10 @@ def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, secco
     the devices still work); shm_bytes: a /dev/shm of its own of that size (a proposer's, beside a read-only
     /dev); sized: [(path, bytes)], a tmpfs of that size at each path (a proposer's folder: what it writes is
     bounded by the kernel); cgroup: a Cgroup the sandbox starts in, so its memory and processes are counted and
-    bounded by the kernel from the first instruction; extra: bwrap options."""
+    bounded by the kernel from the first instruction; extra: bwrap options; mounted: {place: host folder}, bound
+    in place of the tmpfs bwrap would make at /tmp, /dev/shm or a sized path: a tmpfs the caller mounted there
+    itself, with options bwrap has none for (a proposer's nr_inodes under weak bounds: proposers.MOUNT)."""
+    mounted = mounted or {}
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", **(env or {})}
     if disabled():
         return ["env", "-i", "-C", cwd, *(f"{k}={v}" for k, v in env.items()), *argv]
@@ -157,8 +161,7 @@ def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, secco
     for d in SYSTEM_DIRS:
         cmd += ["--ro-bind-try", d, d]
     cmd += ["--proc", "/proc", "--dev", "/dev", *(["--remount-ro", "/dev"] if ro_dev else []),
-            *(["--size", str(shm_bytes), "--tmpfs", "/dev/shm"] if shm_bytes else []),
-            "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
+            *(tmpfs("/dev/shm", shm_bytes, mounted) if shm_bytes else []), *tmpfs("/tmp", tmp_bytes, mounted)]
     for d in python_dirs(packages):  # after the fresh /tmp, which would hide a venv made under /tmp
         cmd += ["--ro-bind", d, d]
     if not packages:
@@ -169,13 +172,20 @@ def wrap(argv, *, files=(), ro=(), rw=(), net=False, cwd="/tmp", env=None, secco
     for path in rw:
         cmd += ["--bind", os.path.realpath(path), os.path.abspath(path)]
     for path, nbytes in sized:
-        cmd += ["--size", str(nbytes), "--tmpfs", os.path.abspath(path)]
+        cmd += tmpfs(os.path.abspath(path), nbytes, mounted)
     if ro_tmp:  # last: the folders bound above may need mount points made under /tmp
         cmd += ["--remount-ro", "/tmp"]
     for key, value in env.items():
         cmd += ["--setenv", key, str(value)]
     cmd += ["--chdir", cwd, "--", *argv]
     return cgroup.enter(cmd) if cgroup else cmd
+
+
+def tmpfs(place, nbytes, mounted):
+    """bwrap's options for a tmpfs of nbytes at place, or for the caller's own tmpfs there (wrap's mounted)."""
+    if place in mounted:
+        return ["--bind", str(mounted[place]), place]
+    return ["--size", str(nbytes), "--tmpfs", place]
 
 
 start_retries = 0  # starts that failed once and were tried again (rollout.InfraErrorBudget reports them)

@@ -12,7 +12,10 @@ namespaces, ...: EPERM, and a clone that asks for a namespace) and every socket 
 (EAFNOSUPPORT; WORKER_FAMILIES: none; TOOL_FAMILIES; PROPOSER_FAMILIES; HOST_NET_FAMILIES). The no-fork filter, under
 which sandbox.start_one_process starts every harness worker and the python tool, refuses fork, vfork and clone without
 CLONE_THREAD, so each is one process while threads still work, and the calls whose bounds RLIMIT_AS and the user's
-counts would not see: IPC_CALLS (memory outside any address space) and NOTIFY_CALLS (inotify instances).
+counts would not see: IPC_CALLS (memory outside any address space) and NOTIFY_CALLS (inotify instances), and
+the socket calls whose memory no descriptor count bounds (BUFFER_OPTIONS, listen, socket types other than
+SOCK_STREAM). A proposer under weak bounds (no cgroup counts its memory: weak=True) gets those socket denials and
+IPC_CALLS too, every shared mapping refused (MAP_SHARED), and AF_UNIX only (WEAK_PROPOSER_FAMILIES).
 """
 import errno
 import os
@@ -36,9 +39,26 @@ DENIED_CALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"
                 "fanotify_init", "swapon", "swapoff", "reboot", "quotactl", "acct", "syslog", "iopl", "ioperm",
                 "vhangup", "settimeofday", "clock_settime", "adjtimex", "clock_adjtime")
 # Memory held outside any process's address space (SysV shared memory, message queues, semaphores, memfd):
-# denied to harness workers and the python tool, whose RLIMIT_AS would not see it. Proposers keep them (an
-# agent's runtime may use them): their cgroup counts them where the host has one.
+# denied to harness workers and the python tool, whose RLIMIT_AS would not see it. Proposers keep them where a
+# cgroup counts them; under weak bounds (no cgroup) they are denied too, with shared mappings (below).
 IPC_CALLS = ("shmget", "shmat", "msgget", "semget", "memfd_create", "memfd_secret")
+# mmap's MAP_SHARED bit (MAP_SHARED_VALIDATE has it too): a shared anonymous mapping, or a shared one of /dev/zero,
+# is shared memory, which a proposer under weak bounds gets none of, as workers and the tool get none (its
+# RLIMIT_AS would count it only per process). Denied whatever the file (a filter cannot tell /dev/zero from a
+# file; a tmpfs file's pages are bounded by its size anyway): programs that map files shared fall back to read().
+MAP_SHARED = 0x01
+# A socket's buffer sizes: SO_SNDBUF and SO_RCVBUF go up to twice net.core.wmem_max / rmem_max (8 MiB each here),
+# the FORCE forms past them. Denied to the python tool and to a proposer under weak bounds, so each socket keeps
+# net.core.wmem_default (208 KiB here): what bounds the bytes their descriptors can queue where no cgroup counts
+# socket memory. (level SOL_SOCKET = 1; SO_SNDBUF 7, SO_RCVBUF 8, SO_SNDBUFFORCE 32, SO_RCVBUFFORCE 33)
+SOL_SOCKET = 1
+INT_BITS = 0xFFFFFFFF
+# The same sandboxes open stream sockets only, and listen on none: a unix listener queues up to somaxconn
+# connections not yet accepted, each holding what its client sent before it closed (910 MiB on one listener here,
+# no descriptor of the sandbox's own counting them), and a datagram socket queues what any sender sent it. Stream
+# socket pairs (asyncio's wake-up, a parent and its child) are all they keep.
+SOCK_STREAM, SOCK_TYPE_BITS = 1, 0xF
+BUFFER_OPTIONS = (7, 8, 32, 33)
 # Watches on the user's files: inotify instances are counted per user, host and sandbox together, so one sandbox
 # could take them all (a host process of the same user then gets EMFILE). Denied to workers and the tool.
 NOTIFY_CALLS = ("inotify_init", "inotify_init1")
@@ -50,6 +70,9 @@ NOTIFY_CALLS = ("inotify_init", "inotify_init1")
 WORKER_FAMILIES = ()
 TOOL_FAMILIES = (socket.AF_UNIX,)
 PROPOSER_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
+# a proposer under weak bounds (no network, see proposers.refuse_weak_network): AF_UNIX only, whose buffers keep
+# wmem_default; a TCP socket's grow by themselves to tcp_wmem and tcp_rmem (7.5 MiB a loopback connection here)
+WEAK_PROPOSER_FAMILIES = (socket.AF_UNIX,)
 HOST_NET_FAMILIES = PROPOSER_FAMILIES + (socket.AF_NETLINK,)
 AF_LIMIT = 64  # above every family Linux has (46 in 6.x): a larger domain argument is refused whatever it is
 # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
@@ -57,17 +80,32 @@ CLONE_NAMESPACES = (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x2000
 
 
 @lru_cache(maxsize=8)
-def filter_program(no_fork=True, families=WORKER_FAMILIES):
+def filter_program(no_fork=True, families=WORKER_FAMILIES, weak=False):
     """A compiled seccomp filter. Every filter: DENIED_CALLS fail with EPERM, and so does a clone that asks for a
     namespace; socket() and socketpair() only for `families`. no_fork (harness workers, the python tool):
-    IPC_CALLS and NOTIFY_CALLS too, and fork, vfork and clone without CLONE_THREAD fail with EPERM; clone3 says
-    ENOSYS, so the C library falls back to clone and threads still start. (exec stays allowed: bwrap execs the
-    command under the filter, and an exec only replaces the one process, rlimits and all.)"""
+    IPC_CALLS and NOTIFY_CALLS too, setsockopt of BUFFER_OPTIONS, listen, sockets of a type other than
+    SOCK_STREAM, and fork, vfork and clone without CLONE_THREAD fail with EPERM; clone3 says ENOSYS, so the C library falls back to clone and threads still
+    start. (exec stays allowed: bwrap execs the command under the filter, and an exec only replaces the one
+    process, rlimits and all.) weak (a proposer where no cgroup counts its memory): IPC_CALLS, mmap with
+    MAP_SHARED, setsockopt of BUFFER_OPTIONS, listen and sockets other than SOCK_STREAM fail with EPERM."""
     try:
         import pyseccomp as seccomp
         rules = seccomp.SyscallFilter(seccomp.ALLOW)
-        for call in DENIED_CALLS + (IPC_CALLS + NOTIFY_CALLS if no_fork else ()):
+        for call in DENIED_CALLS + (IPC_CALLS + NOTIFY_CALLS if no_fork else IPC_CALLS if weak else ()):
             rules.add_rule(seccomp.ERRNO(errno.EPERM), call)
+        if no_fork or weak:
+            for option in BUFFER_OPTIONS:  # level and name are ints: the kernel reads the low 32 bits only
+                rules.add_rule(seccomp.ERRNO(errno.EPERM), "setsockopt",
+                               seccomp.Arg(1, seccomp.MASKED_EQ, INT_BITS, SOL_SOCKET),
+                               seccomp.Arg(2, seccomp.MASKED_EQ, INT_BITS, option))
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), "listen")
+            for call in ("socket", "socketpair") if socket.AF_UNIX in families else ():  # the type's low 4 bits
+                for kind in sorted(set(range(SOCK_TYPE_BITS + 1)) - {SOCK_STREAM}):  # (the rest: NONBLOCK, CLOEXEC)
+                    rules.add_rule(seccomp.ERRNO(errno.EPERM), call, seccomp.Arg(0, seccomp.EQ, socket.AF_UNIX),
+                                   seccomp.Arg(1, seccomp.MASKED_EQ, SOCK_TYPE_BITS, kind))
+        if weak:
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), "mmap", seccomp.Arg(3, seccomp.MASKED_EQ, MAP_SHARED,
+                                                                           MAP_SHARED))
         for call in ("socket", "socketpair"):  # one rule a refused family; the whole 64-bit argument is compared
             refuse = seccomp.ERRNO(errno.EAFNOSUPPORT)
             for family in sorted(set(range(AF_LIMIT)) - set(families)):
@@ -90,11 +128,12 @@ def filter_program(no_fork=True, families=WORKER_FAMILIES):
                                        f"the system's libseccomp2")) from None
 
 
-def no_fork_filter(no_fork=True, families=WORKER_FAMILIES):
+def no_fork_filter(no_fork=True, families=WORKER_FAMILIES, weak=False):
     """A fresh pipe's read end holding the filter, for wrap(seccomp_fd=...): bwrap reads it once at start.
     no_fork=False: the filter for proposers (DENIED_CALLS only; they may start processes). families: the socket
-    families it may open (WORKER_FAMILIES, TOOL_FAMILIES, PROPOSER_FAMILIES)."""
-    program = b"" if disabled() else filter_program(no_fork, tuple(families))
+    families it may open (WORKER_FAMILIES, TOOL_FAMILIES, PROPOSER_FAMILIES, WEAK_PROPOSER_FAMILIES). weak: a
+    proposer's filter where no cgroup counts its memory (filter_program)."""
+    program = b"" if disabled() else filter_program(no_fork, tuple(families), weak)
     r, w = os.pipe()
     os.write(w, program)  # a few hundred bytes: fits the pipe's buffer
     os.close(w)
