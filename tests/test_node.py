@@ -34,7 +34,7 @@ FAKE_SERVER = textwrap.dedent("""
 
 
 def dry_run(capsys, monkeypatch, argv, env=()):
-    for key in ("DOMAINS", "SEEDS", "ADAPTIVE", "NNODES", "NODE_RANK", "NODE_HEAD", "NODE_GPUS"):
+    for key in ("DOMAINS", "SEEDS", "ADAPTIVE", "NNODES", "NODE_RANK", "NODE_HEAD", "NODE_GPUS", "NODE_PORT"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env:
         monkeypatch.setenv(key, value)
