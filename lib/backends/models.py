@@ -127,6 +127,11 @@ def check_model(name):
     raise ValueError(f"--model {name}: not cached here and not fetched from the hub ({why[:200]}): {fix}")
 
 
+def model_folder(name):
+    """The folder or hub id --model `name` loads from (a server of it serves that name), without building it."""
+    return str(CACHE / BUILTIN[name]) if name in BUILTIN else name
+
+
 def model_path(name):
     """The folder or hub id to load --model `name` from; smoke, cpu and null are built into CACHE at the first call.
     Under torchrun it runs before the process group exists (lib/backends/ranks.start): with one, transformers'

@@ -285,7 +285,7 @@ def check_engine(args):
                          "or --backend hf") from None
         return f"vllm {getattr(vllm, '__version__', '?')} imports; {engine_kernels(args)}"
     served = models_at(args.openai_url, None, "--openai-url")
-    want = args.openai_model or args.model
+    want = args.openai_model or models.model_folder(args.model)  # the name the openai backend asks for (policy.py)
     if served and want not in served:
         raise Failed(f"the server at {args.openai_url} serves {served}, not {want}: pass --openai-model NAME (the "
                      "served base model) or serve --model there")
