@@ -85,12 +85,16 @@ def fresh_error_budget():
         rollout.INFRA_ERRORS.start_phase("the test")
 
 
+WEAK_BOUNDS_GIVEN = os.environ.get("WHALE_ALLOW_WEAK_BOUNDS")  # read once, before any test or fixture runs a CLI
+
+
 @pytest.fixture(autouse=True)
 def weak_bounds_switch_as_given(monkeypatch):
-    """A CLI a test runs in process sets WHALE_ALLOW_WEAK_BOUNDS for its process (sandbox.apply_args: `builtin` for
-    a run whose proposer writes no code): each test starts with the value the suite started with."""
+    """A CLI a test (or a module's fixture) runs in process sets WHALE_ALLOW_WEAK_BOUNDS for its process
+    (sandbox.apply_args: `builtin` for a run whose proposer writes no code): each test starts with the value the
+    suite started with."""
     name = "WHALE_ALLOW_WEAK_BOUNDS"
-    given = os.environ.get(name)
-    monkeypatch.setenv(name, given or "0")  # recorded, so the value is back as it was after the test
-    if given is None:
-        monkeypatch.delenv(name)
+    if WEAK_BOUNDS_GIVEN is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, WEAK_BOUNDS_GIVEN)
