@@ -138,7 +138,7 @@ run_domain() {  # run_domain SEED DOMAIN LOGS: the domain's methods in one proce
 }
 ARGS=("$@")
 
-# --- turns on the card (issue 69) ---
+# --- turns on the card ---
 # TURNS=1 (the default): a seed's domain processes start together and take turns on the one GPU, each holding it
 # (the lease WHALE_CARD, lib/run_folder/card.py) while it samples, trains or evaluates and giving it back while its
 # proposer writes, so the card never waits for a proposer; the rows of who held it when: results/<preset>/card.jsonl.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The night with turns on the card against one domain after another (issue 69), on this machine, back to back:
+# The night with turns on the card against one domain after another, on this machine, back to back:
 #
 #     bash scripts/turns_benchmark.sh                      # the cpu preset, searchqa and math, 60 s a proposer call
 #     PRESET=smoke WAIT=10 bash scripts/turns_benchmark.sh # a preview in minutes
