@@ -65,7 +65,7 @@ METHODS=$(python -c "import presets; print(*presets.table_methods())")
 ADAPTIVE_METHODS=$(python -c "import presets; print(*presets.table_methods('adaptive'))")
 case $PRESET in  # on the 2-core machine with the default DOMAINS (the measurements: README, docs/cpu-run/README.md)
   smoke) eta="about 2 min" ;;
-  cpu)   eta="about 21 min (measured idle with 2 torch threads)" ;;
+  cpu)   eta="about 19 min (measured idle with 2 torch threads)" ;;
   gpu)   eta="about 7.6 h on one 80 GB card with turns, 12.6 h with TURNS=0 (estimated: python scripts/memory_plan.py)" ;;
   paper) eta="GPU-days: hours per run (docs/gpu.md)" ;;
   *) echo "run_all.sh: unknown PRESET=$PRESET: choose smoke, cpu, gpu or paper" >&2; exit 2 ;;
