@@ -146,16 +146,22 @@ def test_the_server_is_stopped_when_node_py_is_terminated_or_killed(tmp_path):
         pids.unlink()
 
 
-@pytest.mark.parametrize("gpus", ["8", "1"])
-def test_run_all_hands_a_node_of_several_gpus_to_node_py(tmp_path, gpus):
-    """run_all.sh's node block: NODE_GPUS=8 execs scripts/node.py (seen here through a stand-in python that says
-    what it was asked); NODE_GPUS=1 goes on to run_all.sh's own preflight."""
+def stand_in_python(tmp_path):
+    """A folder whose `python` says what run_all.sh asked of node.py and stops at plan.py (exit 3), and runs the
+    rest with the suite's Python: the folder, for PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").write_text(f'#!/bin/sh\ncase "$1" in scripts/node.py) echo "node.py $*"; exit 0;; '
                                     f'plan.py) echo "plan.py"; exit 3;; esac\nexec {sys.executable} "$@"\n')
     (bin_dir / "python").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "VIRTUAL_ENV": "x", "PRESET": "paper",
+    return bin_dir
+
+
+@pytest.mark.parametrize("gpus", ["8", "1"])
+def test_run_all_hands_a_node_of_several_gpus_to_node_py(tmp_path, gpus):
+    """run_all.sh's node block: NODE_GPUS=8 execs scripts/node.py (seen here through a stand-in python that says
+    what it was asked); NODE_GPUS=1 goes on to run_all.sh's own preflight."""
+    env = {**os.environ, "PATH": f"{stand_in_python(tmp_path)}:{os.environ['PATH']}", "VIRTUAL_ENV": "x", "PRESET": "paper",
            "NODE_GPUS": gpus, "DOMAINS": "math"}
     done = subprocess.run(["bash", "run_all.sh", "--train-limit", "8"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
@@ -209,12 +215,7 @@ def test_the_cards_size_without_nvidia_smi_is_one_line_naming_card(monkeypatch):
 def test_run_all_hands_the_smoke_rehearsal_to_node_py_only_when_node_gpus_is_set(tmp_path, node_gpus):
     """SMOKE=1 NODE_GPUS=2 (scripts/node_rehearsal.sh) goes to node.py with --preset smoke; SMOKE=1 alone keeps
     run_all.sh's own night (its preflight, here a stand-in that stops it)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(f'#!/bin/sh\ncase "$1" in scripts/node.py) echo "node.py $*"; exit 0;; '
-                                    f'plan.py) echo "plan.py"; exit 3;; esac\nexec {sys.executable} "$@"\n')
-    (bin_dir / "python").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "VIRTUAL_ENV": "x", "SMOKE": "1",
+    env = {**os.environ, "PATH": f"{stand_in_python(tmp_path)}:{os.environ['PATH']}", "VIRTUAL_ENV": "x", "SMOKE": "1",
            "DOMAINS": "countdown"}
     env.pop("NODE_GPUS", None)
     if node_gpus:
