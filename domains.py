@@ -40,7 +40,6 @@ lib/paper/paper_data.py: the hub datasets (or local copies of them) in the bundl
 Wikipedia 2018 for search.
 """
 import argparse
-import json
 import os
 import random
 import re
@@ -52,6 +51,7 @@ from types import SimpleNamespace
 
 import chess
 
+from lib.common import json_files
 from lib.paper import paper_data
 from lib.paper.retriever import check_flags as check_retriever_flags, shared_retriever
 from lib.contract import check_harness_fits
@@ -70,17 +70,9 @@ def read_jsonl(name, required=()):
     path = os.path.join(DATA_DIR, name)
     if not os.path.exists(path):
         raise FileNotFoundError(f"missing data file {path}: {REBUILD_HINT}")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                row = None
-            if not isinstance(row, dict) or any(k not in row for k in required):
-                raise ValueError(f"corrupt data file {path} (line {lineno} is not a JSON object "
-                                 f"with keys {', '.join(required)}): {REBUILD_HINT}")
-            rows.append(row)
+    rows = json_files.read_jsonl(path, fix=REBUILD_HINT, required=required,
+                                 error="corrupt data file {path} (line {lineno} is not a JSON object with keys "
+                                       "{required}): {fix}")
     if not rows:
         raise ValueError(f"corrupt data file {path} (empty): {REBUILD_HINT}")
     return rows

@@ -173,7 +173,7 @@ def phase_stalled(best_series, before, patience, min_iters):
 # validation (before any rollout: the harness contract of lib/contract.py, then one smoke episode)
 # and scoring
 
-def validate(cand_dir, rows, backend, domain, tasks, cfg, policy_kw, run_episodes):
+def validate(cand_dir, rows, backend, domain, tasks, cfg, policy_kw):
     """Static checks, duplicate check, then one smoke episode; writes valid/reason in meta.json."""
     meta = read_json(cand_dir / "meta.json")
     path = cand_dir / "harness.py"
@@ -196,7 +196,7 @@ def validate(cand_dir, rows, backend, domain, tasks, cfg, policy_kw, run_episode
         reason = "too deeply nested: checking the code exceeded Python's recursion limit"
     if reason is None:
         try:
-            ep = run_episodes(domain, str(path), tasks[:1], backend, samples=1,
+            ep = rollout.run_episodes(domain, str(path), tasks[:1], backend, samples=1,
                               desc=f"smoke {cand_dir.name}", **policy_kw)[0]
             meta["smoke_rollouts"] = 1
             error = ep.get("error")
@@ -214,10 +214,10 @@ def error_tail(error, limit=300):
     return text if len(text) <= limit else "... " + text[-limit:]
 
 
-def score(cand_dir, backend, domain, tasks, cfg, policy_kw, evaluate):
+def score(cand_dir, backend, domain, tasks, cfg, policy_kw):
     traces = cand_dir / "traces.jsonl"
     traces.unlink(missing_ok=True)  # a scoring run killed midway starts over
-    stats = evaluate(domain, str(cand_dir / "harness.py"), tasks, backend, k=cfg.harness_samples,
+    stats = rollout.evaluate(domain, str(cand_dir / "harness.py"), tasks, backend, k=cfg.harness_samples,
                      traces_path=str(traces), desc=f"score {cand_dir.name}", **policy_kw)
     scores = {"score": stats["mean_at_k"], "mean_turns": stats["mean_turns"],
               "tokens": stats["tokens"], "rollouts": stats["rollouts"], "errors": stats["errors"],
@@ -227,7 +227,7 @@ def score(cand_dir, backend, domain, tasks, cfg, policy_kw, evaluate):
     return scores
 
 
-def check_without_model(run_dir, iteration, backend, domain, tasks, cfg, policy_kw, evaluate):
+def check_without_model(run_dir, iteration, backend, domain, tasks, cfg, policy_kw):
     """The candidate this round would accept, scored again on the harness set under the null model
     (NullModelBackend: '' to every call): what its own code earns, which is never the agent's. With --null-check
     refuse, one that earns more than its parent there plus --null-margin is refused (its reason in meta.json,
@@ -241,8 +241,8 @@ def check_without_model(run_dir, iteration, backend, domain, tasks, cfg, policy_
             return  # the incumbent stays, or the winner's score is kept
         names = {r["name"] for r in rows}
         parent = best["parent"] if best["parent"] in names else next(r["name"] for r in rows if r["parent"] is None)
-        own = null_score(run_dir / "candidates" / best["name"], null, domain, tasks, cfg, policy_kw, evaluate)
-        base = null_score(run_dir / "candidates" / parent, null, domain, tasks, cfg, policy_kw, evaluate)
+        own = null_score(run_dir / "candidates" / best["name"], null, domain, tasks, cfg, policy_kw)
+        base = null_score(run_dir / "candidates" / parent, null, domain, tasks, cfg, policy_kw)
         if cfg.null_check == "report" or own <= base + cfg.null_margin:
             return
         meta_path = run_dir / "candidates" / best["name"] / "meta.json"
@@ -253,12 +253,12 @@ def check_without_model(run_dir, iteration, backend, domain, tasks, cfg, policy_
         print(f"  {best['name']}: refused, {reason}")
 
 
-def null_score(cand_dir, null, domain, tasks, cfg, policy_kw, evaluate):
+def null_score(cand_dir, null, domain, tasks, cfg, policy_kw):
     """A candidate's harness-set mean@k under the null model, kept in its null_scores.json (the search's file: a
     proposer's work never reaches it)."""
     path = cand_dir / "null_scores.json"
     if not path.exists():
-        stats = evaluate(domain, str(cand_dir / "harness.py"), tasks, null, k=cfg.harness_samples,
+        stats = rollout.evaluate(domain, str(cand_dir / "harness.py"), tasks, null, k=cfg.harness_samples,
                          desc=f"{cand_dir.name} without the model", **policy_kw)
         write_json(path, {"score": stats["mean_at_k"], "tasks": len(tasks), "samples": cfg.harness_samples,
                           "scoring": scoring_rule(domain)})
@@ -322,9 +322,6 @@ def add_seed(run_dir, seed_harness):
     d = Path(run_dir) / "candidates" / "h0"
     if (d / "meta.json").exists():
         return
-    if not Path(seed_harness).is_file():
-        raise FileNotFoundError(f"seed harness {seed_harness} not found: pass the path of a "
-                                "harness file")
     d.mkdir(parents=True, exist_ok=True)
     shutil.copy(seed_harness, d / "harness.py")
     write_json(d / "meta.json", {"parent": None, "hypothesis": "the seed harness",
@@ -369,36 +366,32 @@ def check_proposer(cfg):
         refuse_weak_network(cfg)  # no cgroup: a proposer with a network has no bound on its TCP buffers
 
 
-def check_and_score(run_dir, name, backend, domain, tasks, cfg, policy_kw, run_episodes, evaluate):
-    """Validate a proposed candidate (once, by a smoke episode of run_episodes), then score it when
-    valid (once, by evaluate)."""
+def check_and_score(run_dir, name, backend, domain, tasks, cfg, policy_kw):
+    """Validate a proposed candidate (once, by a smoke episode), then score it when valid (once)."""
     d = run_dir / "candidates" / name
     meta = read_json(d / "meta.json")
     if meta["valid"] is None:
-        meta = validate(d, candidate_rows(run_dir), backend, domain, tasks, cfg, policy_kw,
-                        run_episodes)
+        meta = validate(d, candidate_rows(run_dir), backend, domain, tasks, cfg, policy_kw)
     if meta["valid"] and not (d / "scores.json").exists():
-        s = score(d, backend, domain, tasks, cfg, policy_kw, evaluate)
+        s = score(d, backend, domain, tasks, cfg, policy_kw)
         print(f"  {name}: score {s['score']:.4f}, mean turns {s['mean_turns']:.2f}  "
               f"({meta['changed']})")
     elif not meta["valid"]:
         print(f"  {name}: rejected, {meta['reason']}")
 
 
-def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, run_episodes=None, evaluate=None,
-           card=NO_TURNS):
-    """Meta-Harness under fixed weights, `rounds` proposer rounds (an archive that holds some already
-    replays them). stop: (rounds before, patience, min rounds) ends the search early (phase_stalled), None never.
-    cfg: a cli.SearchConfig. run_episodes and evaluate run a candidate's smoke episode and score it
-    (rollout's unless given others). card: the lease on the GPU (lib/run_folder/card.py), given back while the
-    proposer writes. -> {"winner", "score", "rollouts", "rounds" (those the archive holds now),
-    "best_series", "proposer"}"""
-    run_episodes, evaluate = run_episodes or rollout.run_episodes, evaluate or rollout.evaluate
-    check_proposer(cfg)
+def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, card=NO_TURNS, store=None, key=None):
+    """Meta-Harness under fixed weights, `rounds` proposer rounds (an archive that holds some already goes through
+    them again without a proposer call or a score: write_index as of each, and the stop rule). stop: (rounds before,
+    patience, min rounds) ends the search early (phase_stalled), None never. cfg: a cli.SearchConfig. card: the lease
+    on the GPU (lib/run_folder/card.py), given back while the proposer writes. store, key: whale.py's store, where the
+    archive is put after the seed's score and after every round it did not hold yet (a killed run goes on from
+    there). -> {"winner", "score", "rollouts", "rounds" (those the archive holds now), "best_series", "proposer"}"""
     run_dir = Path(run_dir)
     (run_dir / "candidates").mkdir(parents=True, exist_ok=True)
     tasks, M = harness_tasks(domain, cfg), cfg.candidates
     kw = policy_kwargs(cfg)
+    held = read_json(run_dir / "frontier.json", {"iterations": -1})["iterations"]  # the rounds it holds already
     print(f"meta-harness: {domain.name}, {len(tasks)} harness tasks x {cfg.harness_samples} "
           f"samples, proposer {cfg.proposer}; budget: {rounds} rounds x {M} = "
           f"{rounds * M} proposals, at most "
@@ -407,17 +400,21 @@ def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, run_ep
     check_setup(run_dir, domain, tasks, cfg)
     add_seed(run_dir, seed_harness)
     if not (run_dir / "candidates" / "h0" / "scores.json").exists():
-        score(run_dir / "candidates" / "h0", policy, domain, tasks, cfg, kw, evaluate)
+        score(run_dir / "candidates" / "h0", policy, domain, tasks, cfg, kw)
     rows, frontier = write_index(run_dir, 0)
+    if store is not None and held < 0:
+        store.put("search", key, run_dir, about={"rounds": 0, "candidates": M})
     done = failures = 0
     for it in range(1, rounds + 1):
         names = [f"h{it}_{j}" for j in range(1, M + 1)]
         with card.away(policy):  # the proposer needs no card: another process's turn on it, this engine asleep
             failures = propose_iteration(run_dir, names, rows, it, domain, cfg, failures)  # propose
         for name in names:  # validate, score
-            check_and_score(run_dir, name, policy, domain, tasks, cfg, kw, run_episodes, evaluate)
-        check_without_model(run_dir, it, policy, domain, tasks, cfg, kw, evaluate)
+            check_and_score(run_dir, name, policy, domain, tasks, cfg, kw)
+        check_without_model(run_dir, it, policy, domain, tasks, cfg, kw)
         rows, frontier = write_index(run_dir, it)  # accept: the archive best
+        if store is not None and it > held:
+            store.put("search", key, run_dir, about={"rounds": it, "candidates": M})
         done = it
         print(f"iteration {it}: best {frontier['best']} = {frontier['score']:.4f}, series "
               f"{frontier['best_series']}")

@@ -29,10 +29,10 @@ Each rollout step (RSFT.step) is sample, filter, update:
 The filter is RSFT's weigh (which episodes a step trains on, each one's weight in the loss): another weight
 algorithm is a subclass that overrides it, registered in WEIGHT_STEPS and named by a method row or --weight-step
 (README "Adding a weight algorithm").
-After every step the trainer checkpoints (adapter, optimizer, scheduler, sampler, RNG, counters)
-atomically to OUT/ckpt, rewrites OUT/metrics.jsonl and has the policy serve the new adapter;
-rerunning the same command resumes after the last finished step. The update's speed against a bare
-HF loop: scripts/bench_rft.py.
+After every step the trainer saves itself (adapter, optimizer, scheduler, sampler, RNG, counters) to OUT/ckpt and
+the policy serves the new adapter; the step's checkpoint and the rows so far go into the run's store (OUT/store,
+lib/run_folder/store.py), the one place a rerun of the same command resumes from, after the last finished step.
+OUT/metrics.jsonl holds the rows for a reader. The update's speed against a bare HF loop: scripts/bench_rft.py.
 """
 import gc
 import json
@@ -50,14 +50,14 @@ import rollout
 from lib.backends import ranks
 from lib.backends.models import load_model, shared_prefix
 from lib.backends.policy import add_backend_args, add_lora, load_lora, load_policy
-from lib.cli import Parser, check_out, conflicting_flags, inputs_of, one_line_errors, rsft_config
+from lib.cli import Parser, check_out, config_hash, conflicting_flags, inputs_of, one_line_errors, rsft_config
 from lib.common.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, probability, seed_int
 from lib.common.json_files import read_json, sha256, write_json, write_jsonl
 from lib.episodes import sandbox
 from lib.episodes.runner import scoring_rule
 from lib.rules import SUCCESS
-from lib.run_folder.files import (CHECKPOINT_FILES, adapter_id, check_checkpoint, check_checkpoint_model, copy_tree,
-                                  resolved_path, stored_path, swap_link)
+from lib.run_folder.files import CHECKPOINT_FILES, adapter_id, copy_tree, file_sha
+from lib.run_folder.store import Store, about
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, parse_with_preset
 
@@ -250,72 +250,58 @@ def check_batch(batch, n_train, domain_name):
 # checkpoint
 
 class RSFT:
-    """trainer = RSFT(config, policy, domain, out_dir); row = trainer.step(harness_path). Resumes from
-    out_dir/ckpt. config: a cli.RSFTConfig.
+    """trainer = RSFT(config, policy, domain, folder, train, checkpoint); row = trainer.step(harness_path).
+    config: a cli.RSFTConfig.
+
+    The trainer owns the policy's adapter: a fresh LoRA from the seed, or the one of `checkpoint` (a folder save()
+    wrote: a store item, copied into `folder` first), with its optimizer, sampler, RNG and counters. After every step
+    it saves itself into `folder` and the engine serves that adapter; whoever runs the steps stores the folder
+    (whale.weight_phase, rft.train_cli), and a killed run starts again from the store's last step, never from a file of
+    its own folder.
 
     The weight step: RSFT trains on its successful episodes (weigh), each with weight 1. Another weight
     algorithm is a subclass that overrides weigh (which episodes it trains on, each one's weight in the loss),
     registered in WEIGHT_STEPS below under the name a method row gives (README "Adding a weight algorithm")."""
 
-    def __init__(self, cfg, policy, domain, out_dir, train=None, run_dir=None, run_episodes=None):
-        self.cfg, self.policy, self.domain, self.out_dir = cfg, policy, domain, Path(out_dir)
-        # the history's harness paths inside it are stored relative to it
-        self.run_dir = Path(run_dir or out_dir)
-        self.run_episodes = run_episodes or rollout.run_episodes
-        self.train = train if train is not None else domain.load("train")
+    def __init__(self, cfg, policy, domain, folder, train, checkpoint=None):
+        self.cfg, self.policy, self.domain, self.folder, self.train = cfg, policy, domain, Path(folder), train
         if cfg.group < 1:
             raise ValueError(f"--group {cfg.group}: G must be >= 1 rollout per prompt")
-        check_batch(cfg.batch, len(self.train), domain.name)
-        if policy.has_adapter:
-            raise ValueError("the policy already has an adapter: give RSFT the base model")
-        check_checkpoint(self.out_dir)
-        check_checkpoint_model(self.out_dir, cfg.model)
-        ranks.check_checkpoint(self.out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        ckpt = self.out_dir / "ckpt"
-        resume = ckpt.exists()
-        check_checkpoint_step(self.out_dir, cfg.weight_step)
-        if resume:
-            state = json.loads((ckpt / "state.json").read_text())
-            policy.load_adapter(ckpt / "adapter")
-            # the step rows as the checkpoint has them: a kill between its switch and metrics.jsonl's rewrite
-            # (switch_checkpoint) left the file a row short
-            write_jsonl(self.out_dir / "metrics.jsonl", state["history"])
-        else:
-            state = {"step": 0, "rollouts": 0, "sampler": {}, "history": []}
+        check_batch(cfg.batch, len(train), domain.name)
+        policy.to_base()  # the adapter of a trainer before this one goes
+        state = {"step": 0, "rollouts": 0, "sampler": {}, "weights": "base"}
+        if checkpoint is None:
             torch.manual_seed(cfg.seed)  # the LoRA init
             policy.add_adapter(cfg)
+        else:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            copy_tree(checkpoint, self.folder)
+            (self.folder / "key.json").unlink(missing_ok=True)  # the store's record, not the trainer's
+            state = read_json(self.folder / "state.json")
+            policy.load_adapter(self.folder / "adapter")
         model = policy.model
         if cfg.grad_checkpointing:
             model.get_base_model().gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         model.eval()  # sampling mode; sft_update switches to train mode and back
-        if resume:  # the engine serves the checkpoint's adapter (canary checked) before any rollout
-            policy.serve_adapter(ckpt / "adapter")
         self.optimizer, self.scheduler = new_optimizer(model, cfg)
-        self.sampler = EpochSampler(len(self.train), cfg.seed, **state["sampler"])
+        self.sampler = EpochSampler(len(train), cfg.seed, **state["sampler"])
         self.step_count, self.rollouts = state["step"], state["rollouts"]
-        self.history = state["history"]
-        if resume:
-            set_rng_state(load_optimizer(ckpt, self.optimizer, self.scheduler))
+        # the weights' id, for the store's keys: "base" until a step updates the adapter (a fresh LoRA's B is zero)
+        self.weights_id = state["weights"]
+        if checkpoint is not None:
+            set_rng_state(load_optimizer(self.folder, self.optimizer, self.scheduler))
+            policy.serve_adapter(self.folder / "adapter")  # the engine serves it (canary checked) before any rollout
         # torchrun: the other ranks build the same trainer (rft.follow), from the same checkpoint
-        ranks.tell("trainer", (cfg, str(ckpt.resolve()) if resume else None))
+        ranks.tell("trainer", (cfg, str(self.folder.resolve()) if checkpoint is not None else None))
         ranks.same_weights(trainable(model))
 
     @property
     def epoch_progress(self):
         return self.sampler.epochs
 
-    @property
-    def weights_id(self):
-        """The weights, for the evaluation cache: the base model (also an adapter no step updated: a
-        fresh LoRA's B is zero), or the content of the current adapter."""
-        if all(row["skipped"] for row in self.history):
-            return "base"
-        return adapter_id(self.out_dir / "ckpt" / "adapter")
-
     def step(self, harness_path):
-        """One rollout step: sample, filter, update; then checkpoint and serve the new weights. -> the metrics row."""
+        """One rollout step: sample, filter, update; then save and serve the new weights. -> the step's row"""
         tasks = [self.train[i] for i in self.sampler.take(self.cfg.batch)]
         t0 = time.time()
         episodes = self.sample(tasks, harness_path)
@@ -346,16 +332,15 @@ class RSFT:
             "lr": lr,
             "sample_s": round(t1 - t0, 2),
             "train_s": round(t2 - t1, 2),
-            "harness": stored_path(harness_path, self.run_dir),
+            "harness": file_sha(harness_path),  # its content: the row reads the same in every run that took it
         }
-        self.history.append(row)
-        self.save()
-        self.policy.serve_adapter(self.out_dir / "ckpt" / "adapter")
+        self.save(updated=bool(examples))
+        self.policy.serve_adapter(self.folder / "adapter")
         return row
 
     def sample(self, tasks, harness_path):
         """G episodes per task under the harness, each seeded by (seed, step), so a resumed step samples the same."""
-        return self.run_episodes(
+        return rollout.run_episodes(
             self.domain, str(harness_path), tasks, self.policy, samples=self.cfg.group,
             **self.cfg.sampling.kwargs(), seed=self.cfg.seed * 1_000_003 + self.step_count,
             desc=f"rft step {self.step_count + 1} rollouts")
@@ -382,63 +367,33 @@ class RSFT:
         hand_back_memory()  # before the engine wakes (serve_adapter, or the next generate)
         return losses
 
-    def save(self):
-        """Write the checkpoint into a temporary folder, rename it ckpt-<step>, then switch to it, so a kill at any
-        moment leaves the previous or the new checkpoint, never a broken one (a cut ckpt-<step>.tmp is never read)."""
-        folder = self.out_dir / f"ckpt-{self.step_count:06d}"
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.policy.save_adapter(tmp / "adapter")
+    def save(self, updated):
+        """The trainer into `folder`: adapter, optimizer and scheduler with the RNG, and state.json (the counters, the
+        sampler, the weights' id, the sha256 of the two large files, which the store checks again at every find).
+        updated: whether this step changed the adapter (else the weights keep their id: "base" stays "base")."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.policy.save_adapter(self.folder / "adapter")
+        if updated:
+            self.weights_id = adapter_id(self.folder / "adapter")
         torch.save({"optimizer": self.optimizer.state_dict(),
                     "scheduler": self.scheduler.state_dict(), "rng": get_rng_state()},
-                    tmp / "optimizer.pt")
+                   self.folder / "optimizer.pt")
         state = {"model": self.cfg.model, "weight_step": self.cfg.weight_step, "step": self.step_count,
-                 "rollouts": self.rollouts, "sampler": self.sampler.state_dict(), "history": self.history,
-                 "ranks": ranks.count()}  # a resume with another count is refused (ranks.check_checkpoint)
-        # what a resume checks
-        state["sha256"] = {name: sha256(tmp / name) for name in CHECKPOINT_FILES}
-        (tmp / "state.json").write_text(json.dumps(state))
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
-        switch_checkpoint(self.out_dir, folder, self.history)
-        for old in self.out_dir.glob("ckpt-*"):
-            if old != folder:
-                shutil.rmtree(old, ignore_errors=True)
+                 "rollouts": self.rollouts, "sampler": self.sampler.state_dict(), "weights": self.weights_id,
+                 "ranks": ranks.count(),
+                 "sha256": {name: sha256(self.folder / name) for name in CHECKPOINT_FILES}}
+        write_json(self.folder / "state.json", state)
 
-    def adopt(self, item, run):
-        """Make the checkpoint folder `item` (the store's, made by the run folder `run`) this run's, as if its steps
-        had run here. -> a trainer on it."""
-        state = read_json(item / "state.json")
-        folder = self.out_dir / f"ckpt-{state['step']:06d}"
-        shutil.rmtree(folder, ignore_errors=True)
-        copy_tree(item, folder)
-        # the steps before the phase are this run's own (weights still "base" after steps that trained nothing
-        # are the same whichever harness sampled them); the phase's steps name harness files in the run that made
-        # them: they stay that run's files here
-        taken = [row for row in state["history"] if row["step"] > self.step_count]
-        for row in taken:
-            row["harness"] = stored_path(resolved_path(row["harness"], run), self.run_dir)
-        state["history"] = self.history + taken
-        write_json(folder / "state.json", state)
-        switch_checkpoint(self.out_dir, folder, state["history"])
-        # the new trainer loads the checkpoint's adapter onto the base model
-        self.policy.drop_adapter()
-        return type(self)(self.cfg, self.policy, self.domain, self.out_dir, train=self.train,
-                          run_dir=self.run_dir, run_episodes=self.run_episodes)
+
+class NoSteps:
+    """The trainer of a run whose method makes no weight step (harness-only): the base weights, step 0, no rollouts."""
+    step_count = rollouts = 0
+    weights_id = "base"
 
 
 # The weight steps a method row may name (lib/methods.Method.weight_step): name -> a class with RSFT's interface.
 # A new weight algorithm is a subclass of RSFT registered here (README "Adding a weight algorithm").
 WEIGHT_STEPS = {"rsft": RSFT}
-
-
-def check_checkpoint_step(out_dir, weight_step):
-    """A checkpoint resumes only under the weight step that trained it (one saved before weight steps: RSFT's)."""
-    ckpt = Path(out_dir, "ckpt")
-    trained = read_json(ckpt / "state.json", {}).get("weight_step", "rsft") if ckpt.exists() else weight_step
-    if trained != weight_step:
-        raise ValueError(f"{ckpt} was trained by weight step {trained}, not {weight_step}: resume it with "
-                         f"--weight-step {trained}, or start over in a fresh --out")
 
 
 def check_weight_step(name, method=None):
@@ -508,13 +463,6 @@ def examples_of(episode):
     return [(c["prompt_ids"], c["completion_ids"]) for c in episode["calls"] if c["completion_ids"]]
 
 
-def switch_checkpoint(out_dir, folder, history):
-    """`ckpt` -> folder in one atomic rename, then metrics.jsonl rewritten from its history, so a
-    kill between the two writes never loses or repeats a row."""
-    swap_link(Path(out_dir) / "ckpt", Path(folder).name)
-    write_jsonl(Path(out_dir) / "metrics.jsonl", history)
-
-
 def get_rng_state():
     return {"torch": torch.get_rng_state(), "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
@@ -538,7 +486,7 @@ def main(argv=None):
     p.add_argument("--domain", choices=list(domains.DOMAINS))
     p.add_argument("--harness", help="the harness file the rollouts run under")
     p.add_argument("--model", default="smoke", help="smoke | cpu | null (replies '' to every call) | hub id | local path")
-    p.add_argument("--out", help="run folder: config.json, metrics.jsonl, ckpt/, summary.json")
+    p.add_argument("--out", help="run folder: config.json, metrics.jsonl, ckpt/, store/, summary.json")
     p.add_argument("--steps", type=positive_int, default=10,
                    help="rollout steps in all (a rerun resumes)")
     p.add_argument("--seed", type=seed_int, default=0)
@@ -585,51 +533,54 @@ def preflight(args, domains=None):
 
 
 def train_cli(args):
-    """rft.py's run: every check before the model loads (the first thing to hear about is a bad
-    input or a damaged run folder), then RSFT steps until --steps or the early stop."""
+    """rft.py's run: every check before the model loads (the first thing to hear about is a bad input), then RSFT
+    steps until --steps or the early stop. Its progress lives in a store in the run folder (OUT/store): the
+    checkpoint after every step under the key of the run's settings, harness and rank count, found again by a
+    rerun, which goes on from it (another --steps goes on from the same steps)."""
     import domains
     rollout.apply_args(args)  # first: --threads auto's choice is the run's first line
     sandbox.apply_args(args)
     check_out(args.out)
-    check_checkpoint(args.out)
-    check_checkpoint_model(args.out, args.model)
     ranks.check_launch(args.backend)
-    ranks.check_checkpoint(args.out)
     domain, train = domains.check_inputs(args, "train")
     if args.train_limit:  # as whale.py draws its prompts
         train = seeded_sample(train, args.train_limit)
     check_batch(args.batch, len(train), domain.name)
     check_weight_step(args.weight_step)
-    check_checkpoint_step(args.out, args.weight_step)
     preflight(args, domains)
     cfg = rsft_config(args, inputs_of(args, domains.data_flags()))
-    trainer = WEIGHT_STEPS[cfg.weight_step](cfg, load_policy(args), domain, args.out, train=train)
-    with open(os.path.join(args.out, "config.json"), "w") as f:
-        json.dump(vars(args), f, indent=1)
+    store = Store(Path(args.out, "store"))
+    key = {"config": config_hash(cfg), "harness": file_sha(args.harness), "ranks": ranks.count()}
+    item = store.find("weights", key)
+    rows = about(item)["rows"] if item else []
+    trainer = WEIGHT_STEPS[cfg.weight_step](cfg, load_policy(args), domain, Path(args.out, "ckpt"), train, item)
+    write_json(Path(args.out, "config.json"), vars(args))
 
-    rewards = [r["reward"] for r in trainer.history]
+    rewards = [r["reward"] for r in rows]
     n = args.stop_patience
     bar = tqdm(total=args.steps, initial=trainer.step_count, desc="rft steps")
-    while trainer.step_count < args.steps and not (n
-                                                   and should_stop_weight_phase(rewards, n, n, n)):
+    while trainer.step_count < args.steps and not (n and should_stop_weight_phase(rewards, n, n, n)):
         row = trainer.step(args.harness)
+        rows.append(row)
+        store.put("weights", key, trainer.folder, about={"rows": rows})
+        write_jsonl(Path(args.out, "metrics.jsonl"), rows)  # the steps so far, for a reader (the store is the truth)
         rewards.append(row["reward"])
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward']:.3f}", accept=f"{row['accept_rate']:.2f}",
                         loss="skip" if row["skipped"] else f"{row['loss']:.3f}",
                         rollouts=row["rollouts"])
     bar.close()
+    write_jsonl(Path(args.out, "metrics.jsonl"), rows)
     summary = {"steps": trainer.step_count, "rollouts": trainer.rollouts,
                "epochs": trainer.epoch_progress, "rewards": rewards,
                "first_reward": rewards[0] if rewards else None,
                "last_reward": rewards[-1] if rewards else None,
                "stopped_early": trainer.step_count < args.steps,
-               "seconds": sum(r["sample_s"] + r["train_s"] for r in trainer.history),
+               "seconds": sum(r["sample_s"] + r["train_s"] for r in rows),
                "adapter": os.path.join(args.out, "ckpt", "adapter"), "verifier": domain.verifier(),
                "scoring": scoring_rule(domain),
                "trainer_ranks": ranks.count()}
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    write_json(Path(args.out, "summary.json"), summary)
     print(json.dumps({k: v for k, v in summary.items() if k != "rewards"}))
 
 

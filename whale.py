@@ -15,13 +15,17 @@ sequence of phases, each followed by a mean@k evaluation on the test split:
                    row names: rft.WEIGHT_STEPS)
     harness phase  Meta-Harness rounds (meta_harness.py) under the current weights; its winner goes on
 
-run() below is the whole loop, top to bottom. The methods and their budget rules are one table, lib/methods.py;
-the budget algebra and the adaptive schedule: docs/design.md section 2; `python plan.py` (whale.py's flags)
-prints a run's phases, steps, rounds and rollouts, no model loaded. Several methods in one command run one
-after another in one process. No method and no later command on the same domain, preset and seed computes a phase
-or a test evaluation twice: each is taken from the store beside the run folders (lib/run_folder/store.py) when it
-was made before from the same inputs. Rerunning the same command resumes (a run's rows, lib/run_folder/ledger.py;
-what a folder holds: docs/design.md section 8, the store and its keys: section 9).
+run() below is the whole loop, top to bottom; the phases follow it, the command line is at the bottom. The methods
+and their budget rules are one table, lib/methods.py; the budget algebra and the adaptive schedule: docs/design.md
+section 2; `python plan.py` (whale.py's flags) prints a run's phases, steps, rounds and rollouts, no model loaded.
+Several methods in one command run one after another in one process.
+
+A run's progress lives in two places: its rows (metrics.jsonl, one per finished phase: lib/run_folder/ledger.py)
+and the store beside the run folders (lib/run_folder/store.py), which keeps every RSFT step's checkpoint, every
+search round's archive and every test evaluation under the key of exactly what made it. Every phase looks its work
+up there before it does any, so no method and no later command on the same domain, preset and seed computes a step,
+a round or an evaluation twice, and a killed run, rerun with the same command, goes on from its rows and the store
+alone, redoing at most the step, round or evaluation it was in (docs/design.md sections 8 and 9).
 """
 import argparse
 import json
@@ -44,7 +48,7 @@ from lib.backends.hf_backend import NullModelBackend
 from lib.backends.policy import add_backend_args, load_policy
 from lib.cli import Parser, check_out, config_hash, conflicting_flags, one_line_errors, run_config
 from lib.common.argtypes import nonnegative_int, positive_float, positive_int, seed_int
-from lib.common.json_files import read_json, write_json
+from lib.common.json_files import read_json, write_json, write_jsonl
 from lib.episodes import sandbox, switches
 from lib.episodes.runner import scoring_rule
 from lib.methods import next_phase
@@ -53,10 +57,318 @@ from lib.run_folder import report_to
 from lib.run_folder.card import Card
 from lib.run_folder.files import copy_file, copy_tree, file_sha, stored_path
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
-from lib.run_folder.store import Store, about, code_sha, only_command
+from lib.run_folder.store import Store, about, only_command
 from lib.subsets import seeded_sample
 from presets import PRESETS, parse_with_preset
 
+
+# -----------------------------------------------------------------------------
+# the run: phase after phase, each followed by a test evaluation
+
+def run(cfg, domain, policy, card, store):
+    """One method's run, as the method reads: h0's test evaluation, then phase after phase by the method table
+    (lib/methods.next_phase), each followed by its test evaluation and its row. weight_phase, harness_phase and
+    test_evaluation each look their work up in the store (what any run on this domain, preset and seed made from the
+    same inputs, this run before a kill included) and store what they make, a step, a round or an evaluation at a
+    time. A rerun copies back from the store what its finished rows name and its folder lacks (restore), and enters
+    the phase it was in again, which goes on from the store. card: the lease on the GPU this process holds
+    (lib/run_folder/card.py), given back while a search's proposer writes."""
+    train = seeded_sample(domain.load("train"), cfg.rsft.train_limit)
+    steps, rounds = budgets(cfg, len(train))
+    ledger = Ledger(cfg.out, cfg.harness)
+    ledger.log_start(steps, rounds, unconfined=switches.disabled())
+    if ledger.unconfined:  # its harness and proposer code ran unconfined: what they made stays in the run's folder
+        store = Store(Path(cfg.out, "store"), store.code)
+        print(f"store: {store.root}, this run's own (a start under --unsafe-no-sandbox); the shared one is neither "
+              "read nor written")
+    restore(store, ledger)
+    trainer = start_trainer(cfg, store, ledger, policy, domain, train) if steps else rft.NoSteps()
+    errors = rollout.INFRA_ERRORS  # the infrastructure-error budget: counted per phase, its counts in every row
+    card.method = method_name(cfg)  # what the lease's rows say this process holds it for
+
+    if not ledger.rows:  # phase 0: h0 under the base weights
+        errors.start_phase("phase 0 (start)")
+        card.phase = "0 start"
+        stats, key = test_evaluation(store, cfg, policy, domain, "phase_0", "base", ledger.harness)
+        ledger.log_phase({"kind": "start", "step": 0, "weights": "base", "rollouts": 0, "stored": {"evaluation": key},
+                          **stats, **errors.counts()})
+
+    while kind := next_phase(cfg.method, ledger.last_kind, steps - ledger.step, rounds - ledger.rounds):
+        i = ledger.phase + 1
+        errors.start_phase(f"phase {i} ({kind})")
+        card.phase = f"{i} {kind}"
+        started = time.time()
+        if kind == "weight":  # RSFT steps under the current harness, until the schedule ends the phase
+            trainer, row = weight_phase(cfg, store, ledger, trainer, len(train), steps)
+            harness = ledger.harness
+        else:  # Meta-Harness rounds from the current harness under the current weights; its winner goes on
+            harness, row = harness_phase(cfg, store, ledger, policy, domain, trainer.weights_id, rounds, card)
+        rounds_done = ledger.rounds + row.get("rounds", 0)
+
+        # the phase's end: its test evaluation (--test-evals ends: the last phase's only), then its row
+        stats = NOT_EVALUATED
+        if cfg.test_evals == "every" or not next_phase(cfg.method, kind, steps - trainer.step_count,
+                                                       rounds - rounds_done):
+            stats, row["stored"]["evaluation"] = test_evaluation(store, cfg, policy, domain, f"phase_{i}",
+                                                                 trainer.weights_id, harness)
+        rollouts = trainer.rollouts + ledger.harness_rollouts(row)  # test rollouts not counted
+        ledger.log_phase({"kind": kind, "step": trainer.step_count, "weights": trainer.weights_id,
+                          "rollouts": rollouts, "seconds": time.time() - started, **row, **stats, **errors.counts()})
+        score = "not evaluated (--test-evals ends)" if stats is NOT_EVALUATED else f"{stats['mean_at_k']:.4f}"
+        print(f"phase {i} {kind}: test mean@{stats.get('k', '-')} = {score}, {step_name(cfg.rsft.weight_step)} steps "
+              f"{trainer.step_count}/{steps}, harness rounds {rounds_done}/{rounds}, rollouts {rollouts}")
+
+    summary = ledger.write_summary({"domain": cfg.domain, "method": method_name(cfg), "preset": cfg.preset,
+                                    "model": cfg.model, "k": cfg.k, "verifier": domain.verifier(),
+                                    "scoring": scoring_rule(domain), "trainer_ranks": ranks.count()})
+    null = summary["final_null_mean_at_k"]
+    print(f"best mean@{cfg.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} "
+          f"rollouts; final {summary['final_mean_at_k']:.4f}"
+          + ("" if null is None else f"; the final harness without the model {null:.4f}")
+          + f" (scored on {summary['scoring']})")
+
+
+# -----------------------------------------------------------------------------
+# the phases: each looks its work up in the store, else does it and stores it
+
+def weight_phase(cfg, store, ledger, trainer, n_train, steps):
+    """Weight steps under the current harness until the schedule ends the phase, the checkpoint stored after every
+    step under the phase's key (the weights and step it starts from, the harness's content, the settings with the
+    weight step, the trainer's rank count, which changes the update's float sums). The store's item of this very
+    phase, whole or as far as a killed run took it, is taken: its steps are not run again. -> (the trainer, the
+    row's detail)"""
+    harness, start = ledger.harness, ledger.step
+    rule = weight_rule(cfg, n_train, steps - start)
+    key = store.full_key({"weights": ledger.weights, "step": start, "harness": file_sha(harness),
+                          "config": config_hash({"rsft": cfg.rsft, "rule": rule}), "ranks": ranks.count()})
+    item = store.find("weights", key)
+    rows = about(item)["rows"] if item is not None else []
+    if item is not None:  # this phase was run before, in this run or another: its weights after those steps
+        trainer = type(trainer)(cfg.rsft, trainer.policy, trainer.domain, trainer.folder, trainer.train, item)
+        print(f"weights: {step_name(cfg.rsft.weight_step)} steps {start + 1}-{trainer.step_count} taken from the "
+              f"store ({item})")
+    while not rft.weight_phase_over([row["reward"] for row in rows], **rule):
+        rows.append(trainer.step(harness))
+        store.put("weights", key, trainer.folder, about={"run": os.path.abspath(cfg.out), "rows": rows})
+        write_step_rows(cfg.out, ledger.step_rows + rows)
+    return trainer, {"steps": len(rows), "epoch": trainer.epoch_progress, "step_rows": rows,
+                     "stored": {"weights": key}}
+
+
+def harness_phase(cfg, store, ledger, policy, domain, weights, rounds, card):
+    """Meta-Harness rounds from the current harness under the current weights, its archive stored after every round
+    under the search's key (the weights, the seed harness's content, the search settings). The store's archive of the
+    same search, made by any run or by this one before a kill, is copied into the run folder and its rounds are not
+    run again. Weights unchanged since the last search continue its archive (ledger.archive_for). The search gives
+    the card back while its proposer writes (card.away). -> (its winner, the row's detail)"""
+    archive, before, key = ledger.archive_for(weights)
+    if key is None:  # a new archive, seeded with the run's harness
+        key = store.full_key({"weights": weights, "seed": file_sha(ledger.harness), "config": config_hash(cfg.search)})
+    folder = Path(cfg.out, archive)
+    shutil.rmtree(folder, ignore_errors=True)  # what a killed round left: the store holds every finished round
+    item = stored(store, "search", key, cfg.out) if before else store.find("search", key)
+    if item is not None:
+        copy_item(item, folder)
+        print(f"harness phase: {about(item)['rounds']} rounds of this search taken from the store ({item})")
+    cap = before + min(harness_phase_cap(cfg), rounds - ledger.rounds)
+    result = meta_harness.search(policy, domain, ledger.harness, str(folder), cfg.search, cap,
+                                 stop=harness_stop(cfg, before), card=card, store=store, key=key)
+    return result["winner"], {"rounds": result["rounds"] - before, "archive": archive,
+                              "archive_rounds": result["rounds"], "archive_rollouts": result["rollouts"],
+                              "harness_score": result["score"],
+                              "winner": stored_path(result["winner"], cfg.out), "stored": {"search": key}}
+
+
+def test_evaluation(store, cfg, policy, domain, tag, weights, harness):
+    """evals/<tag>.json and its traces: the store's evaluation of the same weights, harness content and test
+    settings, else evaluated here (evaluate_test; one killed midway starts over) and stored. -> (its stats, its key)"""
+    key = store.full_key({"weights": weights, "harness": file_sha(harness), "config": config_hash(cfg.test)})
+    path = Path(cfg.out, "evals", f"{tag}.json")
+    traces = path.with_name(f"{tag}.traces.jsonl")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    item = store.find("evaluation", key)
+    if item is None:
+        traces.unlink(missing_ok=True)
+        write_json(path, {"key": key, **evaluate_test(policy, domain, harness, cfg.test, traces)})
+        store.put("evaluation", key, {"evaluation.json": path, "traces.jsonl": traces},
+                  about={"run": os.path.abspath(cfg.out), "tag": tag})
+    else:
+        print(f"test evaluation ({tag}): the same as {item} (the store), taken")
+        copy_evaluation(item, path)
+    return read_json(path)["stats"], key
+
+
+# -----------------------------------------------------------------------------
+# a rerun: where the rows left the run, from the store
+
+def restore(store, ledger):
+    """The files of the run's finished phases, copied again from the store items its rows name, over whatever the
+    folder holds (deleted, edited or cut by a kill: the store is the run's memory): each test evaluation, each archive
+    as its last row left it, and the step rows' view. The trainer's checkpoint comes from the store too
+    (start_trainer)."""
+    archives = {row["archive"]: row["stored"]["search"] for row in ledger.rows if "archive" in row}
+    for name, key in archives.items():
+        shutil.rmtree(Path(ledger.out, name), ignore_errors=True)
+        copy_item(stored(store, "search", key, ledger.out), Path(ledger.out, name))
+    for row in ledger.rows:
+        if "evaluation" in row["stored"]:
+            path = Path(ledger.out, "evals", f"phase_{row['phase']}.json")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            copy_evaluation(stored(store, "evaluation", row["stored"]["evaluation"], ledger.out), path)
+    if ledger.step_rows:
+        write_step_rows(ledger.out, ledger.step_rows)
+
+
+def start_trainer(cfg, store, ledger, policy, domain, train):
+    """The weight step's trainer where the last finished weight phase left it (its checkpoint from the store), else
+    a fresh one on the base weights."""
+    weight_rows = [row for row in ledger.rows if row["kind"] == "weight"]
+    checkpoint = stored(store, "weights", weight_rows[-1]["stored"]["weights"], cfg.out) if weight_rows else None
+    return rft.WEIGHT_STEPS[cfg.rsft.weight_step](cfg.rsft, policy, domain, Path(cfg.out, "weights", "ckpt"), train,
+                                                  checkpoint)
+
+
+def stored(store, kind, key, out):
+    """The store's item that a row of `out` names, else one line naming the fix."""
+    item = store.find(kind, key)
+    if item is None:
+        raise ValueError(f"{out}/metrics.jsonl names {store.item(kind, key)}, which the store no longer holds (deleted, "
+                         f"or made by another version of the code): move {out} aside (mv {out} {out}.old) and rerun "
+                         "to start the run over")
+    return item
+
+
+def copy_item(item, folder):
+    """A store item's folder copied to `folder`, without the store's own record (key.json)."""
+    copy_tree(item, folder)
+    (Path(folder) / "key.json").unlink()
+
+
+def copy_evaluation(item, path):
+    copy_file(item / "traces.jsonl", path.with_name(path.name.replace(".json", ".traces.jsonl")))
+    copy_file(item / "evaluation.json", path)  # last: the run's evaluation is there
+
+
+def write_step_rows(out, rows):
+    """weights/metrics.jsonl: every weight step's row so far, for a reader and --report-to (the rows are the truth)."""
+    Path(out, "weights").mkdir(parents=True, exist_ok=True)
+    write_jsonl(Path(out, "weights", "metrics.jsonl"), rows)
+
+
+# -----------------------------------------------------------------------------
+# the plan: budgets, the order of the phases, and where each phase ends
+
+def steps_for(epochs, n_train, batch):
+    return max(1, round(epochs * n_train / batch))
+
+
+def budgets(cfg, n_train):
+    """(RSFT steps, proposer rounds) this method spends in all: the method table's rule (lib/methods.budgets) on
+    S = round(epochs x |train| / batch) steps in ceil(S / s) fixed weight phases of s steps."""
+    steps = steps_for(cfg.epochs, n_train, cfg.batch)
+    phases = math.ceil(steps / steps_for(cfg.phase_epochs, n_train, cfg.batch))
+    return methods.budgets(cfg.method, steps, phases, cfg.harness_iterations, cfg.harness_only_rounds)
+
+
+def harness_phase_cap(cfg):
+    if cfg.schedule == "adaptive":
+        return cfg.harness_max_rounds
+    return cfg.harness_iterations - 1
+
+
+def fixed_phases(cfg, n_train):
+    """[(kind, RSFT steps or proposer rounds)] of a run under the fixed schedule (an adaptive run's
+    phases end by its rules, within the same budgets)."""
+    steps, rounds = budgets(cfg, n_train)
+    phase_steps, cap = steps_for(cfg.phase_epochs, n_train,
+                                 cfg.batch), cfg.harness_iterations - 1
+    phases, last = [], None
+    while kind := next_phase(cfg.method, last, steps, rounds):
+        size = min(phase_steps, steps) if kind == "weight" else min(cap, rounds)
+        steps, rounds = (steps - size, rounds) if kind == "weight" else (steps, rounds - size)
+        phases.append((kind, size))
+        last = kind
+    return phases
+
+
+def store_root(out):
+    """The store beside the run folder: results/<preset>[/seed-<n>]/<domain>/store, shared by every method."""
+    return os.path.join(os.path.dirname(os.path.abspath(out)), "store")
+
+
+def step_name(weight_step):
+    """How the output names a weight step's steps: RSFT steps, or a fork's step by its registered name."""
+    return "RSFT" if weight_step == "rsft" else weight_step
+
+
+def weight_rule(cfg, n_train, steps_left):
+    """Where a weight phase ends (rft.weight_phase_over): fixed, after s steps; adaptive, by its
+    patience window; either within the steps left at its start."""
+    cap = steps_left if cfg.schedule == "adaptive" else min(
+        steps_for(cfg.phase_epochs, n_train, cfg.batch), steps_left)
+    return {"schedule": cfg.schedule, "max_steps": cap,
+            "window": steps_for(cfg.adaptive_epochs, n_train, cfg.batch)}
+
+
+def harness_stop(cfg, before):
+    """Where an adaptive harness phase ends early (meta_harness.phase_stalled): the archive best stalled for
+    --harness-patience rounds after --harness-min-rounds, counted from the phase's start, after the archive's
+    `before` rounds of earlier phases. None: fixed, every round of its cap."""
+    return (before, cfg.harness_patience, cfg.harness_min_rounds) if cfg.schedule == "adaptive" else None
+
+
+# -----------------------------------------------------------------------------
+# the test split
+
+def test_tasks(domain, test):
+    """The seeded sample of test.test_limit test tasks, none of the first test.test_holdout."""
+    tasks = domain.load("test")
+    return seeded_sample(tasks, test.test_limit,
+                         exclude={t["id"] for t in tasks[: test.test_holdout]})
+
+
+def holdout_warning(domain, test):
+    """One line when --test-holdout leaves fewer test tasks than --test-limit asks for (a domain's small test
+    split would otherwise shrink the evaluation without a word), else None; a holdout that leaves none is a
+    ValueError."""
+    if not test.test_holdout:
+        return None
+    tasks = domain.load("test")
+    n, left = len(tasks), len(tasks) - len({t["id"] for t in tasks[: test.test_holdout]})
+    if left <= 0:
+        raise ValueError(f"--test-holdout {test.test_holdout} leaves none of {domain.name}'s {n} test tasks: lower "
+                         f"--test-holdout below {n}")
+    if test.test_limit and left < test.test_limit:
+        return (f"--test-holdout {test.test_holdout} leaves {left} of {domain.name}'s {n} test tasks, fewer than "
+                f"--test-limit {test.test_limit}: the test evaluation runs on those {left} (lower --test-holdout, "
+                "or give the domain more test tasks)")
+    return None
+
+
+def evaluate_test(policy, domain, harness, test, traces):
+    """mean@k on the test split with the score of every task, its episodes in `traces`. -> {"stats",
+    "per_task", "sources"} (what evals/<tag>.json holds beside its key)"""
+    tasks = test_tasks(domain, test)
+    stats = rollout.evaluate(domain, harness, tasks, policy, k=test.k, **test.sampling.kwargs(),
+                             seed=test.seed, traces_path=str(traces),
+                             desc=f"test mean@{test.k} ({Path(traces).name.split('.')[0]})")
+    # what the harness earns by itself on the same tasks and seeds: reported beside the score, never credited
+    null = rollout.evaluate(domain, harness, tasks, NullModelBackend(policy.tokenizer), k=test.k,
+                            **test.sampling.kwargs(), seed=test.seed, desc="without the model")
+    # prefixed so they never clash with the run's own counters (test rollouts are not part of the
+    # cost)
+    per_task = stats["per_task"]
+    stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(per_task),
+             "null_mean_at_k": null["mean_at_k"], "scoring": scoring_rule(domain),
+             **{f"test_{name}": stats[name]
+                for name in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
+    # the report's per-benchmark columns
+    sources = {t["id"]: t["source"] for t in tasks if "source" in t}
+    return {"stats": stats, "per_task": per_task, "sources": sources}
+
+
+# -----------------------------------------------------------------------------
+# the command line: its flags, its inputs checked, its folders and model
 
 def parse_args(argv=None, more_args=None, description=__doc__):
     """-> one Namespace per --method: the preset's defaults, overridden by any flag given. --help leads with the
@@ -164,9 +476,6 @@ def run_args(args, method):
 def check_args(args, parser):
     if args.out and len(args.method) > 1:
         parser.error("--out names one run folder: give a single --method, or drop --out")
-    if not os.path.isfile(args.harness):
-        parser.error(f"harness file {args.harness} not found: pass --harness PATH or run from the "
-                     "repo root")
     if args.harness_iterations < 2:
         parser.error(f"--harness-iterations {args.harness_iterations}: I counts the re-scoring of "
                      "the incoming harness, so a harness phase with proposer rounds needs I >= 2")
@@ -177,287 +486,6 @@ def check_args(args, parser):
 def method_name(cfg):
     return f"{cfg.method}-adaptive" if cfg.schedule == "adaptive" else cfg.method
 
-
-# -----------------------------------------------------------------------------
-# the plan: budgets, the order of the phases, and where each phase ends
-
-def steps_for(epochs, n_train, batch):
-    return max(1, round(epochs * n_train / batch))
-
-
-def budgets(cfg, n_train):
-    """(RSFT steps, proposer rounds) this method spends in all: the method table's rule (lib/methods.budgets) on
-    S = round(epochs x |train| / batch) steps in ceil(S / s) fixed weight phases of s steps."""
-    steps = steps_for(cfg.epochs, n_train, cfg.batch)
-    phases = math.ceil(steps / steps_for(cfg.phase_epochs, n_train, cfg.batch))
-    return methods.budgets(cfg.method, steps, phases, cfg.harness_iterations, cfg.harness_only_rounds)
-
-
-def harness_phase_cap(cfg):
-    if cfg.schedule == "adaptive":
-        return cfg.harness_max_rounds
-    return cfg.harness_iterations - 1
-
-
-def fixed_phases(cfg, n_train):
-    """[(kind, RSFT steps or proposer rounds)] of a run under the fixed schedule (an adaptive run's
-    phases end by its rules, within the same budgets)."""
-    steps, rounds = budgets(cfg, n_train)
-    phase_steps, cap = steps_for(cfg.phase_epochs, n_train,
-                                 cfg.batch), cfg.harness_iterations - 1
-    phases, last = [], None
-    while kind := next_phase(cfg.method, last, steps, rounds):
-        size = min(phase_steps, steps) if kind == "weight" else min(cap, rounds)
-        steps, rounds = (steps - size, rounds) if kind == "weight" else (steps, rounds - size)
-        phases.append((kind, size))
-        last = kind
-    return phases
-
-
-# -----------------------------------------------------------------------------
-# the run: phase after phase, each followed by a test evaluation
-
-def run(cfg, domain, policy, card):
-    """One method's run, as the method reads: h0's test evaluation, then phase after phase by the method table
-    (lib/methods.next_phase), each followed by its test evaluation and its row. weight_phase, harness_phase and
-    test_evaluation each look their work up in the store (lib/run_folder/store.py: what any run on this domain,
-    preset and seed made from the same inputs), else do it and store it. The ledger (lib/run_folder/ledger.py) is
-    this run's rows: a killed run enters the phase it was in again, and that phase resumes inside itself. card: the
-    lease on the GPU this process holds (lib/run_folder/card.py), given back while a search's proposer writes."""
-    train = seeded_sample(domain.load("train"), cfg.rsft.train_limit)
-    steps, rounds = budgets(cfg, len(train))
-    store, ledger = Store(store_root(cfg.out)), Ledger(cfg.out, cfg.harness)
-    # what this start's work is made under: a resume may change each, and the store then keeps none of it
-    attempt = {"code": store.code, "unconfined": switches.disabled(), "workers": cfg.rsft.sampling.workers}
-    if attempt["unconfined"]:  # its harness and proposer code could write what the store serves, or read it
-        store.unused = "--unsafe-no-sandbox: harness and proposer code run unconfined"
-        print(f"store: this run neither reads nor writes the store ({store.unused}); it computes everything")
-    store.read_only = None if store.unused else why_store_nothing(ledger.attempts, attempt)
-    if store.read_only:
-        print(f"store: this run stores nothing ({store.read_only}); it takes what the store holds")
-    trainer = None  # the weight step's trainer (its weights, steps and rollouts); none for a run without steps
-    if steps:  # RSFT, or the weight step the method's row names (lib/methods.py, rft.WEIGHT_STEPS)
-        step_class = rft.WEIGHT_STEPS[cfg.rsft.weight_step]
-        trainer = step_class(cfg.rsft, policy, domain, Path(cfg.out, "weights"), train, run_dir=cfg.out)
-    errors = rollout.INFRA_ERRORS  # the infrastructure-error budget: counted per phase, its counts in every row
-
-    # phase 0: h0 under the base weights
-    ledger.log_start(steps, rounds, attempt)
-    card.method, card.phase = method_name(cfg), "0 start"  # what the lease's rows say this process holds it for
-    if not ledger.rows:
-        errors.start_phase("phase 0 (start)")
-        stats = test_evaluation(store, cfg, policy, domain, "phase_0", "base", ledger.harness)
-        ledger.log_phase({"kind": "start", "step": 0, "weights": "base", "rollouts": 0, **stats, **errors.counts()})
-
-    while kind := next_phase(cfg.method, ledger.last_kind, steps - ledger.step, rounds - ledger.rounds):
-        i = ledger.phase + 1
-        errors.start_phase(f"phase {i} ({kind})")
-        card.phase = f"{i} {kind}"
-        started = time.time()
-        if kind == "weight":  # RSFT steps under the current harness, until the schedule ends the phase
-            trainer, row = weight_phase(cfg, store, ledger, trainer, len(train), steps)
-            harness = ledger.harness
-        else:  # Meta-Harness rounds from the current harness under the current weights; its winner goes on
-            harness, row = harness_phase(cfg, store, ledger, policy, domain, weights_id(trainer), rounds, card)
-        rounds_done = ledger.rounds + row.get("rounds", 0)
-
-        # the phase's end: its test evaluation (--test-evals ends: the last phase's only), then its row
-        stats = NOT_EVALUATED
-        if cfg.test_evals == "every" or not next_phase(cfg.method, kind, steps - steps_done(trainer),
-                                                       rounds - rounds_done):
-            stats = test_evaluation(store, cfg, policy, domain, f"phase_{i}", weights_id(trainer), harness)
-        rollouts = (trainer.rollouts if trainer else 0) + ledger.harness_rollouts(row)  # test rollouts not counted
-        ledger.log_phase({"kind": kind, "step": steps_done(trainer), "weights": weights_id(trainer),
-                          "rollouts": rollouts, "seconds": time.time() - started, **row, **stats, **errors.counts()})
-        score = "not evaluated (--test-evals ends)" if stats is NOT_EVALUATED else f"{stats['mean_at_k']:.4f}"
-        print(f"phase {i} {kind}: test mean@{stats.get('k', '-')} = {score}, {step_name(cfg.rsft.weight_step)} steps "
-              f"{steps_done(trainer)}/{steps}, harness rounds {rounds_done}/{rounds}, rollouts {rollouts}")
-
-    summary = ledger.write_summary({"domain": cfg.domain, "method": method_name(cfg), "preset": cfg.preset,
-                                    "model": cfg.model, "k": cfg.k, "verifier": domain.verifier(),
-                                    "scoring": scoring_rule(domain), "trainer_ranks": ranks.count()})
-    null = summary["final_null_mean_at_k"]
-    print(f"best mean@{cfg.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} "
-          f"rollouts; final {summary['final_mean_at_k']:.4f}"
-          + ("" if null is None else f"; the final harness without the model {null:.4f}")
-          + f" (scored on {summary['scoring']})")
-
-
-# -----------------------------------------------------------------------------
-# the phases: each looks its work up in the store, else does it and stores it
-
-def weight_phase(cfg, store, ledger, trainer, n_train, steps):
-    """Weight steps under the current harness until the schedule ends the phase: the store's weights after this
-    very phase (the same weights and step it starts from, harness content, settings and weight step), else trained
-    here (a phase killed midway goes on from the trainer's checkpoint), then stored. -> (the trainer, the row's
-    detail)"""
-    harness, start = ledger.harness, ledger.step
-    rule = weight_rule(cfg, n_train, steps - start)
-    # the config holds the weight step (cfg.rsft.weight_step): a phase of another step is never taken; the trainer's
-    # rank count changes the update's float sums
-    key = {"weights": ledger.weights, "step": start, "harness": file_sha(harness),
-           "config": config_hash({"rsft": cfg.rsft, "rule": rule}), "ranks": ranks.count()}
-    item = store.find("weights", key) if trainer.step_count == start else None
-    if item is not None:  # this very phase was run before: its weights, not its steps again
-        trainer = trainer.adopt(item, about(item)["run"])
-        print(f"weights: {step_name(cfg.rsft.weight_step)} steps {start + 1}-{trainer.step_count} taken from "
-              f"the store ({item})")
-    rewards = [row["reward"] for row in trainer.history if row["step"] > start]
-    while not rft.weight_phase_over(rewards, **rule):
-        rewards.append(trainer.step(harness)["reward"])
-    if item is None:
-        store.put("weights", key, Path(trainer.out_dir, "ckpt").resolve(),
-                  about={"run": os.path.abspath(cfg.out), "step": trainer.step_count})
-    return trainer, {"steps": trainer.step_count - start, "epoch": trainer.epoch_progress}
-
-
-def harness_phase(cfg, store, ledger, policy, domain, weights, rounds, card):
-    """Meta-Harness rounds from the current harness under the current weights. A new archive starts as the store's
-    archive of the same start (the weights, the seed harness's content, the search settings), copied, and replayed
-    as far as this phase needs; weights unchanged since the last search continue its archive; a search killed
-    midway resumes from the archive's own index. The archive is stored after. The search gives the card back while
-    its proposer writes (card.away). -> (its winner, the row's detail)"""
-    archive, before = ledger.archive_for(weights)  # unchanged weights continue the last archive
-    folder = Path(cfg.out, archive)
-    seed = folder / "candidates" / "h0" / "harness.py" if before else ledger.harness
-    key = {"weights": weights, "seed": file_sha(seed), "config": config_hash(cfg.search)}
-    item = store.find("search", key) if not folder.exists() else None
-    if item is not None:  # the same search was made before: copied whole (its index is rewritten), then replayed
-        copy_tree(item, folder)
-        print(f"harness phase: the same search as {item} (the store), copied")
-    cap = before + min(harness_phase_cap(cfg), rounds - ledger.rounds)
-    result = meta_harness.search(policy, domain, ledger.harness, str(folder), cfg.search, cap,
-                                 stop=harness_stop(cfg, before), card=card)
-    item = store.find("search", key)
-    if item is None or about(item)["rounds"] < result["rounds"]:  # a longer search of the same start
-        store.put("search", key, folder, about={
-            "run": os.path.abspath(cfg.out), "rounds": result["rounds"], "candidates": cfg.search.candidates})
-    return result["winner"], {"rounds": result["rounds"] - before, "archive": archive,
-                              "archive_rounds": result["rounds"], "archive_rollouts": result["rollouts"],
-                              "harness_score": result["score"],
-                              "winner": stored_path(result["winner"], cfg.out)}
-
-
-def test_evaluation(store, cfg, policy, domain, tag, weights, harness):
-    """evals/<tag>.json and its traces: the store's evaluation of the same weights, harness content and test
-    settings, else evaluated here (evaluate_test) and stored. -> its stats"""
-    key = {"weights": weights, "harness": file_sha(harness), "config": config_hash(cfg.test)}
-    path = Path(cfg.out, "evals", f"{tag}.json")
-    traces = path.with_name(f"{tag}.traces.jsonl")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    item = store.find("evaluation", key)
-    if item is None:
-        traces.unlink(missing_ok=True)  # an evaluation killed midway starts over
-        write_json(path, {"key": key, **evaluate_test(policy, domain, harness, cfg.test, traces)})
-        store.put("evaluation", key, {"evaluation.json": path, "traces.jsonl": traces},
-                  about={"run": os.path.abspath(cfg.out), "tag": tag})
-    else:
-        print(f"test evaluation ({tag}): the same as {item} (the store), taken")
-        copy_file(item / "traces.jsonl", traces)
-        copy_file(item / "evaluation.json", path)  # last: the run's evaluation is there
-    return read_json(path)["stats"]
-
-
-# -----------------------------------------------------------------------------
-# the pieces the phases read
-
-def store_root(out):
-    """The store beside the run folder: results/<preset>[/seed-<n>]/<domain>/store, shared by every method."""
-    return os.path.join(os.path.dirname(os.path.abspath(out)), "store")
-
-
-def why_store_nothing(attempts, attempt):
-    """Why this run's work goes into no store item, else None: what it makes would not be what a key says made it.
-    attempt: what this start's work is made under; attempts: the run's earlier starts (ledger.attempts), since a
-    phase in progress may have begun in any of them (a start under --unsafe-no-sandbox itself: Store.unused)."""
-    if any(a.get("unconfined") for a in attempts):
-        return "an earlier start of this run was under --unsafe-no-sandbox"
-    if any(a.get("code") != attempt["code"] for a in attempts):  # a resume under edited code: its phase is mixed
-        return "the code changed since it started: what it makes now is partly the older code's"
-    if any(a.get("workers") != attempt["workers"] for a in attempts):  # the weights' and search's keys hold it
-        return "--workers changed since it started: what it makes now was partly made at another width"
-    return None
-
-
-def step_name(weight_step):
-    """How the output names a weight step's steps: RSFT steps, or a fork's step by its registered name."""
-    return "RSFT" if weight_step == "rsft" else weight_step
-
-
-def steps_done(trainer):
-    return trainer.step_count if trainer else 0
-
-
-def weights_id(trainer):
-    """The current weights' id: "base" until an RSFT step updates the adapter."""
-    return trainer.weights_id if trainer else "base"
-
-
-def weight_rule(cfg, n_train, steps_left):
-    """Where a weight phase ends (rft.weight_phase_over): fixed, after s steps; adaptive, by its
-    patience window; either within the steps left at its start."""
-    cap = steps_left if cfg.schedule == "adaptive" else min(
-        steps_for(cfg.phase_epochs, n_train, cfg.batch), steps_left)
-    return {"schedule": cfg.schedule, "max_steps": cap,
-            "window": steps_for(cfg.adaptive_epochs, n_train, cfg.batch)}
-
-
-def harness_stop(cfg, before):
-    """Where an adaptive harness phase ends early (meta_harness.phase_stalled): the archive best stalled for
-    --harness-patience rounds after --harness-min-rounds, counted from the phase's start, after the archive's
-    `before` rounds of earlier phases. None: fixed, every round of its cap."""
-    return (before, cfg.harness_patience, cfg.harness_min_rounds) if cfg.schedule == "adaptive" else None
-
-
-def test_tasks(domain, test):
-    """The seeded sample of test.test_limit test tasks, none of the first test.test_holdout."""
-    tasks = domain.load("test")
-    return seeded_sample(tasks, test.test_limit,
-                         exclude={t["id"] for t in tasks[: test.test_holdout]})
-
-
-def holdout_warning(domain, test):
-    """One line when --test-holdout leaves fewer test tasks than --test-limit asks for (a domain's small test
-    split would otherwise shrink the evaluation without a word), else None; a holdout that leaves none is a
-    ValueError."""
-    if not test.test_holdout:
-        return None
-    tasks = domain.load("test")
-    n, left = len(tasks), len(tasks) - len({t["id"] for t in tasks[: test.test_holdout]})
-    if left <= 0:
-        raise ValueError(f"--test-holdout {test.test_holdout} leaves none of {domain.name}'s {n} test tasks: lower "
-                         f"--test-holdout below {n}")
-    if test.test_limit and left < test.test_limit:
-        return (f"--test-holdout {test.test_holdout} leaves {left} of {domain.name}'s {n} test tasks, fewer than "
-                f"--test-limit {test.test_limit}: the test evaluation runs on those {left} (lower --test-holdout, "
-                "or give the domain more test tasks)")
-    return None
-
-
-def evaluate_test(policy, domain, harness, test, traces):
-    """mean@k on the test split with the score of every task, its episodes in `traces`. -> {"stats",
-    "per_task", "sources"} (what evals/<tag>.json holds beside its key)"""
-    tasks = test_tasks(domain, test)
-    stats = rollout.evaluate(domain, harness, tasks, policy, k=test.k, **test.sampling.kwargs(),
-                             seed=test.seed, traces_path=str(traces),
-                             desc=f"test mean@{test.k} ({Path(traces).name.split('.')[0]})")
-    # what the harness earns by itself on the same tasks and seeds: reported beside the score, never credited
-    null = rollout.evaluate(domain, harness, tasks, NullModelBackend(policy.tokenizer), k=test.k,
-                            **test.sampling.kwargs(), seed=test.seed, desc="without the model")
-    # prefixed so they never clash with the run's own counters (test rollouts are not part of the
-    # cost)
-    per_task = stats["per_task"]
-    stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(per_task),
-             "null_mean_at_k": null["mean_at_k"], "scoring": scoring_rule(domain),
-             **{f"test_{name}": stats[name]
-                for name in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
-    # the report's per-benchmark columns
-    sources = {t["id"]: t["source"] for t in tasks if "source" in t}
-    return {"stats": stats, "per_task": per_task, "sources": sources}
-
-
-# -----------------------------------------------------------------------------
-# before the run: its inputs checked, its folder repaired, its model loaded
 
 def main(argv=None):
     ranks.set_device()  # this rank's card before anything reads one: the preset's fit to it (card_gib), the preflight
@@ -479,18 +507,20 @@ def main(argv=None):
         # the proposer, the card the trainer trains on beside whatever shares it
         preflight.launch(runs, "whale.py", domains.check_harness, domains.from_args)
         # the runs of a command share one store (one --out, or results/<preset>/<domain>/<method> side by side),
-        # held for the whole command before any model loads: one command at a time (store.only_command)
+        # held for the whole command before any model loads: one command at a time (store.only_command). Made now, it
+        # holds the code as this command found it, not as it is after the model's minutes of loading.
+        store = Store(store_root(runs[0].out))
         # WHALE_CARD (run_all.sh's turns): the lease on the GPU that the night's domain processes share, held from
         # before the model loads to the end but for the proposer's waits (lib/run_folder/card.py); unset: no turns
         card = Card(os.environ.get("WHALE_CARD"), domain.name)
-        with only_command(store_root(runs[0].out)), card.held():
+        with only_command(store.root), card.held():
             # an engine keeps its GPU memory until its process ends, so the runs of a command share one
             # policy (and engine), each starting from the base weights; hf loads a fresh model per run
             policy = load_policy(runs[0]) if runs[0].backend != "hf" else None
             data_flags = domains.data_flags()
             for args in runs:
                 with report_to.watch(args.report_to, args.out, vars(args)):  # --report-to: its files' rows, live
-                    run(run_config(args, data_flags), domain, start_run(args, policy), card)
+                    run(run_config(args, data_flags), domain, start_run(args, policy), card, store)
                 # the finished run's optimizer and graphs go before the next run starts
                 rft.hand_back_memory()
 
@@ -498,10 +528,9 @@ def main(argv=None):
 def check_inputs(runs):
     """Every input refused before any model loads or any run file is written: domains.check_inputs
     (the data, the harness against its domain, the engine, the model), then the proposer and each
-    run folder as a whole (a resume with another model or harness set included). -> the domain, its
-    data loaded (the paper's sets are slow to load twice)"""
+    run folder (its rows, h0 unchanged, the same settings). -> the domain, its data loaded (the paper's sets are
+    slow to load twice)"""
     args = runs[0]
-    code_sha()  # read now, not after the model's minutes of loading: every key of this command's work holds it
     ranks.check_launch(args.backend)
     domain, train = domains.check_inputs(args, "train")
     train = seeded_sample(train, args.train_limit)
@@ -514,18 +543,13 @@ def check_inputs(runs):
         check_out(one.out)
         cfg = run_config(one, data_flags)
         steps, rounds = budgets(cfg, len(train))
-        search = cfg.search
         if steps:
             rft.check_weight_step(cfg.rsft.weight_step, one.method)
             rft.check_batch(one.batch, len(train), domain.name)
         if rounds:
-            meta_harness.check_proposer(search)
-        check_run_folder(one.out, one.model, one.harness, one.candidates)
-        ranks.check_checkpoint(Path(one.out, "weights"))
+            meta_harness.check_proposer(cfg.search)
+        check_run_folder(one.out, one.harness)
         check_same_settings(one.out, vars(one))
-        setup = meta_harness.search_setup(domain, meta_harness.harness_tasks(domain, search), search)
-        for archive in sorted(Path(one.out).glob("harness_w*[0-9]")):  # not a copy a kill cut (.tmp)
-            meta_harness.check_same_setup(archive, setup)
     return domain
 
 

@@ -45,11 +45,9 @@ def harness_only(cfg, policy, domain, n_train, out):
 def weight_only(cfg, policy, domain, train, out):
     steps, _ = whale.budgets(cfg, len(train))
     phase = whale.steps_for(cfg.phase_epochs, len(train), cfg.batch)
-    trainer = rft.RSFT(cfg.rsft, policy, domain, out / "weights", train=train, run_dir=out)
+    trainer = rft.RSFT(cfg.rsft, policy, domain, out / "weights" / "ckpt", train)
     t0 = time.time()
-    while trainer.step_count < steps:
-        trainer.step(os.path.abspath(cfg.harness))
-    rows = trainer.history
+    rows = [trainer.step(os.path.abspath(cfg.harness)) for _ in range(steps)]
     rewards = [r["accept_rate"] for r in rows]  # the share of successful rollouts (lib/rules.SUCCESS)
     first, last = report.quarters(rows)  # the table's own rule (report.py's What moved)
     accepted = [round(r["accept_rate"] * cfg.batch * cfg.rsft.group) for r in rows]

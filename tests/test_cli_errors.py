@@ -20,7 +20,8 @@ import rollout
 import whale
 from scripts import show_data
 from lib.common.errors import SandboxError
-from lib.run_folder import files, ledger
+from lib.run_folder import ledger
+from lib.run_folder.store import Store
 from lib.backends.canary import EngineError
 from lib.cli import one_line_errors
 from lib.contract import check_harness_fits
@@ -116,60 +117,27 @@ def test_malformed_paper_data_file_names_the_file_and_line(tmp_path):
 # damaged run folders: an error naming the file and what to do, never a silent restart
 
 
-def fake_checkpoint(weights, step=2):
-    """The files of an RSFT checkpoint, whole but tiny (all of them are checked before the model loads)."""
-    import torch
-    from safetensors.torch import save_file
-    folder = weights / f"ckpt-{step:06d}"
-    (folder / "adapter").mkdir(parents=True)
-    (folder / "adapter" / "adapter_config.json").write_text("{}")
-    save_file({"lora_A": torch.zeros(2, 2)}, str(folder / "adapter" / "adapter_model.safetensors"))
-    torch.save({"optimizer": {}}, folder / "optimizer.pt")
-    (folder / "state.json").write_text(json.dumps({"model": "smoke", "step": step, "rollouts": 0, "sampler": {},
-                                                   "history": [{"step": s + 1} for s in range(step)]}))
-    (weights / "ckpt").symlink_to(folder.name)
-    (weights / "metrics.jsonl").write_text("".join(json.dumps({"step": s + 1}) + "\n" for s in range(step)))
-    return folder
-
-
-def test_rft_checkpoint_link_to_a_missing_folder(tmp_path):
-    folder = fake_checkpoint(tmp_path)
-    files.check_checkpoint(tmp_path)  # intact
-    for path in sorted(folder.rglob("*"), reverse=True):
-        path.unlink() if path.is_file() else path.rmdir()
-    folder.rmdir()
-    out = subprocess.run([sys.executable, "rft.py", "--domain", "math", "--harness", MATH, "--out", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1 and "Traceback" not in out.stderr and out.stderr.count("\n") == 1
-    assert out.stderr.startswith(f"rft.py: error: checkpoint link {tmp_path}/ckpt points to ckpt-000002, which is "
-                                 f"missing: restore it, or delete {tmp_path} to train from step 0")
-    (tmp_path / "ckpt").unlink()  # no link at all, but metrics.jsonl shows finished steps
-    with pytest.raises(ValueError, match=r"metrics.jsonl records finished RSFT steps but the checkpoint .*ckpt is missing"):
-        files.check_checkpoint(tmp_path)
-
-
 PHASE_0_ROW = {"event": "eval", "phase": 0, "kind": "start", "step": 0, "weights": "base", "rollouts": 0,
-               "mean_at_k": 0.0}
+               "mean_at_k": 0.0, "stored": {"evaluation": {"weights": "base", "harness": "x", "config": "y"}}}
 
 
-def test_whale_rows_that_record_steps_the_folder_lacks(tmp_path):
-    """metrics.jsonl is the run's state: rows that record finished RSFT steps without the checkpoint that holds
-    them, or a row cut by a kill, are one line naming the file and the fix."""
+def test_whale_rows_that_name_work_the_store_lacks(tmp_path):
+    """metrics.jsonl and the store are the run's state: rows that name a store item the store no longer holds, or a
+    row cut by a kill, are one line naming the file and the fix."""
     out = tmp_path / "run"
-    (out / "evals").mkdir(parents=True)
-    (out / "evals" / "phase_0.json").write_text("{}")
+    out.mkdir()
     (out / "metrics.jsonl").write_text(json.dumps(PHASE_0_ROW) + "\n")
-    ledger.check_run_folder(str(out), "smoke", MATH, 2)  # intact
-    with open(out / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({**PHASE_0_ROW, "phase": 1, "kind": "weight", "step": 2, "mean_at_k": None}) + "\n")
+    ledger.check_run_folder(str(out), MATH)  # the rows read back
     with pytest.raises(SystemExit) as e:
         CLIS["whale.py"](["--out", str(out)])
-    assert str(e.value.code) == (f"whale.py: error: {out}/weights/ckpt is missing, but {out}/metrics.jsonl records 2 "
-                                 f"finished weight steps: restore it, or delete {out} to start the run over")
+    item = Store(tmp_path / "store").item("evaluation", PHASE_0_ROW["stored"]["evaluation"])
+    assert str(e.value.code) == (f"whale.py: error: {out}/metrics.jsonl names {item}, which the store no longer "
+                                 f"holds (deleted, or made by another version of the code): move {out} aside (mv "
+                                 f"{out} {out}.old) and rerun to start the run over")
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"event": "ev')
-    with pytest.raises(ValueError, match=r"metrics.jsonl: line 3 is not a JSON object: .*delete that line"):
-        ledger.check_run_folder(str(out), "smoke", MATH, 2)
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not a JSON object: .*delete that line"):
+        ledger.check_run_folder(str(out), MATH)
 
 
 def test_empty_meta_json_in_an_archive(tmp_path):
@@ -180,12 +148,6 @@ def test_empty_meta_json_in_an_archive(tmp_path):
         CLIS["meta_harness.py"](["--out", str(tmp_path / "mh")])
     assert str(e.value.code) == (f"meta_harness.py: error: damaged run file {meta} (empty): restore it, or start this "
                                  "run over in a fresh --out")
-    meta = tmp_path / "w" / "harness_w1" / "candidates" / "h0" / "meta.json"
-    meta.parent.mkdir(parents=True)
-    meta.write_text('{"parent": nu')
-    with pytest.raises(SystemExit) as e:
-        CLIS["whale.py"](["--out", str(tmp_path / "w")])
-    assert str(e.value.code).startswith(f"whale.py: error: damaged run file {meta} (Expecting value)")
 
 
 # -----------------------------------------------------------------------------

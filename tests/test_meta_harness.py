@@ -627,7 +627,7 @@ def test_real_claude_cli_tools_stay_in_the_proposer_folder(fake, tmp_path, monke
     assert row["valid"] and row["score"] == 0.2 and cost["error"] is None and cost["permission_denials"] == 3
 
 
-def test_a_chess_candidate_importing_chess_is_refused_before_any_rollout(tmp_path):
+def test_a_chess_candidate_importing_chess_is_refused_before_any_rollout(tmp_path, monkeypatch):
     """validate(): the chess h0 with `import chess` added is rejected with one line, and no episode is run."""
     import domains
     from types import SimpleNamespace
@@ -636,9 +636,9 @@ def test_a_chess_candidate_importing_chess_is_refused_before_any_rollout(tmp_pat
         (tmp_path / name).mkdir()
         (tmp_path / name / "harness.py").write_text(source)
     mh.write_json(tmp_path / "h1_1" / "meta.json", {"parent": "h0"})
+    monkeypatch.setattr(mh.rollout, "run_episodes", lambda *a, **kw: pytest.fail("a refused candidate runs no episode"))
     meta = mh.validate(tmp_path / "h1_1", [{"name": "h0", "valid": True}], None, domains.get("chess"), [],
-                       SimpleNamespace(prompt_only=False), {},
-                       run_episodes=lambda *a, **kw: pytest.fail("a refused candidate runs no episode"))
+                       SimpleNamespace(prompt_only=False), {})
     assert meta["valid"] is False and meta["reason"].startswith("chess engine: imports chess;")
     assert "\n" not in meta["reason"] and "smoke_rollouts" not in meta
 

@@ -74,8 +74,9 @@ def search(work, monkeypatch, iterations, candidates=2, fake=None, **over):
     seed = work / "seed.py"
     seed.write_text(SEED)
     args = search_config(candidates=candidates, max_new_tokens=8, **over)
-    result = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), work / "run", args, iterations,
-                       run_episodes=fake.run_episodes, evaluate=fake.evaluate)  # the seam: no module swapped
+    monkeypatch.setattr(mh.rollout, "run_episodes", fake.run_episodes)
+    monkeypatch.setattr(mh.rollout, "evaluate", fake.evaluate)
+    result = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), work / "run", args, iterations)
     proposals = [r for r in map(json.loads, open(work / "run" / "summary.jsonl")) if r["iteration"] > 0]
     return result, proposals, work / "run"
 

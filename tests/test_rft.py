@@ -13,7 +13,7 @@ from fixtures.configs import rsft_config
 from lib.backends.hf_backend import HFBackend
 from lib.backends.models import chat_ids, load_model
 from lib.backends.policy import Policy, add_lora
-from lib.run_folder.files import check_run_files
+from lib.run_folder.store import Store, about
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -203,17 +203,18 @@ def test_bad_input_gives_clear_errors(tmp_path):
     def backend(**kw):  # a policy whose backend only holds the model (nothing samples here)
         model = tiny_model(**kw)
         return Policy(model, None, types.SimpleNamespace(model=model))
+    train = FakeDomain().load("train")
     with pytest.raises(ValueError, match="--group 0"):
-        rft.RSFT(rft_args(group=0), backend(), FakeDomain(), tmp_path / "a")
+        rft.RSFT(rft_args(group=0), backend(), FakeDomain(), tmp_path / "a", train)
     with pytest.raises(ValueError, match=r"--batch 9 does not fit .*\(8 prompts\)"):
-        rft.RSFT(rft_args(batch=9), backend(), FakeDomain(8), tmp_path / "b")
+        rft.RSFT(rft_args(batch=9), backend(), FakeDomain(8), tmp_path / "b", train)
     with pytest.raises(ValueError, match="--lora-targets 'wq,wv' does not fit the model"):
-        rft.RSFT(rft_args(batch=4, lora_targets="wq,wv"), backend(), FakeDomain(), tmp_path / "c")
+        rft.RSFT(rft_args(batch=4, lora_targets="wq,wv"), backend(), FakeDomain(), tmp_path / "c", train)
     # an adapter trained on another model (other MLP width, fewer layers) does not load
-    rft.RSFT(rft_args(batch=4), backend(), FakeDomain(), tmp_path / "d").save()
+    rft.RSFT(rft_args(batch=4), backend(), FakeDomain(), tmp_path / "d", train).save(updated=False)
     for other in (backend(mlp=96), backend(layers=1)):
         with pytest.raises(ValueError, match="does not fit this model"):
-            rft.RSFT(rft_args(batch=4), other, FakeDomain(), tmp_path / "d")
+            rft.RSFT(rft_args(batch=4), other, FakeDomain(), tmp_path / "e", train, tmp_path / "d")
 
 
 # -----------------------------------------------------------------------------
@@ -225,11 +226,13 @@ def run(task, llm, tools):
 '''
 
 
-def smoke_trainer(tmp_path, out, target, **kw):
+def smoke_trainer(tmp_path, out, target, checkpoint=None, **kw):
     (tmp_path / "h.py").write_text(HARNESS)
     model, tok = load_model("smoke")
     kw = {"batch": 4, "group": 4, "lr": 1e-2, "warmup": 0, "workers": 8, **kw}
-    return rft.RSFT(rft_args(**kw), Policy(model, tok, HFBackend(model, tok)), FakeDomain(8, target), tmp_path / out)
+    domain = FakeDomain(8, target)
+    return rft.RSFT(rft_args(**kw), Policy(model, tok, HFBackend(model, tok)), domain, tmp_path / out,
+                    domain.load("train"), checkpoint)
 
 
 def lora_weights(trainer):
@@ -264,54 +267,35 @@ def test_resume_matches_an_uninterrupted_run_and_counts_accepted_rollouts(tmp_pa
     assert rows[0]["accept_rate"] == 1.0 and rows[0]["prompts_accepted"] == 4 and rows[0]["examples"] == 16
     assert rows[0]["accepted_tokens"] == 16 and rows[0]["loss"] > 0 and not rows[0]["skipped"]
     smoke_trainer(tmp_path, "split", "").step(tmp_path / "h.py")
-    resumed = smoke_trainer(tmp_path, "split", "")  # what a rerun of the same command sees: only the folder
-    assert resumed.step_count == 1 and resumed.rollouts == 16
-    resumed.step(tmp_path / "h.py")
-    assert same(lora_weights(whole), lora_weights(resumed))
+    resumed = smoke_trainer(tmp_path, "resumed", "", checkpoint=tmp_path / "split")  # from step 1's checkpoint
+    assert resumed.step_count == 1 and resumed.rollouts == 16 and resumed.weights_id == whole_id(tmp_path, "split")
+    again = resumed.step(tmp_path / "h.py")
+    assert same(lora_weights(whole), lora_weights(resumed)) and again["loss"] == rows[1]["loss"]
     assert resumed.optimizer.state_dict()["state"][0]["step"] == 2
-    metrics = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(r)["loss"] for r in metrics] == [r["loss"] for r in rows]
+    assert resumed.weights_id == whole.weights_id != "base"
 
 
-def test_adopted_weights_keep_this_runs_own_steps_before_the_phase(tmp_path):
-    """A weight phase taken from the store (RSFT.adopt, whale.weight_phase) brings that phase's step rows, never the
-    earlier rows of the run that made it: weights still "base" after steps that trained nothing are one key
-    whichever harness sampled those steps, so the two runs' earlier rows may differ."""
-    (tmp_path / "other.py").write_text(HARNESS + "# another harness file: the same replies\n")
-    made = smoke_trainer(tmp_path, "made", "never a reply")
-    made.step(tmp_path / "other.py")  # its step 1 under other.py
-    taken = made.step(tmp_path / "h.py")  # step 2: the phase the other run takes
-    here = smoke_trainer(tmp_path, "here", "never a reply")
-    own = here.step(tmp_path / "h.py")  # this run's step 1, under h.py
-    assert made.weights_id == here.weights_id == "base"
-    adopted = here.adopt((tmp_path / "made" / "ckpt").resolve(), tmp_path / "made")
-    rows = [json.loads(line) for line in (tmp_path / "here" / "metrics.jsonl").read_text().splitlines()]
-    assert rows == adopted.history == [own, taken]  # h.py is outside both run folders: stored as its full path
-    assert adopted.step_count == 2 and adopted.rollouts == 32 and adopted.weights_id == "base"
+def whole_id(tmp_path, out):
+    return json.loads((tmp_path / out / "state.json").read_text())["weights"]
 
 
-def test_a_kill_inside_a_save_or_before_the_step_rows_leaves_a_folder_that_resumes(tmp_path, monkeypatch):
-    """A kill inside RSFT.save (here: while the optimizer is written, and a cut state.json beside it) leaves only a
-    ckpt-<step>.tmp that nothing reads: the run folder's check passes and the step is made again. A kill between the
-    checkpoint's switch and metrics.jsonl's rewrite leaves the file a row short: the resumed trainer writes it whole."""
-    trainer = smoke_trainer(tmp_path, "out", "never a reply")
-    first = trainer.step(tmp_path / "h.py")
-    real_save = rft.torch.save
+def test_a_kill_inside_a_save_leaves_the_store_where_it_was_and_the_step_is_made_again(tmp_path, monkeypatch):
+    """A kill inside RSFT.save (here: while the optimizer is written) leaves the trainer's folder half written:
+    nothing reads it. The store's item of the step before is where a rerun goes on (rft.train_cli, whale.py's weight
+    phase), and the step made again is the step the killed run made."""
+    store, key = Store(tmp_path / "store"), {"phase": 1}
+    trainer = smoke_trainer(tmp_path, "out", "")
+    store.put("weights", key, trainer.folder, about={"rows": [trainer.step(tmp_path / "h.py")]})
+    second = smoke_trainer(tmp_path, "whole", "", checkpoint=store.find("weights", key)).step(tmp_path / "h.py")
     monkeypatch.setattr(rft.torch, "save", lambda *a, **kw: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         trainer.step(tmp_path / "h.py")
-    monkeypatch.setattr(rft.torch, "save", real_save)
-    cut = tmp_path / "out" / "ckpt-000002.tmp"
-    (cut / "state.json").write_text('{"model": "smo')
-    check_run_files(tmp_path / "out")  # the cut copy is not read
-    resumed = smoke_trainer(tmp_path, "out", "never a reply")
-    assert resumed.step_count == 1 and resumed.history == [first]
-    second = resumed.step(tmp_path / "h.py")
-    assert not cut.exists() and sorted(p.name for p in (tmp_path / "out").glob("ckpt-*")) == ["ckpt-000002"]
-    metrics = tmp_path / "out" / "metrics.jsonl"
-    metrics.write_text(metrics.read_text().splitlines(keepends=True)[0])  # killed before the rewrite
-    smoke_trainer(tmp_path, "out", "never a reply")
-    assert [json.loads(line) for line in metrics.read_text().splitlines()] == [first, second]
+    monkeypatch.undo()
+    assert not (tmp_path / "out" / "state.json").exists()  # cut
+    item = store.find("weights", key)
+    assert item is not None and about(item)["rows"][0]["step"] == 1
+    resumed = smoke_trainer(tmp_path, "out", "", checkpoint=item)
+    assert resumed.step(tmp_path / "h.py") | {"sample_s": 0, "train_s": 0} == second | {"sample_s": 0, "train_s": 0}
 
 
 class RecordingBackend(HFBackend):
@@ -328,15 +312,16 @@ class RecordingBackend(HFBackend):
 
 def test_resume_syncs_the_engine_with_the_checkpoint_adapter_first(tmp_path):
     fresh = smoke_trainer(tmp_path, "out", "")
-    fresh.save()  # a checkpoint, as after a finished step
+    fresh.save(updated=False)  # a checkpoint, as after a finished step
     def recording_policy():
         model, tok = load_model("smoke")
         return Policy(model, tok, RecordingBackend(model, tok))
-    policy = recording_policy()
-    rft.RSFT(rft_args(batch=4, group=1), policy, FakeDomain(8, ""), tmp_path / "new")
+    policy, train = recording_policy(), FakeDomain(8, "").load("train")
+    rft.RSFT(rft_args(batch=4, group=1), policy, FakeDomain(8, ""), tmp_path / "new", train)
     assert policy.backend.synced == []  # a fresh run: the engine serves the base model, as the zero-init adapter does
-    resumed = rft.RSFT(rft_args(batch=4, group=1), recording_policy(), FakeDomain(8, ""), tmp_path / "out")
-    assert resumed.policy.backend.synced == [str(tmp_path / "out" / "ckpt" / "adapter")]  # before any rollout
+    resumed = rft.RSFT(rft_args(batch=4, group=1), recording_policy(), FakeDomain(8, ""), tmp_path / "resumed", train,
+                       tmp_path / "out")
+    assert resumed.policy.backend.synced == [str(tmp_path / "resumed" / "adapter")]  # before any rollout
 
 
 @pytest.mark.parametrize("domain", ["searchqa", "math", "chess"])
@@ -391,7 +376,8 @@ def test_the_trainer_hands_its_memory_back_between_the_update_and_the_wake(tmp_p
     (tmp_path / "h.py").write_text(HARNESS)
     model, tok = load_model("smoke")
     policy = Policy(model, tok, SleepingBackend(model, tok, log))
-    trainer = rft.RSFT(rft_args(batch=4, group=2, workers=8), policy, FakeDomain(8, ""), tmp_path / "out")
+    trainer = rft.RSFT(rft_args(batch=4, group=2, workers=8), policy, FakeDomain(8, ""), tmp_path / "out",
+                       FakeDomain(8, "").load("train"))
     update = rft.sft_update
     monkeypatch.setattr(rft, "sft_update", lambda *a: log.append("update") or update(*a))
     monkeypatch.setattr(rft.torch.cuda, "empty_cache", lambda: log.append("empty_cache"))

@@ -1,8 +1,7 @@
-"""A run folder is checked as a whole before work resumes: a whale smoke run stopped right before RSFT step 3 (as a
-kill during "rft step 3 rollouts"), copied, one file damaged, then the same command on the copy. Either one line
-names the file and the fix and the folder is left exactly as it was, or the damage does not matter to the resume:
-the result is the undamaged resume's. The fix the line names, deleting the folder, is cheap: the rerun takes every
-finished phase from the store beside it (lib/run_folder/store.py) and computes only what the killed run had not.
+"""A run folder's progress is its rows (metrics.jsonl) and the store beside it: a whale smoke run stopped right before
+RSFT step 3 (as a kill during "rft step 3 rollouts"), copied, one file damaged or deleted, then the same command on
+the copy. A damaged row is one line naming the file and the fix, and the folder is left exactly as it was; any
+other file of a finished phase is copied back from the store, so the result is the undamaged resume's.
     python -m pytest -q tests/test_run_folder.py
 
 The stand-in runner of tests/test_whale.py (rewards from the task, the sample and the seed) keeps it fast and
@@ -68,29 +67,16 @@ def copy_of(runs, tmp_path, finished=False):
 
 
 ADAPTER = "weights/ckpt/adapter/adapter_model.safetensors"
-REFUSED = {  # damage -> (what it does, words of the one line)
+REFUSED = {  # damage to the rows -> (what it does, words of the one line)
     "metrics.jsonl cut": (lambda d: cut(d / "metrics.jsonl", 10), "metrics.jsonl: line 4 is not a JSON object"),
     "metrics.jsonl without phase 1": (lambda d: (d / "metrics.jsonl").write_text("".join(
         line for line in (d / "metrics.jsonl").read_text().splitlines(keepends=True) if '"phase": 1,' not in line)),
         "metrics.jsonl (its phase rows are not 0, 1, 2, ...)"),
-    "evals/phase_1.json removed": (lambda d: (d / "evals/phase_1.json").unlink(),
-                                   "evals/phase_1.json is missing, but"),
-    "evals/phase_1.json emptied": (lambda d: (d / "evals/phase_1.json").write_text(""), "phase_1.json (empty)"),
-    "adapter truncated": (lambda d: cut(d / ADAPTER, 1000), "adapter_model.safetensors ("),
-    "random bytes appended to the adapter": (lambda d: open(d / ADAPTER, "ab").write(os.urandom(64)),
-                                             "adapter_model.safetensors ("),
-    "optimizer.pt truncated": (lambda d: cut(d / "weights/ckpt/optimizer.pt", 1000), "optimizer.pt (not a whole torch file"),
-    "a candidate's harness.py removed": (lambda d: (d / "harness_w1/candidates/h1_1/harness.py").unlink(),
-                                         "h1_1/harness.py is missing, but"),
-    "harness_w1/ removed": (lambda d: shutil.rmtree(d / "harness_w1"), "harness_w1/candidates/h0/meta.json is missing"),
-    "the checkpoint's history cut": (lambda d: (d / "weights/ckpt/state.json").write_text(json.dumps(
-        {**json.loads((d / "weights/ckpt/state.json").read_text()), "history": []})), "its history is not steps 1-2"),
 }
 
 
 @pytest.mark.parametrize("damage", REFUSED)
-def test_a_damaged_file_that_cannot_be_rebuilt_is_one_line_and_the_folder_stays_as_it_is(runs, tmp_path, damage,
-                                                                                         capsys, stand_in):
+def test_damaged_rows_are_one_line_and_the_folder_stays_as_it_is(runs, tmp_path, damage, capsys, stand_in):
     argv, out = copy_of(runs, tmp_path)
     hurt, words = REFUSED[damage]
     hurt(out)
@@ -100,34 +86,41 @@ def test_a_damaged_file_that_cannot_be_rebuilt_is_one_line_and_the_folder_stays_
         whale.main(argv + ["--out", str(out)])
     line = str(e.value.code)
     assert line.startswith("whale.py: error: ") and "\n" not in line and words in line, line
-    assert line.endswith((f"restore it, or delete {out} to start the run over",  # the fix of a file whale reads
-                          "restore it, or start this run over in a fresh --out",  # of one it only parses
+    assert line.endswith((f"restore it, or delete {out} to start the run over",  # rows out of order
                           "delete that line and rerun")), line  # a row cut by a kill
     assert capsys.readouterr().err == ""  # nothing else: the message above is the one stderr line
     assert listing(out) == before
 
 
-def test_a_damage_that_the_resume_does_not_read_leaves_its_result_as_it_is(runs, tmp_path, stand_in):
-    """The rows are the run's state, the trainer's checkpoint its steps: a lost metrics.jsonl reruns its phases
-    from the checkpoint, the archive and the store, and a cut trace or index file is not read again."""
-    for hurt in (lambda d: (d / "metrics.jsonl").unlink(), lambda d: cut(d / "evals/phase_0.traces.jsonl", 100),
-                 lambda d: (d / "harness_w1/frontier.json").unlink(), lambda d: (d / "weights/metrics.jsonl").unlink()):
-        argv, out = copy_of(runs, tmp_path)
-        hurt(out)
-        whale.main(argv + ["--out", str(out)])
-        assert record(out) == runs[2]
-        shutil.rmtree(out)
+REPAIRED = {  # damage to any other file: the store gives the finished phases' files back
+    "evals/phase_1.json removed": lambda d: (d / "evals/phase_1.json").unlink(),
+    "evals/phase_1.json emptied": lambda d: (d / "evals/phase_1.json").write_text(""),
+    "a trace cut": lambda d: cut(d / "evals/phase_0.traces.jsonl", 100),
+    "adapter truncated": lambda d: cut(d / ADAPTER, 1000),
+    "random bytes appended to the adapter": lambda d: open(d / ADAPTER, "ab").write(os.urandom(64)),
+    "optimizer.pt truncated": lambda d: cut(d / "weights/ckpt/optimizer.pt", 1000),
+    "a candidate's harness.py removed": lambda d: (d / "harness_w1/candidates/h1_1/harness.py").unlink(),
+    "harness_w1/ removed": lambda d: shutil.rmtree(d / "harness_w1"),
+    "frontier.json removed": lambda d: (d / "harness_w1/frontier.json").unlink(),
+    "the step rows removed": lambda d: (d / "weights/metrics.jsonl").unlink(),
+    "metrics.jsonl removed": lambda d: (d / "metrics.jsonl").unlink(),
+}
 
 
-def test_the_fix_named_deleting_the_folder_takes_every_finished_phase_from_the_store(runs, tmp_path, monkeypatch):
-    """Deleting a damaged folder and rerunning, as the refusals say, computes nothing that was computed before: the
-    killed run and its resume left every phase's weights, search and test evaluation in the store beside them."""
+@pytest.mark.parametrize("damage", REPAIRED)
+def test_a_damaged_or_deleted_file_is_given_back_by_the_store(runs, tmp_path, damage, stand_in):
+    argv, out = copy_of(runs, tmp_path)
+    REPAIRED[damage](out)
+    whale.main(argv + ["--out", str(out)])
+    assert record(out) == runs[2]
+
+
+def test_a_deleted_folder_takes_every_finished_phase_from_the_store(runs, tmp_path, monkeypatch):
+    """Deleting the folder and rerunning computes nothing that was computed before: the killed run and its resume
+    left every phase's weights, search and test evaluation in the store beside them."""
     argv, out = copy_of(runs, tmp_path)
     shutil.copytree(runs[1].parent / "store", tmp_path / "store")  # the store the killed run and its resume filled
-    cut(out / ADAPTER, 1000)
-    with pytest.raises(SystemExit, match="adapter_model.safetensors"):
-        whale.main(argv + ["--out", str(out)])
-    shutil.rmtree(out)  # the fix, as written
+    shutil.rmtree(out)
     stepped, scored, evaluated = [], [], []
     monkeypatch.setattr(whale.rollout, "run_episodes", lambda *a, **kw: scored.append(1) or fake_episodes(*a, **kw))
     step, evaluate = whale.rft.RSFT.step, whale.evaluate_test

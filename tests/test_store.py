@@ -80,8 +80,8 @@ def test_editing_a_runs_files_leaves_the_store_as_it_was(tmp_path, fake):
 
 def test_an_unconfined_command_neither_reads_nor_writes_the_store(tmp_path, fake, monkeypatch, capsys):
     """Under --unsafe-no-sandbox harness and proposer code run as the user: what the command would take from the
-    store or put there is theirs to change, so it computes everything and leaves the store as it was (an item it
-    would find damaged included)."""
+    shared store or put there is theirs to change, so it computes everything in a store of its own (in its run
+    folder) and leaves the shared one as it was (an item it would find damaged included)."""
     argv, executed = fake
     argv = argv + ["--method", "weight-only"]
     whale.main(argv + ["--out", str(tmp_path / "first")])
@@ -96,7 +96,7 @@ def test_an_unconfined_command_neither_reads_nor_writes_the_store(tmp_path, fake
     out = capsys.readouterr().out
     assert listing(store) == before
     assert executed == ["unconfined"] * 4 and "(the store)" not in out and "damaged" not in out
-    assert "store: this run neither reads nor writes the store (--unsafe-no-sandbox" in out
+    assert f"store: {tmp_path / 'unconfined' / 'store'}, this run's own (a start under --unsafe-no-sandbox)" in out
     assert record(tmp_path / "unconfined")["summary"]["final_mean_at_k"] == \
         record(tmp_path / "first")["summary"]["final_mean_at_k"]
 

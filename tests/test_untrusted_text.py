@@ -35,15 +35,16 @@ WRITER = textwrap.dedent('''\
     ''')
 
 
-def command_search(tmp_path, seed, run_dir, edit, rounds, rollout_module):
+def command_search(tmp_path, seed, run_dir, edit, rounds, rollout_module, monkeypatch):
     agent = tmp_path / "writer.py"
     agent.write_text(WRITER)
     edit_file = tmp_path / "edit.json"
     edit_file.write_text(json.dumps(edit))
     cfg = search_config(candidates=1, proposer="command", proposer_ro=[str(agent), str(edit_file)],
                         proposer_cmd=f"{sandbox.python()} {agent} {{workdir}} {edit_file}")
-    return mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, cfg, rounds=rounds,
-                     run_episodes=rollout_module.run_episodes, evaluate=rollout_module.evaluate)
+    monkeypatch.setattr(mh.rollout, "run_episodes", rollout_module.run_episodes)
+    monkeypatch.setattr(mh.rollout, "evaluate", rollout_module.evaluate)
+    return mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, cfg, rounds=rounds)
 
 
 class RunnableDomain(FakeDomain):
@@ -54,33 +55,36 @@ class RunnableDomain(FakeDomain):
         return 0.0
 
 
+RUN_EPISODES = rollout.run_episodes  # the real runner, before any test swaps it
+
+
 class RealSmoke(FakeRollout):
     """The candidate's smoke episode in the real runner (its sandboxed worker; the harness raises before it asks
     the model, so a backend without one will do); scores by the fake."""
 
     def run_episodes(self, domain, path, tasks, backend, **kw):
         no_model = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None))
-        return rollout.run_episodes(RunnableDomain(), path, tasks, no_model, **kw)
+        return RUN_EPISODES(RunnableDomain(), path, tasks, no_model, **kw)
 
 
-def test_a_harness_error_with_a_lone_surrogate_is_that_candidates_reason(fake, tmp_path, capsys):
+def test_a_harness_error_with_a_lone_surrogate_is_that_candidates_reason(fake, tmp_path, capsys, monkeypatch):
     _, seed, run_dir = fake
     raises = SEED.replace('    reply = llm(', '    raise ValueError("bad \\ud800 text")\n    reply = llm(')
     edit = {"harness": raises}
     for rounds in (1, 2):  # the search, then its resume
-        res = command_search(tmp_path, seed, run_dir, edit, rounds, RealSmoke())
+        res = command_search(tmp_path, seed, run_dir, edit, rounds, RealSmoke(), monkeypatch)
         assert res["rounds"] == rounds
     reason = rows_of(run_dir)["h1_1"]["reason"]
     assert reason.startswith("smoke episode failed") and "ValueError: bad ? text" in reason, reason
     assert "ValueError: bad ? text" in capsys.readouterr().out
 
 
-def test_a_lone_surrogate_in_a_proposers_meta_json_is_replaced(fake, tmp_path, capsys):
+def test_a_lone_surrogate_in_a_proposers_meta_json_is_replaced(fake, tmp_path, capsys, monkeypatch):
     _, seed, run_dir = fake
     edit = {"harness": SEED.replace("MAX_TURNS = 1", "MAX_TURNS = 2"),
             "meta": {"changed": "MAX_TURNS \ud800 2", "hypothesis": "\udfff"}}
     for rounds in (1, 2):
-        assert command_search(tmp_path, seed, run_dir, edit, rounds, FakeRollout())["rounds"] == rounds
+        assert command_search(tmp_path, seed, run_dir, edit, rounds, FakeRollout(), monkeypatch)["rounds"] == rounds
     row = rows_of(run_dir)["h1_1"]
     assert row["valid"] and row["changed"] == "MAX_TURNS ? 2" and row["hypothesis"] == "?"
     assert "(MAX_TURNS ? 2)" in capsys.readouterr().out

@@ -3,6 +3,7 @@ import difflib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -220,7 +221,7 @@ def fake(tmp_path, monkeypatch):
     """-> (argv for a small smoke run, the trainer folders of every RSFT step actually executed)"""
     monkeypatch.setattr(whale.rollout, "run_episodes", fake_episodes)
     executed, step = [], whale.rft.RSFT.step
-    monkeypatch.setattr(whale.rft.RSFT, "step", lambda self, harness: executed.append(self.out_dir.parent.name)
+    monkeypatch.setattr(whale.rft.RSFT, "step", lambda self, harness: executed.append(self.folder.parents[1].name)
                         or step(self, harness))
     harness = tmp_path / "h0.py"
     harness.write_text(HARNESS)
@@ -234,7 +235,8 @@ def record(out):
     drop = ("seconds", "time", "test_seconds", "sample_s", "train_s", "copied_from")
     paths = ("winner", "harness", "final_harness")  # stored relative to the run folder when inside it
     content = lambda v: files.file_sha(os.path.join(out, v)) if os.path.isfile(os.path.join(out, v)) else v
-    clean = lambda row: {k: content(v) if k in paths else clean(v) if isinstance(v, dict) else v
+    clean = lambda row: {k: content(v) if k in paths else clean(v) if isinstance(v, dict) else
+                         [clean(r) for r in v] if isinstance(v, list) and v and isinstance(v[0], dict) else v
                          for k, v in row.items() if k not in drop}
     evals = {p.name: clean(json.loads(p.read_text())) for p in sorted((out / "evals").glob("*.json"))}
     steps = [clean(r) for r in rows(out / "weights" / "metrics.jsonl")] if (out / "weights").exists() else []
@@ -350,9 +352,8 @@ def test_a_run_interrupted_anywhere_resumes_to_the_same_result(tmp_path, fake, m
     executed.clear()
     out = tmp_path / "interrupted" / "run"  # its own store: nothing taken from the whole run's
     points = [(whale.meta_harness, "search", 1, False),  # phase 2's search done, its row not written
-              (whale.rft.RSFT, "step", 1, False),  # mid weight phase 3, its first step checkpointed
-              (Store, "put", 1, True),  # phase 3: its last step checkpointed, its weights not stored
-              (whale, "test_evaluation", 1, True),  # phase 3's weights stored, not evaluated
+              (whale.rft.RSFT, "step", 1, False),  # phase 3's first step made, not stored: made again
+              (whale, "test_evaluation", 1, True),  # phase 3's steps stored, not evaluated
               (Ledger, "log_phase", 1, False)]  # phase 3's row written, no summary yet
     for owner, name, call, before in points:
         with monkeypatch.context() as m:
@@ -361,8 +362,39 @@ def test_a_run_interrupted_anywhere_resumes_to_the_same_result(tmp_path, fake, m
                 whale.main(argv + ["--out", str(out)])
     whale.main(argv + ["--out", str(out)])
     assert_same_record(record(out), record(tmp_path / "whole" / "run"), "resumed run")
-    assert len(executed) == 4  # no RSFT step ran twice
+    assert len(executed) == 5  # the one step killed before it was stored, made again; no other
     assert [r["phase"] for r in rows(out / "metrics.jsonl") if r["event"] == "eval"] == [0, 1, 2, 3]
+
+
+def test_a_run_killed_in_a_step_a_round_or_an_evaluation_goes_on_from_its_rows_and_the_store_alone(tmp_path, fake,
+                                                                                                  monkeypatch):
+    """Killed inside a weight phase (its second step made, not stored), inside a search (the seed scored, the
+    proposer asked) and inside a test evaluation, every file of its folder deleted each time but metrics.jsonl and
+    config.json: the rerun gets the rows, evaluations, step rows, weights and summary of the unkilled run, redoing
+    at most the step, the round and the evaluation it was killed in."""
+    argv, executed = fake
+    proposals, evaluations = [], []
+    propose, evaluate = whale.meta_harness.propose, whale.evaluate_test
+    monkeypatch.setattr(whale.meta_harness, "propose", lambda *a: proposals.append(1) or propose(*a))
+    monkeypatch.setattr(whale, "evaluate_test", lambda *a: evaluations.append(1) or evaluate(*a))
+    whale.main(argv + ["--out", str(tmp_path / "whole" / "run")])
+    whole = len(executed), len(proposals), len(evaluations)
+    executed.clear(), proposals.clear(), evaluations.clear()
+    out = tmp_path / "killed" / "run"  # its own store: nothing taken from the whole run's
+    points = [(whale.rft.RSFT, "step", 2, False),  # phase 1's second step made, the store has its first
+              (whale.meta_harness, "propose", 1, False),  # phase 2: h0 re-scored and stored, round 1 proposed
+              (whale, "evaluate_test", 2, False)]  # phase 3's evaluation made, not written (phase 2's the first)
+    for owner, name, call, before in points:
+        with monkeypatch.context() as m:
+            interrupt(m, owner, name, call, before)
+            with pytest.raises(Interrupt, match=name):
+                whale.main(argv + ["--out", str(out)])
+        for path in out.iterdir():  # all but the rows and the config
+            if path.name not in ("metrics.jsonl", "config.json"):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    whale.main(argv + ["--out", str(out)])
+    assert_same_record(record(out), record(tmp_path / "whole" / "run"), "the killed run")
+    assert (len(executed), len(proposals), len(evaluations)) == (whole[0] + 1, whole[1] + 1, whole[2] + 1)
 
 
 def test_adaptive_schedule_spends_the_same_budgets_and_each_harness_phase_adds_iterations(tmp_path, fake,
@@ -497,23 +529,28 @@ def test_a_damaged_stored_item_is_computed_again_never_used(tmp_path, fake, monk
         check_item(kind, item)  # stored again, whole
 
 
-def test_a_resume_keeps_the_h0_and_the_code_it_started_with(tmp_path, fake, monkeypatch, capsys):
+def test_a_resume_keeps_the_h0_it_started_with_and_redoes_its_phase_in_progress_under_edited_code(
+        tmp_path, fake, monkeypatch, capsys):
     """A run killed midway, resumed: with another h0 content it is refused in one line (phase 0 evaluated the older
-    one); under edited code it goes on but stores nothing more, since its phase in progress is partly the older
-    code's (the store's key would say the new code made it); so does a run under --unsafe-no-sandbox. A copy a
-    kill cut short (a .tmp folder) does not stop the resume."""
-    argv, _ = fake
+    one); under edited code its finished phases are taken under the code that made them (their rows hold the keys in
+    full), and the phase in progress starts over under the new code (its steps so far are the older code's: the new
+    code's key finds none of them), so no item mixes the two. Under --unsafe-no-sandbox a run keeps its work in a
+    store of its own."""
+    argv, executed = fake
     out = tmp_path / "run"
     h0 = tmp_path / "h0.py"
     interrupt(monkeypatch, whale.rft.RSFT, "step", 3)  # inside weight-only's second phase, its first step done
     with pytest.raises(Interrupt):
         whale.main(argv + ["--method", "weight-only", "--out", str(out)])
-    monkeypatch.undo()  # the real step again (and the fixture's stand-in episodes, set anew)
+    monkeypatch.undo()  # the real step again (and the fixture's stand-ins, set anew)
     monkeypatch.setattr(whale.rollout, "run_episodes", fake_episodes)
+    step = whale.rft.RSFT.step
+    monkeypatch.setattr(whale.rft.RSFT, "step", lambda self, harness: executed.append(self.step_count + 1)
+                        or step(self, harness))
     store = tmp_path / "store"
     items = lambda: sorted(p.parent.name for p in store.glob("*/*/key.json"))
     made = items()
-    assert {p.parent.parent.name for p in store.glob("*/*/key.json")} == {"weights", "evaluation"}  # phase 1's
+    assert {p.parent.parent.name for p in store.glob("*/*/key.json")} == {"weights", "evaluation"}
 
     source = h0.read_text()
     h0.write_text(source + "# edited\n")
@@ -525,27 +562,29 @@ def test_a_resume_keeps_the_h0_and_the_code_it_started_with(tmp_path, fake, monk
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before and items() == made
     h0.write_text(source)
 
-    cut = out / "harness_w1.tmp"  # a stored search's copy that a kill cut (files.copy_tree): never read
-    cut.mkdir()
-    for name in ("setup.json", "frontier.json"):
-        (cut / name).write_text('{"cut')
     monkeypatch.setattr(store_module, "code_sha", lambda: "edited")
-    capsys.readouterr()
+    executed.clear()
     whale.main(argv + ["--method", "weight-only", "--out", str(out)])
-    assert "store: this run stores nothing (the code changed since it started" in capsys.readouterr().out
-    assert items() == made and json.loads((out / "summary.json").read_text())["rsft_steps"] == 4  # finished
+    assert executed == [3, 4]  # phase 2 from its start, under the new code; phase 1 taken under the older code's key
+    codes = {json.loads(p.read_text())["key"]["code"] for p in store.glob("*/*/key.json")}
+    assert "edited" in codes and len(codes) == 2  # phase 1 under the code that made it, phase 2 under the new one
+    assert json.loads((out / "summary.json").read_text())["rsft_steps"] == 4
 
     monkeypatch.setenv(switches.OPT_OUT, "1")  # the opt-out (its sandbox is not needed: the episodes are made up)
+    made = items()
+    capsys.readouterr()
     whale.main(argv + ["--method", "stagewise", "--out", str(tmp_path / "stagewise")])
-    assert "store: this run neither reads nor writes the store (--unsafe-no-sandbox" in capsys.readouterr().out
-    assert items() == made
+    assert "this run's own (a start under --unsafe-no-sandbox)" in capsys.readouterr().out
+    assert items() == made and list((tmp_path / "stagewise" / "store").glob("*/*/key.json"))
 
 
-def test_a_resume_stores_nothing_after_a_start_unconfined_or_at_another_width(tmp_path, fake, monkeypatch, capsys):
+def test_a_run_once_unconfined_keeps_its_own_store_and_another_width_redoes_only_its_phase_in_progress(
+        tmp_path, fake, monkeypatch, capsys):
     """A phase in progress may have begun in any earlier start of its run: one killed under --unsafe-no-sandbox and
-    resumed in the sandbox stores nothing (harness code ran unconfined in it), and so does one killed at --workers 2
-    and resumed at 3 (the weights' and the search's keys hold the width). Each such start is a "resume" row of
-    metrics.jsonl; rerunning a run as its last start was adds none."""
+    resumed in the sandbox goes on in the store of its own folder (harness code ran unconfined in it: the shared
+    store is never read or written); one killed at --workers 2 and resumed at 3 redoes its phase in progress at the
+    new width (the weights' key holds it). The unconfined start and its confined resume are rows of metrics.jsonl;
+    rerunning a run as its last start was adds none."""
     argv, _ = fake
     store = tmp_path / "store"
     items = lambda: sorted(p.parent.name for p in store.glob("*/*/key.json"))
@@ -559,19 +598,19 @@ def test_a_resume_stores_nothing_after_a_start_unconfined_or_at_another_width(tm
             whale.main(argv + ["--method", "weight-only", "--out", str(out), *first])
         monkeypatch.undo()  # the real step, the sandbox again (and the fixture's stand-in episodes, set anew)
         monkeypatch.setattr(whale.rollout, "run_episodes", fake_episodes)
-        made = items()
         capsys.readouterr()
         whale.main(argv + ["--method", "weight-only", "--out", str(out), *then])
-        assert items() == made and json.loads((out / "summary.json").read_text())["rsft_steps"] == 4  # finished
+        assert json.loads((out / "summary.json").read_text())["rsft_steps"] == 4  # finished
         return capsys.readouterr().out
 
     printed = killed_then_resumed(tmp_path / "unconfined", [], [], unconfined=True)
-    assert "store: this run stores nothing (an earlier start of this run was under --unsafe-no-sandbox)" in printed
+    assert "this run's own (a start under --unsafe-no-sandbox)" in printed
     assert items() == [] and starts(tmp_path / "unconfined") == ["start", "resume"]
     out = tmp_path / "width"
-    printed = killed_then_resumed(out, ["--workers", "2"], ["--workers", "3"])
-    assert "store: this run stores nothing (--workers changed since it started" in printed
-    assert items() and starts(out) == ["start", "resume"]  # the first start stored phase 1's work
+    killed_then_resumed(out, ["--workers", "2"], ["--workers", "3"])
+    assert starts(out) == ["start"]
+    # phase 1's weights at width 2, phase 2's at width 3: the step 3 made at width 2 was never stored
+    assert len(list(store.glob("weights/*/key.json"))) == 2
     before = (out / "metrics.jsonl").read_bytes()
     whale.main(argv + ["--method", "weight-only", "--out", str(out), "--workers", "3"])
     assert (out / "metrics.jsonl").read_bytes() == before
@@ -626,15 +665,6 @@ def test_weights_id_ignores_the_order_peft_writes_target_modules_in(tmp_path):
     c.write_text(json.dumps({"r": 8, "target_modules": ["q_proj", "v_proj", "o_proj"]}))
     assert files.adapter_config_sha(a) == files.adapter_config_sha(b) != files.adapter_config_sha(c)
     assert files.adapter_config_sha(tmp_path / "none").startswith("missing: ")
-
-
-def test_weights_that_no_rsft_step_updated_count_as_the_base_model(tmp_path):
-    # every step accepted nothing: the fresh adapter (B = 0) is the base model, so its evaluations are shared
-    trainer = types.SimpleNamespace(out_dir=tmp_path, history=[{"skipped": True}, {"skipped": True}])
-    weights_id = rft.RSFT.weights_id.fget
-    assert weights_id(trainer) == "base"
-    trainer.history.append({"skipped": False})
-    assert weights_id(trainer).startswith("adapter ")
 
 
 def test_fast_slow_under_weights_that_never_moved_continues_its_archive_and_charges_nothing_twice(

@@ -21,7 +21,6 @@ rank 0's error path tells the followers to stop (leading), those inside a gradie
 """
 import contextlib
 import datetime
-import json
 import os
 import socket
 import sys
@@ -324,23 +323,3 @@ def file_system(path):
     except OSError:
         pass
     return kind, at or path
-
-
-# -----------------------------------------------------------------------------
-# the rank count of a run
-
-def check_checkpoint(out_dir, n=None):
-    """An RSFT checkpoint resumes only at the rank count it was trained with (before the model loads): the count
-    changes the float sums of the update, so the later samples. A checkpoint that does not say: 1."""
-    n = count() if n is None else n
-    state_file = Path(out_dir, "ckpt", "state.json")
-    if not state_file.exists():
-        return
-    was = json.loads(state_file.read_text()).get("ranks", 1)
-    if was != n:
-        again = "run it without torchrun" if was == 1 else \
-            f"relaunch it on {was} ranks (torchrun's --nproc_per_node x --nnodes = {was})"
-        raise ValueError(f"{Path(out_dir, 'ckpt')} was trained on {was} trainer rank{'s' * (was != 1)}, this launch "
-                         f"has {n}: the rank count changes the update's float sums, so the samples after it; {again}, "
-                         "or use a new --out")
-

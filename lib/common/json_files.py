@@ -29,10 +29,10 @@ def write_json(path, obj):
 
 
 def read_jsonl(path, what="run file", fix="delete that line and rerun",
-               error="damaged {what} {path}: line {lineno} is not a JSON object: {fix}"):
+               error="damaged {what} {path}: line {lineno} is not a JSON object: {fix}", required=()):
     """The JSON objects of a JSON Lines file ([] when there is none; blank lines skipped); a line that is not
-    a JSON object is an error naming the file, the line and the fix (`error` filled with what, path, lineno
-    and fix: a reader whose message reads otherwise passes its own)."""
+    a JSON object (holding the `required` keys) is an error naming the file, the line and the fix (`error` filled
+    with what, path, lineno, fix and required: a reader whose message reads otherwise passes its own)."""
     if not os.path.exists(path):
         return []
     rows = []
@@ -44,8 +44,9 @@ def read_jsonl(path, what="run file", fix="delete that line and rerun",
                 row = json.loads(line)
             except json.JSONDecodeError:
                 row = None
-            if not isinstance(row, dict):
-                raise ValueError(error.format(what=what, path=path, lineno=lineno, fix=fix))
+            if not isinstance(row, dict) or any(k not in row for k in required):
+                raise ValueError(error.format(what=what, path=path, lineno=lineno, fix=fix,
+                                              required=", ".join(required)))
             rows.append(row)
     return rows
 

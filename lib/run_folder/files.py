@@ -14,15 +14,6 @@ from pathlib import Path
 from lib.common.json_files import damaged, json_object, read_json, sha256
 
 
-def swap_link(link, target):
-    """link -> target (a name in link's folder), switched in one rename: a kill leaves the old or the new link."""
-    link = Path(link)
-    tmp = link.with_name(link.name + ".new")
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(target)
-    os.replace(tmp, link)
-
-
 def copy_tree(src, dst):
     """dst as a copy of the folder src (real copies: an edit of either never reaches the other), in a temporary
     folder renamed at the end, so a kill leaves either nothing or the whole copy."""
@@ -149,44 +140,15 @@ def check_same_model(out, model):
 # -----------------------------------------------------------------------------
 # an RSFT checkpoint, whole (a harness archive: lib/archive.py's check_archive)
 
-def check_checkpoint(out_dir, start_over=None):
-    """A damaged run folder is an error naming the file and the fix (start_over: the caller's words for
-    starting over), never a silent restart from step 0."""
-    out_dir = Path(out_dir)
-    ckpt, metrics = out_dir / "ckpt", out_dir / "metrics.jsonl"
-    start_over = start_over or f"restore it, or delete {out_dir} to train from step 0"
-    if ckpt.is_symlink() and not ckpt.exists():
-        raise ValueError(f"checkpoint link {ckpt} points to {os.readlink(ckpt)}, which is missing: {start_over}")
-    if not ckpt.exists():
-        if metrics.exists() and metrics.read_text().strip():
-            raise ValueError(f"{metrics} records finished RSFT steps but the checkpoint {ckpt} is missing: {start_over}")
-        return
-    check_checkpoint_files(ckpt.resolve(), start_over)
-
-
-def check_checkpoint_model(out_dir, model):
-    """A checkpoint resumes only on the model it was trained on (checked before the model loads)."""
-    ckpt = Path(out_dir) / "ckpt"
-    state = read_json(ckpt / "state.json") if ckpt.exists() else None
-    if state is not None and state["model"] != model:
-        raise ValueError(f"{ckpt} was trained on model {state['model']!r}, not {model!r}: "
-                         "use the same --model or a new --out")
-
-
 CHECKPOINT_FILES = ("adapter/adapter_model.safetensors", "optimizer.pt")  # their sha256 is saved in state.json
 
 
 def check_checkpoint_files(folder, fix):
-    """Every file a resume reads from a checkpoint folder (ckpt-<step>/ or a snapshot of one) is whole, before
-    the model loads: state.json (its counters and history agree), adapter_config.json, the adapter weights
-    (safetensors laid out as its header says, finite) and optimizer.pt (a whole torch file), each holding the
-    sha256 recorded at save time where the save recorded one. -> the checkpoint's state"""
+    """Every file a trainer reads from a checkpoint folder (rft.RSFT.save's, as the store holds it) is whole, before
+    the model loads: state.json, adapter_config.json, the adapter weights (safetensors laid out as its header says,
+    finite) and optimizer.pt (a whole torch file), each holding the sha256 recorded at save time. -> its state"""
     folder = Path(folder)
-    state = json_object(folder / "state.json", fix, keys=("model", "step", "rollouts", "sampler", "history"))
-    history = state["history"]
-    if not isinstance(history, list) or len(history) != state["step"] or \
-            [row.get("step") if isinstance(row, dict) else None for row in history] != list(range(1, len(history) + 1)):
-        raise ValueError(f"damaged run file {folder / 'state.json'} (its history is not steps 1-{state['step']}): {fix}")
+    state = json_object(folder / "state.json", fix, keys=("model", "step", "rollouts", "sampler", "weights"))
     json_object(folder / "adapter" / "adapter_config.json", fix)
     check_safetensors(folder / CHECKPOINT_FILES[0], fix)
     check_torch_file(folder / CHECKPOINT_FILES[1], fix)

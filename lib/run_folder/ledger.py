@@ -1,26 +1,24 @@
 """One run's record: the rows of its metrics.jsonl, one per finished phase, appended after the phase's test
 evaluation. The rows are the run's state: the phases finished and their kinds, the step, the weights and the
-harness the run goes on with, the proposer rounds and rollouts spent, and each archive's weights and rounds. A run
-killed midway appends nothing for the phase it was in, so a rerun enters the same phase again (the method table
-names it from the same rows), and the phase resumes inside itself (RSFT's checkpoint, the archive's own index).
-The finished work itself lies in the store (lib/run_folder/store.py), which a rerun finds again.
+harness the run goes on with, the proposer rounds and rollouts spent, each archive's weights and rounds, and the full
+key of every store item a phase made ("stored"). A run killed midway appends nothing for the phase it was in, so a
+rerun enters the same phase again (the method table names it from the same rows), and that phase goes on from the
+store (lib/run_folder/store.py), which holds its last step or round; whale.restore copies back from the store the
+files of finished phases that the folder lacks. The rows, config.json and the store are all a rerun needs.
 
     ledger = Ledger(out, h0)
     ledger.step, ledger.weights, ledger.harness, ledger.rounds    # where the last finished phase left the run
-    ledger.archive_for(weights)                                   # (archive, its rounds): continued or new
-    ledger.log_start(steps, rounds, attempt); ledger.log_phase(row); ledger.write_summary(about)
+    ledger.archive_for(weights)                                   # (archive, its rounds, its key): continued or new
+    ledger.log_start(steps, rounds, unconfined); ledger.log_phase(row); ledger.write_summary(about)
 
-Before a rerun resumes a folder, check_run_folder and check_same_settings check its files and its settings."""
+Before a rerun, check_run_folder and check_same_settings check its rows, h0 and its settings."""
 import json
 import os
 import time
-from pathlib import Path
 
-from lib.archive import check_archive
 from lib.cli import NO_RESULT_FLAGS
 from lib.common.json_files import append_jsonl, read_json, read_jsonl, write_json
-from lib.run_folder.files import (check_checkpoint, check_checkpoint_model, check_run_files, file_sha, start_over,
-                                  stored_path)
+from lib.run_folder.files import file_sha, start_over, stored_path
 
 # the row of a phase whose test evaluation the run skips (--test-evals ends: never the first or the last)
 NOT_EVALUATED = {"mean_at_k": None, "test_tasks": 0}
@@ -31,13 +29,12 @@ class Ledger:
         self.out, self.h0 = out, os.path.abspath(h0)
         path = os.path.join(out, "metrics.jsonl")
         rows = read_jsonl(path, fix="a run killed while writing it? delete that line and rerun")
-        # every start of the run that changed what its work is made under: the first, then such resumes (log_start)
+        # the run's first start, then every resume that changed whether harness and proposer code ran confined
         self.attempts = [r for r in rows if r.get("event") in ("start", "resume")]
         self.rows = [r for r in rows if r.get("event") == "eval"]
-        old = [r for r in self.rows if "weights" not in r or (r["kind"] == "harness" and "rounds" not in r)]
-        if old:  # rows before the store (no weights) or before harness rows counted "rounds" (they said "iterations")
-            lacks = "weights" if "weights" not in old[0] else "rounds"
-            raise ValueError(f"{path} was written by an older whale.py (it lacks {lacks}): {move_aside(out)}")
+        old = [r for r in self.rows if "stored" not in r]
+        if old:  # rows from before a run's progress lived in the store: they name no store item
+            raise ValueError(f"{path} was written by an older whale.py (it lacks stored): {move_aside(out)}")
         if [r["phase"] for r in self.rows] != list(range(len(self.rows))):
             raise ValueError(f"damaged run file {path} (its phase rows are not 0, 1, 2, ...): {start_over(out)}")
 
@@ -70,6 +67,16 @@ class Ledger:
         return os.path.abspath(os.path.join(self.out, winners[-1])) if winners else self.h0
 
     @property
+    def step_rows(self):
+        """Every finished weight phase's step rows, in order."""
+        return [step for r in self.rows for step in r.get("step_rows", [])]
+
+    @property
+    def unconfined(self):
+        """Whether any start of the run ran harness and proposer code without the sandbox (--unsafe-no-sandbox)."""
+        return any(a.get("unconfined") for a in self.attempts)
+
+    @property
     def rounds(self):
         return sum(r["rounds"] for r in self.rows if r["kind"] == "harness")
 
@@ -80,24 +87,24 @@ class Ledger:
         return sum({r["archive"]: r["archive_rollouts"] for r in rows if "archive" in r}.values())
 
     def archive_for(self, weights):
-        """-> (the archive a harness phase searches in, the rounds it holds): the last one if the weights have not
-        changed since it ran (no search is repeated or charged twice), else a new one, harness_w<weight phases>."""
+        """-> (the archive a harness phase searches in, the rounds it holds, its store key): the last one if the
+        weights have not changed since it ran (no search is repeated or charged twice), else a new one,
+        harness_w<weight phases>, with no rounds and no key yet."""
         last = [r for r in self.rows if r["kind"] == "harness"][-1:]
         if last and last[0]["weights"] == weights:
-            return last[0]["archive"], last[0]["archive_rounds"]
-        return f"harness_w{sum(r['kind'] == 'weight' for r in self.rows)}", 0
+            return last[0]["archive"], last[0]["archive_rounds"], last[0]["stored"]["search"]
+        return f"harness_w{sum(r['kind'] == 'weight' for r in self.rows)}", 0, None
 
     # what the run writes
-    def log_start(self, steps, rounds, attempt):
-        """The start row: the budgets, h0's content (a resume must find it unchanged) and `attempt`, what this start's
-        work is made under (the code's sha256, store.code_sha; whether harness and proposer code ran unconfined;
-        --workers). A resume under another attempt appends a row of its own ("resume"), so whale.why_store_nothing
-        sees every start a phase in progress may have run in."""
+    def log_start(self, steps, rounds, unconfined):
+        """The start row: the budgets, h0's content (a resume must find it unchanged) and whether harness and
+        proposer code run unconfined (--unsafe-no-sandbox). A resume that changes that appends a row of its own
+        ("resume"): a run that ever ran unconfined keeps its work in a store of its own (whale.run)."""
         if self.start is None:
             row = {"event": "start", "weight_steps": steps, "harness_rounds": rounds, "h0": file_sha(self.h0),
-                   **attempt, "time": time.time()}
-        elif any(self.attempts[-1].get(k) != v for k, v in attempt.items()):
-            row = {"event": "resume", **attempt, "time": time.time()}
+                   "unconfined": unconfined, "time": time.time()}
+        elif self.attempts[-1].get("unconfined") != unconfined:
+            row = {"event": "resume", "unconfined": unconfined, "time": time.time()}
         else:
             return
         append_jsonl(os.path.join(self.out, "metrics.jsonl"), row)
@@ -125,31 +132,14 @@ class Ledger:
         return summary
 
 
-def check_run_folder(out, model, h0, candidates):
-    """The run folder before any work or model: its rows read back, and every file a resume reads after them is
-    there and whole (the trainer's checkpoint on the same model, the archives with their rounds, the harness the
-    run goes on with), else one line naming the file and the fix. Deleting the folder is a cheap fix: under the
-    same code, a rerun takes every finished phase from the store. h0's content must be the one the run started
-    with (phase 0 evaluated it)."""
-    ledger, fix = Ledger(out, h0), start_over(out)
+def check_run_folder(out, h0):
+    """The run folder before any work or model: its rows read back (a damaged row is one line naming the fix), and
+    h0's content the one the run started with (phase 0 evaluated it). Every other file a rerun needs it copies
+    back from the store (whale.restore)."""
+    ledger = Ledger(out, h0)
     h0_now = file_sha(h0)
     if ledger.start and ledger.start.get("h0", h0_now) != h0_now:
         raise ValueError(f"{h0} changed since {out} started: restore it, or {move_aside(out)}")
-    weights = Path(out, "weights")
-    check_checkpoint(weights, fix)
-    check_checkpoint_model(weights, model)
-    if ledger.step and not (weights / "ckpt").exists():
-        raise ValueError(f"{weights / 'ckpt'} is missing, but {out}/metrics.jsonl records {ledger.step} finished "
-                         f"weight steps: {fix}")
-    check_run_files(out)
-    for row in ledger.rows:
-        evaluation = Path(out, "evals", f"phase_{row['phase']}.json")
-        if row["mean_at_k"] is not None and not evaluation.exists():
-            raise ValueError(f"{evaluation} is missing, but {out}/metrics.jsonl records its test evaluation: {fix}")
-        if "archive" in row and check_archive(Path(out, row["archive"]), fix, row["archive_rounds"], candidates):
-            raise ValueError(f"{out}/{row['archive']}/candidates/h0/harness.py is missing: {fix}")
-    if not os.path.isfile(ledger.harness):
-        raise ValueError(f"{ledger.harness} is missing, but {out}/metrics.jsonl names it as the run's harness: {fix}")
 
 
 # flags that may change between a run and its resumption: those that cannot change a result (lib/cli.py: speed, the

@@ -8,13 +8,15 @@ It lies beside their run folders: results/<preset>[/seed-<n>]/<domain>/store/ (f
 
 An item is store/<kind>/<sha256 of its key>/: a copy of the work and key.json (the key in full, `about`: the run
 that made it, the sha256 of every file as it was put, and the sha256 of those three), built in a temporary folder
-and renamed into place, so a kill leaves no item or the whole one. The kinds: weights (an RSFT checkpoint at a
-weight phase's end), search (a harness archive) and evaluation (evaluation.json and its traces). What each key
+and renamed into place, so a kill leaves no item or the whole one. The kinds: weights (a weight phase's RSFT
+checkpoint after its last step so far, with the phase's step rows), search (a harness archive after its last round
+so far) and evaluation (evaluation.json and its traces). An item of a phase or search in progress is replaced after
+every step or round: the store is where a run's progress lives, and a killed run goes on from there. What each key
 holds, and what it does not: docs/design.md section 9. A find serves only what was stored: key.json is as put wrote
 it, its key the key looked up, every file hashes as it did at put, none was added (check_stored), and the item is
 whole (check_item); one that fails is removed, said in one line, and computed again by the caller from the same
-inputs (the same seeds give the same result), never used. Items and runs hold copies, never hard links, so editing a
-run's files never edits the store.
+inputs (the same seeds give the same result), never used. Items and runs hold copies, never hard links, so editing
+a run's files never edits the store.
 It runs nothing: whale.py's phases do the work."""
 import fcntl
 import hashlib
@@ -62,14 +64,14 @@ def only_command(root):
 
 
 class Store:
-    def __init__(self, root):
+    def __init__(self, root, code=None):
         self.root = Path(root)
-        self.code = code_sha()  # the code as this command found it (whale.main reads it before the model loads)
-        self.unused = None  # why this run neither reads nor writes the store (--unsafe-no-sandbox), else None
-        self.read_only = None  # why this run puts nothing (whale.why_store_nothing), else None
+        self.code = code or code_sha()  # the code as the command found it: every key holds it
 
     def full_key(self, key):
-        return {**key, "code": self.code}
+        """The key in full: with the code that made the work, this command's unless the key names its own (a run's
+        rows record the full keys of their items, so that its finished work is found under the code that made it)."""
+        return {"code": self.code, **key}
 
     def item(self, kind, key):
         key = json.dumps(self.full_key(key), sort_keys=True)
@@ -80,7 +82,7 @@ class Store:
         check (another key, a file added, removed or edited since its put, or not whole), removed (the caller
         computes it again)."""
         item = self.item(kind, key)
-        if self.unused or not (item / "key.json").exists():
+        if not (item / "key.json").exists():
             return None
         try:
             check_stored(item, self.full_key(key))
@@ -94,10 +96,8 @@ class Store:
     def put(self, kind, key, work, about):
         """The item of `kind` under `key`: `work` (a file or folder, or {name in the item: path}) copied in (real
         copies: a later edit of the run's files never reaches the item), then key.json (the key, `about`, and the
-        sha256 of every file), renamed into place over any older one (a longer search of the same start).
-        -> the item's folder (None: unused or read_only)"""
-        if self.unused or self.read_only:
-            return None
+        sha256 of every file), renamed into place over any older one (the same phase or search a step or round further).
+        -> the item's folder"""
         item = self.item(kind, key)
         tmp = item.with_name(f"{item.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
