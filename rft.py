@@ -52,11 +52,11 @@ from lib.backends.models import load_model, shared_prefix
 from lib.backends.policy import add_backend_args, add_lora, load_lora, load_policy
 from lib.cli import Parser, check_out, config_hash, conflicting_flags, inputs_of, one_line_errors, rsft_config
 from lib.common.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, probability, seed_int
-from lib.common.json_files import read_json, sha256, write_json, write_jsonl
+from lib.common.json_files import read_json, write_json, write_jsonl
 from lib.episodes import sandbox
 from lib.episodes.runner import scoring_rule
 from lib.rules import SUCCESS
-from lib.run_folder.files import CHECKPOINT_FILES, adapter_id, copy_tree, file_sha
+from lib.run_folder.files import adapter_id, copy_tree, file_sha
 from lib.run_folder.store import Store, about
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, parse_with_preset
@@ -369,7 +369,7 @@ class RSFT:
 
     def save(self, updated):
         """The trainer into `folder`: adapter, optimizer and scheduler with the RNG, and state.json (the counters, the
-        sampler, the weights' id, the sha256 of the two large files, which the store checks again at every find).
+        sampler, the weights' id).
         updated: whether this step changed the adapter (else the weights keep their id: "base" stays "base")."""
         shutil.rmtree(self.folder, ignore_errors=True)
         self.policy.save_adapter(self.folder / "adapter")
@@ -380,8 +380,7 @@ class RSFT:
                    self.folder / "optimizer.pt")
         state = {"model": self.cfg.model, "weight_step": self.cfg.weight_step, "step": self.step_count,
                  "rollouts": self.rollouts, "sampler": self.sampler.state_dict(), "weights": self.weights_id,
-                 "ranks": ranks.count(),
-                 "sha256": {name: sha256(self.folder / name) for name in CHECKPOINT_FILES}}
+                 "ranks": ranks.count()}
         write_json(self.folder / "state.json", state)
 
 

@@ -70,17 +70,17 @@ def run(cfg, domain, policy, card, store):
     (lib/methods.next_phase), each followed by its test evaluation and its row. weight_phase, harness_phase and
     test_evaluation each look their work up in the store (what any run on this domain, preset and seed made from the
     same inputs, this run before a kill included) and store what they make, a step, a round or an evaluation at a
-    time. A rerun copies back from the store what its finished rows name and its folder lacks (restore), and enters
+    time. A rerun copies the finished phases' files back from the store items its rows name (restore), and enters
     the phase it was in again, which goes on from the store. card: the lease on the GPU this process holds
     (lib/run_folder/card.py), given back while a search's proposer writes."""
     train = seeded_sample(domain.load("train"), cfg.rsft.train_limit)
     steps, rounds = budgets(cfg, len(train))
     ledger = Ledger(cfg.out, cfg.harness)
     ledger.log_start(steps, rounds, unconfined=switches.disabled())
-    if ledger.unconfined:  # its harness and proposer code ran unconfined: what they made stays in the run's folder
+    if ledger.unconfined:  # its harness and proposer code run unconfined: what they make stays in the run's folder
         store = Store(Path(cfg.out, "store"), store.code)
-        print(f"store: {store.root}, this run's own (a start under --unsafe-no-sandbox); the shared one is neither "
-              "read nor written")
+        print(f"store: {store.root}, this run's own (--unsafe-no-sandbox); the shared one is neither read nor "
+              "written")
     restore(store, ledger)
     trainer = start_trainer(cfg, store, ledger, policy, domain, train) if steps else rft.NoSteps()
     errors = rollout.INFRA_ERRORS  # the infrastructure-error budget: counted per phase, its counts in every row
@@ -93,7 +93,7 @@ def run(cfg, domain, policy, card, store):
         ledger.log_phase({"kind": "start", "step": 0, "weights": "base", "rollouts": 0, "stored": {"evaluation": key},
                           **stats, **errors.counts()})
 
-    while kind := next_phase(cfg.method, ledger.last_kind, steps - ledger.step, rounds - ledger.rounds):
+    while kind := next_phase(cfg.method, ledger.last_kind, steps - trainer.step_count, rounds - ledger.rounds):
         i = ledger.phase + 1
         errors.start_phase(f"phase {i} ({kind})")
         card.phase = f"{i} {kind}"
@@ -137,9 +137,9 @@ def weight_phase(cfg, store, ledger, trainer, n_train, steps):
     weight step, the trainer's rank count, which changes the update's float sums). The store's item of this very
     phase, whole or as far as a killed run took it, is taken: its steps are not run again. -> (the trainer, the
     row's detail)"""
-    harness, start = ledger.harness, ledger.step
+    harness, start = ledger.harness, trainer.step_count
     rule = weight_rule(cfg, n_train, steps - start)
-    key = store.full_key({"weights": ledger.weights, "step": start, "harness": file_sha(harness),
+    key = store.full_key({"weights": trainer.weights_id, "step": start, "harness": file_sha(harness),
                           "config": config_hash({"rsft": cfg.rsft, "rule": rule}), "ranks": ranks.count()})
     item = store.find("weights", key)
     rows = about(item)["rows"] if item is not None else []
@@ -548,7 +548,7 @@ def check_inputs(runs):
             rft.check_batch(one.batch, len(train), domain.name)
         if rounds:
             meta_harness.check_proposer(cfg.search)
-        check_run_folder(one.out, one.harness)
+        check_run_folder(one.out, one.harness, switches.disabled())
         check_same_settings(one.out, vars(one))
     return domain
 

@@ -247,17 +247,34 @@ def test_every_flag_reaches_the_reuse_key_or_cannot_change_a_result(monkeypatch)
                                                  "NO_RESULT_FLAGS")
 
 
-def test_the_reading_path_names_functions_that_exist():
-    """docs/design.md section 9's reading path names each function by its file: renamed or moved code would leave
-    a reader at a name that is not there."""
+def reading_path():
+    """[(file, [function names])] of docs/design.md section 9's reading path."""
     doc = (ROOT / "docs" / "design.md").read_text()
     table = doc.split("<!-- reading path -->")[1].split("<!-- end reading path -->")[0]
     rows = [line.split("|")[1:3] for line in table.strip().splitlines()[2:]]
-    assert len(rows) >= 10
-    for path, names in rows:
-        body = tree(path.strip()).body
-        defined = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-        defined |= {f"{c.name}.{f.name}" for c in body if isinstance(c, ast.ClassDef)
-                    for f in c.body if isinstance(f, ast.FunctionDef)}
-        for name in names.replace("`", "").split(","):
-            assert name.strip() in defined, f"{path.strip()} has no {name.strip()}"
+    return [(path.strip(), [n.strip() for n in names.replace("`", "").split(",")]) for path, names in rows]
+
+
+def definitions(path):
+    """{name: its ast node} of a file's top-level functions and classes and its classes' methods (Class.method)."""
+    body = tree(path).body
+    defined = {n.name: n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    defined |= {f"{c.name}.{f.name}": f for c in body if isinstance(c, ast.ClassDef)
+                for f in c.body if isinstance(f, ast.FunctionDef)}
+    return defined
+
+
+def test_the_reading_path_names_functions_that_exist_and_reads_in_at_most_700_lines():
+    """docs/design.md section 9's reading path names each function by its file (renamed or moved code would leave a
+    reader at a name that is not there), and covers one training iteration and one resume in at most 700 lines: each
+    function's whole source, decorators included, counted here from the source, as the doc's count says."""
+    lines = 0
+    for path, names in reading_path():
+        defined = definitions(path)
+        for name in names:
+            assert name in defined, f"{path} has no {name}"
+            node = defined[name]
+            lines += node.end_lineno - min([node.lineno] + [d.lineno for d in node.decorator_list]) + 1
+    assert len(reading_path()) >= 10 and lines <= 700, lines
+    doc = (ROOT / "docs" / "design.md").read_text()
+    assert f"{lines} lines" in doc.split("<!-- end reading path -->")[1][:400], lines

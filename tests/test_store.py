@@ -96,7 +96,7 @@ def test_an_unconfined_command_neither_reads_nor_writes_the_store(tmp_path, fake
     out = capsys.readouterr().out
     assert listing(store) == before
     assert executed == ["unconfined"] * 4 and "(the store)" not in out and "damaged" not in out
-    assert f"store: {tmp_path / 'unconfined' / 'store'}, this run's own (a start under --unsafe-no-sandbox)" in out
+    assert f"store: {tmp_path / 'unconfined' / 'store'}, this run's own (--unsafe-no-sandbox)" in out
     assert record(tmp_path / "unconfined")["summary"]["final_mean_at_k"] == \
         record(tmp_path / "first")["summary"]["final_mean_at_k"]
 

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 
 import pytest
 
@@ -25,7 +24,7 @@ from lib.cli import run_config
 from lib.backends.hf_backend import NullModelBackend
 from lib.run_folder.card import NO_TURNS
 from lib.run_folder.ledger import Ledger
-from lib.run_folder.store import Store, check_item
+from lib.run_folder.store import Store, check_stored
 from lib.methods import METHODS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -508,7 +507,8 @@ def test_a_damaged_stored_item_is_computed_again_never_used(tmp_path, fake, monk
     monkeypatch.chdir(tmp_path)
     whale.main(argv + ["--method", "weight-only"])
     store = tmp_path / "results" / "smoke" / "math" / "store"
-    [first] = [p.parent for p in store.glob("weights/*/key.json") if json.loads(p.read_text())["about"]["step"] == 2]
+    [first] = [p.parent for p in store.glob("weights/*/key.json")
+               if json.loads(p.read_text())["about"]["rows"][-1]["step"] == 2]
     adapter = first / "adapter" / "adapter_model.safetensors"
     adapter.write_bytes(adapter.read_bytes()[:-1000])
     [h0] = [p.parent for p in store.glob("evaluation/*/key.json")
@@ -525,8 +525,8 @@ def test_a_damaged_stored_item_is_computed_again_never_used(tmp_path, fake, monk
     assert stagewise["steps"] == weight_only["steps"] and stagewise["adapter"] == weight_only["adapter"]
     assert stagewise["evals"]["phase_0.json"] == weight_only["evals"]["phase_0.json"]  # evaluated again, the same
     assert "test evaluation (phase_0): the same as " not in out
-    for kind, item in (("weights", first), ("evaluation", h0)):
-        check_item(kind, item)  # stored again, whole
+    for item in (first, h0):
+        check_stored(item, json.loads((item / "key.json").read_text())["key"])  # stored again, as put
 
 
 def test_a_resume_keeps_the_h0_it_started_with_and_redoes_its_phase_in_progress_under_edited_code(
@@ -574,41 +574,45 @@ def test_a_resume_keeps_the_h0_it_started_with_and_redoes_its_phase_in_progress_
     made = items()
     capsys.readouterr()
     whale.main(argv + ["--method", "stagewise", "--out", str(tmp_path / "stagewise")])
-    assert "this run's own (a start under --unsafe-no-sandbox)" in capsys.readouterr().out
+    assert "this run's own (--unsafe-no-sandbox)" in capsys.readouterr().out
     assert items() == made and list((tmp_path / "stagewise" / "store").glob("*/*/key.json"))
 
 
-def test_a_run_once_unconfined_keeps_its_own_store_and_another_width_redoes_only_its_phase_in_progress(
+def test_a_run_unconfined_keeps_its_own_store_and_another_width_redoes_only_its_phase_in_progress(
         tmp_path, fake, monkeypatch, capsys):
-    """A phase in progress may have begun in any earlier start of its run: one killed under --unsafe-no-sandbox and
-    resumed in the sandbox goes on in the store of its own folder (harness code ran unconfined in it: the shared
-    store is never read or written); one killed at --workers 2 and resumed at 3 redoes its phase in progress at the
-    new width (the weights' key holds it). The unconfined start and its confined resume are rows of metrics.jsonl;
-    rerunning a run as its last start was adds none."""
+    """A run started under --unsafe-no-sandbox keeps its work in the store of its own folder (harness code runs
+    unconfined in it: the shared store is never read or written), and resumes only the same way; one killed at
+    --workers 2 and resumed at 3 redoes its phase in progress at the new width (the weights' key holds it)."""
     argv, _ = fake
     store = tmp_path / "store"
     items = lambda: sorted(p.parent.name for p in store.glob("*/*/key.json"))
-    starts = lambda out: [r["event"] for r in rows(out / "metrics.jsonl") if r["event"] != "eval"]
 
-    def killed_then_resumed(out, first, then, unconfined=False):
-        if unconfined:
-            monkeypatch.setenv(switches.OPT_OUT, "1")  # the opt-out (the episodes are made up: no sandbox needed)
+    def killed(out, *flags):
         interrupt(monkeypatch, whale.rft.RSFT, "step", 3)  # inside weight-only's second phase
         with pytest.raises(Interrupt):
-            whale.main(argv + ["--method", "weight-only", "--out", str(out), *first])
+            whale.main(argv + ["--method", "weight-only", "--out", str(out), *flags])
         monkeypatch.undo()  # the real step, the sandbox again (and the fixture's stand-in episodes, set anew)
         monkeypatch.setattr(whale.rollout, "run_episodes", fake_episodes)
-        capsys.readouterr()
-        whale.main(argv + ["--method", "weight-only", "--out", str(out), *then])
-        assert json.loads((out / "summary.json").read_text())["rsft_steps"] == 4  # finished
-        return capsys.readouterr().out
 
-    printed = killed_then_resumed(tmp_path / "unconfined", [], [], unconfined=True)
-    assert "this run's own (a start under --unsafe-no-sandbox)" in printed
-    assert items() == [] and starts(tmp_path / "unconfined") == ["start", "resume"]
+    out = tmp_path / "unconfined"
+    monkeypatch.setenv(switches.OPT_OUT, "1")  # the opt-out (the episodes are made up: no sandbox needed)
+    killed(out)
+    with pytest.raises(SystemExit) as e:  # resumed in the sandbox: refused before any model loads
+        whale.main(argv + ["--method", "weight-only", "--out", str(out)])
+    assert str(e.value.code) == (f"whale.py: error: {out} was started with --unsafe-no-sandbox: resume it the same "
+                                 f"way, or move {out} aside (mv {out} {out}.old) or delete it, and rerun to start it "
+                                 "over")
+    monkeypatch.setenv(switches.OPT_OUT, "1")
+    capsys.readouterr()
+    whale.main(argv + ["--method", "weight-only", "--out", str(out)])
+    assert f"store: {out / 'store'}, this run's own (--unsafe-no-sandbox)" in capsys.readouterr().out
+    assert json.loads((out / "summary.json").read_text())["rsft_steps"] == 4 and items() == []
+    monkeypatch.delenv(switches.OPT_OUT)
+
     out = tmp_path / "width"
-    killed_then_resumed(out, ["--workers", "2"], ["--workers", "3"])
-    assert starts(out) == ["start"]
+    killed(out, "--workers", "2")
+    whale.main(argv + ["--method", "weight-only", "--out", str(out), "--workers", "3"])
+    assert json.loads((out / "summary.json").read_text())["rsft_steps"] == 4
     # phase 1's weights at width 2, phase 2's at width 3: the step 3 made at width 2 was never stored
     assert len(list(store.glob("weights/*/key.json"))) == 2
     before = (out / "metrics.jsonl").read_bytes()

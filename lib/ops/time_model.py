@@ -23,7 +23,7 @@ wake holds the trainer's live tensors + RESERVED_SLACK, not its SFT peak (which 
 Time of a run = its rollouts (decode: bandwidth-bound; prefill: FLOP-bound; the harness's tool waits) + its
 SFT passes (FLOP-bound) + per RSFT step the engine's sleep, wake, adapter load and canary + per process
 the model load and engine start + per proposer round the coding agent's own time. run_all.sh runs a domain's
-methods in one whale.py process with one engine, and whale.py's reuse (lib/run_folder/ledger.py) takes a phase that
+methods in one whale.py process with one engine, and whale.py's reuse (lib/run_folder/store.py) takes a phase that
 an earlier run of the process already made (the same steps under the same harnesses, the same search from
 the same harness under the same weights) and its test evaluation: shared_phases() counts those, and a run's
 estimate is its own work only. run_all.sh's domain processes take turns on the card (TURNS=1, lib/run_folder/card.py):

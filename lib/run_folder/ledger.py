@@ -7,7 +7,7 @@ store (lib/run_folder/store.py), which holds its last step or round; whale.resto
 files of finished phases that the folder lacks. The rows, config.json and the store are all a rerun needs.
 
     ledger = Ledger(out, h0)
-    ledger.step, ledger.weights, ledger.harness, ledger.rounds    # where the last finished phase left the run
+    ledger.step, ledger.harness, ledger.rounds, ledger.step_rows  # where the last finished phase left the run
     ledger.archive_for(weights)                                   # (archive, its rounds, its key): continued or new
     ledger.log_start(steps, rounds, unconfined); ledger.log_phase(row); ledger.write_summary(about)
 
@@ -29,19 +29,14 @@ class Ledger:
         self.out, self.h0 = out, os.path.abspath(h0)
         path = os.path.join(out, "metrics.jsonl")
         rows = read_jsonl(path, fix="a run killed while writing it? delete that line and rerun")
-        # the run's first start, then every resume that changed whether harness and proposer code ran confined
-        self.attempts = [r for r in rows if r.get("event") in ("start", "resume")]
+        # the start row (the budgets, h0's content, whether harness and proposer code run unconfined), None before it
+        self.start = next((r for r in rows if r.get("event") == "start"), None)
         self.rows = [r for r in rows if r.get("event") == "eval"]
         old = [r for r in self.rows if "stored" not in r]
         if old:  # rows from before a run's progress lived in the store: they name no store item
             raise ValueError(f"{path} was written by an older whale.py (it lacks stored): {move_aside(out)}")
         if [r["phase"] for r in self.rows] != list(range(len(self.rows))):
             raise ValueError(f"damaged run file {path} (its phase rows are not 0, 1, 2, ...): {start_over(out)}")
-
-    @property
-    def start(self):
-        """The start row (the budgets, h0's content, the first start's attempt), None before the run's first start."""
-        return self.attempts[0] if self.attempts else None
 
     # where the last finished phase left the run
     @property
@@ -57,10 +52,6 @@ class Ledger:
         return self.rows[-1]["step"] if self.rows else 0
 
     @property
-    def weights(self):
-        return self.rows[-1]["weights"] if self.rows else "base"
-
-    @property
     def harness(self):
         """The harness the run goes on with: the last harness phase's winner, else h0."""
         winners = [r["winner"] for r in self.rows if r["kind"] == "harness"]
@@ -73,8 +64,9 @@ class Ledger:
 
     @property
     def unconfined(self):
-        """Whether any start of the run ran harness and proposer code without the sandbox (--unsafe-no-sandbox)."""
-        return any(a.get("unconfined") for a in self.attempts)
+        """Whether the run's harness and proposer code run without the sandbox (--unsafe-no-sandbox): every start of a
+        run runs them the same way (check_run_folder)."""
+        return self.start["unconfined"]
 
     @property
     def rounds(self):
@@ -97,18 +89,12 @@ class Ledger:
 
     # what the run writes
     def log_start(self, steps, rounds, unconfined):
-        """The start row: the budgets, h0's content (a resume must find it unchanged) and whether harness and
-        proposer code run unconfined (--unsafe-no-sandbox). A resume that changes that appends a row of its own
-        ("resume"): a run that ever ran unconfined keeps its work in a store of its own (whale.run)."""
+        """The start row, at the run's first start: the budgets, h0's content and whether harness and proposer code
+        run unconfined (--unsafe-no-sandbox), which a resume must find unchanged (check_run_folder)."""
         if self.start is None:
-            row = {"event": "start", "weight_steps": steps, "harness_rounds": rounds, "h0": file_sha(self.h0),
-                   "unconfined": unconfined, "time": time.time()}
-        elif self.attempts[-1].get("unconfined") != unconfined:
-            row = {"event": "resume", "unconfined": unconfined, "time": time.time()}
-        else:
-            return
-        append_jsonl(os.path.join(self.out, "metrics.jsonl"), row)
-        self.attempts.append(row)
+            self.start = {"event": "start", "weight_steps": steps, "harness_rounds": rounds, "h0": file_sha(self.h0),
+                          "unconfined": unconfined, "time": time.time()}
+            append_jsonl(os.path.join(self.out, "metrics.jsonl"), self.start)
 
     def log_phase(self, row):
         """A finished phase's row, its test evaluation done: from now on the run goes on from it."""
@@ -132,14 +118,20 @@ class Ledger:
         return summary
 
 
-def check_run_folder(out, h0):
-    """The run folder before any work or model: its rows read back (a damaged row is one line naming the fix), and
-    h0's content the one the run started with (phase 0 evaluated it). Every other file a rerun needs it copies
-    back from the store (whale.restore)."""
-    ledger = Ledger(out, h0)
-    h0_now = file_sha(h0)
-    if ledger.start and ledger.start.get("h0", h0_now) != h0_now:
+def check_run_folder(out, h0, unconfined):
+    """The run folder before any work or model: its rows read back (a damaged row is one line naming the fix), h0's
+    content the one the run started with (phase 0 evaluated it), and harness and proposer code run as they did then:
+    a run under --unsafe-no-sandbox keeps its work in a store of its own, one in the sandbox in the shared one
+    (whale.run), and a resume never mixes the two. Every other file a rerun needs it copies back from the store
+    (whale.restore)."""
+    start = Ledger(out, h0).start
+    if start is None:
+        return
+    if start["h0"] != file_sha(h0):
         raise ValueError(f"{h0} changed since {out} started: restore it, or {move_aside(out)}")
+    if start["unconfined"] != unconfined:
+        flag = "with --unsafe-no-sandbox" if start["unconfined"] else "in the sandbox (without --unsafe-no-sandbox)"
+        raise ValueError(f"{out} was started {flag}: resume it the same way, or {move_aside(out)}")
 
 
 # flags that may change between a run and its resumption: those that cannot change a result (lib/cli.py: speed, the

@@ -13,9 +13,10 @@ checkpoint after its last step so far, with the phase's step rows), search (a ha
 so far) and evaluation (evaluation.json and its traces). An item of a phase or search in progress is replaced after
 every step or round: the store is where a run's progress lives, and a killed run goes on from there. What each key
 holds, and what it does not: docs/design.md section 9. A find serves only what was stored: key.json is as put wrote
-it, its key the key looked up, every file hashes as it did at put, none was added (check_stored), and the item is
-whole (check_item); one that fails is removed, said in one line, and computed again by the caller from the same
-inputs (the same seeds give the same result), never used. Items and runs hold copies, never hard links, so editing
+it, its key the key looked up, every file hashes as it did at put, none was added (check_stored): the item is what
+its put copied, and a put copies only finished work (a step saved, a round indexed, an evaluation written). One that
+fails is removed, said in one line, and computed again by the caller from the same inputs (the same seeds give the
+same result), never used. Items and runs hold copies, never hard links, so editing
 a run's files never edits the store.
 It runs nothing: whale.py's phases do the work."""
 import fcntl
@@ -27,9 +28,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
-from lib.archive import check_archive
-from lib.common.json_files import json_object, read_json, sha256, whole_jsonl, write_json
-from lib.run_folder.files import check_checkpoint_files
+from lib.common.json_files import json_object, read_json, sha256, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMAGED = "it is removed and computed again"
@@ -78,15 +77,13 @@ class Store:
         return self.root / kind / hashlib.sha256(key.encode()).hexdigest()
 
     def find(self, kind, key):
-        """The folder of the finished item of `kind` under `key`, else None: none made, or one that fails its
-        check (another key, a file added, removed or edited since its put, or not whole), removed (the caller
-        computes it again)."""
+        """The folder of the item of `kind` under `key`, else None: none made, or one that fails its check (another
+        key, a file added, removed or edited since its put), removed (the caller computes it again)."""
         item = self.item(kind, key)
         if not (item / "key.json").exists():
             return None
         try:
             check_stored(item, self.full_key(key))
-            check_item(kind, item)
         except (ValueError, OSError) as e:  # OSError: a file it cannot read, an item that is a symlink
             print(f"{item}: damaged ({e}): computed again from the same inputs")
             item.unlink() if item.is_symlink() else shutil.rmtree(item)
@@ -151,20 +148,3 @@ def check_stored(item, key):
 
 def about(item):
     return read_json(Path(item, "key.json"))["about"]
-
-
-def check_item(kind, item):
-    """An item is whole, else ValueError naming what is not: weights, the checkpoint's files as it saved them; a
-    search, every candidate of its rounds judged and scored, with all its traces; an evaluation, its stats,
-    per-task scores and every trace it counted."""
-    made = json_object(item / "key.json", DAMAGED, keys=("key", "about"))["about"]
-    if kind == "weights":
-        check_checkpoint_files(item, DAMAGED)
-    elif kind == "search":
-        if check_archive(item, DAMAGED, made["rounds"], made["candidates"]):
-            raise ValueError(f"{item}/candidates/h0/harness.py, its seed, is missing")
-    else:
-        saved = json_object(item / "evaluation.json", DAMAGED, keys=("stats", "per_task"))
-        rollouts = saved["stats"].get("test_rollouts")
-        if not whole_jsonl(item / "traces.jsonl", rollouts):
-            raise ValueError(f"{item / 'traces.jsonl'} is not the {rollouts} episodes its stats count")
