@@ -56,7 +56,7 @@ from lib.common.json_files import read_json, write_json, write_jsonl
 from lib.episodes import sandbox
 from lib.episodes.runner import scoring_rule
 from lib.rules import SUCCESS
-from lib.run_folder.files import adapter_id, copy_tree, file_sha
+from lib.run_folder.files import adapter_id, check_same_model, copy_tree, file_sha
 from lib.run_folder.store import Store, about
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, parse_with_preset
@@ -540,6 +540,7 @@ def train_cli(args):
     rollout.apply_args(args)  # first: --threads auto's choice is the run's first line
     sandbox.apply_args(args)
     check_out(args.out)
+    check_same_model(args.out, args.model)  # its steps so far were another model's: refused, not started over
     ranks.check_launch(args.backend)
     domain, train = domains.check_inputs(args, "train")
     if args.train_limit:  # as whale.py draws its prompts
@@ -553,6 +554,7 @@ def train_cli(args):
     item = store.find("weights", key)
     rows = about(item)["rows"] if item else []
     trainer = WEIGHT_STEPS[cfg.weight_step](cfg, load_policy(args), domain, Path(args.out, "ckpt"), train, item)
+    os.makedirs(args.out, exist_ok=True)
     write_json(Path(args.out, "config.json"), vars(args))
 
     rewards = [r["reward"] for r in rows]

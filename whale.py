@@ -147,6 +147,7 @@ def weight_phase(cfg, store, ledger, trainer, n_train, steps):
         trainer = type(trainer)(cfg.rsft, trainer.policy, trainer.domain, trainer.folder, trainer.train, item)
         print(f"weights: {step_name(cfg.rsft.weight_step)} steps {start + 1}-{trainer.step_count} taken from the "
               f"store ({item})")
+    write_step_rows(cfg.out, ledger.step_rows + rows)
     while not rft.weight_phase_over([row["reward"] for row in rows], **rule):
         rows.append(trainer.step(harness))
         store.put("weights", key, trainer.folder, about={"run": os.path.abspath(cfg.out), "rows": rows})

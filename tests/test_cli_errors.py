@@ -20,7 +20,7 @@ import rollout
 import whale
 from scripts import show_data
 from lib.common.errors import SandboxError
-from lib.run_folder import ledger
+from lib.run_folder import files, ledger
 from lib.run_folder.store import Store
 from lib.backends.canary import EngineError
 from lib.cli import one_line_errors
@@ -126,8 +126,9 @@ def test_whale_rows_that_name_work_the_store_lacks(tmp_path):
     row cut by a kill, are one line naming the file and the fix."""
     out = tmp_path / "run"
     out.mkdir()
-    (out / "metrics.jsonl").write_text(json.dumps(PHASE_0_ROW) + "\n")
-    ledger.check_run_folder(str(out), MATH)  # the rows read back
+    start = {"event": "start", "weight_steps": 8, "harness_rounds": 3, "h0": files.file_sha(MATH), "unconfined": False}
+    (out / "metrics.jsonl").write_text(json.dumps(start) + "\n" + json.dumps(PHASE_0_ROW) + "\n")
+    ledger.check_run_folder(str(out), MATH, False)  # the rows read back
     with pytest.raises(SystemExit) as e:
         CLIS["whale.py"](["--out", str(out)])
     item = Store(tmp_path / "store").item("evaluation", PHASE_0_ROW["stored"]["evaluation"])
@@ -136,8 +137,8 @@ def test_whale_rows_that_name_work_the_store_lacks(tmp_path):
                                  f"{out} {out}.old) and rerun to start the run over")
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"event": "ev')
-    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not a JSON object: .*delete that line"):
-        ledger.check_run_folder(str(out), MATH)
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 3 is not a JSON object: .*delete that line"):
+        ledger.check_run_folder(str(out), MATH, False)
 
 
 def test_empty_meta_json_in_an_archive(tmp_path):
@@ -298,22 +299,13 @@ def test_unreadable_data_file_and_a_batch_beyond_the_training_set(tmp_path, monk
 
 
 def test_a_resume_with_another_model_or_harness_set_is_refused_and_changes_nothing(tmp_path, capsys):
+    """rft.py and meta_harness.py resume a folder only on the model its config.json names, and a search only under
+    the setup its scores were made under (whale.py: its config.json, tests/test_whale.py)."""
     weights = tmp_path / "rft"
-    fake_checkpoint(weights)
-    refused("rft.py", ["--model", "cpu", "--out", str(weights)], "was trained on model 'smoke', not 'cpu'", capsys,
-            folder=weights)
-    run = tmp_path / "whale"
-    fake_checkpoint(run / "weights")
-    (run / "evals").mkdir()
-    (run / "evals" / "phase_0.json").write_text("{}")
-    (run / "metrics.jsonl").write_text(json.dumps(PHASE_0_ROW) + "\n")
-    refused("whale.py", ["--model", "cpu", "--preset", "smoke", "--out", str(run)], "not 'cpu': use the same --model",
-            capsys, folder=run)
-    archive = run / "harness_w1"
-    archive.mkdir()
-    (archive / "setup.json").write_text(json.dumps({"domain": "math", "tasks": ["math-train-0"]}))
-    refused("whale.py", ["--preset", "smoke", "--out", str(run)], f"{archive} was scored under another setup (tasks",
-            capsys, folder=run)
+    weights.mkdir()
+    (weights / "config.json").write_text(json.dumps({"model": "smoke"}))
+    refused("rft.py", ["--model", "cpu", "--out", str(weights)], f"{weights} was run on model 'smoke', not 'cpu'",
+            capsys, folder=weights)
     search = tmp_path / "search"
     search.mkdir()
     (search / "setup.json").write_text(json.dumps({"domain": "math", "tasks": ["math-train-0"]}))

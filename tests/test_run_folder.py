@@ -60,9 +60,12 @@ def cut(path, n):
 
 
 def copy_of(runs, tmp_path, finished=False):
+    """A copy of the killed run's folder (or its finished resume's) and of the store beside it, which the killed run
+    and its resume filled."""
     argv, killed, _, resumed = runs
     out = tmp_path / "run"
     shutil.copytree(resumed if finished else killed, out, symlinks=True)
+    shutil.copytree(killed.parent / "store", tmp_path / "store")
     return argv, out
 
 
@@ -119,7 +122,6 @@ def test_a_deleted_folder_takes_every_finished_phase_from_the_store(runs, tmp_pa
     """Deleting the folder and rerunning computes nothing that was computed before: the killed run and its resume
     left every phase's weights, search and test evaluation in the store beside them."""
     argv, out = copy_of(runs, tmp_path)
-    shutil.copytree(runs[1].parent / "store", tmp_path / "store")  # the store the killed run and its resume filled
     shutil.rmtree(out)
     stepped, scored, evaluated = [], [], []
     monkeypatch.setattr(whale.rollout, "run_episodes", lambda *a, **kw: scored.append(1) or fake_episodes(*a, **kw))
@@ -138,5 +140,6 @@ def test_a_moved_run_folder_resumes(runs, tmp_path, stand_in):
     moved = tmp_path / "elsewhere" / "run"
     moved.parent.mkdir()
     shutil.move(out, moved)
+    shutil.move(tmp_path / "store", moved.parent / "store")  # the store goes with it: it lies beside the folder
     whale.main(argv + ["--out", str(moved)])
     assert record(moved) == runs[2]

@@ -11,7 +11,7 @@ import whale
 from fixtures import stand_ins
 from fixtures.configs import search_config
 from lib.episodes import switches
-from lib.run_folder.store import Store
+from lib.run_folder.store import Store, about
 from test_meta_harness import FakeDomain, SEED, fake as search_fake  # noqa: F401
 from test_whale import assert_same_record, fake, record  # noqa: F401
 
@@ -44,9 +44,9 @@ def test_a_stored_item_edited_on_disk_is_computed_again_and_the_numbers_are_the_
     edit_json(search / "candidates" / "h0" / "scores.json", lambda s: s.update(score=0.99))
     harness = search / "candidates" / "h1_1" / "harness.py"
     harness.write_text(harness.read_text().replace("MAX_TURNS = ", "MAX_TURNS = 2 or "))
-    [weights] = items(store, "weights", step=2)
+    [weights] = [item for item in items(store, "weights") if about(item)["rows"][-1]["step"] == 2]
     edit_json(weights / "adapter" / "adapter_config.json", lambda c: c.update(lora_alpha=4096))
-    edit_json(weights / "state.json", lambda s: [row.update(reward=1.0) for row in s["history"]])
+    edit_json(weights / "state.json", lambda s: s.update(rollouts=0))
     executed.clear()
     capsys.readouterr()
     whale.main(argv + ["--out", str(tmp_path / "second")])
