@@ -171,6 +171,21 @@ class Domain:
     def bundled_file(self, split):
         return f"{self.name}_{split}.jsonl"
 
+    # what every domain defines for itself: the episode runner (lib/episodes/runner.py) calls these three, and takes
+    # the rest (TOOL_METHODS, the caps, scored_answer, scoring_rule, extract) from this class where a domain does not
+    # set its own
+    def public(self, task):
+        """What a harness may see of `task` (its `task` argument), never the answer."""
+        raise NotImplementedError
+
+    def tools(self, task):
+        """A fresh tool object for one episode of `task`, whose methods TOOL_METHODS lists (none: NoTools())."""
+        raise NotImplementedError
+
+    def reward(self, task, answer, tools):
+        """0.0 or 1.0 for any answer value, never raising (a hostile or malformed answer scores 0)."""
+        raise NotImplementedError
+
     def gold(self, task):
         """The gold answer in words, for `show` and for people reading traces."""
         raise NotImplementedError

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rollout  # noqa: E402
+from domains import Domain  # noqa: E402
 from lib.episodes import sandbox, switches  # noqa: E402
 from lib.cli import Parser  # noqa: E402
 from lib.common.argtypes import positive_int  # noqa: E402
@@ -36,7 +37,7 @@ def run(task, llm, tools):
 '''
 
 
-class BenchDomain:
+class BenchDomain(Domain):
     name, TOOL_METHODS = "bench", ()
 
     def public(self, task):

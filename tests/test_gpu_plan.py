@@ -1,16 +1,19 @@
-"""lib/ops/time_model.py and the gpu preset: the whole table fits 12 h on one 80 GB card by the project's estimate,
-plan.py prints each run's hours, the memory plan counts what it says, and run_all.sh picks gpu on a GPU.
-No GPU, model or dataset: the estimate is arithmetic on model configs and whale.py's plan."""
+"""lib/ops/time_model.py and the gpu preset: the project's table fits 12 h on one 80 GB card by its estimate (a
+fork's rows are measured beside it), plan.py prints each run's hours, the memory plan counts what it says, and
+run_all.sh picks gpu on a GPU. No GPU, model or dataset: the estimate is arithmetic on model configs and whale.py's
+plan."""
 import os
 import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 import plan
 import whale
+from fixtures.tiny_method import STAGEWISE_FST
 from lib.methods import METHODS, table_names
 from lib.ops import time_model
 
@@ -23,17 +26,24 @@ def planned(capsys, *argv):
     return args, est, capsys.readouterr().out
 
 
-def domain_plan(capsys, domain):
+def domain_plan(capsys, domain, methods=None):
     """run_all.sh's process for one domain under the gpu preset: its methods (the table's), in its order."""
-    methods = [m for d, m, _ in time_model.TABLE if d == domain]
+    methods = methods or [m for d, m, _ in time_model.TABLE if d == domain]
     runs = whale.parse_args(["--preset", "gpu", "--domain", domain, "--method", *methods])
     estimates = plan.print_plan(runs)
     return runs, estimates, capsys.readouterr().out
 
 
+# The project's rows of the method table (lib/methods.py), the table the gpu preset is sized for. A fork's rows
+# (README "Adding a method") join run_all.sh's table after them and are measured, not bounded: their hours are
+# the fork's to spend, and they change none of the project's runs' hours (a run reuses only what runs before it made)
+OURS = ("harness-only", "weight-only", "stagewise", "stagewise-hw", "fast-slow", "whale")
+
+
 def test_the_gpu_table_fits_in_about_12_hours_on_80_gb_with_20_rsft_steps_a_run(capsys):
     """run_all.sh's table (3 domains x the table's methods, one process a domain): at least 5x the 4 RSFT steps a
-    run of the previous gpu preset, in about 12 h on one 80 GB card by the estimate."""
+    run of the previous gpu preset for every row, the project's rows in about 12 h on one 80 GB card by the
+    estimate."""
     assert [m for _, m, _ in time_model.TABLE] == table_names() * len(time_model.DOMAIN_MODEL)
     hours = 0.0
     for domain in time_model.DOMAIN_MODEL:
@@ -41,9 +51,25 @@ def test_the_gpu_table_fits_in_about_12_hours_on_80_gb_with_20_rsft_steps_a_run(
         for args in runs:
             steps, _ = whale.budgets(args, args.train_limit)
             assert steps in (0, 20), (domain, args.method)
-        assert all(0 < e["total"] < 1.5 for e in estimates)
-        hours += sum(e["total"] for e in estimates)
+        ours = [e["total"] for args, e in zip(runs, estimates) if args.method in OURS]
+        assert len(ours) == len(OURS) and all(0 < h < 1.5 for h in ours), (domain, ours)
+        hours += sum(ours)
     assert 10 < hours <= 12.75, f"the gpu preset's table takes {hours:.1f} h by lib/ops/time_model.py"
+
+
+def test_a_forks_row_in_the_table_is_measured_and_leaves_the_projects_hours_as_they_were(capsys, monkeypatch):
+    """A row a fork adds to run_all.sh's table (tests/fixtures/tiny_method.py's, not experimental) runs after the
+    project's in a domain's process: it gets the same budgets and an estimate of its own, which plan.py's total
+    counts, and every earlier run's estimate is what it was without it (so the project's hours are bounded alone)."""
+    row = replace(STAGEWISE_FST, name="a-forks-row")  # a name no fork copies from the README
+    runs, estimates, _ = domain_plan(capsys, "math")
+    monkeypatch.setitem(METHODS, row.name, row)
+    assert table_names()[-1] == row.name
+    forked, forked_estimates, out = domain_plan(capsys, "math", table_names())
+    assert [a.method for a in forked] == [a.method for a in runs] + [row.name]
+    assert forked_estimates[:-1] == estimates
+    assert whale.budgets(forked[-1], forked[-1].train_limit)[0] == 20  # its hours: 0 where a row before it made all
+    assert f"estimated {sum(e['total'] for e in forked_estimates):.2f} h for these {len(forked)} runs" in out
 
 
 def test_a_domains_runs_share_their_common_phases_in_one_process(capsys):
@@ -62,7 +88,8 @@ def test_a_domains_runs_share_their_common_phases_in_one_process(capsys):
     assert (f"for these {len(runs)} runs in one process (reused: {sum(shared)} of their phases and {len(runs) - 1} "
             "start evaluations)") in out
     # fast-slow's searches are its own even where whale's would be the same
-    assert time_model.shared_phases([("whale", phases[-1]), ("fast-slow", phases[-1])]) == [0, 1]
+    whales = phases[[a.method for a in runs].index("whale")]
+    assert time_model.shared_phases([("whale", whales), ("fast-slow", whales)]) == [0, 1]
 
 
 def test_the_gpu_preset_keeps_the_paper_shape(capsys):

@@ -104,9 +104,9 @@ def test_two_methods_with_different_weight_steps_never_share_a_weight_phase(monk
 def test_an_experimental_row_stays_out_of_run_alls_table_and_runs_when_asked(monkeypatch, capsys):
     import plan
     import presets
+    table = presets.table_methods()  # run_all.sh's table: the project's rows and any a fork added
     register_weight_step(monkeypatch)
-    assert "whale-pg" in methods.METHODS and "whale-pg" not in presets.table_methods()
-    assert presets.table_methods() == [m for m in methods.METHODS if m != "whale-pg"]  # the others, in order
+    assert "whale-pg" in methods.METHODS and presets.table_methods() == table  # the others, in order
     plan.main(["--domain", "math", "--preset", "smoke", "--method", "whale-pg"])
     assert "plan: whale-pg on math" in capsys.readouterr().out
 

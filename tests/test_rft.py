@@ -9,6 +9,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import rft
+from domains import Domain
 from fixtures.configs import rsft_config
 from lib.backends.hf_backend import HFBackend
 from lib.backends.models import chat_ids, load_model
@@ -178,7 +179,7 @@ def test_a_mini_batch_loss_is_the_token_mean_within_that_mini_batch():
 # -----------------------------------------------------------------------------
 # bad input
 
-class FakeDomain:
+class FakeDomain(Domain):
     """Reward 1 when the reply starts with `target`; tasks are all the same prompt."""
     name = "fake"
     TOOL_METHODS = ()

@@ -40,7 +40,7 @@ class FakeTools:
         return f"passage about {query}"
 
 
-class FakeDomain:
+class FakeDomain(domains.Domain):
     name = "fake"
     TOOL_METHODS = ("lookup",)
 
@@ -552,6 +552,11 @@ class MathNamedDomain(FakeDomain):
         return float(answer == "ok")
 
 
+class LooseDomain(MathNamedDomain):
+    """A domain whose cap on model calls is past what the harness below asks."""
+    MODEL_CALLS = 24
+
+
 GREEDY = '''"""Asks for more model calls than any cap; answers with the last non-empty reply, as the paper h0s do."""
 def run(task, llm, tools):
     answer, replies = None, 0
@@ -575,8 +580,8 @@ def test_a_harness_asking_for_more_model_calls_than_the_cap_ends_at_it(backend, 
     [ep] = rollout.run_episodes(MathNamedDomain(), write(tmp_path, "spin.py", "ASKS = 40\n" + GREEDY),
                                 MathNamedDomain().load("t", n=1), scripted)
     assert ep["turns"] == 16 and f"llm() call limit {runner.MAX_LLM_CALLS} reached" in ep["error"]
-    [ep] = rollout.run_episodes(FakeDomain(), write(tmp_path, "other.py", "ASKS = 20\n" + GREEDY),
-                                FakeDomain().load("t", n=1), scripted)  # a domain without a cap: only the limit
+    [ep] = rollout.run_episodes(LooseDomain(), write(tmp_path, "other.py", "ASKS = 20\n" + GREEDY),
+                                LooseDomain().load("t", n=1), scripted)  # the cap is the domain's own
     assert ep["turns"] == 20 and not ep["capped"]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import rollout
+from domains import Domain
 from lib.common.errors import SandboxError
 from lib.episodes import python_tool, sandbox, switches, worker_pool
 from lib.backends.hf_backend import HFBackend
@@ -36,7 +37,7 @@ class SecretTools:
         return f"passage about {query}"
 
 
-class SecretDomain:
+class SecretDomain(Domain):
     name, TOOL_METHODS = "secret", ("lookup",)
 
     def public(self, task):

@@ -16,6 +16,7 @@ import pytest
 
 import meta_harness as mh
 import rollout
+from domains import Domain
 from fixtures import stand_ins
 from lib.episodes import cgroups, python_tool, sandbox, seccomp, switches
 from lib.contract import check_harness
@@ -197,7 +198,7 @@ class EchoTools:
         return f"{len(query)} characters"
 
 
-class EchoDomain:
+class EchoDomain(Domain):
     name = "echo"
     TOOL_METHODS = ("search",)
 

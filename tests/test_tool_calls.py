@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 
 import rollout
 import whale
+from domains import Domain
 from lib.episodes import runner
 from lib.cli import sampling_of
 from lib.backends.models import CHATML, build_smoke, cached, chat_ids, load_model, thinking_switch
@@ -57,7 +58,7 @@ class SearchTools:
         return [PASSAGE]
 
 
-class SearchDomain:
+class SearchDomain(Domain):
     name = "searchqa"
     TOOL_METHODS = ("search",)
 

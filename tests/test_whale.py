@@ -445,7 +445,7 @@ def test_an_evaluation_is_reused_only_when_weights_harness_and_settings_match(tm
         return {"mean_at_k": 0.5, "k": k, "per_task": {"a": 1.0, "b": 0.0}, "mean_turns": 1.0, "tokens": 4,
                 "rollouts": 2 * k, "errors": 0, "seconds": 0.1}
 
-    class Domain:
+    class Domain(domains.Domain):
         def load(self, split):
             return [{"id": "a"}, {"id": "b"}]
 

@@ -233,7 +233,7 @@ class Runner:
                 reward = float(self.domain.reward(ep.task, scored, ep.tools))
             except Exception as e:  # the domain promises not to raise; keep the run alive if it does
                 error = f"reward failed: {type(e).__name__}: {e}"
-        if ep.out_of_tokens and getattr(self.domain, "OUT_OF_TOKENS_SCORES_ZERO", False):
+        if ep.out_of_tokens and self.domain.OUT_OF_TOKENS_SCORES_ZERO:
             reward = 0.0
         ep.record = {"task_id": ep.task["id"], "sample": ep.sample, "reward": reward, "answer": capped(answer),
                      "extracted": extracted_answer(self.domain, scored), "scoring": scoring_rule(self.domain),
@@ -321,12 +321,11 @@ class Runner:
 
     def past_cap(self, ep):
         """Whether this llm() request goes past the domain's caps (domains.Domain): its MODEL_CALLS, or its
-        MAX_RETRIES of either kind of retry where it has them (chess). A stand-in domain without them: MAX_LLM_CALLS."""
-        retries = getattr(self.domain, "MAX_RETRIES", None)
+        MAX_RETRIES of either kind of retry where it has them (chess; None: no cap on retries)."""
+        retries = self.domain.MAX_RETRIES
         if retries is not None:
             self.count_retry(ep)
-        calls = getattr(self.domain, "MODEL_CALLS", MAX_LLM_CALLS)
-        return len(ep.calls) >= calls or (retries is not None and max(ep.retries.values()) > retries)
+        return len(ep.calls) >= self.domain.MODEL_CALLS or (retries is not None and max(ep.retries.values()) > retries)
 
     def count_retry(self, ep):
         """Chess: the model call before this request failed when the harness sent no move after it (a format
@@ -568,24 +567,19 @@ def trace_line(record):
 
 def scored_answer(domain, answer, calls):
     """What the domain's reward reads of an episode (domains.Domain.scored_answer): the harness's returned answer, or
-    the model's last sampled message (a capped or out-of-tokens request sampled nothing, so it is not one). A
-    stand-in domain without the rule: the answer."""
-    if not hasattr(domain, "scored_answer"):
-        return answer
+    the model's last sampled message (a capped or out-of-tokens request sampled nothing, so it is not one)."""
     return domain.scored_answer(answer, calls[-1]["completion"] if calls else "")
 
 
 def scoring_rule(domain):
     """What the verifier read, in words (domains.Domain.scoring_rule), for the trace and every score made of it."""
-    return domain.scoring_rule() if hasattr(domain, "scoring_rule") else "the harness's answer"
+    return domain.scoring_rule()
 
 
 def extracted_answer(domain, answer):
     """The answer as the domain's reward reads it (None: nothing to read), kept in the trace so a proposer can
     tell a missing answer from a wrong one without seeing the gold answer; `answer`: what the reward was given
     (scored_answer)."""
-    if not hasattr(domain, "extract"):  # a domain that reads no answer of its own: the answer as given
-        return answer if isinstance(answer, str) else None
     try:
         return domain.extract(answer)
     except Exception:  # the domain promises not to raise; a trace field is not worth the run
