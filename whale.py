@@ -381,7 +381,8 @@ def parse_command(argv=None, more_args=None, description=__doc__):
     if more_args is None and {"--plan", "--check"} & set(sys.argv[1:] if argv is None else argv):
         p.error("--plan and --check are plan.py's: python plan.py with the same flags (the plan without --plan)")
     args = parse_with_preset(p, argv, card=card_gib)  # the preset's defaults, any flag given over them
-    beyond = flags_beyond(p, args, shown=RUN_LINE_FLAGS)  # before the defaults below fill the unset ones in
+    # before the defaults below fill the unset ones in; the run's first line names the method, schedule and folder
+    beyond = flags_beyond(p, args, shown=("domain", "method", "schedule", "preset", "out"))
     args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")
     check_args(args, p)
     return [run_args(args, method) for method in dict.fromkeys(args.method)], beyond  # each once, in order
@@ -486,10 +487,6 @@ def run_args(args, method):
     return one
 
 
-# the flags the run's first line names (start_run), so not among those beyond the preset
-RUN_LINE_FLAGS = ("domain", "method", "schedule", "preset", "out")
-
-
 def check_args(args, parser):
     if args.out and len(args.method) > 1:
         parser.error("--out names one run folder: give a single --method, or drop --out")
@@ -572,7 +569,7 @@ def check_inputs(runs):
 
 def start_run(args, policy=None, beyond=()):
     """The run folder and its config.json (every setting: those a resume must keep), before the model loads; its
-    first lines: the run (RUN_LINE_FLAGS), then the flags given beyond the preset (beyond: parse_command's).
+    first lines: the run, then the flags given beyond the preset (beyond: parse_command's).
     -> the policy the run starts from, on the base weights: the command's shared one, else a model
     loaded for this run"""
     os.makedirs(args.out, exist_ok=True)
