@@ -30,9 +30,9 @@ from lib.methods import METHODS, WEIGHTS
 class Parser(argparse.ArgumentParser):
     """argparse whose errors are one line naming the flag and the fix, before any work (-h shows the usage).
 
-    Made with short_help=True (whale.py, plan.py, rft.py, meta_harness.py, rollout.py), its --help starts short: the flags a
-    person starting a run needs (the parser's own ungrouped ones and the groups added with lead=True), then only the
-    names of the other groups; --help-all prints every flag, grouped, as argparse's whole help.
+    Made with short_help=True (whale.py, plan.py, rft.py, meta_harness.py, rollout.py), its --help starts short: the
+    flags a person starting a run needs (the parser's own ungrouped ones and the groups added with lead=True), then
+    only the names of the other groups; --help-all prints every flag, grouped, as argparse's whole help.
 
         p = Parser(description=__doc__, short_help=True)
         g = p.add_argument_group("what to run", lead=True)    # its flags in --help
