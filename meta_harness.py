@@ -131,8 +131,8 @@ def add_args(parser):
 
 
 def add_sandbox_args(parser):
-    """The proposer sandbox's bounds (command, claude), a group of their own: whale.py --help lists them after the
-    method's flags."""
+    """The proposer sandbox's bounds (command, claude), a group of their own: whale.py --help names it, --help-all
+    lists it."""
     p = parser.add_argument_group("proposer sandbox (command, claude: past a bound, that call is one failed "
                                   "proposal with its reason)")
     p.add_argument("--proposer-network", default=None, choices=("none", "endpoint", "host"),
@@ -431,7 +431,7 @@ def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, card=N
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, short_help=True)
     # what to run
     p.add_argument("--domain", required=True, choices=list(domains.DOMAINS))
     p.add_argument("--harness", required=True, help="the seed harness file (h0)")
@@ -444,13 +444,15 @@ def main(argv=None):
                    help="stop when the best has not improved for P rounds (0: off)")
     p.add_argument("--min-rounds", "--min-iterations", dest="min_rounds", type=nonnegative_int,
                    default=6, help="with --patience: run at least N rounds")
-    rollout.add_sampling_args(p)
     p.add_argument("--seed", type=seed_int, default=0)
+    add_preset_arg(p)
+    # named in --help, listed in --help-all
+    rollout.add_sampling_args(p.add_argument_group("sampling"))
     add_args(p)
-    add_sandbox_args(p)
     add_backend_args(p)
     domains.add_args(p)
-    add_preset_arg(p)
+    rollout.add_sandbox_args(p)
+    add_sandbox_args(p)
     args = parse_with_preset(p, argv)  # the preset's defaults, any flag given over them
     if args.proposer == "command" and not args.proposer_cmd:
         p.error("--proposer command needs --proposer-cmd 'CLI ... {workdir}' (a command template)")

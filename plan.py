@@ -38,7 +38,8 @@ H0_TASKS = 16
 
 
 def add_args(parser):
-    g = parser.add_argument_group("the machine the plan is for (the hours; --card and --ranks also for --check)")
+    g = parser.add_argument_group("the machine the plan is for (the hours; --card and --ranks also for --check)",
+                                  lead=True)  # plan.py --help shows it (lib/cli.Parser)
     g.add_argument("--card", type=int, default=None, choices=sorted(time_model.CARDS),
                    help="the card class in GB (lib/ops/time_model.CARDS): the hours are for it (default 80), and "
                         "--check checks the engine and trainer against it instead of this machine's card (no GPU "
@@ -51,7 +52,7 @@ def add_args(parser):
     g.add_argument("--nodes", type=positive_int, default=1,
                    help="--check: the nodes the ranks run on (more than one: the run folder must be on a shared "
                         "file system)")
-    g = parser.add_argument_group("check instead of plan")
+    g = parser.add_argument_group("check instead of plan", lead=True)
     g.add_argument("--check", nargs="*", default=None, choices=sorted(domains.DOMAINS), metavar="DOMAIN",
                    help="check every resource this run needs (and those of the same run on these domains) in "
                         "seconds, before any model loads, then exit: one line per check, 0 when all pass")

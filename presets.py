@@ -5,7 +5,9 @@ the paper and gpu presets' per-domain settings. Why each value is what it is: do
     python plan.py --domain math --preset cpu      # what a preset spends, no model loaded
     args = parse_with_preset(parser, argv)         # every command's parse: the preset's defaults, any flag given wins
 """
+import argparse
 import os
+import shlex
 import sys
 import time
 
@@ -256,6 +258,30 @@ def parse_with_preset(parser, argv=None, card=None):
               f"{bundled} calls do not fit beside the trainer and the engine (presets.GPU_TWO_CALLS_GIB)",
               file=sys.stderr)
     return args
+
+
+def flags_beyond(parser, args, shown=()):
+    """The flags of `args` (parse_with_preset's parse with `parser`) whose values differ from the defaults that parse
+    gave them (the preset's, else the parser's own), as the words that set them: ["--test-limit 2", "--bf16"]. A flag
+    given at its default is not one of them: the run is the preset's there. shown: the dests left out (those a run's
+    first line names already)."""
+    words = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest in shown or not hasattr(args, action.dest):
+            continue
+        value = getattr(args, action.dest)
+        if value == action.default:
+            continue
+        flag = next((f for f in action.option_strings if f.startswith("--")), action.option_strings[0])
+        if isinstance(value, bool):  # a switch (store_true): given
+            words.append(flag)
+        elif isinstance(action, argparse._AppendAction):
+            words += [f"{flag} {shlex.quote(str(v))}" for v in value]
+        elif isinstance(value, list):
+            words.append(" ".join([flag, *(shlex.quote(str(v)) for v in value)]))
+        else:
+            words.append(f"{flag} {shlex.quote(str(value))}")
+    return words
 
 
 def split_defaults(preset, split):

@@ -63,7 +63,8 @@ from presets import add_preset_arg, parse_with_preset
 
 
 def add_args(parser):
-    """The RSFT, LoRA and sampling flags (whale.py reuses them). The caller adds --model and --seed."""
+    """The RSFT, LoRA and sampling flags (whale.py reuses them). The caller adds --model and --seed, and the sandbox's
+    switches (rollout.add_sandbox_args)."""
     group = parser.add_argument_group("RSFT rollout step (paper: 256 prompts x G = 8)")
     group.add_argument("--batch", type=positive_int, default=256,
                        help="training prompts per rollout step")
@@ -480,7 +481,7 @@ def main(argv=None):
     # here, not at the top: the SFT update (scripts/gpu_check.sh) needs no domain, nor python-chess
     import domains
     ranks.set_device()  # this rank's card before anything reads one (the preflight, the model)
-    p = Parser(description="Online RSFT with LoRA (the weight phase of WHALE).")
+    p = Parser(description="Online RSFT with LoRA (the weight phase of WHALE).", short_help=True)
     # run
     p.add_argument("--domain", choices=list(domains.DOMAINS))
     p.add_argument("--harness", help="the harness file the rollouts run under")
@@ -499,9 +500,10 @@ def main(argv=None):
     p.add_argument("--stop-patience", type=nonnegative_int, default=0,
                    help="stop early when the N-step mean reward set no new best for N steps, after "
                         "N steps (0 = off)")
-    add_args(p)
+    add_args(p)  # named in --help, listed in --help-all
     add_backend_args(p)
     domains.add_args(p)
+    rollout.add_sandbox_args(p)
     args = parse_with_preset(p, argv)  # the preset's defaults, any flag given over them
     if not (args.domain and args.harness and args.out):
         p.error("--domain, --harness and --out are required")

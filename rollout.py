@@ -41,7 +41,8 @@ from presets import add_preset_arg, choose_threads, parse_with_preset
 # sampling flags, shared by every script that runs episodes
 
 def add_sampling_args(p):
-    """Sampling and runner flags, shared by every script that runs episodes."""
+    """Sampling flags, the runner's width and torch's threads, shared by every script that runs episodes (the sandbox's
+    switches: add_sandbox_args)."""
     # sampling (paper: temperature 1.0, top-k 20, top-p 1.0, for training and test alike; top-p has no
     # flag: the engines always send the official 1.0, lib/backends/engines.py TOP_P, because a `vllm serve` fills a
     # missing one from the model's generation_config.json) and the runner
@@ -61,14 +62,21 @@ def add_sampling_args(p):
                    help="seconds of harness time per episode")
     p.add_argument("--workers", type=positive_int, default=None,
                    help="concurrent episodes (default min(64, episodes))")
-    p.add_argument("--infra-budget", type=share, default=INFRA_BUDGET,
-                   help="stop the run when more than this share of a phase's episodes failed "
-                        "outside the harness (a worker that did not start, a tool server that did "
-                        "not answer)")
     p.add_argument("--threads", type=threads_arg, default=None,
                    help="torch CPU threads, or auto: one for each core this process may use that no other process "
                         "keeps busy, at least one (default: torch's own; the cpu preset: auto)")
-    sandbox.add_args(p)
+
+
+def add_sandbox_args(parser):
+    """The sandbox's switches and the runner's error budget, a group of their own on every CLI that runs episodes
+    (whale.py --help names it; --help-all lists it)."""
+    g = parser.add_argument_group("sandbox and runner (harness code, the python tool and proposers run in the OS "
+                                  "sandbox; episodes that fail outside the harness stop a run)")
+    sandbox.add_args(g)
+    g.add_argument("--infra-budget", type=share, default=INFRA_BUDGET,
+                   help="stop the run when more than this share of a phase's episodes failed "
+                        "outside the harness (a worker that did not start, a tool server that did "
+                        "not answer)")
 
 
 def threads_arg(text):
@@ -188,7 +196,7 @@ def adapted_policy(args):
 
 def main(argv=None):
     import domains
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, short_help=True)
     # what to evaluate
     p.add_argument("--domain", choices=list(domains.DOMAINS))
     p.add_argument("--harness", help="harness file, e.g. harnesses/chess.py")
@@ -206,10 +214,12 @@ def main(argv=None):
     # model and sampling
     p.add_argument("--model", default="smoke", help="smoke | cpu | null (replies '' to every call) | hub id | local path")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder")
-    add_sampling_args(p)
-    add_backend_args(p)
     p.add_argument("--seed", type=seed_int, default=0)
+    # named in --help, listed in --help-all
+    add_sampling_args(p.add_argument_group("sampling"))
+    add_backend_args(p)
     domains.add_args(p)  # --data paper, --math-test-set ...
+    add_sandbox_args(p)
     args = parse_with_preset(p, argv)  # the preset's defaults (its sizes of --split), any flag given over them
     if not args.domain or not args.harness:
         p.error("pass --domain and --harness")

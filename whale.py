@@ -28,7 +28,6 @@ a round or an evaluation twice, and a killed run, rerun with the same command, g
 alone, redoing at most the step, round or evaluation it was in (docs/design.md sections 8 and 9).
 """
 import argparse
-import json
 import math
 import os
 import shutil
@@ -59,7 +58,7 @@ from lib.run_folder.files import copy_file, copy_tree, file_sha, stored_path
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
 from lib.run_folder.store import Store, about, only_command
 from lib.subsets import seeded_sample
-from presets import PRESETS, parse_with_preset
+from presets import PRESETS, flags_beyond, parse_with_preset
 
 
 # -----------------------------------------------------------------------------
@@ -372,17 +371,33 @@ def evaluate_test(policy, domain, harness, test, traces):
 # the command line: its flags, its inputs checked, its folders and model
 
 def parse_args(argv=None, more_args=None, description=__doc__):
-    """-> one Namespace per --method: the preset's defaults, overridden by any flag given. --help leads with the
-    method's own flags (what to run, budgets, schedule, RSFT, search and proposer, test evaluation), then the
-    engine's, the data's and judge's, the proposer sandbox's and live metrics'. more_args(parser) adds another
-    command's own flags (plan.py's --check), after the method's.
+    """-> one Namespace per --method: the preset's defaults, overridden by any flag given (plan.py's parse)."""
+    return parse_command(argv, more_args, description)[0]
+
+
+def parse_command(argv=None, more_args=None, description=__doc__):
+    """-> (one Namespace per --method, the flags given beyond the preset: presets.flags_beyond). more_args(parser) adds
+    another command's own flags (plan.py's), after the method's."""
+    p = parser(more_args, description)
+    if more_args is None and {"--plan", "--check"} & set(sys.argv[1:] if argv is None else argv):
+        p.error("--plan and --check are plan.py's: python plan.py with the same flags (the plan without --plan)")
+    args = parse_with_preset(p, argv, card=card_gib)  # the preset's defaults, any flag given over them
+    # before the defaults below fill the unset ones in; the run's first line names the method, schedule and folder
+    beyond = flags_beyond(p, args, shown=("domain", "method", "schedule", "preset", "out"))
+    args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")
+    check_args(args, p)
+    return [run_args(args, method) for method in dict.fromkeys(args.method)], beyond  # each once, in order
+
+
+def parser(more_args=None, description=__doc__):
+    """whale.py's flags. --help shows the method's own (what to run, budgets, the adaptive schedule, the test
+    evaluation) and names the other groups (RSFT, the harness search and its proposer, the engine, the data and
+    judge, the sandbox, live metrics); --help-all shows them all.
 
         python whale.py --help
     """
-    p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    if more_args is None and {"--plan", "--check"} & set(sys.argv[1:] if argv is None else argv):
-        p.error("--plan and --check are plan.py's: python plan.py with the same flags (the plan without --plan)")
-    g = p.add_argument_group("what to run")
+    p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter, short_help=True)
+    g = p.add_argument_group("what to run", lead=True)
     g.add_argument("--domain", required=True, choices=sorted(domains.DOMAINS))
     g.add_argument("--method", nargs="+", default=[methods.DEFAULT], choices=list(methods.METHODS),
                    help="one or more methods, run one after another in this process (the imports "
@@ -398,7 +413,7 @@ def parse_args(argv=None, more_args=None, description=__doc__):
                    help="starting harness h0 (default harnesses/<domain>.py; "
                         "the paper and gpu presets: harnesses/paper/<domain>.py)")
     g.add_argument("--seed", type=seed_int, default=0)
-    g = p.add_argument_group("budgets (the same totals for every method)")
+    g = p.add_argument_group("budgets (the same totals for every method)", lead=True)
     g.add_argument("--epochs", type=positive_float, default=None,
                    help="total weight-training budget in train epochs")
     g.add_argument("--phase-epochs", type=positive_float, default=None,
@@ -413,7 +428,7 @@ def parse_args(argv=None, more_args=None, description=__doc__):
     g.add_argument("--train-limit", type=positive_int, default=None,
                    help="use a seeded sample of N train tasks (small presets)")
     g = p.add_argument_group("adaptive schedule (paper: window = min length = patience = 0.2 "
-                             "epoch; P_h = 2, 5 to 15 rounds; every preset sets them)")
+                             "epoch; P_h = 2, 5 to 15 rounds; every preset sets them)", lead=True)
     g.add_argument("--adaptive-epochs", type=positive_float, default=0.2,
                    help="weight phase window, minimum length and patience")
     g.add_argument("--harness-patience", type=nonnegative_int, default=2,
@@ -424,9 +439,7 @@ def parse_args(argv=None, more_args=None, description=__doc__):
     g.add_argument("--harness-max-rounds", "--harness-max-iterations",
                    dest="harness_max_rounds", type=positive_int, default=15,
                    help="proposer rounds a harness phase makes at most")
-    rft.add_args(p)  # RSFT: the rollout step and its sampling, the SFT update, LoRA
-    meta_harness.add_args(p)  # the harness search and its proposer
-    g = p.add_argument_group("test evaluation")
+    g = p.add_argument_group("test evaluation", lead=True)
     g.add_argument("--k", type=positive_int, default=None, help="samples per test task for mean@k")
     g.add_argument("--test-limit", type=positive_int, default=None,
                    help="evaluate on a seeded sample of N test tasks")
@@ -439,15 +452,16 @@ def parse_args(argv=None, more_args=None, description=__doc__):
                         "fewer final tasks)")
     if more_args:
         more_args(p)
-    # below the method's own flags: the engine, the data and the judge, the proposer's sandbox, live metrics
+    # named in --help, listed in --help-all: the weight phase, the harness phase, the engine, the data and the judge,
+    # the sandbox, live metrics
+    rft.add_args(p)  # RSFT: the rollout step and its sampling, the SFT update, LoRA
+    meta_harness.add_args(p)  # the harness search and its proposer
     add_backend_args(p)
     domains.add_args(p)
+    rollout.add_sandbox_args(p)  # the sandbox's switches, the runner's error budget
     meta_harness.add_sandbox_args(p)
     report_to.add_args(p)
-    args = parse_with_preset(p, argv, card=card_gib)  # the preset's defaults, any flag given over them
-    args.harness = args.harness or os.path.join("harnesses", f"{args.domain}.py")
-    check_args(args, p)
-    return [run_args(args, method) for method in dict.fromkeys(args.method)]  # each once, in order
+    return p
 
 
 def card_gib(first):
@@ -490,7 +504,7 @@ def method_name(cfg):
 
 def main(argv=None):
     ranks.set_device()  # this rank's card before anything reads one: the preset's fit to it (card_gib), the preflight
-    runs = parse_args(argv)
+    runs, beyond = parse_command(argv)
     if ranks.rank():  # under torchrun, a rank other than 0: its share of every RSFT update (lib/backends/ranks.py)
         preflight.launch(runs, "whale.py")  # its card's checks, before the model loads
         with ranks.following("whale.py", runs[0].model, runs[0].out):
@@ -521,7 +535,7 @@ def main(argv=None):
             data_flags = domains.data_flags()
             for args in runs:
                 with report_to.watch(args.report_to, args.out, vars(args)):  # --report-to: its files' rows, live
-                    run(run_config(args, data_flags), domain, start_run(args, policy), card, store)
+                    run(run_config(args, data_flags), domain, start_run(args, policy, beyond), card, store)
                 # the finished run's optimizer and graphs go before the next run starts
                 rft.hand_back_memory()
 
@@ -554,14 +568,15 @@ def check_inputs(runs):
     return domain
 
 
-def start_run(args, policy=None):
-    """The run folder and its config.json (the settings a resume must keep), before the model loads.
+def start_run(args, policy=None, beyond=()):
+    """The run folder and its config.json (every setting: those a resume must keep), before the model loads; its
+    first lines: the run, then the flags given beyond the preset (beyond: parse_command's).
     -> the policy the run starts from, on the base weights: the command's shared one, else a model
     loaded for this run"""
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "config.json"), vars(args))
     print(f"whale: {method_name(args)} on {args.domain}, preset {args.preset} -> {args.out}")
-    print(json.dumps(vars(args), indent=None))
+    print(f"flags beyond the preset: {' '.join(beyond) or 'none'} (every setting: {args.out}/config.json)")
     if policy is None:
         return load_policy(args)
     policy.to_base()

@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -27,10 +28,81 @@ from lib.methods import METHODS, WEIGHTS
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line naming the flag and the fix, before any work (-h shows the usage)."""
+    """argparse whose errors are one line naming the flag and the fix, before any work (-h shows the usage).
+
+    Made with short_help=True (whale.py, plan.py, rft.py, meta_harness.py, rollout.py), its --help starts short: the
+    flags a person starting a run needs (the parser's own ungrouped ones and the groups added with lead=True), then
+    only the names of the other groups; --help-all prints every flag, grouped, as argparse's whole help.
+
+        p = Parser(description=__doc__, short_help=True)
+        g = p.add_argument_group("what to run", lead=True)    # its flags in --help
+        rft.add_args(p)                                       # named in --help, its flags in --help-all
+    """
+
+    def __init__(self, *args, short_help=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lead = [self._positionals, self._optionals] if short_help else None
+        if short_help:
+            self.add_argument("--help-all", action=HelpAll, help="show every flag, grouped, and exit")
+
+    def add_argument_group(self, *args, lead=False, **kwargs):
+        group = super().add_argument_group(*args, **kwargs)
+        if lead and self.lead is not None:
+            self.lead.append(group)
+        return group
+
+    def format_help(self):
+        """--help: the whole help, or (short_help) the usage of the required flags, the description, the lead
+        groups' flags, then the other groups' names, each with how many flags --help-all shows there."""
+        if self.lead is None:
+            return self.format_help_all()
+        head = self._get_formatter()
+        head.add_usage(self.usage, [a for a in self._actions if a.required], [])
+        formatter = self._get_formatter()
+        formatter.add_text(self.description)
+        for group in self.lead:
+            formatter.start_section(group.title)
+            formatter.add_text(group.description)
+            formatter.add_arguments(group._group_actions)
+            formatter.end_section()
+        more = [f"{group_name(g)} ({len(g._group_actions)})," for g in self._action_groups
+                if g not in self.lead and g._group_actions]
+        return (head.format_help().rstrip("\n") + " [flag ...]\n\n" + formatter.format_help()
+                + f"\nmore flags, by group (how many; {self.prog} --help-all lists every flag):\n"
+                + names_wrapped(more).rstrip(",") + "\n")
+
+    def format_help_all(self):
+        return super().format_help()
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class HelpAll(argparse.Action):
+    """--help-all: every flag, grouped (argparse's whole help), then exit, as -h does."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(parser.format_help_all(), end="")
+        parser.exit()
+
+
+def names_wrapped(names):
+    """Names on indented lines as wide as argparse's (the terminal's), a line broken between names, never inside one."""
+    width = shutil.get_terminal_size().columns - 2
+    lines = [" "]
+    for name in names:
+        if len(lines[-1]) + 1 + len(name) > width and lines[-1].strip():
+            lines.append(" ")
+        lines[-1] += " " + name
+    return "\n".join(lines)
+
+
+def group_name(group):
+    """A group's name: its title before any parenthesis ("RSFT rollout step (paper: ...)" -> "RSFT rollout step")."""
+    return group.title.split(" (")[0]
 
 
 # -----------------------------------------------------------------------------

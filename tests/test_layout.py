@@ -20,6 +20,7 @@ CLI_LAYER = {
     "rollout.py": {"apply_args", "adapted_policy", "evaluate_cli"},
     "domains.py": {"from_args", "data_of", "check_harness", "check_inputs", "check_tools"},
     "report.py": {"write_report"},
+    "presets.py": {"flags_beyond"},
     "lib/cli.py": {"conflicting_flags", "fields_of", "inputs_of", "sampling_of", "rsft_config", "search_config",
                    "eval_config", "run_config"},
     "lib/backends/policy.py": {"check_backend", "load_backend", "max_lora_rank", "load_policy"},
@@ -207,7 +208,7 @@ def parser_flags(main, monkeypatch):
             main(["--domain", "math"])
         except Parsed:
             pass
-    return {a.dest for a in seen[0]._actions if a.dest != "help"}
+    return {a.dest for a in seen[0]._actions if a.dest not in ("help", "help_all")}
 
 
 def config_fields(config, out):

@@ -371,10 +371,10 @@ def test_every_cli_has_the_opt_out_flag(monkeypatch, capsys):
     import meta_harness
     import rft
     import whale
-    monkeypatch.setattr(sys, "argv", ["rollout.py", "--help"])
+    monkeypatch.setattr(sys, "argv", ["rollout.py", "--help-all"])
     for main in (rollout.main, rft.main, meta_harness.main, whale.main):
-        with pytest.raises(SystemExit):
-            main(["--help"]) if main is not rollout.main else main()
+        with pytest.raises(SystemExit):  # --help-all: --help names the sandbox's group (tests/test_help.py)
+            main(["--help-all"]) if main is not rollout.main else main()
         out = capsys.readouterr().out
         assert "--unsafe-no-sandbox" in out and "--allow-weak-bounds" in out, main.__module__
 

@@ -64,7 +64,7 @@ SANDBOX_OPEN_FILES = 64
 
 
 def add_args(p):
-    # sandbox
+    """The sandbox's two switches (rollout.add_sandbox_args: in the CLIs' sandbox group)."""
     p.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="run harness code, the python tool and proposers WITHOUT the OS sandbox (only where the "
                         "kernel refuses namespaces; scores are then not evidence against a hostile harness)")
