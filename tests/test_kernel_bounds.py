@@ -622,10 +622,16 @@ def wmem_default():
 
 @needs_sandbox
 def test_with_the_opt_in_a_proposer_with_a_network_is_refused(no_cgroup, search, tmp_path):
+    """Refused by meta_harness.check_proposer, which whale.py and meta_harness.py call before any model loads, and
+    again by the proposer's own start."""
     no_cgroup.setenv(switches.WEAK_BOUNDS, "1")
-    with pytest.raises(SandboxError, match=r"proposer command with network endpoint: under --allow-weak-bounds"):
+    refusal = r"proposer command with network endpoint: under --allow-weak-bounds"
+    with pytest.raises(SandboxError, match=refusal):
+        mh.check_proposer(make_args(proposer="command", proposer_cmd="agent {workdir}",
+                                    proposer_allow_host=["127.0.0.1:9"]))
+    with pytest.raises(SandboxError, match=refusal):
         search("files", proposer_allow_host=["127.0.0.1:9"])
-    assert not (tmp_path / "run" / "candidates" / "h0" / "scores.json").exists()  # before any work
+    assert not list((tmp_path / "run" / "candidates").glob("h1_*"))  # nothing proposed
 
 
 TOOL_SOCKETS = r"""

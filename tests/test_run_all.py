@@ -30,9 +30,9 @@ def test_a_failed_domain_leaves_the_others_to_finish_and_the_rerun_does_only_it(
     repo = tmp_path / "repo"
     shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(
         ".git", ".venv", "results", "runs", "wheels", ".cache", "__pycache__", ".pytest_cache"))
-    state = repo / "results/smoke/math/weight-only/evals/phase_0.json"
+    state = repo / "results/smoke/math/weight-only/metrics.jsonl"
     state.parent.mkdir(parents=True)
-    state.write_text("{")  # math's process refuses its run folders at its start (every JSON file of one must parse)
+    state.write_text("{")  # math's process refuses its run folders at its start (a run's rows must read back)
 
     first = run_all(repo)
     assert first.returncode == 1, first.stderr[-2000:]
@@ -42,7 +42,7 @@ def test_a_failed_domain_leaves_the_others_to_finish_and_the_rerun_does_only_it(
     assert end[-2].startswith("run_all.sh: 1 of the night's processes failed; the report holds what finished")
     assert end[-1].startswith(f"  FAIL seed 0, math, {' '.join(METHODS)}: exit 1: whale.py: error: damaged run file")
     assert end[-1].endswith("(log: results/smoke/logs/math.log)")
-    assert "phase_0.json" in (repo / "results/smoke/logs/math.log").read_text()
+    assert "metrics.jsonl" in (repo / "results/smoke/logs/math.log").read_text()
 
     state.unlink()  # the fix: the run starts over
     again = run_all(repo)
