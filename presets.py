@@ -175,6 +175,10 @@ PAPER_TRAIN_SIZES = {"searchqa": 18_946, "math": 17_917, "chess": 16_384}
 # scripts/calibrate_cpu_h0.py --domain countdown, 2026-12-03), so its weights would never move: plan.py --check
 # warns, and the fix is a larger --model
 CPU = {domain: dict(harness=f"harnesses/cpu/{domain}.py") for domain in ("searchqa", "math")}
+# the smoke preset per domain: math's h0 where the random smoke model can be right by chance, so every smoke weight
+# phase has successes to train on (harnesses/smoke/math.py says how; why searchqa and chess have none: README, the
+# smoke preset), on the one-step problems, where three in five need one operation
+SMOKE = {"math": dict(harness="harnesses/smoke/math.py", math_max_steps=1, max_new_tokens=32, group=8)}
 # run_all.sh's table: its domains per preset (DOMAINS=... overrides). cpu leaves chess out: SmolLM2-135M solves
 # none, and its long multi-turn prompts cost about 8x a searchqa episode. countdown (the fork template) is in no
 # default table. Adaptive WHALE (ADAPTIVE=1) runs where the paper reports it: never on chess.
@@ -202,6 +206,8 @@ def preset_defaults(name, domain, data=None, card_gib=None):
         preset["micro_batch"] = 1
     if name == "cpu":  # chess keeps harnesses/chess.py (not in the cpu preset's table)
         preset.update(CPU.get(domain, {}))
+    if name == "smoke":
+        preset.update(SMOKE.get(domain, {}))
     if data == "paper":  # the bundled math sets' choices do not apply to the paper's data
         preset.pop("math_test_set", None), preset.pop("math_max_steps", None)
     return preset
