@@ -178,7 +178,7 @@ CPU = {domain: dict(harness=f"harnesses/cpu/{domain}.py") for domain in ("search
 # the smoke preset per domain: math's h0 where the random smoke model can be right by chance, so every smoke weight
 # phase has successes to train on (harnesses/smoke/math.py says how; why searchqa and chess have none: README, the
 # smoke preset), on the one-step problems, where three in five need one operation
-SMOKE = {"math": dict(harness="harnesses/smoke/math.py", math_max_steps=1, max_new_tokens=32, group=8)}
+SMOKE = {"math": dict(harness="harnesses/smoke/math.py", math_max_steps=1, max_new_tokens=32, group=4)}
 # run_all.sh's table: its domains per preset (DOMAINS=... overrides). cpu leaves chess out: SmolLM2-135M solves
 # none, and its long multi-turn prompts cost about 8x a searchqa episode. countdown (the fork template) is in no
 # default table. Adaptive WHALE (ADAPTIVE=1) runs where the paper reports it: never on chess.

@@ -16,6 +16,7 @@ import domains
 import meta_harness
 import rft
 import plan
+import presets
 import whale
 from fixtures import stand_ins
 from lib.episodes import switches
@@ -112,7 +113,7 @@ def test_adaptive_harness_phase_needs_min_iterations_then_patience():
 
 def test_preset_defaults_and_overrides():
     [args] = whale.parse_args(["--domain", "math", "--preset", "smoke", "--batch", "2"])
-    assert args.model == "smoke" and args.batch == 2 and args.group == whale.PRESETS["smoke"]["group"]
+    assert args.model == "smoke" and args.batch == 2 and args.group == presets.SMOKE["math"]["group"]  # math's own
     assert args.out == os.path.join("results", "smoke", "math", "whale")
     [fst] = whale.parse_args(["--domain", "chess", "--preset", "paper", "--method", "fast-slow"])
     assert fst.prompt_only and fst.model == "Qwen/Qwen3.5-4B" and fst.group == 8 and fst.batch == 256
