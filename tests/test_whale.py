@@ -227,7 +227,9 @@ def fake(tmp_path, monkeypatch):
     harness = tmp_path / "h0.py"
     harness.write_text(HARNESS)
     argv = ["--domain", "math", "--preset", "smoke", "--harness", str(harness), "--test-limit", "3", "--k", "2",
-            "--harness-tasks", "3", "--candidates", "2"]
+            "--harness-tasks", "3", "--candidates", "2", "--group", "2", "--math-max-steps", "4"]  # not the smoke
+    # preset's math sizes (presets.SMOKE: G = 4 on one-step problems), but the G = 2 on problems of 1-4 steps that
+    # these tests count in
     return argv, executed
 
 
