@@ -1,12 +1,13 @@
 """Math h0 of the smoke preset: the model names the operations, the harness does the arithmetic.
 
-The random smoke model never writes a right \\boxed{} number under harnesses/math.py (README, "The smoke
-preset"), so no weight step of a smoke run had anything to learn from. Here it has a choice it can get right by
-chance: the question's numbers, in the order written, joined by the first operations (+ - * /) the model's replies
-name; the harness computes that expression (* and / before + and -) and boxes its value. On the bundled one-step
-problems (--math-max-steps 1) three in five are two numbers and one operation, so a reply that names one is right
-about one time in four. The harness never reads the answer, and without the model (a reply of '') it names no
-operation and gives no answer. A reply with too few operations is answered with a nudge, at most MAX_TURNS calls.
+The random smoke model never writes a right \\boxed{} number under harnesses/math.py (0 of 32 training rollouts at
+the smoke preset's settings: README, "The smoke preset trains"), so no weight step of a smoke run had anything to
+learn from. Here it has a choice it can get right by chance: the question's numbers, in the order written, joined
+by the first operations (+ - * /) the model's replies name; the harness computes that expression (* and / before
++ and -) and boxes its value. Three in five of the bundled one-step problems (--math-max-steps 1) are two numbers
+and one operation; 8 of the preset's 32 training rollouts succeed (scripts/calibrate_cpu_h0.py --preset smoke).
+The harness never reads the answer, and without the model (a reply of '') it names no operation and gives no
+answer. A reply with too few operations is answered with a nudge, at most MAX_TURNS calls.
 """
 import re
 
