@@ -171,8 +171,8 @@ def check_h0(runs):
     run's) x G episodes at the run's sampling settings, for the runs that train weights. A weight step
     learns from successes (RSFT keeps only those), so none at all means the weights never move. The hf backend
     only (an engine takes minutes to start: the gpu and paper presets' first step shows it), and not the random
-    smoke model or the null one, which earn nothing by design. -> one line per domain: ok with the count, or
-    WARN naming the fix"""
+    smoke model (only math's smoke h0 earns with it: README, "The smoke preset trains") or the null one, which
+    earns nothing by design. -> one line per domain: ok with the count, or WARN naming the fix"""
     lines, policies, seen = [], {}, set()
     for args in runs:
         if (METHODS[args.method].budgets == HARNESS or args.backend != "hf" or args.model in ("smoke", "null")

@@ -62,7 +62,7 @@ def choose_threads():
 
 # Named bundles of defaults; any flag given on the command line wins. I (--harness-iterations)
 # counts the re-scoring of the incoming harness, so a harness phase makes I - 1 proposer rounds.
-# smoke only checks the wiring (all runs in minutes).
+# smoke only checks the wiring (all runs in minutes); its math runs train (SMOKE below).
 # cpu: SmolLM2-135M in the paper's proportions: 8 RSFT steps (64 train prompts, 8 a step, G = 4) in 3
 # weight phases of 3, 3, 2 (E = 0.375), a harness phase of one round (I = 2, M = 3 on 24 harness
 # tasks) between each two, so harness-only gets 3 rounds; test mean@4 on 50 tasks before training
@@ -177,6 +177,12 @@ PAPER_TRAIN_SIZES = {"searchqa": 18_946, "math": 17_917, "chess": 16_384}
 # scripts/calibrate_cpu_h0.py --domain countdown, 2026-12-03), so its weights would never move: plan.py --check
 # warns, and the fix is a larger --model
 CPU = {domain: dict(harness=f"harnesses/cpu/{domain}.py") for domain in ("searchqa", "math")}
+# the smoke preset per domain: math's h0 where the random smoke model can be right by chance, so every smoke weight
+# phase has successes to train on (harnesses/smoke/math.py says how; why searchqa and chess have none: README, "The
+# smoke preset trains"), on the one-step problems, where three in five need one operation; 32 tokens a call, as at
+# 8 the model names an operation less often (14 of 128 training rollouts succeeded, 32 of 128 at 32), and G = 4, so
+# a weight phase samples 16 episodes
+SMOKE = {"math": dict(harness="harnesses/smoke/math.py", math_max_steps=1, max_new_tokens=32, group=4)}
 # run_all.sh's table: its domains per preset (DOMAINS=... overrides). cpu leaves chess out: SmolLM2-135M solves
 # none, and its long multi-turn prompts cost about 8x a searchqa episode. countdown (the fork template) is in no
 # default table. Adaptive WHALE (ADAPTIVE=1) runs where the paper reports it: never on chess.
@@ -204,6 +210,8 @@ def preset_defaults(name, domain, data=None, card_gib=None):
         preset["micro_batch"] = 1
     if name == "cpu":  # chess keeps harnesses/chess.py (not in the cpu preset's table)
         preset.update(CPU.get(domain, {}))
+    if name == "smoke":
+        preset.update(SMOKE.get(domain, {}))
     if data == "paper":  # the bundled math sets' choices do not apply to the paper's data
         preset.pop("math_test_set", None), preset.pop("math_max_steps", None)
     return preset

@@ -1,11 +1,13 @@
 """
 Calibrate a cpu h0: under the base weights, at the cpu preset's sampling settings (whale.py PRESETS["cpu"]:
 temperature 0.6, top-k 20, 32 new tokens a call, ...), a harness's training reward and its harness-set score,
-and why its failed episodes fail. Never the test split.
+and why its failed episodes fail. Never the test split. --preset smoke: the same for a smoke h0, on the random
+smoke model at the smoke preset's settings (presets.py SMOKE).
 
     python scripts/calibrate_cpu_h0.py --domain searchqa --harness harnesses/cpu/searchqa.py --out results-calib/sq.json
     python scripts/calibrate_cpu_h0.py --domain math --harness harnesses/math.py \
         --variant "" "ANSWER_FROM_OUTPUT=#1" "EXAMPLES=#3 ANSWER_FROM_OUTPUT=#1" --out results-calib/math.json
+    python scripts/calibrate_cpu_h0.py --preset smoke --domain math --harness harnesses/smoke/math.py --out results-calib/smoke-math.json
 
 Each --variant is the harness with some knobs set: KNOB=#i takes SEARCH_SPACE[KNOB][i], KNOB=LITERAL a Python
 literal; "" is the harness as it is. Per variant:
@@ -43,7 +45,9 @@ from lib.subsets import seeded_sample  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--domain", required=True, choices=("searchqa", "math", "countdown"))
+    p.add_argument("--domain", required=True, choices=("searchqa", "math", "countdown", "chess"))
+    p.add_argument("--preset", default="cpu", choices=("cpu", "smoke"),
+                   help="whose model, sampling and sizes (the smoke preset's h0s: presets.py SMOKE)")
     p.add_argument("--harness", required=True, help="the harness file the variants start from")
     p.add_argument("--variant", nargs="+", default=[""], help='knob settings, e.g. "SEARCH_FIRST=#1 TOP_K=3"')
     p.add_argument("--train-prompts", type=int, default=None, help="first N of the preset's training prompts")
@@ -51,8 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="the JSON report")
     args = p.parse_args(argv)
-    # every other setting is the cpu preset's, exactly as whale.py resolves it for this domain
-    preset = whale.parse_args(["--domain", args.domain, "--preset", "cpu", "--method", "weight-only",
+    # every other setting is the preset's, exactly as whale.py resolves it for this domain
+    preset = whale.parse_args(["--domain", args.domain, "--preset", args.preset, "--method", "weight-only",
                                "--harness", args.harness, "--seed", str(args.seed)])[0]
     return args, preset
 

@@ -91,7 +91,7 @@ def test_check_warns_in_one_line_when_h0_earns_nothing_with_the_runs_model(monke
         assert lines == [f"WARN h0 (countdown): none of {said} succeeds, so a weight step would train on nothing: "
                          "give countdown an h0 its model can start from (presets.py CPU, calibrated with "
                          "scripts/calibrate_cpu_h0.py) or a larger --model"]
-    # a harness-only run trains no weights, and the smoke model earns nothing by design: no line for either
+    # a harness-only run trains no weights, and the random smoke model is not asked: no line for either
     assert plan.check_h0(runs[:1]) == []
     assert plan.check_h0(whale.parse_args(["--domain", "countdown", "--preset", "smoke"])) == []
 

@@ -42,7 +42,7 @@ def test_the_null_model_replies_the_empty_string_at_no_model_time(null):
 
 
 @pytest.mark.parametrize("harness", [f"harnesses/{name}.py" for name in domains.DOMAINS]
-                         + ["harnesses/cpu/searchqa.py", "harnesses/cpu/math.py"])
+                         + ["harnesses/cpu/searchqa.py", "harnesses/cpu/math.py", "harnesses/smoke/math.py"])
 def test_every_shipped_h0_earns_nothing_without_the_model(null, harness):
     name = Path(harness).stem
     stats = score(domains.get(name), harness, null)

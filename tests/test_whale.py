@@ -15,6 +15,7 @@ import domains
 import meta_harness
 import rft
 import plan
+import presets
 import whale
 from fixtures import stand_ins
 from lib.episodes import switches
@@ -111,7 +112,7 @@ def test_adaptive_harness_phase_needs_min_iterations_then_patience():
 
 def test_preset_defaults_and_overrides():
     [args] = whale.parse_args(["--domain", "math", "--preset", "smoke", "--batch", "2"])
-    assert args.model == "smoke" and args.batch == 2 and args.group == whale.PRESETS["smoke"]["group"]
+    assert args.model == "smoke" and args.batch == 2 and args.group == presets.SMOKE["math"]["group"]  # math's own
     assert args.out == os.path.join("results", "smoke", "math", "whale")
     [fst] = whale.parse_args(["--domain", "chess", "--preset", "paper", "--method", "fast-slow"])
     assert fst.prompt_only and fst.model == "Qwen/Qwen3.5-4B" and fst.group == 8 and fst.batch == 256
@@ -225,7 +226,9 @@ def fake(tmp_path, monkeypatch):
     harness = tmp_path / "h0.py"
     harness.write_text(HARNESS)
     argv = ["--domain", "math", "--preset", "smoke", "--harness", str(harness), "--test-limit", "3", "--k", "2",
-            "--harness-tasks", "3", "--candidates", "2"]
+            "--harness-tasks", "3", "--candidates", "2", "--group", "2", "--math-max-steps", "4"]  # not the smoke
+    # preset's math sizes (presets.SMOKE: G = 4 on one-step problems), but the G = 2 on problems of 1-4 steps that
+    # these tests count in
     return argv, executed
 
 
