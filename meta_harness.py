@@ -330,13 +330,6 @@ def add_seed(run_dir, seed_harness):
                                  "iteration": 0, "proposed": True, "valid": True, "reason": None})
 
 
-def check_setup(run_dir, domain, tasks, cfg):
-    """Scores are only comparable under one harness set and one sampling setup: a resumed run must match."""
-    setup = search_setup(domain, tasks, cfg)
-    check_same_setup(run_dir, setup)
-    write_json(run_dir / "setup.json", setup)
-
-
 def search_setup(domain, tasks, cfg):
     """What every score of an archive was made under: the harness set and the sampling (not the runner's width)."""
     sampling = {k: v for k, v in policy_kwargs(cfg).items() if k != "workers"}
@@ -345,7 +338,9 @@ def search_setup(domain, tasks, cfg):
 
 
 def check_same_setup(run_dir, setup):
-    """Also called before any model loads, by the CLIs, on the archives a run would resume."""
+    """Scores are only comparable under one harness set and one sampling setup: a folder meta_harness.py resumes
+    must hold the setup of this command (checked before any model loads). whale.py's archives come from the store,
+    under a key that holds the search's settings."""
     old = read_json(Path(run_dir) / "setup.json")
     if old is not None and old != setup:
         diff = ", ".join(k for k in setup if old.get(k) != setup[k])
@@ -397,7 +392,7 @@ def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, card=N
           f"{rounds * M} proposals, at most "
           f"{(rounds * M + 1) * len(tasks) * cfg.harness_samples + rounds * M} rollouts "
           f"(scoring plus one smoke episode per candidate) -> {run_dir}")
-    check_setup(run_dir, domain, tasks, cfg)
+    write_json(run_dir / "setup.json", search_setup(domain, tasks, cfg))  # what every score here is made under
     add_seed(run_dir, seed_harness)
     if not (run_dir / "candidates" / "h0" / "scores.json").exists():
         score(run_dir / "candidates" / "h0", policy, domain, tasks, cfg, kw)

@@ -266,9 +266,6 @@ class RSFT:
 
     def __init__(self, cfg, policy, domain, folder, train, checkpoint=None):
         self.cfg, self.policy, self.domain, self.folder, self.train = cfg, policy, domain, Path(folder), train
-        if cfg.group < 1:
-            raise ValueError(f"--group {cfg.group}: G must be >= 1 rollout per prompt")
-        check_batch(cfg.batch, len(train), domain.name)
         policy.to_base()  # the adapter of a trainer before this one goes
         state = {"step": 0, "rollouts": 0, "sampler": {}, "weights": "base"}
         if checkpoint is None:

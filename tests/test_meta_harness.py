@@ -173,8 +173,9 @@ def test_mutate_archive_and_resume_never_rescore(fake):
     res2 = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=2), rounds=3)
     assert fr.evaluated and all(n.startswith("h3_") for n in fr.evaluated) and res2["rounds"] == 3
     assert res2["best_series"][:3] == res["best_series"]
-    with pytest.raises(ValueError, match="another setup"):  # scores from another harness set would not compare
-        mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=2, harness_tasks=2), rounds=3)
+    other = make_args(candidates=2, harness_tasks=2)  # scores from another harness set would not compare
+    with pytest.raises(ValueError, match="another setup"):  # meta_harness.py checks it before any model loads
+        mh.check_same_setup(run_dir, mh.search_setup(FakeDomain(), mh.harness_tasks(FakeDomain(), other), other))
 
 
 def test_patience_stop_ends_search_early(fake):

@@ -205,10 +205,8 @@ def test_bad_input_gives_clear_errors(tmp_path):
         model = tiny_model(**kw)
         return Policy(model, None, types.SimpleNamespace(model=model))
     train = FakeDomain().load("train")
-    with pytest.raises(ValueError, match="--group 0"):
-        rft.RSFT(rft_args(group=0), backend(), FakeDomain(), tmp_path / "a", train)
-    with pytest.raises(ValueError, match=r"--batch 9 does not fit .*\(8 prompts\)"):
-        rft.RSFT(rft_args(batch=9), backend(), FakeDomain(8), tmp_path / "b", train)
+    with pytest.raises(ValueError, match=r"--batch 9 does not fit .*\(8 prompts\)"):  # checked before the model loads
+        rft.check_batch(9, len(train), "fake")
     with pytest.raises(ValueError, match="--lora-targets 'wq,wv' does not fit the model"):
         rft.RSFT(rft_args(batch=4, lora_targets="wq,wv"), backend(), FakeDomain(), tmp_path / "c", train)
     # an adapter trained on another model (other MLP width, fewer layers) does not load

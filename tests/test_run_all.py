@@ -30,9 +30,9 @@ def test_a_failed_domain_leaves_the_others_to_finish_and_the_rerun_does_only_it(
     repo = tmp_path / "repo"
     shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(
         ".git", ".venv", "results", "runs", "wheels", ".cache", "__pycache__", ".pytest_cache"))
-    state = repo / "results/smoke/math/weight-only/metrics.jsonl"
+    state = repo / "results/smoke/math/weight-only/config.json"
     state.parent.mkdir(parents=True)
-    state.write_text("{")  # math's process refuses its run folders at its start (a run's rows must read back)
+    state.write_text("{}")  # math's process refuses its run folders at its start (a run's settings must be its own)
 
     first = run_all(repo)
     assert first.returncode == 1, first.stderr[-2000:]
@@ -40,9 +40,10 @@ def test_a_failed_domain_leaves_the_others_to_finish_and_the_rerun_does_only_it(
     assert (repo / "results/smoke/tables.md").exists()  # the report of what finished
     end = first.stderr.splitlines()
     assert end[-2].startswith("run_all.sh: 1 of the night's processes failed; the report holds what finished")
-    assert end[-1].startswith(f"  FAIL seed 0, math, {' '.join(METHODS)}: exit 1: whale.py: error: damaged run file")
+    assert end[-1].startswith(f"  FAIL seed 0, math, {' '.join(METHODS)}: exit 1: whale.py: error: "
+                              "results/smoke/math/weight-only/config.json was written by an older whale.py")
     assert end[-1].endswith("(log: results/smoke/logs/math.log)")
-    assert "metrics.jsonl" in (repo / "results/smoke/logs/math.log").read_text()
+    assert "config.json" in (repo / "results/smoke/logs/math.log").read_text()
 
     state.unlink()  # the fix: the run starts over
     again = run_all(repo)
