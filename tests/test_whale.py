@@ -706,8 +706,8 @@ def test_a_rerun_with_other_settings_is_refused_with_one_line(tmp_path, fake, ca
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(SystemExit) as e:
         whale.main(argv + ["--method", "weight-only", "--out", str(out), "--k", "3", "--temperature", "0.2"])
-    assert str(e.value.code) == (f"whale.py: error: {out} was run with other settings: --temperature 1.0 (now 0.2), "
-                                 f"--k 2 (now 3): rerun with the folder's settings, or move {out} aside "
+    assert str(e.value.code) == (f"whale.py: error: {out} was run with other settings: --k 2 (now 3), --temperature "
+                                 f"1.0 (now 0.2): rerun with the folder's settings, or move {out} aside "
                                  f"(mv {out} {out}.old) or delete it, and rerun to start it over")
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing rewritten
     # what cannot change a result may change (lib/cli.NO_RESULT_FLAGS): the speed, the engine's memory share
