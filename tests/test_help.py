@@ -13,28 +13,11 @@ import rollout
 import whale
 from lib import cli
 from presets import PRESETS
+from test_layout import parser_of
 
 SANDBOX_SWITCHES = ("--unsafe-no-sandbox", "--allow-weak-bounds", "--infra-budget")
 MAINS = {"whale.py": whale.main, "plan.py": plan.main, "rft.py": rft.main, "meta_harness.py": meta_harness.main,
          "rollout.py": rollout.main}
-
-
-class Parsed(Exception):
-    pass
-
-
-def parser_of(main, monkeypatch):
-    """The parser a CLI's main builds, stopped as it parses."""
-    seen = []
-
-    def record(parser, *a, **kw):
-        seen.append(parser)
-        raise Parsed
-    with monkeypatch.context() as m:
-        m.setattr(cli.Parser, "parse_args", record)
-        with pytest.raises(Parsed):
-            main(["--domain", "math"])
-    return seen[0]
 
 
 def printed(parse, argv, capsys):

@@ -194,8 +194,8 @@ class Parsed(Exception):
     pass
 
 
-def parser_flags(main, monkeypatch):
-    """The flag dests of the parser a CLI's main builds, stopped as it parses."""
+def parser_of(main, monkeypatch):
+    """The parser a CLI's main builds, stopped as it parses."""
     from lib import cli
     seen = []
 
@@ -208,7 +208,12 @@ def parser_flags(main, monkeypatch):
             main(["--domain", "math"])
         except Parsed:
             pass
-    return {a.dest for a in seen[0]._actions if a.dest not in ("help", "help_all")}
+    return seen[0]
+
+
+def parser_flags(main, monkeypatch):
+    """The flag dests of the parser a CLI's main builds."""
+    return {a.dest for a in parser_of(main, monkeypatch)._actions if a.dest not in ("help", "help_all")}
 
 
 def config_fields(config, out):

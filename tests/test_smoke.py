@@ -1,19 +1,14 @@
 """The smoke preset trains: a smoke run's weight phases each make a weight update, so the smoke runs (run_all.sh
 SMOKE=1, and CI) execute RSFT's SFT pass, not only its sampling."""
-import json
 import os
 import runpy
 import subprocess
 import sys
 
 import presets
+from test_whale import rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def rows(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def test_every_weight_phase_of_a_smoke_math_run_makes_a_weight_update(tmp_path):
