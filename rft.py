@@ -552,6 +552,8 @@ def train_cli(args):
     key = {"config": config_hash(cfg), "harness": file_sha(args.harness), "ranks": ranks.count()}
     item = store.find("weights", key)
     rows = about(item)["rows"] if item else []
+    if item is None and Path(args.out, "metrics.jsonl").exists():  # not silently: its rows are rewritten below
+        print(f"rft.py: {args.out}/store holds no step of these settings, harness and code: training from step 0")
     trainer = WEIGHT_STEPS[cfg.weight_step](cfg, load_policy(args), domain, Path(args.out, "ckpt"), train, item)
     os.makedirs(args.out, exist_ok=True)
     write_json(Path(args.out, "config.json"), vars(args))

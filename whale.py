@@ -42,6 +42,7 @@ import meta_harness
 import rft
 import rollout
 from lib import methods
+from lib.archive import write_index
 from lib.backends import ranks
 from lib.backends.hf_backend import NullModelBackend
 from lib.backends.policy import add_backend_args, load_policy
@@ -76,7 +77,7 @@ def run(cfg, domain, policy, card, store):
     steps, rounds = budgets(cfg, len(train))
     ledger = Ledger(cfg.out, cfg.harness)
     ledger.log_start(steps, rounds, unconfined=switches.disabled())
-    if ledger.unconfined:  # its harness and proposer code run unconfined: what they make stays in the run's folder
+    if ledger.unconfined:  # its harness and proposer code run unconfined: the shared store is not its to read or fill
         store = Store(Path(cfg.out, "store"), store.code)
         print(f"store: {store.root}, this run's own (--unsafe-no-sandbox); the shared one is neither read nor "
               "written")
@@ -157,22 +158,27 @@ def weight_phase(cfg, store, ledger, trainer, n_train, steps):
 
 def harness_phase(cfg, store, ledger, policy, domain, weights, rounds, card):
     """Meta-Harness rounds from the current harness under the current weights, its archive stored after every round
-    under the search's key (the weights, the seed harness's content, the search settings). The store's archive of the
-    same search, made by any run or by this one before a kill, is copied into the run folder and its rounds are not
-    run again. Weights unchanged since the last search continue its archive (ledger.archive_for). The search gives
-    the card back while its proposer writes (card.away). -> (its winner, the row's detail)"""
-    archive, before, key = ledger.archive_for(weights)
-    if key is None:  # a new archive, seeded with the run's harness
+    under the search's key: the weights, the seed harness's content and the search settings of a new archive, or
+    for weights unchanged since the last search (ledger.archive_for), that search's key, since this one continues its
+    archive: an item of its own, so the item a finished row names is never replaced. The store's archive of the same
+    search, made by any run or by this one before a kill, is copied into the run folder and its rounds are not run
+    again. The search gives the card back while its proposer writes (card.away). -> (its winner, the row's detail)"""
+    archive, before, last = ledger.archive_for(weights)
+    if last is None:  # a new archive, seeded with the run's harness
         key = store.full_key({"weights": weights, "seed": file_sha(ledger.harness), "config": config_hash(cfg.search)})
+    else:  # the last search's archive, continued
+        key = store.full_key({"continues": last, "config": config_hash(cfg.search)})
     folder = Path(cfg.out, archive)
     shutil.rmtree(folder, ignore_errors=True)  # what a killed round left: the store holds every finished round
-    item = stored(store, "search", key, cfg.out) if before else store.find("search", key)
+    item = store.find("search", key) or (stored(store, "search", last, cfg.out) if last else None)
     if item is not None:
         copy_item(item, folder)
         print(f"harness phase: {about(item)['rounds']} rounds of this search taken from the store ({item})")
-    cap = before + min(harness_phase_cap(cfg), rounds - ledger.rounds)
-    result = meta_harness.search(policy, domain, ledger.harness, str(folder), cfg.search, cap,
+    total = before + min(harness_phase_cap(cfg), rounds - ledger.rounds)  # the archive's rounds at the phase's end
+    result = meta_harness.search(policy, domain, ledger.harness, str(folder), cfg.search, total,
                                  stop=harness_stop(cfg, before), card=card, store=store, key=key)
+    if store.find("search", key) is None:  # its rounds were all the last search's (or stopped there): its own item
+        store.put("search", key, folder, about={"rounds": result["rounds"], "candidates": cfg.search.candidates})
     return result["winner"], {"rounds": result["rounds"] - before, "archive": archive,
                               "archive_rounds": result["rounds"], "archive_rollouts": result["rollouts"],
                               "harness_score": result["score"],
@@ -206,10 +212,11 @@ def restore(store, ledger):
     folder holds (deleted, edited or cut by a kill: the store is the run's memory): each test evaluation, each archive
     as its last row left it, and the step rows' view. The trainer's checkpoint comes from the store too
     (start_trainer)."""
-    archives = {row["archive"]: row["stored"]["search"] for row in ledger.rows if "archive" in row}
-    for name, key in archives.items():
+    archives = {row["archive"]: row for row in ledger.rows if "archive" in row}  # each archive's last row
+    for name, row in archives.items():
         shutil.rmtree(Path(ledger.out, name), ignore_errors=True)
-        copy_item(stored(store, "search", key, ledger.out), Path(ledger.out, name))
+        copy_item(stored(store, "search", row["stored"]["search"], ledger.out), Path(ledger.out, name))
+        write_index(Path(ledger.out, name), row["archive_rounds"])  # as of the row (a stored search may hold more)
     for row in ledger.rows:
         if "evaluation" in row["stored"]:
             path = Path(ledger.out, "evals", f"phase_{row['phase']}.json")

@@ -115,8 +115,8 @@ def test_rank_0_failing_inside_an_update_ends_the_followers_within_a_minute(tmp_
 
 
 def test_whale_runs_two_methods_on_two_ranks_and_its_summary_says_so(tmp_path):
-    """weight-only, then whale: whale's first weight phase is weight-only's (the same RSFT steps under h0), adopted
-    from its snapshot, which rank 1 loads from the shared run folder."""
+    """weight-only, then whale: whale's first weight phase is weight-only's (the same RSFT steps under h0), taken from
+    the store into whale's trainer folder, which rank 1 loads from the shared file system."""
     done = torchrun(os.path.join(ROOT, "whale.py"), "--domain", "math", "--preset", "smoke", "--method", "weight-only",
                     "whale", "--harness", os.path.join(ROOT, "harnesses", "math.py"), "--test-limit", "2", "--k", "1",
                     "--train-limit", "4", "--batch", "2", "--group", "2", "--harness-tasks", "2",

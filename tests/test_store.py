@@ -5,12 +5,17 @@ and a command under --unsafe-no-sandbox neither reads nor writes it. Whale smoke
 episodes (rewards from the task, the sample and the seed), as tests/test_whale.py drives them."""
 import hashlib
 import json
+import os
+from pathlib import Path
+
+import pytest
 
 import meta_harness as mh
 import whale
 from fixtures import stand_ins
 from fixtures.configs import search_config
 from lib.episodes import switches
+from lib.run_folder import store as store_module
 from lib.run_folder.store import Store, about
 from test_meta_harness import FakeDomain, SEED, fake as search_fake  # noqa: F401
 from test_whale import assert_same_record, fake, record  # noqa: F401
@@ -154,3 +159,28 @@ def test_an_item_that_is_a_symlink_is_damaged_not_a_crash(tmp_path):
     item.symlink_to(tmp_path / "elsewhere")
     (tmp_path / "elsewhere" / "traces.jsonl").write_text('{"task_id": "b"}\n')
     assert store.find("evaluation", key) is None and not item.is_symlink() and (tmp_path / "elsewhere").exists()
+
+
+def test_a_put_killed_while_it_replaces_an_item_leaves_the_older_one(tmp_path, monkeypatch):
+    """A put replacing an item (a phase or search a step or round further) moves the older one aside until the new one
+    is in place: killed between the two renames, the next command puts the older one back, whole."""
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "state.json").write_text('{"step": 1}')
+    store, key = Store(tmp_path / "store"), {"weights": "base", "step": 0, "harness": "h", "config": "c"}
+    first = store.put("weights", key, tmp_path / "work", about={"rows": [1]})
+    (tmp_path / "work" / "state.json").write_text('{"step": 2}')
+    replace = os.replace
+
+    def killed_before_the_new_one_is_in_place(src, dst):
+        if ".tmp-" in Path(src).name:  # the new item's rename, after the older one's
+            raise KeyboardInterrupt("killed between the renames")
+        replace(src, dst)
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", killed_before_the_new_one_is_in_place)
+        with pytest.raises(KeyboardInterrupt):
+            store.put("weights", key, tmp_path / "work", about={"rows": [1, 2]})
+    assert not first.exists() and store.find("weights", key) is None  # between the renames: no item in place
+    with store_module.only_command(tmp_path / "store"):
+        item = store.find("weights", key)
+    assert item == first and about(item)["rows"] == [1] and (item / "state.json").read_text() == '{"step": 1}'
+    assert not list((tmp_path / "store" / "weights").glob("*.old-*")) and not list((tmp_path / "store").glob("*/*.tmp-*"))

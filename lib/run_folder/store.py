@@ -8,7 +8,7 @@ It lies beside their run folders: results/<preset>[/seed-<n>]/<domain>/store/ (f
 
 An item is store/<kind>/<sha256 of its key>/: a copy of the work and key.json (the key in full, `about`: the run
 that made it, the sha256 of every file as it was put, and the sha256 of those three), built in a temporary folder
-and renamed into place, so a kill leaves no item or the whole one. The kinds: weights (a weight phase's RSFT
+and renamed into place (an older one moved aside until then), so a kill leaves an item whole. The kinds: weights (a weight phase's RSFT
 checkpoint after its last step so far, with the phase's step rows), search (a harness archive after its last round
 so far) and evaluation (evaluation.json and its traces). An item of a phase or search in progress is replaced after
 every step or round: the store is where a run's progress lives, and a killed run goes on from there. What each key
@@ -59,6 +59,12 @@ def only_command(root):
                              "to end, or give this one its own --seed or --out") from None
         for cut in Path(root).glob("*/*.tmp-*"):  # Store.put's, cut by a kill: no command builds them now
             shutil.rmtree(cut, ignore_errors=True)
+        for old in Path(root).glob("*/*.old-*"):  # an item a put moved aside: back in place if a kill left none there
+            item = old.with_name(old.name.split(".old-")[0])
+            if item.exists():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(old, item)
         yield
 
 
@@ -106,8 +112,13 @@ class Store:
                 shutil.copy2(path, tmp / name)
         record = {"key": self.full_key(key), "about": about, "files": file_hashes(tmp)}
         write_json(tmp / "key.json", {**record, "sha256": record_sha(record)})
-        shutil.rmtree(item, ignore_errors=True)
+        # the older item moved aside, not deleted, until the new one is in place: a kill between the two renames leaves
+        # it beside, and the next command puts it back (only_command)
+        old = item.with_name(f"{item.name}.old-{os.getpid()}")
+        if item.exists():
+            os.replace(item, old)
         os.replace(tmp, item)
+        shutil.rmtree(old, ignore_errors=True)
         return item
 
 
