@@ -82,9 +82,8 @@ def plan_sizes(args):
 def print_plan(runs, card_gb=80, gpus=1, ranks=1):
     """Each run's phases, steps, rounds and rollouts (describe) and its estimated hours on `gpus` cards of card_gb
     with `ranks` trainer ranks (time_model) for its own work: the phases an earlier run of the process made are
-    reused, not redone
-    (the store, lib/run_folder/store.py; adaptive phases end by their rules, so only the start is). -> [estimate, or None for a
-    model the time model lacks]"""
+    reused, not redone (the store, lib/run_folder/store.py; adaptive phases end by their rules, so only the start
+    is). -> [estimate, or None for a model the time model lacks]"""
     sizes = plan_sizes(runs[0])  # every run of a command has the same data
     n_train, n_harness, n_test = sizes
     data_flags = domains.data_flags()

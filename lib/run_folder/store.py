@@ -8,16 +8,16 @@ It lies beside their run folders: results/<preset>[/seed-<n>]/<domain>/store/ (f
 
 An item is store/<kind>/<sha256 of its key>/: a copy of the work and key.json (the key in full, `about`: the run
 that made it, the sha256 of every file as it was put, and the sha256 of those three), built in a temporary folder
-and renamed into place (an older one moved aside until then), so a kill leaves an item whole. The kinds: weights (a weight phase's RSFT
-checkpoint after its last step so far, with the phase's step rows), search (a harness archive after its last round
-so far) and evaluation (evaluation.json and its traces). An item of a phase or search in progress is replaced after
-every step or round: the store is where a run's progress lives, and a killed run goes on from there. What each key
-holds, and what it does not: docs/design.md section 9. A find serves only what was stored: key.json is as put wrote
-it, its key the key looked up, every file hashes as it did at put, none was added (check_stored): the item is what
-its put copied, and a put copies only finished work (a step saved, a round indexed, an evaluation written). One that
-fails is removed, said in one line, and computed again by the caller from the same inputs (the same seeds give the
-same result), never used. Items and runs hold copies, never hard links, so editing
-a run's files never edits the store.
+and renamed into place (an older one moved aside until then), so a kill leaves an item whole. The kinds: weights (a
+weight phase's RSFT checkpoint after its last step so far, with the phase's step rows), search (a harness archive
+after its last round so far) and evaluation (evaluation.json and its traces). An item of a phase or search in
+progress is replaced after every step or round: the store is where a run's progress lives, and a killed run goes on
+from there. What each key holds, and what it does not: docs/design.md section 9. A find serves only what was stored:
+key.json is as put wrote it, its key the key looked up, every file hashes as it did at put, none was added
+(check_stored): the item is what its put copied, and a put copies only finished work (a step saved, a round indexed,
+an evaluation written). One that fails is removed, said in one line, and computed again by the caller from the same
+inputs (the same seeds give the same result), never used. Items and runs hold copies, never hard links, so editing a
+run's files never edits the store.
 It runs nothing: whale.py's phases do the work."""
 import fcntl
 import hashlib
