@@ -558,21 +558,21 @@ def train_cli(args):
     os.makedirs(args.out, exist_ok=True)
     write_json(Path(args.out, "config.json"), vars(args))
 
-    rewards = [r["reward"] for r in rows]
+    write_jsonl(Path(args.out, "metrics.jsonl"), rows)  # the steps so far, for a reader (the store is the truth)
     n = args.stop_patience
     bar = tqdm(total=args.steps, initial=trainer.step_count, desc="rft steps")
-    while trainer.step_count < args.steps and not (n and should_stop_weight_phase(rewards, n, n, n)):
+    while trainer.step_count < args.steps and not (
+            n and should_stop_weight_phase([r["reward"] for r in rows], n, n, n)):
         row = trainer.step(args.harness)
         rows.append(row)
         store.put("weights", key, trainer.folder, about={"rows": rows})
-        write_jsonl(Path(args.out, "metrics.jsonl"), rows)  # the steps so far, for a reader (the store is the truth)
-        rewards.append(row["reward"])
+        write_jsonl(Path(args.out, "metrics.jsonl"), rows)
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward']:.3f}", accept=f"{row['accept_rate']:.2f}",
                         loss="skip" if row["skipped"] else f"{row['loss']:.3f}",
                         rollouts=row["rollouts"])
     bar.close()
-    write_jsonl(Path(args.out, "metrics.jsonl"), rows)
+    rewards = [r["reward"] for r in rows]
     summary = {"steps": trainer.step_count, "rollouts": trainer.rollouts,
                "epochs": trainer.epoch_progress, "rewards": rewards,
                "first_reward": rewards[0] if rewards else None,

@@ -170,14 +170,16 @@ def harness_phase(cfg, store, ledger, policy, domain, weights, rounds, card):
         key = store.full_key({"continues": last, "config": config_hash(cfg.search)})
     folder = Path(cfg.out, archive)
     shutil.rmtree(folder, ignore_errors=True)  # what a killed round left: the store holds every finished round
-    item = store.find("search", key) or (stored(store, "search", last, cfg.out) if last else None)
+    own = store.find("search", key)
+    item = own or (stored(store, "search", last, cfg.out) if last else None)
     if item is not None:
         copy_item(item, folder)
         print(f"harness phase: {about(item)['rounds']} rounds of this search taken from the store ({item})")
     total = before + min(harness_phase_cap(cfg), rounds - ledger.rounds)  # the archive's rounds at the phase's end
     result = meta_harness.search(policy, domain, ledger.harness, str(folder), cfg.search, total,
                                  stop=harness_stop(cfg, before), card=card, store=store, key=key)
-    if store.find("search", key) is None:  # its rounds were all the last search's (or stopped there): its own item
+    if own is None and item is not None and result["rounds"] <= about(item)["rounds"]:
+        # no round beyond the last search's, so the search put nothing under this key: its own item, for its row
         store.put("search", key, folder, about={"rounds": result["rounds"], "candidates": cfg.search.candidates})
     return result["winner"], {"rounds": result["rounds"] - before, "archive": archive,
                               "archive_rounds": result["rounds"], "archive_rollouts": result["rollouts"],
@@ -239,9 +241,9 @@ def stored(store, kind, key, out):
     """The store's item that a row of `out` names, else one line naming the fix."""
     item = store.find(kind, key)
     if item is None:
-        raise ValueError(f"{out}/metrics.jsonl names {store.item(kind, key)}, which the store no longer holds (deleted, "
-                         f"or made by another version of the code): move {out} aside (mv {out} {out}.old) and rerun "
-                         "to start the run over")
+        raise ValueError(f"{out}/metrics.jsonl names {store.item(kind, key)}, which the store no longer holds "
+                         f"(deleted, or made by another version of the code): move {out} aside (mv {out} {out}.old) "
+                         "and rerun to start the run over")
     return item
 
 

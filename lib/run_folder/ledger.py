@@ -3,8 +3,8 @@ evaluation. The rows are the run's state: the phases finished and their kinds, t
 harness the run goes on with, the proposer rounds and rollouts spent, each archive's weights and rounds, and the full
 key of every store item a phase made ("stored"). A run killed midway appends nothing for the phase it was in, so a
 rerun enters the same phase again (the method table names it from the same rows), and that phase goes on from the
-store (lib/run_folder/store.py), which holds its last step or round; whale.restore copies back from the store the
-files of finished phases that the folder lacks. The rows, config.json and the store are all a rerun needs.
+store (lib/run_folder/store.py), which holds its last step or round; whale.restore copies the files of finished
+phases back from the store, over whatever the folder holds. The rows, config.json and the store are all a rerun needs.
 
     ledger = Ledger(out, h0)
     ledger.step, ledger.harness, ledger.rounds, ledger.step_rows  # where the last finished phase left the run
