@@ -57,7 +57,7 @@ from lib.episodes import sandbox
 from lib.episodes.runner import scoring_rule
 from lib.rules import SUCCESS
 from lib.run_folder.files import adapter_id, check_same_model, copy_tree, file_sha
-from lib.run_folder.store import Store, about
+from lib.run_folder.store import Store, about, only_command
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, parse_with_preset
 
@@ -549,6 +549,13 @@ def train_cli(args):
     preflight(args, domains)
     cfg = rsft_config(args, inputs_of(args, domains.data_flags()))
     store = Store(Path(args.out, "store"))
+    with only_command(store.root):  # a second command on this folder is refused in one line while this one runs
+        run_steps(args, cfg, store, domain, train)
+
+
+def run_steps(args, cfg, store, domain, train):
+    """rft.py's steps, from the store's last one under this key (the settings, the harness, the rank count): RSFT
+    steps until --steps or the early stop, each put in the store, then summary.json."""
     key = {"config": config_hash(cfg), "harness": file_sha(args.harness), "ranks": ranks.count()}
     item = store.find("weights", key)
     rows = about(item)["rows"] if item else []

@@ -77,10 +77,6 @@ def run(cfg, domain, policy, card, store):
     steps, rounds = budgets(cfg, len(train))
     ledger = Ledger(cfg.out, cfg.harness)
     ledger.log_start(steps, rounds, unconfined=switches.disabled())
-    if ledger.unconfined:  # its harness and proposer code run unconfined: the shared store is not its to read or fill
-        store = Store(Path(cfg.out, "store"), store.code)
-        print(f"store: {store.root}, this run's own (--unsafe-no-sandbox); the shared one is neither read nor "
-              "written")
     restore(store, ledger)
     trainer = start_trainer(cfg, store, ledger, policy, domain, train) if steps else rft.NoSteps()
     errors = rollout.INFRA_ERRORS  # the infrastructure-error budget: counted per phase, its counts in every row
@@ -300,9 +296,11 @@ def fixed_phases(cfg, n_train):
     return phases
 
 
-def store_root(out):
-    """The store beside the run folder: results/<preset>[/seed-<n>]/<domain>/store, shared by every method."""
-    return os.path.join(os.path.dirname(os.path.abspath(out)), "store")
+def store_root(out, unconfined=False):
+    """The store beside the run folder: results/<preset>[/seed-<n>]/<domain>/store, shared by every method. A command
+    under --unsafe-no-sandbox runs harness and proposer code as the user, who could change whatever it would put or
+    take: its runs keep their work in store-unconfined beside it, and the shared store is neither read nor written."""
+    return os.path.join(os.path.dirname(os.path.abspath(out)), "store-unconfined" if unconfined else "store")
 
 
 def step_name(weight_step):
@@ -533,7 +531,9 @@ def main(argv=None):
         # the runs of a command share one store (one --out, or results/<preset>/<domain>/<method> side by side),
         # held for the whole command before any model loads: one command at a time (store.only_command). Made now, it
         # holds the code as this command found it, not as it is after the model's minutes of loading.
-        store = Store(store_root(runs[0].out))
+        store = Store(store_root(runs[0].out, unconfined=switches.disabled()))
+        if switches.disabled():
+            print(f"store: {store.root} (--unsafe-no-sandbox: the shared store is neither read nor written)")
         # WHALE_CARD (run_all.sh's turns): the lease on the GPU that the night's domain processes share, held from
         # before the model loads to the end but for the proposer's waits (lib/run_folder/card.py); unset: no turns
         card = Card(os.environ.get("WHALE_CARD"), domain.name)

@@ -384,3 +384,18 @@ def test_the_trainer_hands_its_memory_back_between_the_update_and_the_wake(tmp_p
     monkeypatch.setattr(rft, "get_rng_state", lambda: {"torch": torch.get_rng_state(), "python": None, "cuda": None})
     trainer.step(tmp_path / "h.py")
     assert log == ["sleep", "update", "empty_cache", "wake"]
+
+
+def test_a_second_rft_py_on_the_same_folder_is_refused_while_the_first_runs(tmp_path):
+    """rft.py's store (OUT/store) serves one command at a time, like whale.py's: a second command on the same --out is
+    refused in one line before any model loads, and runs once the first has ended."""
+    from lib.run_folder.store import only_command
+    out = tmp_path / "rft"
+    argv = ["--domain", "math", "--harness", "harnesses/math.py", "--model", "smoke", "--steps", "1", "--batch", "2",
+            "--group", "2", "--out", str(out)]
+    with only_command(out / "store"), pytest.raises(SystemExit) as e:  # the first command, still running
+        rft.main(argv)
+    assert str(e.value.code).startswith(f"rft.py: error: {out / 'store'} is in use by another command")
+    assert not (out / "metrics.jsonl").exists()
+    rft.main(argv)
+    assert json.loads((out / "summary.json").read_text())["steps"] == 1

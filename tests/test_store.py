@@ -85,8 +85,9 @@ def test_editing_a_runs_files_leaves_the_store_as_it_was(tmp_path, fake):
 
 def test_an_unconfined_command_neither_reads_nor_writes_the_store(tmp_path, fake, monkeypatch, capsys):
     """Under --unsafe-no-sandbox harness and proposer code run as the user: what the command would take from the
-    shared store or put there is theirs to change, so it computes everything in a store of its own (in its run
-    folder) and leaves the shared one as it was (an item it would find damaged included)."""
+    shared store or put there is theirs to change, so it computes everything in store-unconfined beside it and leaves
+    the shared one as it was (an item it would find damaged included); that store, like the shared one, serves one
+    command at a time."""
     argv, executed = fake
     argv = argv + ["--method", "weight-only"]
     whale.main(argv + ["--out", str(tmp_path / "first")])
@@ -101,7 +102,12 @@ def test_an_unconfined_command_neither_reads_nor_writes_the_store(tmp_path, fake
     out = capsys.readouterr().out
     assert listing(store) == before
     assert executed == ["unconfined"] * 4 and "(the store)" not in out and "damaged" not in out
-    assert f"store: {tmp_path / 'unconfined' / 'store'}, this run's own (--unsafe-no-sandbox)" in out
+    assert f"store: {tmp_path / 'store-unconfined'} (--unsafe-no-sandbox: the shared store is neither read nor " \
+           "written)" in out
+    with store_module.only_command(tmp_path / "store-unconfined"), pytest.raises(SystemExit) as e:
+        whale.main(argv + ["--out", str(tmp_path / "unconfined-2")])
+    assert str(e.value.code).startswith(f"whale.py: error: {tmp_path / 'store-unconfined'} is in use by another "
+                                        "command")
     assert record(tmp_path / "unconfined")["summary"]["final_mean_at_k"] == \
         record(tmp_path / "first")["summary"]["final_mean_at_k"]
 

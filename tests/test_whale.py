@@ -541,7 +541,7 @@ def test_a_resume_keeps_the_h0_it_started_with_and_redoes_its_phase_in_progress_
     one); under edited code its finished phases are taken under the code that made them (their rows hold the keys in
     full), and the phase in progress starts over under the new code (its steps so far are the older code's: the new
     code's key finds none of them), so no item mixes the two. Under --unsafe-no-sandbox a run keeps its work in a
-    store of its own."""
+    store of its own, beside the shared one."""
     argv, executed = fake
     out = tmp_path / "run"
     h0 = tmp_path / "h0.py"
@@ -580,14 +580,14 @@ def test_a_resume_keeps_the_h0_it_started_with_and_redoes_its_phase_in_progress_
     made = items()
     capsys.readouterr()
     whale.main(argv + ["--method", "stagewise", "--out", str(tmp_path / "stagewise")])
-    assert "this run's own (--unsafe-no-sandbox)" in capsys.readouterr().out
-    assert items() == made and list((tmp_path / "stagewise" / "store").glob("*/*/key.json"))
+    assert f"store: {tmp_path / 'store-unconfined'} (--unsafe-no-sandbox" in capsys.readouterr().out
+    assert items() == made and list((tmp_path / "store-unconfined").glob("*/*/key.json"))
 
 
 def test_a_run_unconfined_keeps_its_own_store_and_another_width_redoes_only_its_phase_in_progress(
         tmp_path, fake, monkeypatch, capsys):
-    """A run started under --unsafe-no-sandbox keeps its work in the store of its own folder (harness code runs
-    unconfined in it: the shared store is never read or written), and resumes only the same way; one killed at
+    """A run started under --unsafe-no-sandbox keeps its work in store-unconfined beside the shared store (harness
+    code runs unconfined in it: the shared store is never read or written), and resumes only the same way; one killed at
     --workers 2 and resumed at 3 redoes its phase in progress at the new width (the weights' key holds it)."""
     argv, _ = fake
     store = tmp_path / "store"
@@ -611,7 +611,7 @@ def test_a_run_unconfined_keeps_its_own_store_and_another_width_redoes_only_its_
     monkeypatch.setenv(switches.OPT_OUT, "1")
     capsys.readouterr()
     whale.main(argv + ["--method", "weight-only", "--out", str(out)])
-    assert f"store: {out / 'store'}, this run's own (--unsafe-no-sandbox)" in capsys.readouterr().out
+    assert f"store: {tmp_path / 'store-unconfined'} (--unsafe-no-sandbox" in capsys.readouterr().out
     assert json.loads((out / "summary.json").read_text())["rsft_steps"] == 4 and items() == []
     monkeypatch.delenv(switches.OPT_OUT)
 

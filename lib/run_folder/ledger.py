@@ -63,12 +63,6 @@ class Ledger:
         return [step for r in self.rows for step in r.get("step_rows", [])]
 
     @property
-    def unconfined(self):
-        """Whether the run's harness and proposer code run without the sandbox (--unsafe-no-sandbox): every start of a
-        run runs them the same way (check_run_folder)."""
-        return self.start["unconfined"]
-
-    @property
     def rounds(self):
         return sum(r["rounds"] for r in self.rows if r["kind"] == "harness")
 
@@ -122,7 +116,7 @@ def check_run_folder(out, h0, unconfined):
     """The run folder before any work or model: its rows read back (a damaged row is one line naming the fix), h0's
     content the one the run started with (phase 0 evaluated it), and harness and proposer code run as they did then:
     a run under --unsafe-no-sandbox keeps its work in a store of its own, one in the sandbox in the shared one
-    (whale.run), and a resume never mixes the two. Every other file a rerun needs it copies back from the store
+    (whale.store_root), and a resume never mixes the two. Every other file a rerun needs it copies back from the store
     (whale.restore)."""
     start = Ledger(out, h0).start
     if start is None:

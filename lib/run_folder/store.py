@@ -69,9 +69,9 @@ def only_command(root):
 
 
 class Store:
-    def __init__(self, root, code=None):
+    def __init__(self, root):
         self.root = Path(root)
-        self.code = code or code_sha()  # the code as the command found it: every key holds it
+        self.code = code_sha()  # the code as the command found it: every key holds it
 
     def full_key(self, key):
         """The key in full: with the code that made the work, this command's unless the key names its own (a run's
