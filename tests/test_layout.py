@@ -15,7 +15,7 @@ METHOD_SCRIPTS = ("whale.py", "rft.py", "meta_harness.py")
 CLI_LAYER = {
     "whale.py": {"parse_args", "run_args", "check_args", "start_run"},
     "plan.py": {"plan_sizes", "describe", "sft_line"},
-    "rft.py": {"train_cli", "preflight"},
+    "rft.py": {"train_cli", "run_steps", "preflight"},
     "meta_harness.py": {"search_cli"},
     "rollout.py": {"apply_args", "adapted_policy", "evaluate_cli"},
     "domains.py": {"from_args", "data_of", "check_harness", "check_inputs", "check_tools"},
