@@ -29,6 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from lib.common.json_files import json_object, read_json, sha256, write_json
+from lib.run_folder.files import copy_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMAGED = "it is removed and computed again"
@@ -159,3 +160,9 @@ def check_stored(item, key):
 
 def about(item):
     return read_json(Path(item, "key.json"))["about"]
+
+
+def copy_item(item, folder):
+    """A store item's folder copied to `folder`, without the store's own record (key.json)."""
+    copy_tree(item, folder)
+    (Path(folder) / "key.json").unlink()
