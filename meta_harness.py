@@ -372,10 +372,9 @@ def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, card=N
     """Meta-Harness under fixed weights, `rounds` proposer rounds (an archive that holds some already goes through
     them again without a proposer call or a score: write_index as of each, and the stop rule). stop: (rounds before,
     patience, min rounds) ends the search early (phase_stalled), None never. cfg: a cli.SearchConfig. card: the lease
-    on the GPU (lib/run_folder/card.py), given back while the proposer writes. store, key: the store (whale.py's, or
-    meta_harness.py's OUT/store) where the archive is put after the seed's score and after every round it did not
-    hold yet (a killed run goes on from there).
-    -> {"winner", "score", "rollouts", "rounds" (those the archive holds now), "best_series", "proposer"}"""
+    on the GPU (lib/run_folder/card.py), given back while the proposer writes. store, key: whale.py's store, or the
+    CLI's OUT/store, where the archive is put after the seed's score and after every round it did not hold yet
+    (a rerun goes on from there). -> {"winner", "score", "rollouts", "rounds" (held now), "best_series", "proposer"}"""
     run_dir = Path(run_dir)
     (run_dir / "candidates").mkdir(parents=True, exist_ok=True)
     tasks, M = harness_tasks(domain, cfg), cfg.candidates

@@ -1,10 +1,12 @@
 """The store of finished work: every result a run may take instead of computing it, kept once under the key of
 exactly what produced it, and found by every method and every later command on the same domain, preset and seed.
-It lies beside their run folders: results/<preset>[/seed-<n>]/<domain>/store/ (for --out DIR: store/ beside DIR).
+It lies beside their run folders: results/<preset>[/seed-<n>]/<domain>/store/ (for --out DIR: store/ beside DIR);
+rft.py and meta_harness.py run alone keep their own in their run folder, OUT/store.
 
     item = store.find("weights", key)          # the item's folder, else None (never made, or damaged: removed)
     item = store.put("weights", key, ckpt)     # a copy of a file or folder ({name: path} for several), in place
     with only_command(root): ...               # one command at a time on a store
+    copy_item(item, folder)                    # an item's work copied out, without key.json
 
 An item is store/<kind>/<sha256 of its key>/: a copy of the work and key.json (the key in full, `about`: the run
 that made it, the sha256 of every file as it was put, and the sha256 of those three), built in a temporary folder
