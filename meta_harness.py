@@ -486,5 +486,6 @@ def search_cli(args):
           f"winner {Path(result['winner']).parent.name} score {result['score']:.4f}, "
           f"{result['rollouts']} rollouts, {time.time() - t0:.0f}s")
 
+
 if __name__ == "__main__":
     main()
