@@ -27,7 +27,7 @@ checked, as officially, only after an iteration that scored a valid candidate); 
 official chess search does, once a candidate scores 1.0 on the harness set: every method spends its
 whole budget of rounds here.
 
-The run folder is the archive and the search's own truth. A proposer never works in it: it gets a
+The archive folder is the search's own truth while it runs. A proposer never works in it: it gets a
 copy of the harness-set material (code, meta, scores, traces, summary, frontier, notes) in a fresh
 folder outside the run folder, runs there in its own session inside the OS sandbox (lib/episodes/sandbox.py:
 it sees that folder and nothing of the project, the data or the run's evals/), and afterwards the
@@ -37,32 +37,35 @@ proposer call that fails (the CLI reports an error, a timeout, an API error afte
 retried; --proposer-max-failures in a row stop the search. (Officially math retries too, while
 searchqa spends the iteration and chess aborts the run: here every domain retries, so a method's
 rounds never depend on how often the proposer's service failed.)
-    INSTRUCTIONS.md                  what the proposer was asked to do this iteration
-    candidates/<name>/harness.py     the candidate (h0 is the seed; h<iteration>_<j> the proposals)
-    candidates/<name>/meta.json      parent, hypothesis, axis, change, proposer, iteration, valid, reason
-    candidates/<name>/scores.json    harness-set score, mean turns, tokens, rollouts, errors, time
-    candidates/<name>/traces.jsonl   the harness-set episodes (messages, completions, tools, reward)
-    summary.jsonl                    one row per candidate
-    frontier.json                    the best so far, its lineage, the best-score series, the costs
-    setup.json                       the harness-set task ids and sampling settings every score used
-    costs.jsonl                      one row per proposer call: seconds, tokens, dollars if known
-    notes.md                         what agent proposers learned, iteration by iteration
-Rerunning the same command resumes: a candidate with a scores.json is never scored again.
+    config.json                              this command's flags
+    store/search/<sha256 of its key>/        the archive after the seed's score and after every round (the resume)
+    archive/INSTRUCTIONS.md                  what the proposer was asked to do this iteration
+    archive/candidates/<name>/harness.py     the candidate (h0 is the seed; h<iteration>_<j> the proposals)
+    archive/candidates/<name>/meta.json      parent, hypothesis, axis, change, proposer, iteration, valid, reason
+    archive/candidates/<name>/scores.json    harness-set score, mean turns, tokens, rollouts, errors, time
+    archive/candidates/<name>/traces.jsonl   the harness-set episodes (messages, completions, tools, reward)
+    archive/summary.jsonl                    one row per candidate
+    archive/frontier.json                    the best so far, its lineage, the best-score series, the costs
+    archive/setup.json                       the harness-set task ids and sampling settings every score used
+    archive/costs.jsonl                      one row per proposer call: seconds, tokens, dollars if known
+    archive/notes.md                         what agent proposers learned, iteration by iteration
+Rerunning the same command resumes from the store alone (lib/run_folder/store.py): the archive of the same seed
+harness, settings and code is copied into a fresh archive/ and the search goes on after its last finished round (a
+killed round is done again; what archive/ held is never read). Another --model is refused; other settings start over.
 """
 import argparse
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 
 import domains
 import rollout
-from lib.archive import candidate_rows, check_archive, restore_seed, write_index
+from lib.archive import candidate_rows, write_index
 from lib.backends.hf_backend import NullModelBackend
 from lib.backends.policy import add_backend_args, load_policy
 from lib.briefs import BRIEFS
-from lib.cli import Parser, check_out, conflicting_flags, inputs_of, one_line_errors, search_config
+from lib.cli import Parser, check_out, config_hash, conflicting_flags, inputs_of, one_line_errors, search_config
 from lib.common.argtypes import nonnegative_int, positive_float, positive_int, seed_int, unit_interval
 from lib.common.json_files import read_json, write_json
 from lib.contract import normalized, static_check
@@ -74,7 +77,8 @@ from lib.proposers import (PROPOSER_MAX_FILE_MB, PROPOSER_MAX_PROCS, PROPOSER_MA
                            failure_advice, propose_agent, propose_in_copy, refuse_weak_network)
 from lib.rules import pick_best
 from lib.run_folder.card import NO_TURNS
-from lib.run_folder.files import check_run_files, check_same_model, file_sha
+from lib.run_folder.files import check_same_model, file_sha
+from lib.run_folder.store import Store, about, copy_item, only_command
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, parse_with_preset
 
@@ -337,17 +341,6 @@ def search_setup(domain, tasks, cfg):
             "samples": cfg.harness_samples, "prompt_only": cfg.prompt_only, **sampling}
 
 
-def check_same_setup(run_dir, setup):
-    """Scores are only comparable under one harness set and one sampling setup: a folder meta_harness.py resumes
-    must hold the setup of this command (checked before any model loads). whale.py's archives come from the store,
-    under a key that holds the search's settings."""
-    old = read_json(Path(run_dir) / "setup.json")
-    if old is not None and old != setup:
-        diff = ", ".join(k for k in setup if old.get(k) != setup[k])
-        raise ValueError(f"{run_dir} was scored under another setup ({diff} differ): rerun with "
-                         f"the same flags or use a fresh run folder")
-
-
 def check_proposer(cfg):
     """The proposer can run at all (its command, its CLI, the sandbox it runs in), before any work."""
     if cfg.proposer == "command" and not cfg.proposer_cmd:
@@ -379,9 +372,9 @@ def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, card=N
     """Meta-Harness under fixed weights, `rounds` proposer rounds (an archive that holds some already goes through
     them again without a proposer call or a score: write_index as of each, and the stop rule). stop: (rounds before,
     patience, min rounds) ends the search early (phase_stalled), None never. cfg: a cli.SearchConfig. card: the lease
-    on the GPU (lib/run_folder/card.py), given back while the proposer writes. store, key: whale.py's store, where the
-    archive is put after the seed's score and after every round it did not hold yet (a killed run goes on from
-    there). -> {"winner", "score", "rollouts", "rounds" (those the archive holds now), "best_series", "proposer"}"""
+    on the GPU (lib/run_folder/card.py), given back while the proposer writes. store, key: whale.py's store, or the
+    CLI's OUT/store, where the archive is put after the seed's score and after every round it did not hold yet
+    (a rerun goes on from there). -> {"winner", "score", "rollouts", "rounds" (held now), "best_series", "proposer"}"""
     run_dir = Path(run_dir)
     (run_dir / "candidates").mkdir(parents=True, exist_ok=True)
     tasks, M = harness_tasks(domain, cfg), cfg.candidates
@@ -431,7 +424,7 @@ def main(argv=None):
     p.add_argument("--domain", required=True, choices=list(domains.DOMAINS))
     p.add_argument("--harness", required=True, help="the seed harness file (h0)")
     p.add_argument("--model", default="smoke", help="smoke | cpu | null (replies '' to every call) | hub id | local path")
-    p.add_argument("--out", required=True, help="run folder: the archive (rerun to resume)")
+    p.add_argument("--out", required=True, help="run folder: archive/ and the store/ it resumes from (rerun to resume)")
     # stopping
     p.add_argument("--rounds", "--iterations", dest="rounds", type=nonnegative_int, default=6,
                    help="at most this many proposer rounds (of --candidates each)")
@@ -458,31 +451,37 @@ def main(argv=None):
 
 
 def search_cli(args):
-    """meta_harness.py's run: every check before the model loads (bad input, a damaged archive), then the search."""
+    """meta_harness.py's run: every check before the model loads (bad input, another model), then the search. Its
+    progress lives in a store in the run folder (OUT/store): the archive after the seed's score and after every round,
+    under the key of the seed harness's content and the search's settings (the model and sampling among them), found
+    again by a rerun, which copies it into a fresh OUT/archive and goes on after its last round (another --rounds goes
+    on from the same rounds). OUT/archive's own files are never trusted for resume."""
     rollout.apply_args(args)  # first: --threads auto's choice is the run's first line
     sandbox.apply_args(args)
     check_out(args.out)
+    check_same_model(args.out, args.model)  # its rounds so far were another model's: refused, not started over
     domain, _ = domains.check_inputs(args, "harness")
     cfg = search_config(args, inputs_of(args, domains.data_flags()))
-    tasks = harness_tasks(domain, cfg)
-    check_run_files(args.out)
-    fix = f"restore it, or delete {args.out} to start the search over"
-    if list(Path(args.out).glob("candidates/*/scores.json")):
-        check_same_model(args.out, args.model)  # scores made by another model do not compare
-    frontier = read_json(Path(args.out) / "frontier.json", {})  # the iterations it finished
-    done = frontier.get("iterations") if isinstance(frontier, dict) else None
-    seed_lost = check_archive(args.out, fix, done, args.candidates)
-    check_same_setup(args.out, search_setup(domain, tasks, cfg))
     check_proposer(cfg)
-    if seed_lost:
-        restore_seed(args.out, [args.harness], fix)
-    os.makedirs(args.out, exist_ok=True)
-    write_json(Path(args.out) / "config.json", vars(args))
-    stop = (0, args.patience, args.min_rounds) if args.patience else None
-    t0 = time.time()
-    result = search(load_policy(args), domain, args.harness, args.out, cfg, args.rounds, stop=stop)
+    store = Store(Path(args.out, "store"))
+    key = {"seed": file_sha(args.harness), "config": config_hash(cfg)}
+    with only_command(store.root):  # a second command on this folder is refused in one line
+        archive = Path(args.out, "archive")
+        item = store.find("search", key)
+        if item is None and archive.exists():  # not silently: the archive there is replaced below
+            print(f"meta_harness.py: {store.root} holds no search of this seed harness, these settings and code: "
+                  "searching from round 0")
+        shutil.rmtree(archive, ignore_errors=True)  # what a killed round left: the store holds every finished round
+        if item is not None:
+            copy_item(item, archive)
+            print(f"meta_harness.py: {about(item)['rounds']} rounds taken from the store ({item})")
+        write_json(Path(args.out, "config.json"), vars(args))
+        stop = (0, args.patience, args.min_rounds) if args.patience else None
+        t0 = time.time()
+        result = search(load_policy(args), domain, args.harness, archive, cfg, args.rounds, stop=stop, store=store,
+                        key=key)
     print(json.dumps(result))
-    h0 = read_json(Path(args.out) / "candidates" / "h0" / "scores.json")["score"]
+    h0 = read_json(archive / "candidates" / "h0" / "scores.json")["score"]
     print(f"h0 score {h0:.4f}, "
           f"winner {Path(result['winner']).parent.name} score {result['score']:.4f}, "
           f"{result['rollouts']} rollouts, {time.time() - t0:.0f}s")

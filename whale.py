@@ -55,9 +55,9 @@ from lib.methods import next_phase
 from lib.ops import preflight
 from lib.run_folder import report_to
 from lib.run_folder.card import Card
-from lib.run_folder.files import copy_file, copy_tree, file_sha, stored_path
+from lib.run_folder.files import copy_file, file_sha, stored_path
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
-from lib.run_folder.store import Store, about, only_command
+from lib.run_folder.store import Store, about, copy_item, only_command
 from lib.subsets import seeded_sample
 from presets import PRESETS, flags_beyond, parse_with_preset
 
@@ -241,12 +241,6 @@ def stored(store, kind, key, out):
                          f"(deleted, or made by another version of the code): move {out} aside (mv {out} {out}.old) "
                          "and rerun to start the run over")
     return item
-
-
-def copy_item(item, folder):
-    """A store item's folder copied to `folder`, without the store's own record (key.json)."""
-    copy_tree(item, folder)
-    (Path(folder) / "key.json").unlink()
 
 
 def copy_evaluation(item, path):

@@ -6,12 +6,9 @@ as it goes (write_index).
     rows, frontier = write_index(run_dir, iterations)   # frontier["best"], ["score"], ["best_series"], ...
     best = pick_best(rows)                              # the winner (lib/rules.py: the one ranking rule)
 """
-import os
-import shutil
 from pathlib import Path
 
-from lib.common.json_files import (append_jsonl, damaged, json_object, read_json, read_jsonl, sha256, whole_jsonl,
-                                   write_json, write_jsonl)
+from lib.common.json_files import append_jsonl, read_json, read_jsonl, write_json, write_jsonl
 from lib.rules import pick_best
 
 
@@ -50,19 +47,6 @@ def proposer_costs(run_dir):
     return {"calls": len(rows), **{k: round(sum(r.get(k) or 0 for r in rows), 4) for k in keys}}
 
 
-
-def restore_seed(run_dir, sources, fix):
-    """The seed's harness.py copied back from the first of `sources` that holds its recorded content (the
-    sha256 in its meta.json), exactly as add_seed copied it."""
-    d = Path(run_dir) / "candidates" / "h0"
-    sha = read_json(d / "meta.json").get("seed_sha256")
-    source = next((s for s in sources if sha and os.path.isfile(s) and sha256(s) == sha), None)
-    if source is None:
-        raise ValueError(f"{d / 'harness.py'} is missing, and no harness at hand holds the seed it was: {fix}")
-    shutil.copy(source, d / "harness.py")
-    print(f"{d / 'harness.py'}: lost, copied back from {source} (the same content)")
-
-
 def best_series_of(rows, iterations):
     """The archive-best score after iterations 0 (the seed) .. `iterations`."""
     return [pick_best([r for r in rows if r["iteration"] <= i])["score"] for i in range(iterations + 1)]
@@ -96,31 +80,3 @@ def index_of(run_dir, iterations):
                 "rollouts": sum(r["rollouts"] for r in done),
                 "proposer": proposer_costs(run_dir)}
     return rows, frontier
-
-
-def check_archive(run_dir, fix, iterations=None, candidates=None):
-    """The archive as a whole, before a search resumes or a finished one is read: every valid candidate has its
-    harness.py, every score its scores.json and all the traces it counted; given the iterations finished and
-    the candidates per iteration, each of their candidates is there and judged. Raises naming the file and
-    `fix`. -> whether the seed's harness.py is lost (restore_seed copies it back)."""
-    run_dir = Path(run_dir)
-    seed_lost = False
-    for meta_path in sorted((run_dir / "candidates").glob("*/meta.json")):
-        d, meta = meta_path.parent, json_object(meta_path, fix)
-        if meta.get("valid") and not (d / "harness.py").is_file():
-            if meta.get("proposer") != "seed":
-                raise ValueError(f"{d / 'harness.py'} is missing, but {meta_path} says it is a valid candidate: {fix}")
-            seed_lost = True
-        if (d / "scores.json").exists():
-            scores = json_object(d / "scores.json", fix, keys=("score", "mean_turns", "rollouts"))
-            if not whole_jsonl(d / "traces.jsonl", scores["rollouts"]):
-                raise damaged(d / "traces.jsonl", f"not the {scores['rollouts']} episodes of its score", fix)
-    for it in range(iterations + 1 if iterations is not None else 0):
-        for name in ["h0"] if it == 0 else [f"h{it}_{j}" for j in range(1, candidates + 1)]:
-            d = run_dir / "candidates" / name
-            meta = json_object(d / "meta.json", fix)
-            if meta.get("valid") is None:
-                raise damaged(d / "meta.json", f"iteration {it} is finished, but {name} was never judged", fix)
-            if meta["valid"] and not (d / "scores.json").exists():
-                raise ValueError(f"{d / 'scores.json'} is missing, but iteration {it} is finished: {fix}")
-    return seed_lost

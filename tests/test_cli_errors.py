@@ -141,16 +141,6 @@ def test_whale_rows_that_name_work_the_store_lacks(tmp_path):
         ledger.check_run_folder(str(out), MATH, False)
 
 
-def test_empty_meta_json_in_an_archive(tmp_path):
-    meta = tmp_path / "mh" / "candidates" / "h1_1" / "meta.json"
-    meta.parent.mkdir(parents=True)
-    meta.write_text("")
-    with pytest.raises(SystemExit) as e:
-        CLIS["meta_harness.py"](["--out", str(tmp_path / "mh")])
-    assert str(e.value.code) == (f"meta_harness.py: error: damaged run file {meta} (empty): restore it, or start this "
-                                 "run over in a fresh --out")
-
-
 # -----------------------------------------------------------------------------
 # issue 25: every bad input is one line, `PROG: error: message`, and a refused input changes no run folder
 
@@ -298,19 +288,15 @@ def test_unreadable_data_file_and_a_batch_beyond_the_training_set(tmp_path, monk
                 capsys)
 
 
-def test_a_resume_with_another_model_or_harness_set_is_refused_and_changes_nothing(tmp_path, capsys):
-    """rft.py and meta_harness.py resume a folder only on the model its config.json names, and a search only under
-    the setup its scores were made under (whale.py: its config.json, tests/test_whale.py)."""
-    weights = tmp_path / "rft"
-    weights.mkdir()
-    (weights / "config.json").write_text(json.dumps({"model": "smoke"}))
-    refused("rft.py", ["--model", "cpu", "--out", str(weights)], f"{weights} was run on model 'smoke', not 'cpu'",
-            capsys, folder=weights)
-    search = tmp_path / "search"
-    search.mkdir()
-    (search / "setup.json").write_text(json.dumps({"domain": "math", "tasks": ["math-train-0"]}))
-    refused("meta_harness.py", ["--harness-tasks", "3", "--out", str(search)], "scored under another setup", capsys,
-            folder=search)
+def test_a_resume_with_another_model_is_refused_and_changes_nothing(tmp_path, capsys):
+    """rft.py and meta_harness.py resume a folder only on the model its config.json names (whale.py: its config.json,
+    tests/test_whale.py); other settings are another key of their store (tests/test_meta_harness.py)."""
+    for cli in ("rft.py", "meta_harness.py"):
+        out = tmp_path / cli
+        out.mkdir()
+        (out / "config.json").write_text(json.dumps({"model": "smoke"}))
+        refused(cli, ["--model", "cpu", "--out", str(out)], f"{out} was run on model 'smoke', not 'cpu'", capsys,
+                folder=out)
 
 
 def test_a_model_or_engine_that_is_not_here(monkeypatch, capsys):

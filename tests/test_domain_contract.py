@@ -96,7 +96,7 @@ def test_a_domain_registered_at_test_time_runs_through_every_cli(tmp_path, monke
     assert (tmp_path / "rft" / "summary.json").exists()
     meta_harness.main([*common, "--rounds", "1", "--candidates", "1", "--harness-tasks", "2",
                        "--out", str(tmp_path / "mh")])
-    assert (tmp_path / "mh" / "frontier.json").exists()
+    assert (tmp_path / "mh" / "archive" / "frontier.json").exists()
     run = ["--domain", "echo", "--method", "whale", "--preset", "smoke", "--harness", str(harness)]
     plan.main(run)
     assert "echo" in capsys.readouterr().out

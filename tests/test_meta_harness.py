@@ -2,6 +2,7 @@
 Most tests score candidates with a fake rollout module (fast, deterministic); one runs the real runner
 on the smoke model end to end."""
 import dataclasses
+import hashlib
 import http.server
 import json
 import os
@@ -18,6 +19,7 @@ from fixtures import stand_ins
 from fixtures.configs import search_config
 from lib import contract, mutate, openai_proposer, proposers
 from lib.episodes import cgroups, sandbox, switches
+from lib.run_folder.store import only_command
 
 SEED = textwrap.dedent('''\
     """Fake harness for tests: one model call."""
@@ -173,9 +175,6 @@ def test_mutate_archive_and_resume_never_rescore(fake):
     res2 = mh.search(stand_ins.BACKEND, FakeDomain(), str(seed), run_dir, make_args(candidates=2), rounds=3)
     assert fr.evaluated and all(n.startswith("h3_") for n in fr.evaluated) and res2["rounds"] == 3
     assert res2["best_series"][:3] == res["best_series"]
-    other = make_args(candidates=2, harness_tasks=2)  # scores from another harness set would not compare
-    with pytest.raises(ValueError, match="another setup"):  # meta_harness.py checks it before any model loads
-        mh.check_same_setup(run_dir, mh.search_setup(FakeDomain(), mh.harness_tasks(FakeDomain(), other), other))
 
 
 def test_patience_stop_ends_search_early(fake):
@@ -520,6 +519,106 @@ def test_real_claude_cli_without_login_ends_the_search_with_its_message(fake, tm
 
 
 # -----------------------------------------------------------------------------
+# meta_harness.py's command: its progress lives in its store (OUT/store), never in OUT/archive
+
+class Killed(BaseException):
+    """A kill: no handler of the project's catches it."""
+
+
+@pytest.fixture
+def cli(monkeypatch):
+    """meta_harness.py's command on searchqa's seed harness with mutate, no model loaded, every score a fake one (the
+    candidate's code, hashed). -> (run(out, rounds, *flags) -> OUT/archive's frontier, the calls: the rounds the
+    proposer was asked for, the candidates scored, and `kill`: the candidate whose scoring is killed)"""
+    calls = {"proposed": [], "scored": [], "kill": None}
+
+    def evaluate(domain, harness_path, tasks, backend, k=1, traces_path=None, desc="", **kw):
+        name = Path(harness_path).parent.name
+        if name == calls["kill"]:
+            raise Killed
+        if stand_ins.without_model(backend, tasks, k):
+            return stand_ins.without_model(backend, tasks, k)
+        calls["scored"].append(name)
+        score = int(hashlib.sha256(Path(harness_path).read_bytes()).hexdigest()[:4], 16) / 65536
+        Path(traces_path).write_text("".join(json.dumps({"task_id": t["id"], "reward": score}) + "\n"
+                                             for t in tasks for _ in range(k)))
+        return {"mean_at_k": score, "k": k, "per_task": {}, "mean_turns": 1.0, "tokens": 0, "rollouts": len(tasks) * k,
+                "errors": 0, "seconds": 0.0}
+
+    def run_episodes(domain, harness_path, tasks, backend, **kw):  # every smoke episode passes
+        return [{"task_id": tasks[0]["id"], "sample": 0, "reward": 0.0, "error": None, "turns": 1}]
+
+    def propose(run_dir, names, rows, iteration, domain, cfg):
+        calls["proposed"].append(iteration)
+        return real_propose(run_dir, names, rows, iteration, domain, cfg)
+
+    real_propose = mh.propose
+    monkeypatch.setattr(mh.rollout, "evaluate", evaluate)
+    monkeypatch.setattr(mh.rollout, "run_episodes", run_episodes)
+    monkeypatch.setattr(mh, "propose", propose)
+    monkeypatch.setattr(mh, "load_policy", lambda args: stand_ins.BACKEND)
+
+    def run(out, rounds, *flags):
+        mh.main(["--domain", "searchqa", "--harness", "harnesses/searchqa.py", "--model", "smoke", "--proposer",
+                 "mutate", "--candidates", "2", "--harness-tasks", "2", "--rounds", str(rounds), "--out", str(out),
+                 *flags])
+        return json.loads((out / "archive" / "frontier.json").read_text())
+    return run, calls
+
+
+def test_a_killed_search_redoes_only_its_round_from_the_store_and_ends_as_an_unkilled_one(cli, tmp_path):
+    """A command killed while it scores round 2, its archive then damaged (a finished round's scores.json deleted,
+    frontier.json emptied): the rerun takes round 1 from the store without a proposer call or a score, does round 2
+    again, and ends with the unkilled run's archive."""
+    run, calls = cli
+    unkilled = run(tmp_path / "unkilled", 2)
+    round_2 = [name for name in calls["scored"] if name.startswith("h2_")]
+    out = tmp_path / "killed"
+    calls["kill"] = "h2_1"
+    with pytest.raises(Killed):
+        run(out, 2)
+    (out / "archive" / "candidates" / "h1_1" / "scores.json").unlink()
+    (out / "archive" / "frontier.json").write_text("")
+    calls.update(kill=None, proposed=[], scored=[])
+    resumed = run(out, 2)
+    assert calls["proposed"] == [2] and calls["scored"] == round_2
+    assert {**resumed, "proposer": None} == {**unkilled, "proposer": None}
+    assert resumed["proposer"]["calls"] == unkilled["proposer"]["calls"] == 2
+    assert rows_of(out / "archive") == rows_of(tmp_path / "unkilled" / "archive")
+
+
+def test_an_archive_edited_in_the_run_folder_is_not_believed(cli, tmp_path, capsys):
+    """OUT/archive is only the store's copy: a rerun copies the store's archive over an edited score and seed, and
+    computes nothing again; with other settings (no item of theirs) it says in one line that it starts over."""
+    run, calls = cli
+    out = tmp_path / "mh"
+    first = run(out, 1)
+    scores = out / "archive" / "candidates" / "h1_1" / "scores.json"
+    seed = out / "archive" / "candidates" / "h0" / "harness.py"
+    stored = scores.read_text(), seed.read_text()
+    scores.write_text(json.dumps({**json.loads(stored[0]), "score": 1.0}))
+    seed.write_text(stored[1] + "# edited\n")
+    calls.update(proposed=[], scored=[])
+    assert run(out, 1) == first
+    assert calls == {"proposed": [], "scored": [], "kill": None}
+    assert (scores.read_text(), seed.read_text()) == stored
+    capsys.readouterr()
+    run(out, 1, "--harness-samples", "2")
+    assert f"{out}/store holds no search of this seed harness, these settings and code: searching from round 0" in \
+        capsys.readouterr().out
+    assert calls["proposed"] == [1] and calls["scored"][0] == "h0"
+
+
+def test_a_second_command_on_the_run_folder_is_refused_in_one_line(cli, tmp_path):
+    run, calls = cli
+    out = tmp_path / "mh"
+    with only_command(out / "store"):  # the first command, still running
+        with pytest.raises(SystemExit, match=f"^meta_harness.py: error: {out}/store is in use by another command"):
+            run(out, 1)
+    assert calls["scored"] == [] and not (out / "archive").exists()
+
+
+# -----------------------------------------------------------------------------
 # end to end on the smoke model with the real runner
 
 def test_end_to_end_smoke_mutate(tmp_path, capsys):
@@ -528,10 +627,11 @@ def test_end_to_end_smoke_mutate(tmp_path, capsys):
              "--candidates", "3", "--proposer", "mutate", "--harness-tasks", "4", "--max-new-tokens", "8",
              "--out", str(out)])
     assert "budget: 2 rounds x 3 = 6 proposals" in capsys.readouterr().out
-    rows = rows_of(out)
+    archive = out / "archive"
+    rows = rows_of(archive)
     assert list(rows) == ["h0", "h1_1", "h1_2", "h1_3", "h2_1", "h2_2", "h2_3"]
     for name, r in rows.items():
-        d = out / "candidates" / name
+        d = archive / "candidates" / name
         meta = json.loads((d / "meta.json").read_text())
         assert {"parent", "hypothesis", "changed", "proposer", "iteration", "valid", "reason"} <= set(meta)
         if r["valid"]:
@@ -539,7 +639,7 @@ def test_end_to_end_smoke_mutate(tmp_path, capsys):
             assert 0.0 <= scores["score"] <= 1.0 and scores["rollouts"] == 4 and scores["mean_turns"] >= 1
             traces = [json.loads(l) for l in open(d / "traces.jsonl")]
             assert len(traces) == 4 and not any({"answers", "solution"} & set(t) for t in traces)
-    frontier = json.loads((out / "frontier.json").read_text())
+    frontier = json.loads((archive / "frontier.json").read_text())
     assert frontier["best"] in rows and len(frontier["best_series"]) == 3 and frontier["lineage"][0] == "h0"
     assert json.loads((out / "config.json").read_text())["proposer"] == "mutate"
 

@@ -90,11 +90,3 @@ def json_object(path, fix, keys=()):
     if lacking:
         raise damaged(path, f"no {', '.join(lacking)}", fix)
     return value
-
-
-def whole_jsonl(path, rows_expected):
-    """Whether a JSON Lines file exists with exactly `rows_expected` JSON objects (a cut file has fewer)."""
-    try:
-        return os.path.isfile(path) and len(read_jsonl(path)) == rows_expected
-    except (ValueError, OSError):
-        return False

@@ -1,14 +1,12 @@
 """Run-folder files: copies made whole in one rename; the paths a run folder stores, relative to it so that a moved
-folder resumes; content hashes (file_sha, adapter_id); and the checks meta_harness.py makes before it resumes an
-archive of its own (every JSON file parses, the same model). JSON and JSON Lines files: lib/common/json_files.py."""
+folder resumes; content hashes (file_sha, adapter_id); and the check rft.py and meta_harness.py make before they resume
+from their own store (the same model). JSON and JSON Lines files: lib/common/json_files.py."""
 
 import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
-
-from lib.common.json_files import read_json
 
 
 def copy_tree(src, dst):
@@ -72,9 +70,7 @@ def adapter_id(folder):
 
 
 # -----------------------------------------------------------------------------
-# meta_harness.py's archive checked before it resumes: a damaged file raises ValueError with one line naming the
-# file and the fix, never a traceback halfway or a silently wrong result
-
+# a rerun on a run folder: one line naming the fix, never a silently wrong result
 
 def start_over(out):
     return f"restore it, or delete {out} to start the run over"
@@ -89,12 +85,3 @@ def check_same_model(out, model):
     if isinstance(config, dict) and config.get("model", model) != model:
         raise ValueError(f"{out} was run on model {config['model']!r}, not {model!r}: use the same --model or a "
                          "new --out")
-
-
-def check_run_files(folder, skip=()):
-    """Every JSON file of a run folder parses (read_json's error otherwise), checked before any work starts;
-    skip: folders whose files the caller checks (and rebuilds) itself."""
-    for path in sorted(Path(folder).glob("**/*.json")):
-        cut = any(part.endswith(".tmp") for part in path.relative_to(folder).parts)  # a copy a kill cut: remade
-        if path.name != "config.json" and path.parent.name not in skip and not cut:  # config.json: rewritten at start
-            read_json(path)

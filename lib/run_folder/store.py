@@ -1,10 +1,12 @@
 """The store of finished work: every result a run may take instead of computing it, kept once under the key of
 exactly what produced it, and found by every method and every later command on the same domain, preset and seed.
-It lies beside their run folders: results/<preset>[/seed-<n>]/<domain>/store/ (for --out DIR: store/ beside DIR).
+It lies beside their run folders: results/<preset>[/seed-<n>]/<domain>/store/ (for --out DIR: store/ beside DIR);
+rft.py and meta_harness.py run alone keep their own in their run folder, OUT/store.
 
     item = store.find("weights", key)          # the item's folder, else None (never made, or damaged: removed)
     item = store.put("weights", key, ckpt)     # a copy of a file or folder ({name: path} for several), in place
     with only_command(root): ...               # one command at a time on a store
+    copy_item(item, folder)                    # an item's work copied out, without key.json
 
 An item is store/<kind>/<sha256 of its key>/: a copy of the work and key.json (the key in full, `about`: the run
 that made it, the sha256 of every file as it was put, and the sha256 of those three), built in a temporary folder
@@ -29,6 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from lib.common.json_files import json_object, read_json, sha256, write_json
+from lib.run_folder.files import copy_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMAGED = "it is removed and computed again"
@@ -159,3 +162,9 @@ def check_stored(item, key):
 
 def about(item):
     return read_json(Path(item, "key.json"))["about"]
+
+
+def copy_item(item, folder):
+    """A store item's folder copied to `folder`, without the store's own record (key.json)."""
+    copy_tree(item, folder)
+    (Path(folder) / "key.json").unlink()
