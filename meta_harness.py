@@ -70,7 +70,6 @@ from lib.common.argtypes import nonnegative_int, positive_float, positive_int, s
 from lib.common.json_files import read_json, write_json
 from lib.contract import normalized, static_check
 from lib.episodes import sandbox
-from lib.episodes.runner import scoring_rule
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
 from lib.proposers import (PROPOSER_MAX_FILE_MB, PROPOSER_MAX_PROCS, PROPOSER_MAX_WRITTEN_MB, PROPOSER_MEMORY_MB,
@@ -226,12 +225,12 @@ def score(cand_dir, backend, domain, tasks, cfg, policy_kw):
     scores = {"score": stats["mean_at_k"], "mean_turns": stats["mean_turns"],
               "tokens": stats["tokens"], "rollouts": stats["rollouts"], "errors": stats["errors"],
               "seconds": round(stats["seconds"], 2), "tasks": len(tasks),
-              "samples": cfg.harness_samples, "scoring": scoring_rule(domain)}
+              "samples": cfg.harness_samples, "scoring": domain.scoring_rule()}
     write_json(cand_dir / "scores.json", scores)
     return scores
 
 
-def check_without_model(run_dir, iteration, backend, domain, tasks, cfg, policy_kw):
+def null_check(run_dir, iteration, backend, domain, tasks, cfg, policy_kw):
     """The candidate this round would accept, scored again on the harness set under the null model
     (NullModelBackend: '' to every call): what its own code earns, which is never the agent's. With --null-check
     refuse, one that earns more than its parent there plus --null-margin is refused (its reason in meta.json,
@@ -251,7 +250,7 @@ def check_without_model(run_dir, iteration, backend, domain, tasks, cfg, policy_
             return
         meta_path = run_dir / "candidates" / best["name"] / "meta.json"
         reason = (f"{best['name']} scores {own:.2f} without the model (its parent {parent} {base:.2f}, "
-                  f"--null-margin {cfg.null_margin:g}; scored on {scoring_rule(domain)}): the harness "
+                  f"--null-margin {cfg.null_margin:g}; scored on {domain.scoring_rule()}): the harness "
                   "answers by itself")
         write_json(meta_path, {**read_json(meta_path), "valid": False, "reason": reason})
         print(f"  {best['name']}: refused, {reason}")
@@ -265,7 +264,7 @@ def null_score(cand_dir, null, domain, tasks, cfg, policy_kw):
         stats = rollout.evaluate(domain, str(cand_dir / "harness.py"), tasks, null, k=cfg.harness_samples,
                          desc=f"{cand_dir.name} without the model", **policy_kw)
         write_json(path, {"score": stats["mean_at_k"], "tasks": len(tasks), "samples": cfg.harness_samples,
-                          "scoring": scoring_rule(domain)})
+                          "scoring": domain.scoring_rule()})
     return read_json(path)["score"]
 
 
@@ -354,7 +353,7 @@ def check_proposer(cfg):
         refuse_weak_network(cfg)  # no cgroup: a proposer with a network has no bound on its TCP buffers
 
 
-def check_and_score(run_dir, name, backend, domain, tasks, cfg, policy_kw):
+def validate_and_score(run_dir, name, backend, domain, tasks, cfg, policy_kw):
     """Validate a proposed candidate (once, by a smoke episode), then score it when valid (once)."""
     d = run_dir / "candidates" / name
     meta = read_json(d / "meta.json")
@@ -398,8 +397,8 @@ def search(policy, domain, seed_harness, run_dir, cfg, rounds, stop=None, card=N
         with card.away(policy):  # the proposer needs no card: another process's turn on it, this engine asleep
             failures = propose_iteration(run_dir, names, rows, it, domain, cfg, failures)  # propose
         for name in names:  # validate, score
-            check_and_score(run_dir, name, policy, domain, tasks, cfg, kw)
-        check_without_model(run_dir, it, policy, domain, tasks, cfg, kw)
+            validate_and_score(run_dir, name, policy, domain, tasks, cfg, kw)
+        null_check(run_dir, it, policy, domain, tasks, cfg, kw)
         rows, frontier = write_index(run_dir, it)  # accept: the archive best
         if store is not None and it > held:
             store.put("search", key, run_dir, about={"rounds": it, "candidates": M})

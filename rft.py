@@ -54,7 +54,6 @@ from lib.cli import Parser, check_out, config_hash, conflicting_flags, inputs_of
 from lib.common.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, probability, seed_int
 from lib.common.json_files import read_json, write_json, write_jsonl
 from lib.episodes import sandbox
-from lib.episodes.runner import scoring_rule
 from lib.rules import SUCCESS
 from lib.run_folder.files import adapter_id, check_same_model, copy_tree, file_sha
 from lib.run_folder.store import Store, about, only_command
@@ -587,7 +586,7 @@ def run_steps(args, cfg, store, domain, train):
                "stopped_early": trainer.step_count < args.steps,
                "seconds": sum(r["sample_s"] + r["train_s"] for r in rows),
                "adapter": os.path.join(args.out, "ckpt", "adapter"), "verifier": domain.verifier(),
-               "scoring": scoring_rule(domain),
+               "scoring": domain.scoring_rule(),
                "trainer_ranks": ranks.count()}
     write_json(Path(args.out, "summary.json"), summary)
     print(json.dumps({k: v for k, v in summary.items() if k != "rewards"}))

@@ -32,7 +32,7 @@ from lib.cli import Parser, check_out, conflicting_flags, one_line_errors, sampl
 from lib.common.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int, share
 from lib.common.errors import InfrastructureError
 from lib.episodes import sandbox
-from lib.episodes.runner import MAX_PROMPT_TOKENS, Episode, Runner, scoring_rule
+from lib.episodes.runner import MAX_PROMPT_TOKENS, Episode, Runner
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, choose_threads, parse_with_preset
 
@@ -175,7 +175,7 @@ def evaluate(domain, harness_path, tasks, backend, k=8, **kw):
             "per_task": per_task, "mean_turns": sum(e["turns"] for e in eps) / n,
             "tokens": sum(e["tokens"] for e in eps),
             "rollouts": len(eps), "errors": sum(e["error"] is not None for e in eps),
-            "seconds": round(time.time() - start, 2), "scoring": scoring_rule(domain)}
+            "seconds": round(time.time() - start, 2), "scoring": domain.scoring_rule()}
 
 
 # -----------------------------------------------------------------------------

@@ -50,7 +50,6 @@ from lib.cli import Parser, check_out, config_hash, conflicting_flags, one_line_
 from lib.common.argtypes import nonnegative_int, positive_float, positive_int, seed_int
 from lib.common.json_files import read_json, write_json, write_jsonl
 from lib.episodes import sandbox, switches
-from lib.episodes.runner import scoring_rule
 from lib.methods import next_phase
 from lib.ops import preflight
 from lib.run_folder import report_to
@@ -116,7 +115,7 @@ def run(cfg, domain, policy, card, store):
 
     summary = ledger.write_summary({"domain": cfg.domain, "method": method_name(cfg), "preset": cfg.preset,
                                     "model": cfg.model, "k": cfg.k, "verifier": domain.verifier(),
-                                    "scoring": scoring_rule(domain), "trainer_ranks": ranks.count()})
+                                    "scoring": domain.scoring_rule(), "trainer_ranks": ranks.count()})
     null = summary["final_null_mean_at_k"]
     print(f"best mean@{cfg.k} = {summary['best_mean_at_k']:.4f} after {summary['rollouts_to_best']} "
           f"rollouts; final {summary['final_mean_at_k']:.4f}"
@@ -360,7 +359,7 @@ def evaluate_test(policy, domain, harness, test, traces):
     # cost)
     per_task = stats["per_task"]
     stats = {"mean_at_k": stats["mean_at_k"], "k": stats["k"], "test_tasks": len(per_task),
-             "null_mean_at_k": null["mean_at_k"], "scoring": scoring_rule(domain),
+             "null_mean_at_k": null["mean_at_k"], "scoring": domain.scoring_rule(),
              **{f"test_{name}": stats[name]
                 for name in ("rollouts", "mean_turns", "tokens", "errors", "seconds")}}
     # the report's per-benchmark columns

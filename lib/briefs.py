@@ -67,7 +67,7 @@ Candidates to write: {targets}
 """
 
 
-# what the search does with a candidate's score without the model (--null-check; meta_harness.check_without_model)
+# what the search does with a candidate's score without the model (--null-check; meta_harness.null_check)
 NULL_RULES = {
     "refuse": "the candidate a round would accept is scored again with a model that replies '' to every call, "
               "and one that earns more there than its parent (by more than {margin:g}) is rejected.",

@@ -236,7 +236,7 @@ class Runner:
         if ep.out_of_tokens and self.domain.OUT_OF_TOKENS_SCORES_ZERO:
             reward = 0.0
         ep.record = {"task_id": ep.task["id"], "sample": ep.sample, "reward": reward, "answer": capped(answer),
-                     "extracted": extracted_answer(self.domain, scored), "scoring": scoring_rule(self.domain),
+                     "extracted": extracted_answer(self.domain, scored), "scoring": self.domain.scoring_rule(),
                      "error": error, "turns": len(ep.calls), "tokens": sum(len(c["completion_ids"]) for c in ep.calls),
                      "seconds": round(now - ep.start, 3), "calls": ep.calls, "tool_calls": ep.tool_calls,
                      "stdout": stdout, "out_of_tokens": ep.out_of_tokens, "capped": ep.capped}
@@ -569,11 +569,6 @@ def scored_answer(domain, answer, calls):
     """What the domain's reward reads of an episode (domains.Domain.scored_answer): the harness's returned answer, or
     the model's last sampled message (a capped or out-of-tokens request sampled nothing, so it is not one)."""
     return domain.scored_answer(answer, calls[-1]["completion"] if calls else "")
-
-
-def scoring_rule(domain):
-    """What the verifier read, in words (domains.Domain.scoring_rule), for the trace and every score made of it."""
-    return domain.scoring_rule()
 
 
 def extracted_answer(domain, answer):
