@@ -69,15 +69,15 @@ from lib.cli import Parser, check_out, config_hash, conflicting_flags, inputs_of
 from lib.common.argtypes import nonnegative_int, positive_float, positive_int, seed_int, unit_interval
 from lib.common.json_files import read_json, write_json
 from lib.contract import normalized, static_check
-from lib.episodes import sandbox
+from lib.episodes import sandbox, switches
 from lib.mutate import propose_mutate
 from lib.openai_proposer import propose_openai
 from lib.proposers import (PROPOSER_MAX_FILE_MB, PROPOSER_MAX_PROCS, PROPOSER_MAX_WRITTEN_MB, PROPOSER_MEMORY_MB,
                            failure_advice, propose_agent, propose_in_copy, refuse_weak_network)
 from lib.rules import pick_best
 from lib.run_folder.card import NO_TURNS
-from lib.run_folder.files import check_same_model, file_sha
-from lib.run_folder.store import Store, about, copy_item, only_command
+from lib.run_folder.files import check_same_model, file_sha, remove
+from lib.run_folder.store import Store, about, copy_item, only_command, store_in
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, parse_with_preset
 
@@ -286,7 +286,8 @@ def propose(run_dir, names, rows, iteration, domain, cfg):
 
 
 def propose_iteration(run_dir, names, rows, iteration, domain, cfg, failures):
-    """Ask until every one of `names` is proposed (a resumed iteration asks only for the rest).
+    """Ask until every one of `names` is proposed (a call retried after a failure asks only for
+    the rest; a rerun after a kill asks for the whole round again: the store holds finished rounds only).
     `failures`: the failed calls in a row before; -> those after. --proposer-max-failures of them in
     a row stop the search."""
     proposed = lambda n: read_json(run_dir / "candidates" / n / "meta.json", {}).get("proposed")
@@ -451,10 +452,11 @@ def main(argv=None):
 
 def search_cli(args):
     """meta_harness.py's run: every check before the model loads (bad input, another model), then the search. Its
-    progress lives in a store in the run folder (OUT/store): the archive after the seed's score and after every round,
-    under the key of the seed harness's content and the search's settings (the model and sampling among them), found
-    again by a rerun, which copies it into a fresh OUT/archive and goes on after its last round (another --rounds goes
-    on from the same rounds). OUT/archive's own files are never trusted for resume."""
+    progress lives in a store in the run folder (OUT/store; under --unsafe-no-sandbox OUT/store-unconfined): the archive
+    after the seed's score and after every round, under the key of the seed harness's content, the search's settings
+    (the model and sampling among them) and the harness set's tasks, found again by a rerun, which copies it into a
+    fresh OUT/archive and goes on after its last round (another --rounds goes on from the same rounds). OUT/archive's
+    own files are never trusted for resume."""
     rollout.apply_args(args)  # first: --threads auto's choice is the run's first line
     sandbox.apply_args(args)
     check_out(args.out)
@@ -462,15 +464,20 @@ def search_cli(args):
     domain, _ = domains.check_inputs(args, "harness")
     cfg = search_config(args, inputs_of(args, domains.data_flags()))
     check_proposer(cfg)
-    store = Store(Path(args.out, "store"))
-    key = {"seed": file_sha(args.harness), "config": config_hash(cfg)}
-    with only_command(store.root):  # a second command on this folder is refused in one line
+    store = Store(store_in(args.out, unconfined=switches.disabled()))
+    # the harness set's task ids too: under --data paper a data file of the same name may hold other tasks
+    key = {"seed": file_sha(args.harness), "config": config_hash(cfg),
+           "tasks": [t["id"] for t in harness_tasks(domain, cfg)]}
+    with only_command(store_in(args.out), store.root):  # a second command on this folder is refused in one line
         archive = Path(args.out, "archive")
         item = store.find("search", key)
         if item is None and archive.exists():  # not silently: the archive there is replaced below
             print(f"meta_harness.py: {store.root} holds no search of this seed harness, these settings and code: "
                   "searching from round 0")
-        shutil.rmtree(archive, ignore_errors=True)  # what a killed round left: the store holds every finished round
+        if Path(args.out, "frontier.json").exists():  # a folder meta_harness.py wrote before it kept a store
+            print(f"meta_harness.py: {args.out}/candidates and the files beside it are an archive of the older layout, "
+                  f"not read: this command's archive is {archive} (move the older files aside)")
+        remove(archive)  # what a killed round left: the store holds every finished round
         if item is not None:
             copy_item(item, archive)
             print(f"meta_harness.py: {about(item)['rounds']} rounds taken from the store ({item})")

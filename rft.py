@@ -53,10 +53,10 @@ from lib.backends.policy import add_backend_args, add_lora, load_lora, load_poli
 from lib.cli import Parser, check_out, config_hash, conflicting_flags, inputs_of, one_line_errors, rsft_config
 from lib.common.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, probability, seed_int
 from lib.common.json_files import read_json, write_json, write_jsonl
-from lib.episodes import sandbox
+from lib.episodes import sandbox, switches
 from lib.rules import SUCCESS
 from lib.run_folder.files import adapter_id, check_same_model, copy_tree, file_sha
-from lib.run_folder.store import Store, about, only_command
+from lib.run_folder.store import Store, about, only_command, store_in
 from lib.subsets import seeded_sample
 from presets import add_preset_arg, parse_with_preset
 
@@ -547,8 +547,8 @@ def train_cli(args):
     check_weight_step(args.weight_step)
     preflight(args, domains)
     cfg = rsft_config(args, inputs_of(args, domains.data_flags()))
-    store = Store(Path(args.out, "store"))
-    with only_command(store.root):  # a second command on this folder is refused in one line while this one runs
+    store = Store(store_in(args.out, unconfined=switches.disabled()))
+    with only_command(store_in(args.out), store.root):  # a second command on this folder is refused in one line while this one runs
         run_steps(args, cfg, store, domain, train)
 
 

@@ -54,9 +54,9 @@ from lib.methods import next_phase
 from lib.ops import preflight
 from lib.run_folder import report_to
 from lib.run_folder.card import Card
-from lib.run_folder.files import copy_file, file_sha, stored_path
+from lib.run_folder.files import copy_file, file_sha, remove, stored_path
 from lib.run_folder.ledger import NOT_EVALUATED, Ledger, check_run_folder, check_same_settings
-from lib.run_folder.store import Store, about, copy_item, only_command
+from lib.run_folder.store import Store, about, copy_item, only_command, store_in
 from lib.subsets import seeded_sample
 from presets import PRESETS, flags_beyond, parse_with_preset
 
@@ -164,7 +164,7 @@ def harness_phase(cfg, store, ledger, policy, domain, weights, rounds, card):
     else:  # the last search's archive, continued
         key = store.full_key({"continues": last, "config": config_hash(cfg.search)})
     folder = Path(cfg.out, archive)
-    shutil.rmtree(folder, ignore_errors=True)  # what a killed round left: the store holds every finished round
+    remove(folder)  # what a killed round left: the store holds every finished round
     own = store.find("search", key)
     item = own or (stored(store, "search", last, cfg.out) if last else None)
     if item is not None:
@@ -211,7 +211,7 @@ def restore(store, ledger):
     (start_trainer)."""
     archives = {row["archive"]: row for row in ledger.rows if "archive" in row}  # each archive's last row
     for name, row in archives.items():
-        shutil.rmtree(Path(ledger.out, name), ignore_errors=True)
+        remove(Path(ledger.out, name))
         copy_item(stored(store, "search", row["stored"]["search"], ledger.out), Path(ledger.out, name))
         write_index(Path(ledger.out, name), row["archive_rounds"])  # as of the row (a stored search may hold more)
     for row in ledger.rows:
@@ -290,10 +290,10 @@ def fixed_phases(cfg, n_train):
 
 
 def store_root(out, unconfined=False):
-    """The store beside the run folder: results/<preset>[/seed-<n>]/<domain>/store, shared by every method. A command
-    under --unsafe-no-sandbox runs harness and proposer code as the user, who could change whatever it would put or
-    take: its runs keep their work in store-unconfined beside it, and the shared store is neither read nor written."""
-    return os.path.join(os.path.dirname(os.path.abspath(out)), "store-unconfined" if unconfined else "store")
+    """The store beside the run folder: results/<preset>[/seed-<n>]/<domain>/store, shared by every method; for a
+    command under --unsafe-no-sandbox store-unconfined beside it (store.store_in), and the shared one is neither read
+    nor written."""
+    return store_in(os.path.dirname(os.path.abspath(out)), unconfined)
 
 
 def step_name(weight_step):
@@ -530,7 +530,7 @@ def main(argv=None):
         # WHALE_CARD (run_all.sh's turns): the lease on the GPU that the night's domain processes share, held from
         # before the model loads to the end but for the proposer's waits (lib/run_folder/card.py); unset: no turns
         card = Card(os.environ.get("WHALE_CARD"), domain.name)
-        with only_command(store.root), card.held():
+        with only_command(store_root(runs[0].out), store.root), card.held():  # a run unconfined holds both
             # an engine keeps its GPU memory until its process ends, so the runs of a command share one
             # policy (and engine), each starting from the base weights; hf loads a fresh model per run
             policy = load_policy(runs[0]) if runs[0].backend != "hf" else None

@@ -618,6 +618,37 @@ def test_a_second_command_on_the_run_folder_is_refused_in_one_line(cli, tmp_path
     assert calls["scored"] == [] and not (out / "archive").exists()
 
 
+def test_an_archive_that_is_a_link_an_older_layout_or_an_unconfined_search_is_never_taken(cli, tmp_path, monkeypatch,
+                                                                                          capsys):
+    """OUT/archive that is a link to another run's archive is removed (the link, not what it points to) and the search
+    runs from the store, never in the other folder; a folder of the layout before the store (OUT/candidates,
+    OUT/frontier.json) is said in one line and not read; a search run under --unsafe-no-sandbox keeps its work in
+    OUT/store-unconfined, which a command in the sandbox never takes."""
+    run, calls = cli
+    other = run(tmp_path / "other", 1)
+    out = tmp_path / "mh"
+    out.mkdir()
+    (out / "archive").symlink_to(tmp_path / "other" / "archive")
+    (out / "frontier.json").write_text(json.dumps(other))  # the older layout's index
+    calls.update(proposed=[], scored=[])
+    capsys.readouterr()
+    assert run(out, 1) == other
+    assert calls["proposed"] == [1] and calls["scored"][0] == "h0"  # done here, not taken from the linked archive
+    assert not (out / "archive").is_symlink() and (tmp_path / "other" / "archive" / "frontier.json").exists()
+    assert f"{out}/candidates and the files beside it are an archive of the older layout, not read" in \
+        capsys.readouterr().out
+
+    unconfined = tmp_path / "unconfined"
+    monkeypatch.setenv(switches.OPT_OUT, "1")
+    run(unconfined, 1)
+    assert list((unconfined / "store-unconfined").glob("search/*/key.json"))
+    assert not list((unconfined / "store").glob("search/*/key.json"))
+    monkeypatch.delenv(switches.OPT_OUT)
+    calls.update(proposed=[], scored=[])
+    run(unconfined, 1)
+    assert calls["proposed"] == [1]  # in the sandbox: the unconfined search's rounds are not taken
+
+
 # -----------------------------------------------------------------------------
 # end to end on the smoke model with the real runner
 

@@ -87,7 +87,8 @@ def test_an_unconfined_command_neither_reads_nor_writes_the_store(tmp_path, fake
     """Under --unsafe-no-sandbox harness and proposer code run as the user: what the command would take from the
     shared store or put there is theirs to change, so it computes everything in store-unconfined beside it and leaves
     the shared one as it was (an item it would find damaged included); that store, like the shared one, serves one
-    command at a time."""
+    command at a time, and it holds the shared store's lock too: a command in the sandbox and one without never run in
+    the same folders at once (each would append to the other's rows)."""
     argv, executed = fake
     argv = argv + ["--method", "weight-only"]
     whale.main(argv + ["--out", str(tmp_path / "first")])
@@ -104,10 +105,11 @@ def test_an_unconfined_command_neither_reads_nor_writes_the_store(tmp_path, fake
     assert executed == ["unconfined"] * 4 and "(the store)" not in out and "damaged" not in out
     assert f"store: {tmp_path / 'store-unconfined'} (--unsafe-no-sandbox: the shared store is neither read nor " \
            "written)" in out
-    with store_module.only_command(tmp_path / "store-unconfined"), pytest.raises(SystemExit) as e:
-        whale.main(argv + ["--out", str(tmp_path / "unconfined-2")])
-    assert str(e.value.code).startswith(f"whale.py: error: {tmp_path / 'store-unconfined'} is in use by another "
-                                        "command")
+    for held in ("store-unconfined", "store"):  # another unconfined command, or one in the sandbox, still running
+        with store_module.only_command(tmp_path / held), pytest.raises(SystemExit) as e:
+            whale.main(argv + ["--out", str(tmp_path / "unconfined-2")])
+        assert str(e.value.code).startswith(f"whale.py: error: {tmp_path / held} is in use by another command")
+    assert not (tmp_path / "unconfined-2" / "metrics.jsonl").exists()
     assert record(tmp_path / "unconfined")["summary"]["final_mean_at_k"] == \
         record(tmp_path / "first")["summary"]["final_mean_at_k"]
 

@@ -291,7 +291,7 @@ def test_runs_on_one_policy_compute_what_they_compute_on_fresh_ones(tmp_path, fa
     for method in methods:
         whale.main(argv + ["--method", method, "--out", str(tmp_path / "alone" / method / "run")])
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(whale, "store_root", lambda out: os.path.join(out, "store"))  # a store per run: no reuse
+    monkeypatch.setattr(whale, "store_root", lambda out, unconfined=False: os.path.join(out, "store"))  # a store per run: no reuse
     runs = whale.parse_args(argv + ["--method", *methods])
     policy = whale.load_policy(runs[0])
     served_base = []
@@ -634,9 +634,8 @@ def test_a_store_serves_one_command_at_a_time(tmp_path, fake):
     with store_module.only_command(whale.store_root(out)):  # the first command, still running
         with pytest.raises(SystemExit) as e:
             whale.main(argv + ["--method", "weight-only", "--out", str(out)])
-        assert str(e.value.code) == (f"whale.py: error: {tmp_path / 'store'} is in use by another command on the same "
-                                     "domain, preset and seed: wait for it to end, or give this one its own --seed or "
-                                     "--out")
+        assert str(e.value.code) == (f"whale.py: error: {tmp_path / 'store'} is in use by another command: wait for it "
+                                     "to end, or run this one in another folder (whale.py: another --seed or --out)")
         assert not (out / "metrics.jsonl").exists()
     whale.main(argv + ["--method", "weight-only", "--out", str(out)])
     assert (out / "summary.json").exists()

@@ -18,6 +18,16 @@ def copy_tree(src, dst):
     os.replace(tmp, dst)
 
 
+def remove(path):
+    """Whatever lies at path gone: a folder, a file, or a link (the link itself, never what it points to, so a run
+    folder's archive that is a link to another is not searched in place); nothing there is fine."""
+    path = Path(path)
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
 def copy_file(src, dst):
     """dst as a copy of src, put in place in one rename."""
     tmp = Path(str(dst) + ".tmp")

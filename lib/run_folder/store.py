@@ -1,11 +1,12 @@
 """The store of finished work: every result a run may take instead of computing it, kept once under the key of
 exactly what produced it, and found by every method and every later command on the same domain, preset and seed.
 It lies beside their run folders: results/<preset>[/seed-<n>]/<domain>/store/ (for --out DIR: store/ beside DIR);
-rft.py and meta_harness.py run alone keep their own in their run folder, OUT/store.
+rft.py and meta_harness.py run alone keep their own in their run folder, OUT/store; a command under
+--unsafe-no-sandbox keeps its work in store-unconfined/ beside (store_in).
 
     item = store.find("weights", key)          # the item's folder, else None (never made, or damaged: removed)
     item = store.put("weights", key, ckpt)     # a copy of a file or folder ({name: path} for several), in place
-    with only_command(root): ...               # one command at a time on a store
+    with only_command(root, own_root): ...     # one command at a time on these stores
     copy_item(item, folder)                    # an item's work copied out, without key.json
 
 An item is store/<kind>/<sha256 of its key>/: a copy of the work and key.json (the key in full, `about`: the run
@@ -26,7 +27,7 @@ import hashlib
 import json
 import os
 import shutil
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -48,18 +49,35 @@ def code_sha():
     return h.hexdigest()
 
 
+def store_in(folder, unconfined=False):
+    """The store a command keeps in `folder`: store/, or for a command under --unsafe-no-sandbox store-unconfined/
+    beside it (its harness and proposer code run as the user, who could change what it puts or takes: a command in the
+    sandbox never takes that work, and an unconfined one never another's)."""
+    return Path(folder, "store-unconfined" if unconfined else "store")
+
+
 @contextmanager
-def only_command(root):
-    """The store at `root` serves one command at a time (a put replaces a search another command may be copying): a
-    second command on the same domain, preset and seed is refused in one line while the first runs. The lock goes
-    with the process, however it ends; the items a killed command was building go when the next one takes it."""
+def only_command(*roots):
+    """The stores at `roots` serve one command at a time (a put replaces a search another command may be copying): a
+    second command that needs one of them is refused in one line while the first runs. A command locks the store in
+    the sandbox beside its own (store_in(folder), then store_in(folder, unconfined)), so a command in the sandbox and
+    one without never run in one folder at once. The lock goes with the process, however it ends; the items a killed
+    command was building go when the next one takes the store."""
+    with ExitStack() as locks:
+        for root in dict.fromkeys(Path(root) for root in roots):  # each once: a second flock of one file would fail
+            locks.enter_context(locked(root))
+        yield
+
+
+@contextmanager
+def locked(root):
     Path(root).mkdir(parents=True, exist_ok=True)
     with open(Path(root) / "lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ValueError(f"{root} is in use by another command on the same domain, preset and seed: wait for it "
-                             "to end, or give this one its own --seed or --out") from None
+            raise ValueError(f"{root} is in use by another command: wait for it to end, or run this one in another "
+                             "folder (whale.py: another --seed or --out)") from None
         for cut in Path(root).glob("*/*.tmp-*"):  # Store.put's, cut by a kill: no command builds them now
             shutil.rmtree(cut, ignore_errors=True)
         for old in Path(root).glob("*/*.old-*"):  # an item a put moved aside: back in place if a kill left none there
