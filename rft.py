@@ -548,7 +548,7 @@ def train_cli(args):
     preflight(args, domains)
     cfg = rsft_config(args, inputs_of(args, domains.data_flags()))
     store = Store(store_in(args.out, unconfined=switches.disabled()))
-    with only_command(store_in(args.out), store.root):  # a second command on this folder is refused in one line while this one runs
+    with only_command(store_in(args.out), store.root):  # a second command on this folder is refused in one line
         run_steps(args, cfg, store, domain, train)
 
 

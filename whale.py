@@ -30,7 +30,6 @@ alone, redoing at most the step, round or evaluation it was in (docs/design.md s
 import argparse
 import math
 import os
-import shutil
 import sys
 import time
 from pathlib import Path

@@ -71,6 +71,7 @@ def only_command(*roots):
 
 @contextmanager
 def locked(root):
+    """One store's lock, and what a killed command left in it put right (only_command)."""
     Path(root).mkdir(parents=True, exist_ok=True)
     with open(Path(root) / "lock", "w") as lock:
         try:
